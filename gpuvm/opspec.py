@@ -1,0 +1,341 @@
+"""What each opcode accepts and what it costs, on the host.
+
+One entry per opcode of isa/gvm_isa.h: names of its tensor slots and
+arguments, a checker that raises ProgramError on a shape, dtype or argument
+the device op could not honour, and a cost (bytes of weights, bytes of
+activations, flops) used to order the stream and by the scheduler model.
+The semantics themselves are written once in the header's comments, once in
+gpuvm/cpu (the oracle) and once in ops/ (the device).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+from .isa import DTYPE_BYTES, HEAD_DIM, TOPK, DType, Op
+
+
+class ProgramError(ValueError):
+    """A program the VM must not run: raised before anything is launched."""
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """A tensor of the program's table: name, shape, dtype and role."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: DType
+    role: str = "activation"  # weight | activation | state
+    index: int = -1  # position in the program's tensor table
+
+    @property
+    def nbytes(self) -> int:
+        n = DTYPE_BYTES[self.dtype]
+        for s in self.shape:
+            n *= s
+        return n
+
+    @property
+    def row_bytes(self) -> int:
+        """Bytes of one index of dim 0."""
+        return self.nbytes // self.shape[0] if self.shape and self.shape[0] else 0
+
+
+@dataclass(frozen=True)
+class Cost:
+    weight_bytes: int = 0
+    act_bytes: int = 0
+    flops: int = 0
+
+
+Slots = Sequence["TensorSpec | None"]
+Args = Sequence[int]
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    slots: tuple[str, ...]
+    args: tuple[str, ...]
+    check: Callable[[Slots, Args], None]
+    cost: Callable[[Slots, Args], Cost]
+
+
+def _need(cond: bool, msg: str) -> None:
+    if not cond:
+        raise ProgramError(msg)
+
+
+def _t(ts: Slots, i: int, name: str, dtypes: Sequence[DType], ndim: int | None = None) -> TensorSpec:
+    _need(i < len(ts) and ts[i] is not None, f"slot t{i} ({name}) is required")
+    t = ts[i]
+    assert t is not None
+    _need(t.dtype in dtypes, f"t{i} ({name}) '{t.name}' has dtype {t.dtype.name}, expected one of {[d.name for d in dtypes]}")
+    if ndim is not None:
+        _need(len(t.shape) == ndim, f"t{i} ({name}) '{t.name}' has shape {t.shape}, expected {ndim} dims")
+    return t
+
+
+def _opt(ts: Slots, i: int) -> TensorSpec | None:
+    return ts[i] if i < len(ts) else None
+
+
+def _range(a0: int, n: int, size: int, what: str) -> None:
+    _need(n >= 0 and a0 >= 0 and a0 + n <= size, f"{what} range [{a0}, {a0 + n}) outside [0, {size})")
+
+
+def _numel(t: TensorSpec) -> int:
+    n = 1
+    for s in t.shape:
+        n *= s
+    return n
+
+
+F = (DType.F32,)
+BF = (DType.BF16,)
+I32 = (DType.I32,)
+E4M3 = (DType.E4M3,)
+
+
+# ---- synthetic ops ----------------------------------------------------------
+def _check_nop(ts: Slots, a: Args) -> None:
+    pass
+
+
+def _check_sleep(ts: Slots, a: Args) -> None:
+    _need(len(a) >= 1 and 0 <= a[0] <= 1_000_000_000, "SLEEP needs a0 in [0, 1e9] nanoseconds")
+
+
+def _check_copy(ts: Slots, a: Args) -> None:
+    dst, src = _t(ts, 0, "dst", F), _t(ts, 1, "src", F)
+    _range(a[0], a[1], min(_numel(dst), _numel(src)), "COPY element")
+
+
+def _check_scale_add(ts: Slots, a: Args) -> None:
+    d, x, y = _t(ts, 0, "dst", F), _t(ts, 1, "x", F), _t(ts, 2, "y", F)
+    _range(a[0], a[1], min(_numel(d), _numel(x), _numel(y)), "SCALE_ADD element")
+
+
+def _cost_elementwise(n_tensors: int) -> Callable[[Slots, Args], Cost]:
+    return lambda ts, a: Cost(act_bytes=4 * n_tensors * a[1], flops=3 * a[1])
+
+
+# ---- Muse ops ------------------------------------------------------------------
+def _check_gemm(ts: Slots, a: Args) -> None:
+    out = _t(ts, 0, "out", (DType.BF16, DType.F32), 2)
+    x = _t(ts, 1, "x", (DType.BF16, DType.F32), 2)
+    w = _t(ts, 2, "W", (DType.BF16, DType.F32), 2)
+    _need(x.dtype == w.dtype, f"GEMM x '{x.name}' and W '{w.name}' must share a dtype")
+    _need(x.dtype == DType.BF16 or out.dtype == DType.F32, "an f32 GEMM writes f32")
+    _need(x.shape[1] == w.shape[1], f"GEMM K mismatch: x {x.shape} vs W {w.shape}")
+    _need(out.shape == (x.shape[0], w.shape[0]), f"GEMM out {out.shape} must be {(x.shape[0], w.shape[0])}")
+    _need(x.shape[1] % 8 == 0, "GEMM K must be a multiple of 8")
+    _range(a[0], a[1], w.shape[0], "GEMM column")
+
+
+def _cost_gemm(ts: Slots, a: Args) -> Cost:
+    out, x, w = ts[0], ts[1], ts[2]
+    assert out and x and w
+    t, k = x.shape
+    return Cost(weight_bytes=a[1] * w.row_bytes, act_bytes=x.nbytes + t * a[1] * DTYPE_BYTES[out.dtype], flops=2 * t * k * a[1])
+
+
+def _check_rmsnorm(ts: Slots, a: Args) -> None:
+    out = _t(ts, 0, "out", (DType.BF16, DType.F32), 2)
+    x = _t(ts, 1, "in", F, 2)
+    w = _t(ts, 2, "w", F, 1)
+    _need(out.shape == x.shape and w.shape == (x.shape[1],), f"RMSNORM shapes out {out.shape} in {x.shape} w {w.shape}")
+    _range(a[0], a[1], x.shape[0], "RMSNORM row")
+
+
+def _cost_rows(ts: Slots, a: Args) -> Cost:
+    x = ts[1]
+    assert x
+    return Cost(act_bytes=3 * a[1] * x.row_bytes, flops=4 * a[1] * x.shape[-1])
+
+
+def _heads(qkvg: TensorSpec, q: TensorSpec) -> tuple[int, int]:
+    hq = q.shape[1]
+    width = qkvg.shape[1]
+    _need(width % HEAD_DIM == 0, f"qkvg width {width} is not a multiple of {HEAD_DIM}")
+    hkv2 = width // HEAD_DIM - 2 * hq
+    _need(hkv2 > 0 and hkv2 % 2 == 0 and hq % (hkv2 // 2) == 0, f"qkvg width {width} does not split into q|k|v|g for {hq} query heads")
+    return hq, hkv2 // 2
+
+
+def _check_cache(c: TensorSpec, hkv: int, name: str) -> None:
+    _need(len(c.shape) == 4 and c.shape[2] == hkv and c.shape[3] == HEAD_DIM, f"{name} cache {c.shape} must be [C,S,{hkv},{HEAD_DIM}]")
+
+
+def _check_qk_rope_kv(ts: Slots, a: Args) -> None:
+    qkvg = _t(ts, 0, "qkvg", BF, 2)
+    q = _t(ts, 1, "q", BF, 3)
+    _t(ts, 2, "w_qn", F, 1)
+    _t(ts, 3, "w_kn", F, 1)
+    k, v = _t(ts, 4, "k cache", E4M3), _t(ts, 5, "v cache", E4M3)
+    convs = _t(ts, 6, "convs", I32, 2)
+    hq, hkv = _heads(qkvg, q)
+    _need(q.shape == (qkvg.shape[0], hq, HEAD_DIM), f"q {q.shape} must be [T,{hq},{HEAD_DIM}]")
+    _check_cache(k, hkv, "k")
+    _check_cache(v, hkv, "v")
+    _need(k.shape == v.shape and k.shape[0] == convs.shape[0] and convs.shape[1] == 4, "caches and convs disagree on conversations")
+    _range(a[0], 1, convs.shape[0], "conversation")
+    _need(a[1] in (0, 1), "QK_ROPE_KV a1 (rope) must be 0 or 1")
+
+
+def _cost_qk(ts: Slots, a: Args) -> Cost:
+    qkvg = ts[0]
+    assert qkvg
+    return Cost(act_bytes=qkvg.row_bytes * 2, flops=qkvg.shape[1] * 8)
+
+
+def _check_attn_chunk(ts: Slots, a: Args) -> None:
+    q = _t(ts, 0, "q", BF, 3)
+    k, v = _t(ts, 1, "k cache", E4M3), _t(ts, 2, "v cache", E4M3)
+    convs = _t(ts, 3, "convs", I32, 2)
+    po = _t(ts, 4, "part_o", F, 4)
+    pml = _t(ts, 5, "part_ml", F, 4)
+    hq = q.shape[1]
+    _need(len(k.shape) == 4 and k.shape == v.shape, "k and v caches must match")
+    hkv = k.shape[2]
+    _check_cache(k, hkv, "k")
+    _need(hq % hkv == 0, f"{hq} query heads do not group over {hkv} kv heads")
+    nch = po.shape[2]
+    _need(po.shape == (q.shape[0], hq, nch, HEAD_DIM), f"part_o {po.shape} must be [T,{hq},NCH,{HEAD_DIM}]")
+    _need(pml.shape == (q.shape[0], hq, nch, 2), f"part_ml {pml.shape} must be [T,{hq},{nch},2]")
+    _range(a[0], 1, convs.shape[0], "conversation")
+    _range(a[1], 1, hkv, "kv head")
+    _range(a[2], 1, nch, "chunk")
+    _need(a[3] > 0, "chunk length must be positive")
+    _need(a[4] >= 0, "window must be >= 0")
+
+
+def _cost_attn_chunk(ts: Slots, a: Args) -> Cost:
+    q = ts[0]
+    assert q
+    keys = a[3]
+    g = q.shape[1] // (ts[1].shape[2] if ts[1] else 1)
+    return Cost(act_bytes=keys * 2 * HEAD_DIM, flops=4 * keys * HEAD_DIM * g)
+
+
+def _check_attn_merge(ts: Slots, a: Args) -> None:
+    o = _t(ts, 0, "o", BF, 2)
+    po = _t(ts, 1, "part_o", F, 4)
+    _t(ts, 2, "part_ml", F, 4)
+    qkvg = _t(ts, 3, "qkvg", BF, 2)
+    _need(o.shape == (po.shape[0], po.shape[1] * HEAD_DIM), f"o {o.shape} must be [T,{po.shape[1] * HEAD_DIM}]")
+    _need(qkvg.shape[0] == o.shape[0], "qkvg and o disagree on T")
+    _range(a[0], a[1], o.shape[0], "ATTN_MERGE token")
+
+
+def _cost_merge(ts: Slots, a: Args) -> Cost:
+    po = ts[1]
+    assert po
+    return Cost(act_bytes=a[1] * po.row_bytes, flops=a[1] * po.shape[1] * po.shape[2] * HEAD_DIM * 3)
+
+
+def _check_residual(ts: Slots, a: Args) -> None:
+    s = _t(ts, 0, "s", F, 2)
+    x = _t(ts, 1, "a", F, 2)
+    al = _t(ts, 2, "alpha", F, 1)
+    be = _t(ts, 3, "beta", F, 1)
+    d = s.shape[1]
+    _need(x.shape == s.shape and al.shape == (d,) and be.shape == (d,), "RESIDUAL shapes disagree")
+    w = _opt(ts, 4)
+    if w is not None:
+        _t(ts, 4, "w_next", F, 1)
+        _need(w.shape == (d,), "RESIDUAL w_next must be [D]")
+        outs = [_opt(ts, 5), _opt(ts, 6)]
+        _need(any(o is not None for o in outs), "RESIDUAL with w_next needs an output in t5 or t6")
+        if outs[0] is not None:
+            _need(_t(ts, 5, "out f32", F, 2).shape == s.shape, "RESIDUAL t5 shape")
+        if outs[1] is not None:
+            _need(_t(ts, 6, "out bf16", BF, 2).shape == s.shape, "RESIDUAL t6 shape")
+    _range(a[0], a[1], s.shape[0], "RESIDUAL row")
+
+
+def _cost_residual(ts: Slots, a: Args) -> Cost:
+    s = ts[0]
+    assert s
+    return Cost(act_bytes=5 * a[1] * s.row_bytes, flops=10 * a[1] * s.shape[1])
+
+
+def _check_topk(ts: Slots, a: Args) -> None:
+    sc = _t(ts, 0, "scores", F, 2)
+    meta = _t(ts, 1, "route_meta", I32, 2)
+    route = _t(ts, 2, "route", I32, 2)
+    t, ne = sc.shape
+    _need(ne >= TOPK, f"{ne} experts cannot give a top-{TOPK}")
+    _need(route.shape == (5, TOPK * t), f"route {route.shape} must be [5,{TOPK * t}]")
+    _need(meta.shape[0] == 2 and meta.shape[1] == a[1], f"route_meta {meta.shape} must be [2,{a[1]}]")
+    _range(a[0], a[1], ne, "local expert")
+
+
+def _cost_topk(ts: Slots, a: Args) -> Cost:
+    sc = ts[0]
+    assert sc
+    return Cost(act_bytes=sc.nbytes, flops=sc.shape[0] * sc.shape[1] * 8)
+
+
+def _check_expert(ts: Slots, a: Args, up: bool) -> None:
+    out = _t(ts, 0, "hbuf" if up else "y", BF if up else F, 2)
+    x = _t(ts, 1, "x" if up else "hbuf", BF, 2)
+    codes = _t(ts, 2, "codes", (DType.E2M1X2,))
+    scales = _t(ts, 3, "scales", E4M3)
+    tsc = _t(ts, 4, "tensor scales", F)
+    meta = _t(ts, 5, "route_meta", I32, 2)
+    route = _t(ts, 6, "route", I32, 2)
+    e, k = meta.shape[1], x.shape[1]
+    n_out = codes.shape[-2]
+    want = (e, 2, n_out, k // 2) if up else (e, n_out, k // 2)
+    _need(codes.shape == want, f"codes {codes.shape} must be {want}")
+    _need(scales.shape == want[:-1] + (k // 16,), f"scales {scales.shape} must be {want[:-1] + (k // 16,)}")
+    _need(tsc.shape == ((e, 2) if up else (e,)), f"tensor scales {tsc.shape} wrong")
+    _need(k % 32 == 0, "expert K must be a multiple of 32")
+    _need(out.shape == (route.shape[1], n_out), f"expert out {out.shape} must be [{route.shape[1]},{n_out}]")
+    _need(x.shape[0] in (route.shape[1] // TOPK, route.shape[1]), "expert input rows disagree with the routing table")
+    _range(a[0], 1, e, "expert")
+    _range(a[1], a[2], n_out, "expert column")
+
+
+def _cost_expert(ts: Slots, a: Args, mats: int) -> Cost:
+    codes, x = ts[2], ts[1]
+    assert codes and x
+    k = x.shape[1]
+    return Cost(weight_bytes=mats * a[2] * (k // 2 + k // 16), act_bytes=a[2] * 8, flops=2 * mats * k * a[2])
+
+
+def _check_combine(ts: Slots, a: Args) -> None:
+    f = _t(ts, 0, "fsq", BF, 2)
+    y = _t(ts, 1, "y", F, 2)
+    route = _t(ts, 2, "route", I32, 2)
+    _need(y.shape == (route.shape[1], f.shape[1]) and route.shape[1] == TOPK * f.shape[0], "EXPERT_COMBINE shapes disagree")
+    _range(a[0], a[1], f.shape[0], "EXPERT_COMBINE token")
+
+
+def _cost_combine(ts: Slots, a: Args) -> Cost:
+    f = ts[0]
+    assert f
+    return Cost(act_bytes=a[1] * TOPK * f.shape[1] * 4, flops=a[1] * TOPK * f.shape[1] * 4)
+
+
+SPECS: dict[Op, OpSpec] = {
+    Op.NOP: OpSpec((), (), _check_nop, lambda ts, a: Cost()),
+    Op.SLEEP: OpSpec((), ("ns",), _check_sleep, lambda ts, a: Cost()),
+    Op.COPY: OpSpec(("dst", "src"), ("i0", "n"), _check_copy, _cost_elementwise(2)),
+    Op.SCALE_ADD: OpSpec(("dst", "x", "y"), ("i0", "n", "f_a", "f_b"), _check_scale_add, _cost_elementwise(3)),
+    Op.GEMM: OpSpec(("out", "x", "W"), ("n0", "n"), _check_gemm, _cost_gemm),
+    Op.RMSNORM: OpSpec(("out", "in", "w"), ("row0", "rows"), _check_rmsnorm, _cost_rows),
+    Op.QK_ROPE_KV: OpSpec(("qkvg", "q", "w_qn", "w_kn", "k_cache", "v_cache", "convs"), ("conv", "rope", "f_kscale", "f_vscale"), _check_qk_rope_kv, _cost_qk),
+    Op.ATTN_CHUNK: OpSpec(("q", "k_cache", "v_cache", "convs", "part_o", "part_ml"), ("conv", "kv_head", "chunk", "chunk_len", "window", "f_kscale", "f_vscale"), _check_attn_chunk, _cost_attn_chunk),
+    Op.ATTN_MERGE: OpSpec(("o", "part_o", "part_ml", "qkvg"), ("tok0", "tokens"), _check_attn_merge, _cost_merge),
+    Op.RESIDUAL: OpSpec(("s", "a", "alpha", "beta", "w_next", "out_f32", "out_bf16"), ("row0", "rows"), _check_residual, _cost_residual),
+    Op.TOPK: OpSpec(("scores", "route_meta", "route"), ("first_local", "n_local"), _check_topk, _cost_topk),
+    Op.EXPERT_UP: OpSpec(("hbuf", "x", "codes", "scales", "tscales", "route_meta", "route"), ("expert", "n0", "n"), lambda ts, a: _check_expert(ts, a, True), lambda ts, a: _cost_expert(ts, a, 2)),
+    Op.EXPERT_DOWN: OpSpec(("y", "hbuf", "codes", "scales", "tscales", "route_meta", "route"), ("expert", "n0", "n"), lambda ts, a: _check_expert(ts, a, False), lambda ts, a: _cost_expert(ts, a, 1)),
+    Op.EXPERT_COMBINE: OpSpec(("fsq", "y", "route"), ("tok0", "tokens"), _check_combine, _cost_combine),
+}
+
+missing = set(Op) - set(SPECS)
+if missing:  # pragma: no cover - an opcode added to the header without a spec
+    raise RuntimeError(f"opcodes without a host spec: {sorted(m.name for m in missing)}")

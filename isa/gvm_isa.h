@@ -1,0 +1,212 @@
+/* gpuvm instruction set: the one source of truth for opcodes, instruction
+ * records, tensor descriptors, counters, trace and error records.
+ *
+ * Plain C so that gcc (the layout test), nvcc and NVRTC all read the same
+ * file. gpuvm/isa.py parses the enums below and checks its record layouts
+ * against a compiled probe of this header (tests/test_isa.py).
+ *
+ * Conventions
+ *  - An instruction is one 128-byte record. It waits on up to GVM_MAX_WAITS
+ *    counters, runs its op, then increments its signal counter by one
+ *    (release). A wait on counter c is satisfied at step s when
+ *      (int32)(value(c) - (wait_base + s * wait_step)) >= 0,
+ *    wait_step being the number of instructions that signal c per step, so
+ *    counters only grow and are never reset between steps.
+ *  - Tensors are indices into a tensor table (gvm_tensor) held in device
+ *    memory; rebinding buffers rewrites the table, never the stream.
+ *  - Shapes written [a, b] are row-major; strides are in elements.
+ *  - "bf16(x)" is round-to-nearest-even; "rms(x)" = x / sqrt(mean(x^2) + 1e-6)
+ *    over the last dim. Float arguments travel as their IEEE-754 bits.
+ */
+#ifndef GVM_ISA_H
+#define GVM_ISA_H
+
+#if defined(__CUDACC_RTC__)
+typedef unsigned char uint8_t;
+typedef unsigned short uint16_t;
+typedef unsigned int uint32_t;
+typedef unsigned long long uint64_t;
+typedef int int32_t;
+typedef long long int64_t;
+#else
+#include <stdint.h>
+#endif
+
+#define GVM_ISA_VERSION 1
+#define GVM_INSTR_BYTES 128
+#define GVM_TENSOR_BYTES 64
+#define GVM_TRACE_BYTES 96
+#define GVM_ERROR_BYTES 48
+#define GVM_MAX_WAITS 4
+#define GVM_MAX_TENSORS 8
+#define GVM_MAX_ARGS 12
+#define GVM_MAX_DIMS 4
+#define GVM_NONE 0xFFFF          /* no counter / no tensor slot */
+#define GVM_MAX_COUNTERS 65535
+#define GVM_MAX_INSTRS (1 << 22)
+#define GVM_MAX_TABLE 65535      /* tensor-table entries */
+#define GVM_RMS_EPS 1e-6f
+#define GVM_TOPK 8
+#define GVM_HEAD_DIM 64
+#define GVM_GQA 8                /* query heads per kv head */
+
+/* ---- dtypes ------------------------------------------------------------ */
+enum gvm_dtype {
+    GVM_DT_F32 = 1,
+    GVM_DT_BF16 = 2,
+    GVM_DT_E4M3 = 3,     /* fp8 e4m3fn, one byte */
+    GVM_DT_E2M1X2 = 4,   /* two fp4 e2m1 codes per byte, even index in the low nibble */
+    GVM_DT_I32 = 5,
+    GVM_DT_U8 = 6
+};
+
+/* ---- opcodes ------------------------------------------------------------
+ * t0..t7: the instruction's tensor slots; a0..a11: its int32 arguments.
+ * T is the token count, shape[0] of the activation tensors. Head counts come
+ * from shapes: HQ query heads (q shape[1]), HKV kv heads (cache shape[2]),
+ * head dim 64, HQ/HKV query heads per kv head; E local experts, NE in all.
+ */
+enum gvm_opcode {
+    /* synthetic ops (prove the VM) */
+    GVM_OP_NOP = 0,        /* nothing */
+    GVM_OP_SLEEP = 1,      /* spin a0 nanoseconds (globaltimer) */
+    GVM_OP_COPY = 2,       /* t0[i] = t1[i], i in [a0, a0+a1) of the flat f32 tensors */
+    GVM_OP_SCALE_ADD = 3,  /* t0[i] = f(a2)*t1[i] + f(a3)*t2[i], i in [a0, a0+a1), f32 */
+
+    /* Muse ops */
+    GVM_OP_GEMM = 16,
+    /* t0 out [T,N], t1 x [T,K], t2 W [N,K] (rows = outputs); a0 n0, a1 n count.
+     * out[t, n] = sum_k x[t,k] * W[n,k] for n in [n0, n0+a1), f32 accumulate.
+     * dtypes (x, W, out): (bf16, bf16, bf16|f32) or (f32, f32, f32). The weight
+     * rows [n0, n0+a1) are what the loader prefetches. */
+    GVM_OP_RMSNORM = 17,
+    /* t0 out [T,D] bf16|f32, t1 in [T,D] f32, t2 w [D] f32; a0 row0, a1 rows.
+     * out = rms(in) * (1 + w). */
+    GVM_OP_QK_ROPE_KV = 18,
+    /* t0 qkvg [T,(2HQ+2HKV)*64] bf16 (q HQx64 | k HKVx64 | v HKVx64 | g HQx64),
+     * t1 q out [T,HQ,64] bf16, t2 w_qn [64] f32, t3 w_kn [64] f32,
+     * t4 k cache [C,S,HKV,64] e4m3, t5 v cache [C,S,HKV,64] e4m3,
+     * t6 convs [C,4] i32: (tok0, tokens, pos0, 0) of each conversation;
+     * a0 conv c, a1 rope (1 sliding, 0 full), a2 f(k_scale), a3 f(v_scale).
+     * For each new token j of conversation c (token t = tok0 + j, position
+     * p = pos0 + j): q = rms_head(q)*(1+w_qn), k = rms_head(k)*(1+w_kn),
+     * RoPE(p, base 500000, pairs (2i,2i+1)) on q and k if a1, then
+     * cache[c, p % S] = e4m3(k / k_scale), e4m3(v / v_scale); q out = bf16(q). */
+    GVM_OP_ATTN_CHUNK = 19,
+    /* t0 q [T,HQ,64] bf16, t1 k cache, t2 v cache, t3 convs [C,4] i32,
+     * t4 part_o [T,HQ,NCH,64] f32, t5 part_ml [T,HQ,NCH,2] f32;
+     * a0 conv c, a1 kv head h, a2 chunk j, a3 chunk length L, a4 window W
+     * (0: full attention), a5 f(k_scale), a6 f(v_scale).
+     * Keys of chunk j are positions [b + j*L, b + (j+1)*L) where b = 0 for full
+     * attention and b = max(0, pos0 - W + 1) for sliding. A query at position p
+     * sees key q' when q' <= p and (W == 0 or q' > p - W). For each new token of
+     * c and each query head of kv head h (heads h*G .. h*G+G-1, G = HQ/HKV): score = q.k / 8 over the visible
+     * keys of the chunk, m = max score, l = sum exp(score - m),
+     * o = sum exp(score - m) * v (unnormalised); none visible: m = -inf, l = 0, o = 0. */
+    GVM_OP_ATTN_MERGE = 20,
+    /* t0 o out [T,HQ*64] bf16, t1 part_o, t2 part_ml, t3 qkvg bf16;
+     * a0 token0, a1 tokens. Log-sum-exp merge of the NCH chunks of every head,
+     * then o = rms_head(o) * sigmoid(g). */
+    GVM_OP_RESIDUAL = 21,
+    /* t0 s [T,D] f32 (in place), t1 a [T,D] f32, t2 alpha [D] f32, t3 beta [D] f32,
+     * t4 w_next [D] f32 or none, t5 out f32 [T,D] or none, t6 out bf16 [T,D] or none;
+     * a0 row0, a1 rows. s = alpha*s + beta*rms(a); then, if t4 is set,
+     * n = rms(s)*(1 + w_next) is written to t5 and/or t6. */
+    GVM_OP_TOPK = 22,
+    /* t0 scores [T,NE] f32, t1 route_meta [2,E] i32, t2 route [5,8T] i32;
+     * a0 first local expert, a1 E (local experts). Per token: top-8 scores
+     * (ties: lower expert index first), w = softmax of the 8 scores.
+     * Expert x is local when a0 <= x < a0 + a1, local index e = x - a0.
+     * route[2][t*8+k] expert, route[3][t*8+k] f(w), route[4][t*8+k] slot or -1.
+     * Local expert e gets route_meta[0][e] tokens in slots
+     * [route_meta[1][e], + count), in token order; route[0][slot] token,
+     * route[1][slot] f(w). Slots of expert e follow those of e-1. */
+    GVM_OP_EXPERT_UP = 23,
+    /* t0 hbuf [8T,I] bf16, t1 x [T,H] bf16, t2 gu codes [E,2,I,H/2] e2m1x2,
+     * t3 gu scales [E,2,I,H/16] e4m3, t4 gu tensor scales [E,2] f32,
+     * t5 route_meta, t6 route; a0 expert e, a1 n0, a2 n count.
+     * For each slot of e (token t): hbuf[slot, n] = bf16(silu(G x_t) * (U x_t))
+     * with G = gu[e,0], U = gu[e,1] dequantised: code * scale * tensor_scale. */
+    GVM_OP_EXPERT_DOWN = 24,
+    /* t0 y [8T,H] f32, t1 hbuf [8T,I] bf16, t2 d codes [E,H,I/2], t3 d scales
+     * [E,H,I/16], t4 d tensor scales [E] f32, t5 route_meta, t6 route;
+     * a0 expert e, a1 n0, a2 n count. y[slot, n] = sum_i D[n,i] hbuf[slot,i]. */
+    GVM_OP_EXPERT_COMBINE = 25,
+    /* t0 fsq [T,H] bf16, t1 y [8T,H] f32, t2 route [5,8T] i32; a0 token0,
+     * a1 tokens. fsq[t] = bf16(sum over local k of w_k * rms(y[slot_k])). */
+    GVM_OP_COUNT_ = 26
+};
+
+/* ---- instruction flags ---- */
+enum gvm_flag {
+    GVM_FLAG_TRACE = 1      /* reserved: per-instruction trace opt-in */
+};
+
+/* ---- records ------------------------------------------------------------ */
+typedef struct gvm_instr {
+    uint16_t opcode;
+    uint16_t flags;
+    uint16_t signal;                     /* counter incremented at the end, or GVM_NONE */
+    uint16_t n_waits;
+    uint16_t wait_counter[GVM_MAX_WAITS];
+    uint32_t wait_base[GVM_MAX_WAITS];   /* target at step 0 */
+    uint32_t wait_step[GVM_MAX_WAITS];   /* added to the target per step */
+    uint16_t tensor[GVM_MAX_TENSORS];    /* tensor-table index, or GVM_NONE */
+    uint64_t pf_offset;                  /* weight bytes the loader prefetches at claim: */
+    uint32_t pf_bytes;                   /*   [pf_offset, +pf_bytes) of tensor slot pf_slot */
+    uint16_t pf_slot;                    /*   (0..7) or GVM_NONE */
+    uint16_t reserved;
+    int32_t arg[GVM_MAX_ARGS];
+} gvm_instr;
+
+typedef struct gvm_tensor {
+    uint64_t ptr;
+    uint8_t dtype;
+    uint8_t ndim;
+    uint16_t flags;
+    uint32_t reserved;
+    int32_t shape[GVM_MAX_DIMS];
+    int64_t stride[GVM_MAX_DIMS];        /* elements (for e2m1x2: bytes) */
+} gvm_tensor;
+
+/* Trace stamps, one record per instruction per launch, at its stream index. */
+enum gvm_stamp {
+    GVM_STAMP_CLAIM = 0,      /* claimed by a block */
+    GVM_STAMP_LOAD = 1,       /* weight prefetch issued */
+    GVM_STAMP_READY = 2,      /* dependency waits satisfied */
+    GVM_STAMP_DONE = 3,       /* compute finished */
+    GVM_STAMP_SIGNAL = 4,     /* signal counter released */
+    GVM_N_STAMPS = 5
+};
+
+typedef struct gvm_trace {
+    uint32_t sm;
+    uint32_t block;
+    uint32_t group;          /* warp group inside the block */
+    uint32_t instr;
+    uint64_t globaltimer[GVM_N_STAMPS];
+    uint64_t clock[GVM_N_STAMPS];
+} gvm_trace;
+
+enum gvm_error_code {
+    GVM_ERR_NONE = 0,
+    GVM_ERR_WATCHDOG = 1,     /* a wait passed the bound */
+    GVM_ERR_BAD_OPCODE = 2,
+    GVM_ERR_BAD_ARGS = 3,     /* an op found its tensors or arguments unusable */
+    GVM_ERR_ABORTED = 4       /* stopped because another block failed */
+};
+
+typedef struct gvm_error {
+    uint32_t code;
+    uint32_t instr;
+    uint32_t counter;
+    uint32_t seen;            /* counter value at the timeout */
+    uint32_t target;
+    uint32_t sm;
+    uint32_t block;
+    uint32_t step;
+    uint64_t waited_ns;
+    uint64_t detail;
+} gvm_error;
+
+#endif /* GVM_ISA_H */

@@ -1,0 +1,33 @@
+// The contract between the persistent kernel and every op (ops/*.cuh).
+//
+// An op runs on one warp group (128 threads, 4 consecutive warps). It gets the
+// decoded instruction, the tensor table, a private shared-memory scratch area
+// and the group's named barrier. It must not touch other groups' scratch,
+// must not wait on counters (the runtime did that before calling) and must not
+// signal (the runtime does that after it returns). It reports unusable input
+// by returning a gvm_error_code (GVM_ERR_BAD_ARGS), never by trapping.
+#pragma once
+#include "../isa/gvm_isa.h"
+
+struct gvm_ctx {
+    const gvm_instr* ins;      // the instruction (in shared memory)
+    const gvm_tensor* tab;     // tensor table (global memory)
+    unsigned tid;              // 0..127 inside the group
+    unsigned bar_id;           // named barrier of this group (1..15)
+    unsigned step;             // step index of this launch
+    unsigned char* smem;       // this group's scratch
+    unsigned smem_bytes;
+};
+
+// Synchronise the 128 threads of the group (not the block).
+__device__ __forceinline__ void gvm_group_sync(const gvm_ctx& c) {
+    asm volatile("bar.sync %0, 128;" :: "r"(c.bar_id) : "memory");
+}
+
+__device__ __forceinline__ const gvm_tensor& gvm_t(const gvm_ctx& c, int slot) {
+    return c.tab[c.ins->tensor[slot]];
+}
+
+__device__ __forceinline__ float gvm_argf(const gvm_ctx& c, int i) {
+    return __int_as_float(c.ins->arg[i]);
+}
