@@ -44,8 +44,12 @@ class Trace:
 
     @classmethod
     def for_stream(cls, stream: "object", records: np.ndarray, meta: dict | None = None) -> "Trace":
-        """Wrap records of a run of stream (a gpuvm.program.Stream)."""
+        """Wrap records of a run of stream (a gpuvm.program.Stream). meta gets
+        "signal_counter", the name of the counter each op signals ("" for
+        none), unless given: the summary charges waits to counters by it."""
         ops = stream.ops  # type: ignore[attr-defined]
+        meta = dict(meta or {})
+        meta.setdefault("signal_counter", [o.signal.name if o.signal is not None else "" for o in ops])
         return cls(
             records=np.asarray(records, dtype=TRACE_DTYPE),
             labels=[o.label for o in ops],
@@ -53,7 +57,7 @@ class Trace:
             deps=[tuple(d) for d in stream.deps],  # type: ignore[attr-defined]
             weight_bytes=np.array([o.cost.weight_bytes for o in ops], dtype=np.int64),
             act_bytes=np.array([o.cost.act_bytes for o in ops], dtype=np.int64),
-            meta=dict(meta or {}),
+            meta=meta,
         )
 
     def times(self, stamp: Stamp) -> np.ndarray:

@@ -1,0 +1,215 @@
+"""Text summary of a trace: per-op times and bandwidth, idle time per block,
+dependency waits per counter, the critical path.
+
+Definitions (times from the Timeline, ns):
+- wait = claim -> ready; run = ready -> done (compute).
+- bandwidth of an instruction = (weight + activation bytes) / (done - start),
+  start being its weight-load issue if it loaded weights, else its ready;
+  "span" bandwidth = an op's bytes over its first start to its last done.
+- idle of a block = the trace's span (first claim to last signal) minus the
+  union of its groups' run intervals.
+- a wait is charged to the counter of the dependency that signalled last
+  (up to its ready); the rest of claim -> ready, when no dependency was still
+  pending, to "(no pending dependency)". Counters are named by the trace's
+  meta "signal_counter" (one name per instruction) or else by the op that
+  signals them.
+- the critical path walks back from the last signal, each time to the
+  dependency whose signal was latest.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .format import Trace
+from .timeline import CLAIM, DONE, READY, SIGNAL, Timeline, build, members, op_order
+
+NO_DEP = "(no pending dependency)"
+
+
+@dataclass(frozen=True)
+class OpStats:
+    name: str
+    count: int
+    blocks: int
+    wait_median: float  # ns
+    run_median: float
+    run_p90: float
+    bytes: int
+    gbps_median: float | None  # GB/s per instruction, median; None without bytes
+    gbps_span: float | None
+
+
+@dataclass(frozen=True)
+class BlockIdle:
+    block: int
+    sm: int
+    count: int
+    busy: float  # ns
+    idle: float
+
+
+@dataclass(frozen=True)
+class CounterWait:
+    counter: str
+    waits: int  # instructions that waited on it
+    total: float  # ns
+    longest: float
+
+
+def op_stats(tl: Timeline) -> list[OpStats]:
+    """One entry per op, in order of first start."""
+    groups = members(tl)
+    out = []
+    for name in op_order(tl):
+        idx = groups[name]
+        t = tl.t[idx]
+        run = t[:, DONE] - t[:, READY]
+        nbytes = tl.trace.weight_bytes[idx] + tl.trace.act_bytes[idx]
+        start = np.array([tl.transfer_start(int(i)) for i in idx])
+        moved = t[:, DONE] - start
+        ok = (nbytes > 0) & (moved > 0)
+        span = float(t[:, DONE].max() - start.min())
+        total = int(nbytes.sum())
+        out.append(
+            OpStats(
+                name=name,
+                count=len(idx),
+                blocks=len(np.unique(tl.block[idx])),
+                wait_median=float(np.median(t[:, READY] - t[:, CLAIM])),
+                run_median=float(np.median(run)),
+                run_p90=float(np.percentile(run, 90)),
+                bytes=total,
+                gbps_median=float(np.median(nbytes[ok] / moved[ok])) if ok.any() else None,
+                gbps_span=total / span if total and span > 0 else None,
+            )
+        )
+    return out
+
+
+def _union_length(intervals: np.ndarray) -> float:
+    total, end = 0.0, -np.inf
+    for a, b in intervals[np.argsort(intervals[:, 0])]:
+        if b > end:
+            total += b - max(a, end)
+            end = b
+    return total
+
+
+def block_idle(tl: Timeline) -> list[BlockIdle]:
+    span = tl.span
+    out = []
+    for b in np.unique(tl.block[tl.ran]):
+        idx = np.flatnonzero(tl.ran & (tl.block == b))
+        busy = _union_length(tl.t[idx][:, [READY, DONE]])
+        out.append(BlockIdle(int(b), int(tl.sm[idx[0]]), len(idx), busy, span - busy))
+    return out
+
+
+def _counter_names(tl: Timeline) -> list[str]:
+    names = tl.trace.meta.get("signal_counter")
+    if isinstance(names, list) and len(names) == len(tl):
+        return [str(s) or tl.ops[i] for i, s in enumerate(names)]
+    return tl.ops
+
+
+def _latest_dep(tl: Timeline, i: int) -> int | None:
+    deps = [j for j in tl.trace.deps[i] if tl.ran[j]]
+    return max(deps, key=lambda j: (tl.t[j, SIGNAL], j)) if deps else None
+
+
+def counter_waits(tl: Timeline) -> list[CounterWait]:
+    """Claim -> ready time charged to counters, largest total first."""
+    names = _counter_names(tl)
+    acc: dict[str, list[float]] = {}
+    for i in np.flatnonzero(tl.ran):
+        claim, ready = tl.t[i, CLAIM], tl.t[i, READY]
+        j = _latest_dep(tl, int(i))
+        dep = 0.0 if j is None else float(np.clip(tl.t[j, SIGNAL] - claim, 0.0, ready - claim))
+        if dep > 0:
+            acc.setdefault(names[j], []).append(dep)
+        if ready - claim - dep > 0:
+            acc.setdefault(NO_DEP, []).append(float(ready - claim - dep))
+    out = [CounterWait(k, len(v), float(sum(v)), float(max(v))) for k, v in acc.items()]
+    return sorted(out, key=lambda c: (-c.total, c.counter))
+
+
+def critical_path(tl: Timeline) -> list[int]:
+    """Instructions of the critical path, first to last."""
+    ran = np.flatnonzero(tl.ran)
+    i: int | None = int(ran[np.argmax(tl.t[ran, SIGNAL])])
+    path = []
+    while i is not None:
+        path.append(i)
+        i = _latest_dep(tl, i)
+    return path[::-1]
+
+
+def _table(headers: list[str], rows: list[list[str]]) -> str:
+    w = [max(len(h), *(len(r[k]) for r in rows)) if rows else len(h) for k, h in enumerate(headers)]
+    line = lambda cells: "  ".join(c.ljust(w[0]) if k == 0 else c.rjust(w[k]) for k, c in enumerate(cells)).rstrip()
+    return "\n".join([line(headers), line(["-" * x for x in w])] + [line(r) for r in rows])
+
+
+def _us(ns: float) -> str:
+    return f"{ns / 1000:.3f}"
+
+
+def _gbps(x: float | None) -> str:
+    return "-" if x is None else f"{x:.1f}"
+
+
+def summarize(trace: Trace) -> str:
+    """The whole text summary of a trace."""
+    tl = build(trace)
+    n_ran = int(tl.ran.sum())
+    blocks = block_idle(tl)
+    meta = trace.meta
+    head = [
+        f"trace: {meta.get('source', 'unknown')} source" + "".join(f", {k} {meta[k]}" for k in ("device", "mode", "step") if k in meta),
+        f"times: {tl.clock}",
+        f"instructions: {n_ran} ran of {len(trace)}, {len(blocks)} blocks, {len(np.unique(tl.group[tl.ran]))} warp groups",
+        f"span: {_us(tl.span)} us (first claim to last signal)",
+    ]
+
+    ops = op_stats(tl)
+    op_rows = [
+        [o.name, str(o.count), str(o.blocks), _us(o.wait_median), _us(o.run_median), _us(o.run_p90), f"{o.bytes / 1e6:.3f}", _gbps(o.gbps_median), _gbps(o.gbps_span)]
+        for o in ops
+    ]
+    op_table = _table(["op", "count", "blocks", "wait med us", "run med us", "run p90 us", "MB", "GB/s med", "GB/s span"], op_rows)
+
+    idle_rows = [[str(b.block), str(b.sm), str(b.count), _us(b.busy), _us(b.idle), f"{100 * b.idle / tl.span:.1f}" if tl.span > 0 else "-"] for b in blocks]
+    mean_idle = sum(b.idle for b in blocks) / len(blocks)
+    idle_table = _table(["block", "sm", "instrs", "busy us", "idle us", "idle %"], idle_rows)
+
+    waits = counter_waits(tl)
+    wait_table = _table(["counter", "waits", "total us", "longest us"], [[c.counter, str(c.waits), _us(c.total), _us(c.longest)] for c in waits])
+
+    path = critical_path(tl)
+    t = tl.t
+    path_rows = []
+    for k, i in enumerate(path):
+        p = path[k - 1] if k else None
+        bound = "start" if p is None else ("dependency" if t[p, SIGNAL] > t[i, CLAIM] else "claim")
+        path_rows.append(
+            [trace.labels[i], f"{tl.block[i]}/{tl.group[i]}", _us(t[i, CLAIM]), _us(t[i, READY]), _us(t[i, DONE]), _us(t[i, SIGNAL]), bound]
+        )
+    run = sum(t[i, DONE] - t[i, READY] for i in path)
+    release = sum(t[i, SIGNAL] - t[i, DONE] for i in path)
+    handoff = sum(t[b, READY] - t[a, SIGNAL] for a, b in zip(path, path[1:]))
+    path_table = _table(["instruction", "block/wg", "claim us", "ready us", "done us", "signal us", "bound by"], path_rows)
+
+    return "\n".join(
+        head
+        + ["", "per op (in order of first start):", op_table]
+        + ["", f"idle per block (mean {_us(mean_idle)} us):", idle_table]
+        + ["", "waiting per counter (claim to ready):", wait_table]
+        + [
+            "",
+            f"critical path: {len(path)} instructions; {_us(run)} us compute, {_us(release)} us compute end to signal, "
+            f"{_us(handoff)} us from a producer's signal to its consumer's ready, {_us(t[path[0], READY])} us before the first ready",
+            path_table,
+        ]
+    ) + "\n"

@@ -1,0 +1,483 @@
+"""The trace tools: times from a trace, Perfetto export, HTML timeline data,
+text summary and the `gpuvm trace` command, on synthetic traces."""
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gpuvm.isa import TRACE_DTYPE
+from gpuvm.trace.cli import trace_main
+from gpuvm.trace.format import Trace, TraceError
+from gpuvm.trace.html import rows, timeline_html
+from gpuvm.trace.perfetto import perfetto_json, write_perfetto
+from gpuvm.trace.summary import NO_DEP, block_idle, counter_waits, critical_path, op_stats, summarize
+from gpuvm.trace.timeline import CLAIM, DONE, LOAD, READY, SIGNAL, build, op_name, op_order
+
+from trace_synth import make_trace
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def hand_trace() -> Trace:
+    """Four instructions with known answers (see the tests below)."""
+    stamps = {  # claim, load, ready, done, signal; block, group
+        0: ((0, 10, 100, 1100, 1150), 0, 0),
+        1: ((20, 30, 120, 2120, 2150), 1, 0),
+        2: ((500, 0, 2300, 3300, 3350), 0, 0),
+        3: ((1000, 0, 1200, 1700, 1720), 1, 1),
+    }
+    rec = np.zeros(4, dtype=TRACE_DTYPE)
+    for i, (t, b, g) in stamps.items():
+        rec[i]["globaltimer"] = t
+        rec[i]["sm"], rec[i]["block"], rec[i]["group"], rec[i]["instr"] = b + 5, b, g, i
+    return Trace(
+        records=rec,
+        labels=["A[0]", "A[1]", "B[0]", "C x1 y2"],
+        opcodes=np.full(4, 16, np.uint16),
+        deps=[(), (), (0, 1), (0,)],
+        weight_bytes=np.array([1000, 2000, 0, 0]),
+        act_bytes=np.array([0, 0, 500, 0]),
+        meta={"source": "model", "signal_counter": ["a done", "a done", "", "c"]},
+    )
+
+
+# -- timeline -------------------------------------------------------------------
+
+
+def test_op_name_rule():
+    assert op_name("L0.wqkvg[3]") == "L0.wqkvg"
+    assert op_name("L0.attn_chunk c2 h1 j5") == "L0.attn_chunk"
+    assert op_name("L12.expert_up[e3][1]") == "L12.expert_up"
+    assert op_name("rmsnorm") == "rmsnorm"
+    assert op_name("[7]") == "[7]"
+
+
+def test_model_times_are_the_stamps():
+    trace, true = make_trace(3)
+    tl = build(trace)
+    assert tl.clock == "globaltimer"
+    for s in (CLAIM, READY, DONE, SIGNAL):
+        np.testing.assert_array_equal(tl.t[:, s], true[:, s] - true[:, CLAIM].min())
+    assert tl.span == true[:, SIGNAL].max() - true[:, CLAIM].min()
+    np.testing.assert_array_equal(tl.has_load, trace.weight_bytes > 0)
+
+
+def test_gpu_times_come_from_clock64_per_sm():
+    trace, true = make_trace(4, n=60, source="gpu", clock_hz=1.755e9)
+    tl = build(trace)
+    assert tl.clock.startswith("clock64")
+    rel = true - true[:, CLAIM].min()
+    for a, b in ((CLAIM, READY), (READY, DONE), (DONE, SIGNAL), (CLAIM, SIGNAL)):
+        np.testing.assert_allclose(tl.t[:, b] - tl.t[:, a], rel[:, b] - rel[:, a], atol=1.0)
+    err = tl.t[:, CLAIM] - rel[:, CLAIM]
+    # SMs line up far better than one 256 ns tick: each offset is the tightest
+    # bound over the SM's ~75 stamps
+    assert np.abs(err).max() < 32
+    for s in np.unique(tl.sm):  # one offset per SM: order on an SM is exact
+        e = err[tl.sm == s]
+        assert e.max() - e.min() < 1.0
+    load = tl.has_load
+    np.testing.assert_allclose(tl.t[load, LOAD] - tl.t[load, CLAIM], rel[load, LOAD] - rel[load, CLAIM], atol=1.0)
+
+
+def test_gpu_without_clock_rate_uses_globaltimer():
+    trace, true = make_trace(4, n=60, source="gpu")
+    tl = build(trace)
+    assert tl.clock == "globaltimer"
+    assert np.all(tl.t[:, CLAIM] % 256 == tl.t[0, CLAIM] % 256)
+    np.testing.assert_allclose(tl.t[:, DONE] - tl.t[:, READY], true[:, DONE] - true[:, READY], atol=256)
+
+
+def test_records_that_never_ran_are_left_out():
+    trace, _ = make_trace(5, n=30, source="gpu", clock_hz=1.5e9)
+    rec = trace.records.copy()
+    rec[[28, 29]] = np.zeros(2, dtype=TRACE_DTYPE)
+    t2 = Trace(rec, trace.labels, trace.opcodes, trace.deps, trace.weight_bytes, trace.act_bytes, trace.meta)
+    tl = build(t2)
+    assert tl.ran.sum() == 28 and not tl.ran[28:].any()
+    assert "28 ran of 30" in summarize(t2)
+    ops = [e for e in perfetto_json(t2)["traceEvents"] if e.get("cat") == "op" and e["name"] != "release"]
+    assert sorted(e["args"]["instr"] for e in ops) == list(range(28))
+
+
+def _with(trace: Trace, **kw) -> Trace:
+    f = dict(records=trace.records.copy(), labels=trace.labels, opcodes=trace.opcodes, deps=trace.deps, weight_bytes=trace.weight_bytes, act_bytes=trace.act_bytes, meta=trace.meta)
+    f.update(kw)
+    return Trace(**f)
+
+
+def test_bad_traces_raise_trace_error():
+    t = hand_trace()
+    with pytest.raises(TraceError, match="depends on 3, which is not an earlier"):
+        build(_with(t, deps=[(), (), (0, 1), (3,)]))
+    with pytest.raises(TraceError, match="depends on 9"):
+        build(_with(t, deps=[(), (), (9,), ()]))
+    rec = t.records.copy()
+    rec[2]["globaltimer"][READY] = 400  # before its claim at 500
+    with pytest.raises(TraceError, match=r"instruction 2 'B\[0\]': stamps out of order \(ready before claim\)"):
+        build(_with(t, records=rec))
+    rec = t.records.copy()
+    rec[1]["globaltimer"][SIGNAL] = 2000
+    with pytest.raises(TraceError, match="signal before done"):
+        build(_with(t, records=rec))
+    with pytest.raises(TraceError, match="no instruction of the trace ran"):
+        build(_with(t, records=np.zeros(4, TRACE_DTYPE), meta={"source": "gpu"}))
+    gpu, _ = make_trace(1, source="gpu", clock_hz=1e9)
+    for hz in (-5, 0, "fast"):
+        with pytest.raises(TraceError, match="clock_hz"):
+            build(_with(gpu, meta={"source": "gpu", "clock_hz": hz}))
+    with pytest.raises(TraceError, match="meta is not a JSON object"):
+        build(_with(gpu, meta=["gpu"]))
+
+
+def test_op_order_is_first_start():
+    assert op_order(build(hand_trace())) == ["A", "C", "B"]
+
+
+# -- summary --------------------------------------------------------------------
+
+
+def test_summary_numbers_on_a_known_trace():
+    tl = build(hand_trace())
+    a, c, b = op_stats(tl)
+    assert (a.name, a.count, a.blocks, a.bytes) == ("A", 2, 2, 3000)
+    assert a.run_median == 1500 and a.run_p90 == pytest.approx(1900)
+    assert a.wait_median == 100
+    assert a.gbps_median == pytest.approx((1000 / 1090 + 2000 / 2090) / 2)
+    assert a.gbps_span == pytest.approx(3000 / (2120 - 10))
+    assert (b.name, b.wait_median, b.gbps_median, b.gbps_span) == ("B", 1800, 0.5, 0.5)
+    assert c.gbps_median is None and c.gbps_span is None
+
+    idle = {x.block: x for x in block_idle(tl)}
+    assert tl.span == 3350
+    assert (idle[0].busy, idle[0].idle, idle[0].sm) == (2000, 1350, 5)
+    assert (idle[1].busy, idle[1].idle, idle[1].count) == (2000, 1350, 2)  # [120,2120] covers C's [1200,1700]
+
+    waits = {w.counter: w for w in counter_waits(tl)}
+    assert set(waits) == {"a done", NO_DEP}
+    assert (waits["a done"].waits, waits["a done"].total, waits["a done"].longest) == (2, 1800, 1650)
+    assert (waits[NO_DEP].waits, waits[NO_DEP].total, waits[NO_DEP].longest) == (4, 400, 150)
+
+    assert critical_path(tl) == [1, 2]
+
+
+def test_waits_fall_back_to_the_producing_op():
+    t = hand_trace()
+    waits = {w.counter: w.total for w in counter_waits(build(_with(t, meta={"source": "model"})))}
+    assert waits == {"A": 1800, NO_DEP: 400}
+
+
+def test_summary_text():
+    text = summarize(hand_trace())
+    assert "span: 3.350 us" in text
+    lines = text.splitlines()
+    op_rows = [l.split() for l in lines if l.startswith(("A ", "B ", "C "))]
+    assert [r[0] for r in op_rows] == ["A", "C", "B"]
+    assert op_rows[0][:6] == ["A", "2", "2", "0.100", "1.500", "1.900"]
+    assert any(l.split()[:2] == ["a", "done"] and l.split()[2:] == ["2", "1.800", "1.650"] for l in lines)
+    path = lines[lines.index(next(l for l in lines if l.startswith("critical path"))) + 3 :]
+    assert [p.split()[0] for p in path] == ["A[1]", "B[0]"]
+    assert path[1].split()[-1] == "dependency"
+    assert "critical path: 2 instructions; 3.000 us compute" in text
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_summary_invariants_on_random_traces(seed):
+    trace, _ = make_trace(seed, n=50, blocks=5, groups=3)
+    tl = build(trace)
+    for b in block_idle(tl):
+        assert b.busy + b.idle == pytest.approx(tl.span)
+        assert 0 <= b.idle <= tl.span
+    path = critical_path(tl)
+    assert tl.t[path[-1], SIGNAL] == tl.span
+    assert not trace.deps[path[0]]
+    for p, q in zip(path, path[1:]):
+        assert p in trace.deps[q]
+        assert tl.t[p, SIGNAL] == max(tl.t[j, SIGNAL] for j in trace.deps[q])
+    total_wait = sum(w.total for w in counter_waits(tl))
+    assert total_wait == pytest.approx(float(np.sum(tl.t[:, READY] - tl.t[:, CLAIM])))
+    stats = op_stats(tl)
+    assert sum(s.count for s in stats) == len(trace)
+
+
+# -- perfetto -------------------------------------------------------------------
+
+
+def check_chrome_trace(obj: dict, trace: Trace) -> dict[int, dict]:
+    """Structural checks of a Chrome JSON trace; returns the op slice of each
+    instruction."""
+    json.loads(json.dumps(obj))
+    evs = obj["traceEvents"]
+    names: dict[tuple, str] = {}
+    sorts: set[tuple] = set()
+    for e in evs:
+        assert isinstance(e["pid"], int) and isinstance(e["tid"], int) and e["pid"] > 0
+        if e["ph"] == "M":
+            if e["name"] in ("process_name", "thread_name"):
+                key = (e["pid"],) if e["name"] == "process_name" else (e["pid"], e["tid"])
+                assert key not in names
+                names[key] = e["args"]["name"]
+            else:
+                assert e["name"] in ("process_sort_index", "thread_sort_index")
+                sorts.add((e["pid"],) if e["name"] == "process_sort_index" else (e["pid"], e["tid"]))
+    body = [e for e in evs if e["ph"] != "M"]
+    tids: dict[int, int] = {}
+    for e in body:
+        assert (e["pid"],) in names and (e["pid"], e["tid"]) in names, e
+        assert (e["pid"],) in sorts and (e["pid"], e["tid"]) in sorts
+        assert tids.setdefault(e["tid"], e["pid"]) == e["pid"], "a tid in two processes"
+        assert e["ph"] in ("X", "i", "s", "f")
+    # per track: time order in the file, and slices properly nested
+    tracks: dict[tuple, list[dict]] = {}
+    for e in body:
+        tracks.setdefault((e["pid"], e["tid"]), []).append(e)
+    slices_of: dict[tuple, list[dict]] = {}
+    for key, es in tracks.items():
+        ts = [e["ts"] for e in es]
+        assert ts == sorted(ts), f"track {key} is not in time order"
+        stack: list[float] = []
+        for e in es:
+            if e["ph"] != "X":
+                continue
+            assert e["dur"] >= 0
+            while stack and stack[-1] <= e["ts"] + 1e-9:
+                stack.pop()
+            end = e["ts"] + e["dur"]
+            assert not stack or end <= stack[-1] + 1e-9, f"slice {e['name']} overlaps its enclosing slice on {key}"
+            stack.append(end)
+        slices_of[key] = [e for e in es if e["ph"] == "X"]
+    # one op slice per instruction, preceded by its wait
+    op = {}
+    for e in body:
+        if e["ph"] == "X" and e["cat"] == "op" and e["name"] != "release":
+            i = e["args"]["instr"]
+            assert i not in op
+            assert e["name"] == trace.labels[i]
+            op[i] = e
+    # flows: one start and one end per id, each strictly inside a slice of its track
+    flows: dict[int, dict[str, dict]] = {}
+    for e in body:
+        if e["ph"] in ("s", "f"):
+            assert e["name"] == "dep" and e["cat"] == "dep"
+            assert e["ph"] not in flows.setdefault(e["id"], {})
+            flows[e["id"]][e["ph"]] = e
+            if e["ph"] == "f":
+                assert e["bp"] == "e"
+    edges = set()
+    for fid, pair in flows.items():
+        assert set(pair) == {"s", "f"}, f"flow {fid} lacks a start or an end"
+        ends = []
+        for ph in ("s", "f"):
+            e = pair[ph]
+            inside = [s for s in slices_of[(e["pid"], e["tid"])] if s["ts"] < e["ts"] < s["ts"] + s["dur"] and s["cat"] == "op" and s["name"] != "release"]
+            assert len(inside) == 1, f"flow {fid} {ph} is not inside one op slice"
+            ends.append(inside[0]["args"]["instr"])
+        edges.add(tuple(ends))
+    return op, edges
+
+
+@pytest.mark.parametrize("kind", ["model", "gpu", "gpu-noclock", "crowded"])
+def test_perfetto_structure(kind, tmp_path):
+    if kind == "model":
+        trace, _ = make_trace(11, n=60)
+    elif kind == "gpu":
+        trace, _ = make_trace(12, n=60, source="gpu", clock_hz=1.98e9)
+    elif kind == "gpu-noclock":
+        trace, _ = make_trace(13, n=60, source="gpu")
+    else:
+        trace, _ = make_trace(14, n=80, blocks=2, groups=4)
+    obj = perfetto_json(trace)
+    op, edges = check_chrome_trace(obj, trace)
+    tl = build(trace)
+    assert sorted(op) == list(range(len(trace)))
+    want = {(j, i) for i, d in enumerate(trace.deps) for j in d}
+    assert edges == want
+    for i, e in op.items():
+        assert e["ts"] == pytest.approx(round(tl.t[i, READY]) / 1000, abs=1e-6)
+        assert e["pid"] == tl.block[i] + 1
+    waits = [e for e in obj["traceEvents"] if e.get("cat") == "wait"]
+    for w in waits:
+        i = w["args"]["instr"]
+        assert w["ts"] + w["dur"] == pytest.approx(op[i]["ts"], abs=1e-6)
+        assert w["ts"] >= round(tl.t[i, CLAIM]) / 1000 - 1e-6
+    n = write_perfetto(trace, tmp_path / "t.json")
+    assert n == len(obj["traceEvents"])
+    assert json.loads((tmp_path / "t.json").read_text())["traceEvents"] == obj["traceEvents"]
+
+
+def test_perfetto_track_names_and_lanes():
+    # two instructions overlapping on one group must go to two lanes
+    t = hand_trace()
+    rec = t.records.copy()
+    rec[3]["block"], rec[3]["group"], rec[3]["sm"] = 1, 0, 6
+    obj = perfetto_json(_with(t, records=rec))
+    op, _ = check_chrome_trace(obj, t)
+    threads = {(e["pid"], e["tid"]): e["args"]["name"] for e in obj["traceEvents"] if e["name"] == "thread_name"}
+    procs = {e["pid"]: e["args"]["name"] for e in obj["traceEvents"] if e["name"] == "process_name"}
+    assert procs == {1: "block 0 (SM 5)", 2: "block 1 (SM 6)"}
+    assert threads[(op[1]["pid"], op[1]["tid"])] == "wg0"
+    assert threads[(op[3]["pid"], op[3]["tid"])] == "wg0 lane 1"
+    assert sorted(n for (p, _), n in threads.items() if p == 2) == ["claims", "loads", "wg0", "wg0 lane 1"]
+    order = sorted((e["args"]["sort_index"], threads[(e["pid"], e["tid"])]) for e in obj["traceEvents"] if e["name"] == "thread_sort_index" and e["pid"] == 2)
+    assert [n for _, n in order] == ["claims", "loads", "wg0", "wg0 lane 1"]
+
+
+def test_perfetto_from_the_scheduler_model():
+    model = pytest.importorskip("gpuvm.sim.model")
+    trace = model.simulate(_small_stream(), _hardware(4)).trace
+    op, edges = check_chrome_trace(perfetto_json(trace), trace)
+    assert len(op) == len(trace)
+    assert edges == {(j, i) for i, d in enumerate(trace.deps) for j in d}
+
+
+# -- html -----------------------------------------------------------------------
+
+
+def test_html_rows_on_a_known_trace():
+    a, c, b = rows(build(hand_trace()))
+    assert (a.name, c.name, b.name) == ("A", "C", "B")
+    assert (a.start, a.end, a.blocks, a.count) == (110, 1610, 2, 2)
+    assert a.start_p10 == pytest.approx(102) and a.end_p90 == pytest.approx(2018)
+    assert a.load == 20 and c.load is None
+    assert (c.blocks, c.start, c.end) == (1, 1200, 1700)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_html_rows_are_medians_over_blocks(seed):
+    trace, true = make_trace(seed, n=60, blocks=6, groups=2)
+    rel = true - true[:, CLAIM].min()
+    got = {r.name: r for r in rows(build(trace))}
+    for name, r in got.items():
+        per_block: dict[int, list[int]] = {}
+        for i, label in enumerate(trace.labels):
+            if op_name(label) == name:
+                per_block.setdefault(int(trace.records["block"][i]), []).append(i)
+        starts = [min(rel[i, READY] for i in ix) for ix in per_block.values()]
+        ends = [max(rel[i, DONE] for i in ix) for ix in per_block.values()]
+        loads = [min(rel[i, LOAD] for i in ix if trace.weight_bytes[i]) for ix in per_block.values() if any(trace.weight_bytes[i] for i in ix)]
+        assert (r.blocks, r.count) == (len(per_block), sum(map(len, per_block.values())))
+        assert (r.start, r.end) == (np.median(starts), np.median(ends))
+        assert r.load == (np.median(loads) if loads else None)
+        assert r.start_p10 <= r.start <= r.end <= r.end_p90
+
+
+def test_html_page_is_self_contained():
+    t = hand_trace()
+    page = timeline_html(_with(t, labels=["A[0]", "A[1]", "</script><b>x", "C x1 y2"]))
+    assert page.count("</script>") == 1
+    low = page.lower()
+    assert "<link" not in low and "src=" not in low and "@import" not in low and "url(http" not in low
+    assert re.findall(r"https?://[^\"' ]+", page) == ["http://www.w3.org/2000/svg"] * 2
+    data = json.loads(page.split("var DATA = ", 1)[1].split(";\n", 1)[0])
+    assert [r["name"] for r in data["rows"]] == ["A", "C", "</script><b>x"]
+    assert data["blocks"] == 2 and data["span"] == 3350
+
+
+# -- cli ------------------------------------------------------------------------
+
+
+def _one_error_line(err: str) -> str:
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("gpuvm: error: ") and "Traceback" not in err, err
+    return lines[0]
+
+
+def test_cli_writes_everything(tmp_path, capsys):
+    trace, _ = make_trace(21, source="gpu", clock_hz=1.6e9)
+    trace.save(tmp_path / "t.npz")
+    rc = trace_main([str(tmp_path / "t.npz"), "--perfetto", str(tmp_path / "p.json"), "--html", str(tmp_path / "t.html"), "--summary"])
+    out, err = capsys.readouterr()
+    assert rc == 0
+    assert out == summarize(Trace.load(tmp_path / "t.npz"))
+    check_chrome_trace(json.loads((tmp_path / "p.json").read_text()), trace)
+    assert (tmp_path / "t.html").read_text() == timeline_html(trace)
+    assert "wrote" in err
+
+
+def test_cli_prints_the_summary_by_default(tmp_path, capsys):
+    trace, _ = make_trace(22)
+    trace.save(tmp_path / "t.npz")
+    assert trace_main([str(tmp_path / "t.npz")]) == 0
+    assert capsys.readouterr().out == summarize(trace)
+
+
+def test_cli_bad_input(tmp_path, capsys):
+    trace, _ = make_trace(23)
+    good = tmp_path / "t.npz"
+    trace.save(good)
+    (tmp_path / "noise.npz").write_bytes(np.random.default_rng(0).bytes(5000))
+    (tmp_path / "half.npz").write_bytes(good.read_bytes()[: good.stat().st_size // 2])
+    np.savez(tmp_path / "other.npz", x=np.arange(3))
+    cases = {
+        "missing": [str(tmp_path / "nope.npz")],
+        "noise": [str(tmp_path / "noise.npz")],
+        "truncated": [str(tmp_path / "half.npz")],
+        "other": [str(tmp_path / "other.npz")],
+        "directory": [str(tmp_path)],
+        "usage": [str(good), "--bogus"],
+        "no file": [],
+        "unwritable": [str(good), "--perfetto", str(tmp_path / "no" / "dir" / "p.json")],
+    }
+    for name, argv in cases.items():
+        rc = trace_main(argv)
+        line = _one_error_line(capsys.readouterr().err)
+        assert rc == 2, name
+        if name == "missing":
+            assert "no trace file at" in line
+
+
+def test_cli_as_a_process_never_dumps_a_traceback(tmp_path):
+    (tmp_path / "bad.npz").write_bytes(b"PK\x03\x04 not really a zip")
+    r = subprocess.run([sys.executable, "-m", "gpuvm.trace.cli", str(tmp_path / "bad.npz")], capture_output=True, text=True, cwd=ROOT, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    assert r.returncode == 2
+    _one_error_line(r.stderr)
+
+
+# -- the trace file round trip and for_stream ----------------------------------------
+
+
+def test_saved_trace_gives_the_same_tools_output(tmp_path):
+    trace, _ = make_trace(31, source="gpu", clock_hz=1.7e9)
+    trace.save(tmp_path / "t.npz")
+    back = Trace.load(tmp_path / "t.npz")
+    assert summarize(back) == summarize(trace)
+    assert perfetto_json(back) == perfetto_json(trace)
+
+
+def _small_stream():
+    from gpuvm.isa import DType, Op
+    from gpuvm.program import Program
+
+    p = Program("trace-tools")
+    x = p.tensor("x", (4, 256), DType.BF16)
+    w = p.tensor("w", (512, 256), DType.BF16, role="weight")
+    h = p.tensor("h", (4, 512), DType.BF16)
+    w2 = p.tensor("w2", (256, 512), DType.BF16, role="weight")
+    y = p.tensor("y", (4, 256), DType.F32)
+    up = p.counter("h ready")
+    for k in range(8):
+        p.op(Op.GEMM, [h, x, w], [k * 64, 64], signal=up, prefetch=(w, k * 64 * 512, 64 * 512), label=f"up[{k}]")
+    for k in range(4):
+        p.op(Op.GEMM, [y, h, w2], [k * 64, 64], waits=[up], prefetch=(w2, k * 64 * 1024, 64 * 1024), label=f"down[{k}]")
+    return p.build()
+
+
+def _hardware(blocks: int):
+    from gpuvm.sim.hardware import Hardware
+
+    return Hardware(n_blocks=blocks)
+
+
+def test_for_stream_names_the_signal_counters():
+    stream = _small_stream()
+    rec = np.zeros(len(stream), dtype=TRACE_DTYPE)
+    trace = Trace.for_stream(stream, rec, {"source": "gpu"})
+    assert trace.meta["signal_counter"] == ["h ready" if o.signal is not None else "" for o in stream.ops]
+    assert sorted(set(trace.meta["signal_counter"])) == ["", "h ready"]
+    assert Trace.for_stream(stream, rec, {"signal_counter": ["x"] * len(stream)}).meta["signal_counter"] == ["x"] * len(stream)
