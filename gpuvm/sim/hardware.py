@@ -1,0 +1,83 @@
+"""The machine the scheduler model simulates: an H200 running the gpuvm kernel.
+
+Every default is either a figure measured on the H200 here (MEASURE.md,
+MUSE.md) or an estimate to calibrate against a GPU trace (said so below).
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from ..opspec import ProgramError
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """Blocks, warp groups, bandwidths and fixed costs of the device scheduler."""
+
+    #: persistent blocks, one per SM (H200: 132 SMs, MEASURE.md)
+    n_blocks: int = 132
+    #: compute warp groups per block (DESIGN.md default)
+    groups: int = 2
+    #: SMs of the device; tensor cores are per SM, so the per-SM matrix rate is
+    #: flops_per_s / sms whatever n_blocks is
+    sms: int = 132
+    #: plain 16-byte streaming read of HBM, measured (MEASURE.md / MUSE.md)
+    hbm_bytes_per_s: float = 4.42e12
+    #: L2 read bandwidth for activations that stay on chip (60 MB L2); estimate,
+    #: about 2.5x HBM as Hopper microbenchmarks show
+    l2_bytes_per_s: float = 11e12
+    #: one instruction's load stream (one group's pipeline) cannot pull the whole
+    #: HBM: cap per concurrent load, estimate 40-60 GB/s (4.42e12 / 132 = 33 GB/s
+    #: is the fair share when every SM loads)
+    load_bytes_per_s: float = 50e9
+    #: bf16 dense matrix rate, measured (MUSE.md); each SM gets 1/sms of it,
+    #: shared by the groups of the block that compute at once
+    flops_per_s: float = 7.9e14
+    #: round trip of one claim on the global head when all 132 SMs contend
+    #: ("about 0.3 us per claim per block", MEASURE.md)
+    claim_ns: float = 300.0
+    #: claims the global head serves per second in all; it serialises claims
+    #: (middle of the measured 330-510 M claims/s, MEASURE.md)
+    head_claims_per_s: float = 4.4e8
+    #: controller reads the claimed 128-byte record (an L2 hit) before the loader
+    #: can issue its prefetch; estimate
+    decode_ns: float = 250.0
+    #: controller hands a decoded instruction to a free group (shared memory +
+    #: mbarrier); estimate
+    dispatch_ns: float = 50.0
+    #: fixed cost of an op inside a group (descriptor reads, address set-up,
+    #: pipeline fill and drain); estimate
+    launch_ns: float = 400.0
+    #: HBM / L2 latency before the first bytes of a load arrive; estimate
+    mem_latency_ns: float = 600.0
+    #: producer's fence + release increment of its signal counter; estimate
+    signal_ns: float = 100.0
+    #: until a release increment is seen by pollers on other SMs
+    #: ("about 0.5-1 us", DESIGN.md brief of the scheduler)
+    signal_latency_ns: float = 750.0
+
+    def __post_init__(self) -> None:
+        for name in ("n_blocks", "groups", "sms"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v < 1:
+                raise ProgramError(f"Hardware.{name} must be a positive int, not {v!r}")
+        if self.n_blocks > self.sms:
+            raise ProgramError(f"Hardware.n_blocks {self.n_blocks} > sms {self.sms}: persistent blocks must all be co-resident, one per SM")
+        for name in ("hbm_bytes_per_s", "l2_bytes_per_s", "load_bytes_per_s", "flops_per_s", "head_claims_per_s"):
+            if not getattr(self, name) > 0:
+                raise ProgramError(f"Hardware.{name} must be > 0")
+        for name in ("claim_ns", "decode_ns", "dispatch_ns", "launch_ns", "mem_latency_ns", "signal_ns", "signal_latency_ns"):
+            if not getattr(self, name) >= 0:
+                raise ProgramError(f"Hardware.{name} must be >= 0")
+
+    @property
+    def flops_per_sm(self) -> float:
+        return self.flops_per_s / self.sms
+
+    @property
+    def head_gap_ns(self) -> float:
+        """Time the global head is busy per claim."""
+        return 1e9 / self.head_claims_per_s
+
+    def as_dict(self) -> dict[str, int | float]:
+        return asdict(self)

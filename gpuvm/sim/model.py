@@ -1,0 +1,339 @@
+"""Discrete-event model of the device scheduler (DESIGN.md "Run-time scheduler").
+
+Each block has a controller and `groups` compute warp groups. The controller
+claims the next instruction (dynamic: one atomic on the global head, which
+serialises claims; static: the next entry of its own list), reads the record,
+has the loader issue the instruction's prefetch, and hands it to a free group.
+It claims only while it holds nothing and one of its groups is free or past
+its waits (about to be free), so at most one claim is held ahead per block.
+A group waits until every counter it needs reaches its target (a signal is
+seen signal_latency_ns after its release), loads what is left, computes and
+signals. Loads share HBM (or L2) in processor sharing, each capped at
+load_bytes_per_s; math shares its SM's tensor cores among the busy groups.
+
+No deadlock for a valid stream: the earliest unfinished instruction m has all
+its dependencies done (they come earlier in the stream). It is claimed or
+next to be claimed (claims go in stream order); a block holds back only its
+latest claim, so if m is held, every instruction in that block's groups is
+earlier than m, hence finished, and a group is free for m. The same holds in
+static mode because every list is in stream order (gpuvm/static.py).
+"""
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import numpy as np
+
+from ..isa import TRACE_DTYPE, Stamp
+from ..opspec import Cost, ProgramError
+from ..program import Stream
+from ..trace.format import Trace
+from .hardware import Hardware
+from .share import Share
+from .work import OpWork, op_work
+
+MODES = ("dynamic", "static")
+
+
+class DeadlockError(RuntimeError):
+    """The model ran out of events with instructions unfinished."""
+
+
+@dataclass
+class SimResult:
+    """Model times (ns from launch) of every instruction, by stream position."""
+
+    stream: Stream
+    hw: Hardware
+    mode: str
+    lists: list[list[int]] | None
+    block: np.ndarray  # int
+    group: np.ndarray  # int
+    claim: np.ndarray  # claim returned to the controller
+    load: np.ndarray  # record decoded, prefetch issued
+    dispatch: np.ndarray  # handed to its group
+    ready: np.ndarray  # every wait met
+    done: np.ndarray  # compute finished (loads included)
+    signal: np.ndarray  # signal released (= done when the op signals nothing)
+    finish_order: list[int] = field(default_factory=list)  # stream positions as they finished
+
+    @property
+    def makespan_ns(self) -> float:
+        return float(self.signal.max())
+
+    @property
+    def visible(self) -> np.ndarray:
+        """When each op's signal is seen by pollers."""
+        return self.signal + self.hw.signal_latency_ns
+
+    @property
+    def trace(self) -> Trace:
+        """The run as a gpuvm trace (globaltimer = clock = model ns, sm = block)."""
+        rec = np.zeros(len(self.block), dtype=TRACE_DTYPE)
+        rec["sm"] = rec["block"] = self.block
+        rec["group"] = self.group
+        rec["instr"] = np.arange(len(self.block))
+        stamps = {Stamp.CLAIM: self.claim, Stamp.LOAD: self.load, Stamp.READY: self.ready, Stamp.DONE: self.done, Stamp.SIGNAL: self.signal}
+        for s, t in stamps.items():
+            rec["globaltimer"][:, int(s)] = np.rint(t).astype(np.uint64)
+        rec["clock"] = rec["globaltimer"]
+        meta = {"source": "model", "mode": self.mode, "makespan_ns": self.makespan_ns, **self.hw.as_dict()}
+        return Trace.for_stream(self.stream, rec, meta)
+
+
+@dataclass
+class _Block:
+    free: list[int]  # free groups (heap)
+    busy: bool = False  # controller claiming, decoding or handing off
+    held: int | None = None  # decoded instruction waiting for a group
+    running: int = 0  # groups past their waits
+    exhausted: bool = False
+    next_in_list: int = 0
+
+
+class _Sim:
+    def __init__(self, stream: Stream, hw: Hardware, mode: str, lists: list[list[int]] | None, work: list[OpWork]) -> None:
+        self.s, self.hw, self.mode, self.lists, self.work = stream, hw, mode, lists, work
+        ops = stream.ops
+        n = self.n = len(ops)
+        self.ops = ops
+        self.waits = [[(c.id, ins.wait_count(k)) for k, (c, _) in enumerate(ins.waits)] for ins in ops]
+        self.sig = [None if ins.signal is None else ins.signal.id for ins in ops]
+        self.value = [0] * len(stream.counters)
+        self.waiters: list[list[tuple[int, int]]] = [[] for _ in self.value]  # heap of (target, instr)
+        self.unmet = [0] * n
+        self.left = [0] * n
+        self.t = {k: np.full(n, np.nan) for k in ("claim", "load", "dispatch", "ready", "done", "signal")}
+        self.block = np.full(n, -1, dtype=np.int64)
+        self.group = np.full(n, -1, dtype=np.int64)
+        self.order: list[int] = []
+        self.blocks = [_Block(list(range(hw.groups))) for _ in range(hw.n_blocks)]
+        self.head = 0
+        self.head_free = 0.0
+        self._events: list[tuple[float, int, Callable[..., None], tuple]] = []
+        self._seq = 0
+        cap = hw.load_bytes_per_s / 1e9
+        self.hbm = Share(lambda k: min(cap, hw.hbm_bytes_per_s / 1e9 / k))
+        self.l2 = Share(lambda k: min(cap, hw.l2_bytes_per_s / 1e9 / k))
+        per_sm = hw.flops_per_sm / 1e9
+        self.math = [Share(lambda k: per_sm / k) for _ in range(hw.n_blocks)]
+
+    # -- event queue ----------------------------------------------------------
+    def at(self, time: float, fn: Callable[..., None], *args: object) -> None:
+        heapq.heappush(self._events, (time, self._seq, fn, args))
+        self._seq += 1
+
+    def _watch(self, share: Share) -> None:
+        end = share.next_end()
+        if end is not None:
+            self.at(end, self._share_end, share, share.version)
+
+    def _share_end(self, now: float, share: Share, version: int) -> None:
+        if version != share.version:
+            return  # the rate changed since this end was computed
+        for cb in share.finish(now):
+            cb(now)
+        self._watch(share)
+
+    def _start(self, share: Share, now: float, work: float, done: Callable[[float], None]) -> None:
+        share.add(now, work, done)
+        self._watch(share)
+
+    def run(self) -> None:
+        for b in range(self.hw.n_blocks):
+            self._try_claim(b, 0.0)
+        while self._events:
+            time, _, fn, args = heapq.heappop(self._events)
+            fn(time, *args)
+        if len(self.order) != self.n:
+            raise DeadlockError(self._deadlock_report())
+
+    # -- controller -----------------------------------------------------------
+    def _try_claim(self, b: int, now: float) -> None:
+        blk = self.blocks[b]
+        if blk.busy or blk.held is not None or blk.exhausted or not (blk.free or blk.running):
+            return
+        blk.busy = True
+        if self.mode == "dynamic":
+            serve = max(now, self.head_free)
+            self.head_free = serve + self.hw.head_gap_ns
+            i = self.head
+            self.head += 1
+            self.at(serve + self.hw.claim_ns, self._claimed, b, i)
+        else:
+            lst = self.lists[b]
+            i = lst[blk.next_in_list] if blk.next_in_list < len(lst) else self.n
+            blk.next_in_list += 1
+            self._claimed(now, b, i)
+
+    def _claimed(self, now: float, b: int, i: int) -> None:
+        blk = self.blocks[b]
+        if i >= self.n:
+            blk.exhausted, blk.busy = True, False
+            return
+        self.t["claim"][i] = now
+        self.block[i] = b
+        self.at(now + self.hw.decode_ns, self._decoded, b, i)
+
+    def _decoded(self, now: float, b: int, i: int) -> None:
+        self.t["load"][i] = now
+        w = self.work[i]
+        if w.prefetch_bytes:
+            self.left[i] += 1
+            self._start(self.hbm, now, w.prefetch_bytes, lambda t, i=i: self._loaded(t, i))
+        blk = self.blocks[b]
+        if blk.free:
+            self.at(now + self.hw.dispatch_ns, self._dispatched, b, heapq.heappop(blk.free), i)
+        else:
+            blk.held, blk.busy = i, False
+
+    def _group_free(self, now: float, b: int, g: int) -> None:
+        blk = self.blocks[b]
+        blk.running -= 1
+        if blk.held is not None:
+            i, blk.held, blk.busy = blk.held, None, True
+            self.at(now + self.hw.dispatch_ns, self._dispatched, b, g, i)
+        else:
+            heapq.heappush(blk.free, g)
+            self._try_claim(b, now)
+
+    # -- group ------------------------------------------------------------------
+    def _dispatched(self, now: float, b: int, g: int, i: int) -> None:
+        self.blocks[b].busy = False
+        self.t["dispatch"][i] = now
+        self.group[i] = g
+        for c, target in self.waits[i]:
+            if self.value[c] < target:
+                self.unmet[i] += 1
+                heapq.heappush(self.waiters[c], (target, i))
+        if not self.unmet[i]:
+            self._ready(now, i)
+        self._try_claim(b, now)
+
+    def _ready(self, now: float, i: int) -> None:
+        self.t["ready"][i] = now
+        b = int(self.block[i])
+        self.blocks[b].running += 1
+        w = self.work[i]
+        self.left[i] += 1 + bool(w.hbm_bytes) + bool(w.l2_bytes)
+        if w.hbm_bytes:
+            self._start(self.hbm, now, w.hbm_bytes, lambda t, i=i: self._loaded(t, i))
+        if w.l2_bytes:
+            self._start(self.l2, now, w.l2_bytes, lambda t, i=i: self._loaded(t, i))
+        self.at(now + w.fixed_ns, self._launched, b, i)
+        self._try_claim(b, now)
+
+    def _launched(self, now: float, b: int, i: int) -> None:
+        if self.work[i].flops:
+            self._start(self.math[b], now, self.work[i].flops, lambda t, i=i: self._part_done(t, i))
+        else:
+            self._part_done(now, i)
+
+    def _loaded(self, now: float, i: int) -> None:
+        self.at(now + self.hw.mem_latency_ns, self._part_done, i)
+
+    def _part_done(self, now: float, i: int) -> None:
+        self.left[i] -= 1
+        if self.left[i] == 0 and not math.isnan(self.t["ready"][i]):
+            self._finish(now, i)
+
+    def _finish(self, now: float, i: int) -> None:
+        self.t["done"][i] = now
+        self.order.append(i)
+        c = self.sig[i]
+        end = now if c is None else now + self.hw.signal_ns
+        self.t["signal"][i] = end
+        self.at(end, self._group_free, int(self.block[i]), int(self.group[i]))
+        if c is not None:
+            self.at(end + self.hw.signal_latency_ns, self._seen, c)
+
+    def _seen(self, now: float, c: int) -> None:
+        self.value[c] += 1
+        q = self.waiters[c]
+        while q and q[0][0] <= self.value[c]:
+            _, i = heapq.heappop(q)
+            self.unmet[i] -= 1
+            if not self.unmet[i]:
+                self._ready(now, i)
+
+    # -- failure ----------------------------------------------------------------
+    def _deadlock_report(self) -> str:
+        lines = [f"scheduler model deadlock ({self.mode} mode): {self.n - len(self.order)} of {self.n} instructions never finished"]
+        counters = self.s.counters
+        for i in range(self.n):
+            if not math.isnan(self.t["done"][i]):
+                continue
+            where = f"#{i} '{self.ops[i].label}'"
+            if math.isnan(self.t["claim"][i]):
+                lines.append(f"  {where}: never claimed")
+            elif math.isnan(self.t["dispatch"][i]):
+                lines.append(f"  {where}: held by block {self.block[i]}, no group ever came free")
+            else:
+                need = [f"'{counters[c].name}' at {self.value[c]} of {tg}" for c, tg in self.waits[i] if self.value[c] < tg]
+                lines.append(f"  {where}: block {self.block[i]} group {self.group[i]} waits on " + ", ".join(need))
+            if len(lines) > 12:
+                lines.append("  ...")
+                break
+        return "\n".join(lines)
+
+
+def check_lists(lists: Sequence[Sequence[int]], n_instrs: int, n_blocks: int, ordered: bool = True) -> None:
+    """Raise ProgramError unless lists give every stream position to exactly one
+    of n_blocks blocks (and, if ordered, each list is in increasing stream order)."""
+    if len(lists) != n_blocks:
+        raise ProgramError(f"{len(lists)} static lists for {n_blocks} blocks")
+    seen = np.zeros(n_instrs, dtype=np.int64)
+    for b, lst in enumerate(lists):
+        a = np.asarray(lst, dtype=np.int64)
+        if a.size and (a.min() < 0 or a.max() >= n_instrs):
+            raise ProgramError(f"static list of block {b} names an instruction outside [0, {n_instrs})")
+        if ordered and a.size > 1 and not np.all(np.diff(a) > 0):
+            raise ProgramError(f"static list of block {b} is not in increasing stream order: the kernel could deadlock")
+        np.add.at(seen, a, 1)
+    if np.any(seen != 1):
+        bad = int(np.flatnonzero(seen != 1)[0])
+        raise ProgramError(f"static lists give instruction {bad} to {int(seen[bad])} blocks; each must run exactly once")
+
+
+def simulate(
+    stream: Stream,
+    hw: Hardware = Hardware(),
+    mode: str = "dynamic",
+    lists: list[list[int]] | None = None,
+    durations: Sequence[float] | None = None,
+    *,
+    costs: Sequence[Cost] | None = None,
+) -> SimResult:
+    """Run the model over one step of stream.
+
+    mode 'dynamic' claims on the global head; 'static' runs lists (default:
+    gpuvm.static.static_lists for hw). durations[i] replaces op i's compute
+    time in ns; costs[i] replaces its Cost (see work.op_work). Raises
+    DeadlockError if the run cannot finish (never for a valid stream and
+    lists in stream order).
+    """
+    if mode not in MODES:
+        raise ProgramError(f"mode must be one of {MODES}, not {mode!r}")
+    n = len(stream.ops)
+    work = op_work(stream, hw, durations, costs)
+    if mode == "dynamic":
+        if lists is not None:
+            raise ProgramError("lists are for static mode only")
+    else:
+        if lists is None:
+            from ..static import static_lists  # static builds on this model's costs
+
+            lists = static_lists(stream, hw.n_blocks, hw.groups, hw, durations=durations, costs=costs)
+        # order is not checked: a list out of stream order is allowed to show its deadlock
+        check_lists(lists, n, hw.n_blocks, ordered=False)
+        lists = [list(map(int, lst)) for lst in lists]
+    sim = _Sim(stream, hw, mode, lists, work)
+    sim.run()
+    return SimResult(stream, hw, mode, lists, sim.block, sim.group, finish_order=sim.order, **sim.t)
+
+
+# predict_layer builds on simulate; it lives in predict.py and is re-exported here
+from .predict import predict_layer  # noqa: E402

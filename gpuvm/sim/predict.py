@@ -1,0 +1,124 @@
+"""Predicted step time of one Muse layer for a benchmark case.
+
+Expert work depends on routing, known only on the GPU: an expert with no
+tokens loads nothing and finishes at once, one with t tokens does t tokens'
+math. The model takes the tokens of each local expert as a parameter, by
+default the skew the benchmarks use (MUSE.md "Routing skew": the shard gets
+about 2x the average load, uneven across its experts).
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Sequence
+
+from ..isa import Op
+from ..muse.config import MuseConfig
+from ..opspec import Cost, ProgramError
+from ..program import Stream
+from .hardware import Hardware
+from .model import simulate
+from .work import op_work
+
+if TYPE_CHECKING:  # the Muse modules import torch: loaded only when a layer is predicted
+    from ..muse.cases import Case
+    from ..muse.lowering import Tiles
+
+EXPERT_OPS = frozenset({Op.EXPERT_UP, Op.EXPERT_DOWN})
+
+
+def skewed_expert_tokens(cfg: MuseConfig, tokens: int, load: float = 2.0, zipf: float = 1.0) -> list[int]:
+    """Tokens routed to each local expert of cfg for a step of `tokens` tokens.
+
+    In all, `load` x the average share (tokens * top_k * local / n_experts)
+    lands on the shard, spread over its experts in proportion to 1/(e+1)^zipf
+    (largest remainders, at most `tokens` per expert: a token picks an expert
+    once). Load 2 and zipf 1 give the top expert 126 of 256 tokens.
+    """
+    if tokens < 1 or load < 0 or zipf < 0:
+        raise ProgramError(f"skewed_expert_tokens needs tokens >= 1, load >= 0, zipf >= 0 (got {tokens}, {load}, {zipf})")
+    E = cfg.local_experts
+    total = min(round(load * tokens * cfg.top_k * E / cfg.n_experts), tokens * min(cfg.top_k, E))
+    out = [0] * E
+    open_ = list(range(E))
+    left = total
+    while left and open_:
+        weights = [1.0 / (e + 1) ** zipf for e in open_]
+        scale = left / sum(weights)
+        want = {e: w * scale for e, w in zip(open_, weights)}
+        give = {e: min(int(want[e]), tokens - out[e]) for e in open_}
+        extra = left - sum(give.values())
+        for e in sorted(open_, key=lambda e: (give[e] - want[e], e)):  # largest remainders first
+            if extra and give[e] < tokens - out[e]:
+                give[e] += 1
+                extra -= 1
+        for e in open_:
+            out[e] += give[e]
+            left -= give[e]
+        open_ = [e for e in open_ if out[e] < tokens]
+    return out
+
+
+def layer_costs(stream: Stream, expert_tokens: Sequence[int]) -> list[Cost]:
+    """Each op's Cost with expert ops scaled to their expert's tokens:
+    no tokens, no bytes and no math; t tokens, t rows of math and activations
+    (the op's own cost is that of one token, plus one input row per token)."""
+    out: list[Cost] = []
+    for ins in stream.ops:
+        c = ins.cost
+        if ins.opcode in EXPERT_OPS:
+            e = ins.args[0]
+            if not 0 <= e < len(expert_tokens):
+                raise ProgramError(f"'{ins.label}' is expert {e}; expert_tokens has {len(expert_tokens)} entries")
+            t = int(expert_tokens[e])
+            x = ins.tensors[1]
+            c = Cost(c.weight_bytes, t * (c.act_bytes + x.row_bytes), t * c.flops) if t else Cost()
+        out.append(c)
+    return out
+
+
+def predict_layer(
+    cfg: MuseConfig,
+    case: "Case",
+    hw: Hardware = Hardware(),
+    *,
+    expert_tokens: Sequence[int] | None = None,
+    mode: str = "dynamic",
+    tiles: "Tiles | None" = None,
+) -> dict:
+    """Model time of one layer step of case against its floor.
+
+    expert_tokens: tokens of each local expert (default skewed_expert_tokens).
+    The floor is MUSE.md's: bytes / hbm_bytes_per_s, and for prefill also
+    flops / flops_per_s, whichever is longer.
+    """
+    from ..muse.cases import floor_bytes, floor_flops
+    from ..muse.lowering import lower_layer
+    from ..muse.state import cache_slots
+
+    T = case.tokens
+    toks = list(expert_tokens) if expert_tokens is not None else skewed_expert_tokens(cfg, T)
+    if len(toks) != cfg.local_experts or any(not 0 <= t <= T for t in toks):
+        raise ProgramError(f"expert_tokens must give each of the {cfg.local_experts} local experts 0..{T} tokens, got {toks}")
+    slots = cache_slots(cfg, case.kind, case.tokens_each, case.context)
+    kw = {} if tiles is None else {"tiles": tiles}
+    lp = lower_layer(cfg, case.kind, case.conversations, case.tokens_each, slots, **kw)
+    costs = layer_costs(lp.stream, toks)
+    r = simulate(lp.stream, hw, mode, costs=costs)
+    hit = sum(1 for t in toks if t)
+    fb = floor_bytes(cfg, case, hit)["total"]
+    floor_ns = fb / hw.hbm_bytes_per_s * 1e9
+    if case.prefill:
+        floor_ns = max(floor_ns, floor_flops(cfg, case, sum(toks)) / hw.flops_per_s * 1e9)
+    return {
+        "case": case.name,
+        "kind": case.kind,
+        "tokens": T,
+        "mode": mode,
+        "instructions": len(lp.stream),
+        "time_ns": r.makespan_ns,
+        "floor_ns": floor_ns,
+        "ratio": r.makespan_ns / floor_ns,
+        "floor_bytes": fb,
+        "model_hbm_bytes": sum(w.prefetch_bytes + w.hbm_bytes for w in op_work(lp.stream, hw, costs=costs)),
+        "experts_hit": hit,
+        "expert_tokens": toks,
+    }

@@ -1,0 +1,309 @@
+"""The scheduler model (gpuvm/sim): invariants on random programs, and sanity
+of its timing against simple closed forms."""
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gpuvm.isa import DType, Op, Stamp
+from gpuvm.muse.cases import Case, floor_bytes, get_case, small_case
+from gpuvm.muse.config import SHARD, SMALL, MuseConfig
+from gpuvm.muse.lowering import lower_layer
+from gpuvm.muse.state import cache_slots
+from gpuvm.opspec import ProgramError
+from gpuvm.program import Program, Stream
+from gpuvm.sim import DeadlockError, Hardware, SimResult, layer_costs, predict_layer, simulate, skewed_expert_tokens
+from gpuvm.sim.share import Share
+from gpuvm.trace.format import Trace
+from tests.randprog import random_program, streams
+
+CONFIGS = [(1, 1), (1, 3), (2, 1), (3, 2), (8, 2), (132, 2)]
+#: every fixed cost zero: many events at the same instant, the hardest case for ties
+INSTANT = dict(claim_ns=0.0, decode_ns=0.0, dispatch_ns=0.0, launch_ns=0.0, mem_latency_ns=0.0, signal_ns=0.0, signal_latency_ns=0.0)
+
+
+def check_invariants(r: SimResult, s: Stream) -> None:
+    n = len(s)
+    hw = r.hw
+    assert sorted(r.finish_order) == list(range(n)), "every instruction finishes exactly once"
+    stamps = [r.claim, r.load, r.dispatch, r.ready, r.done, r.signal]
+    for t in stamps:
+        assert np.all(np.isfinite(t))
+    for a, b in zip(stamps, stamps[1:]):
+        assert np.all(a <= b + 1e-6), "stamps in lifecycle order"
+    assert np.all((0 <= r.block) & (r.block < hw.n_blocks)) and np.all((0 <= r.group) & (r.group < hw.groups))
+    pos = {ins.id: k for k, ins in enumerate(s.ops)}
+    vis = r.visible
+    for i, ins in enumerate(s.ops):
+        for k, (c, n_wait) in enumerate(ins.waits):
+            sig = np.array([vis[pos[x.id]] for x in c.signallers])
+            # the counter reached its target before the op was ready
+            assert np.sum(sig <= r.ready[i] + 1e-6) >= ins.wait_count(k), f"#{i} ready before '{c.name}' reached {ins.wait_count(k)}"
+            if n_wait is None:
+                assert all(vis[j] <= r.ready[i] + 1e-6 for j in s.deps[i] if s.ops[j].signal is c)
+        if all(nw is None for _, nw in ins.waits):
+            assert all(vis[j] <= r.ready[i] + 1e-6 for j in s.deps[i]), f"#{i} ready before a dependency signalled"
+    for b in range(hw.n_blocks):
+        mine = np.flatnonzero(r.block == b)
+        mine = mine[np.argsort(r.claim[mine], kind="stable")]
+        # a new claim only once the previous one has gone to a group: one held ahead at most
+        assert np.all(r.claim[mine[1:]] >= r.dispatch[mine[:-1]] - 1e-6)
+        for g in range(hw.groups):
+            run = np.flatnonzero((r.block == b) & (r.group == g))
+            run = run[np.argsort(r.dispatch[run], kind="stable")]
+            assert np.all(r.dispatch[run[1:]] >= r.signal[run[:-1]] - 1e-6), "a group runs one op at a time"
+    if r.mode == "dynamic":
+        assert np.all(np.diff(r.claim) >= hw.head_gap_ns - 1e-6), "claims in stream order, serialised on the head"
+    else:
+        assert r.lists is not None
+        for b, lst in enumerate(r.lists):
+            mine = np.flatnonzero(r.block == b)
+            assert mine[np.argsort(r.claim[mine], kind="stable")].tolist() == lst, "each block runs exactly its list, in order"
+    assert r.makespan_ns == pytest.approx(r.signal.max())
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    stream=streams(max_ops=60),
+    config=st.sampled_from(CONFIGS),
+    mode=st.sampled_from(["dynamic", "static"]),
+    seed=st.integers(0, 2**31),
+    timing=st.sampled_from(["model", "durations", "instant"]),
+)
+def test_random_programs_run_valid_schedules(stream: Stream, config: tuple[int, int], mode: str, seed: int, timing: str) -> None:
+    blocks, groups = config
+    rng = random.Random(seed)
+    hw = Hardware(n_blocks=blocks, groups=groups, **(INSTANT if timing == "instant" else {}))
+    durations = None
+    if timing != "model":
+        durations = [rng.choice([0.0, rng.uniform(0, 5000)]) for _ in range(len(stream))]
+    r = simulate(stream, hw, mode, durations=durations)
+    check_invariants(r, stream)
+
+
+def test_invariants_catch_a_bad_schedule() -> None:
+    """The checker itself fails on a result that breaks a dependency."""
+    s = random_program(random.Random(3), 30, p_signal=1.0, p_partial=0.0).build()
+    r = simulate(s, Hardware(n_blocks=4))
+    check_invariants(r, s)
+    i = next(k for k, d in enumerate(s.deps) if d)
+    r.ready[i] = r.visible[s.deps[i][0]] - 1.0
+    with pytest.raises(AssertionError):
+        check_invariants(r, s)
+
+
+def _chain(n: int) -> Stream:
+    p = Program("chain")
+    prev = None
+    for i in range(n):
+        c = p.counter(f"c{i}")
+        p.op(Op.NOP, waits=[prev] if prev else [], signal=c)
+        prev = c
+    return p.build()
+
+
+def test_signal_latency_adds_once_per_link() -> None:
+    s = _chain(10)
+    base = dict(n_blocks=1, groups=1, dispatch_ns=0.0)
+    long_ops = [10_000.0] * len(s)  # hides the claims behind the ops
+    t0 = simulate(s, Hardware(signal_latency_ns=0.0, **base), durations=long_ops).makespan_ns
+    t1 = simulate(s, Hardware(signal_latency_ns=2000.0, **base), durations=long_ops).makespan_ns
+    assert t1 - t0 == pytest.approx(9 * 2000.0)
+
+
+def _streaming(n_tiles: int, rows: int = 16, k: int = 8192, t: int = 1) -> tuple[Stream, int]:
+    """Independent GEMM column tiles of one bf16 matrix, each prefetched at claim."""
+    p = Program("stream")
+    w = p.tensor("W", (n_tiles * rows, k), DType.BF16, "weight")
+    x = p.tensor("x", (t, k), DType.BF16)
+    out = p.tensor("out", (t, n_tiles * rows), DType.BF16)
+    for j in range(n_tiles):
+        p.op(Op.GEMM, [out, x, w], [j * rows, rows], prefetch=(w, j * rows * w.row_bytes, rows * w.row_bytes))
+    return p.build(), w.nbytes
+
+
+@pytest.mark.parametrize("mode", ["dynamic", "static"])
+def test_weight_streaming_reaches_the_hbm_floor(mode: str) -> None:
+    s, nbytes = _streaming(2048)  # 512 MB in 256 KB tiles
+    hw = Hardware()
+    floor = nbytes / hw.hbm_bytes_per_s * 1e9
+    r = simulate(s, hw, mode)
+    # ramp-up (claims, latency) and the tail of the last tiles, at the capped rate
+    slack = hw.claim_ns + hw.decode_ns + hw.mem_latency_ns + 256 * 1024 / hw.load_bytes_per_s * 1e9
+    assert floor <= r.makespan_ns <= 1.03 * floor + slack
+
+
+@pytest.mark.parametrize("prefetch", [True, False])
+def test_prefetch_loads_weights_during_the_wait(prefetch: bool) -> None:
+    p = Program("pf")
+    w = p.tensor("W", (256, 8192), DType.BF16, "weight")  # 4 MB
+    x = p.tensor("x", (1, 8192), DType.BF16)
+    out = p.tensor("out", (1, 256), DType.BF16)
+    c = p.counter("slept")
+    p.op(Op.SLEEP, args=[200_000], signal=c)
+    p.op(Op.GEMM, [out, x, w], [0, 256], waits=[c], prefetch=(w, 0, w.nbytes) if prefetch else None)
+    s = p.build()
+    hw = Hardware(n_blocks=2)
+    r = simulate(s, hw)
+    g = 1 if s.ops[1].opcode == Op.GEMM else 0
+    load_ns = w.nbytes / hw.load_bytes_per_s * 1e9
+    assert r.ready[g] > 200_000
+    if prefetch:  # weights arrived while the op waited
+        assert r.done[g] - r.ready[g] < 0.1 * load_ns
+    else:
+        assert r.done[g] - r.ready[g] >= load_ns
+
+
+def test_one_block_is_132_times_slower_on_independent_work() -> None:
+    p = Program("sleeps")
+    for _ in range(132 * 2 * 8):
+        p.op(Op.SLEEP, args=[20_000])
+    s = p.build()
+    wide = simulate(s, Hardware()).makespan_ns
+    narrow = simulate(s, Hardware(n_blocks=1)).makespan_ns
+    assert 125 < narrow / wide < 135
+
+
+def test_loads_share_hbm_and_each_is_capped() -> None:
+    s, nbytes = _streaming(2, rows=4096)  # two 64 MB tiles
+    tile = nbytes / 2
+    hw = Hardware(load_bytes_per_s=4.42e12, mem_latency_ns=0.0)
+    r = simulate(s, hw)
+    both = r.done.max() - r.load.max()
+    assert both == pytest.approx(2 * tile / hw.hbm_bytes_per_s * 1e9, rel=0.01)  # shared, not each at full rate
+    capped = Hardware(load_bytes_per_s=1e12, mem_latency_ns=0.0)
+    one, _ = _streaming(1, rows=4096)
+    r = simulate(one, capped)
+    assert r.done[0] - r.load[0] == pytest.approx(tile / 1e12 * 1e9, rel=0.01)
+
+
+def test_groups_of_one_sm_share_its_tensor_cores() -> None:
+    s, _ = _streaming(2, rows=64, k=8192, t=4096)
+    fast = dict(load_bytes_per_s=1e14, l2_bytes_per_s=1e14)  # make the tiles compute-bound
+    hw = Hardware(n_blocks=1, groups=2, **fast)
+    r = simulate(s, hw)
+    flops = s.ops[0].cost.flops
+    alone = flops / hw.flops_per_sm * 1e9
+    assert r.done.max() - r.ready.min() >= 2 * alone * 0.99  # two at once take twice as long
+    spread = simulate(s, Hardware(n_blocks=2, groups=1, **fast))
+    assert spread.makespan_ns < 0.7 * r.makespan_ns
+
+
+def test_share_serves_jobs_equally() -> None:
+    sh = Share(lambda k: 1.0 / k)  # one unit/ns in all
+    ends: dict[str, float] = {}
+    sh.add(0.0, 10.0, lambda t: ends.__setitem__("a", t))
+    sh.add(0.0, 30.0, lambda t: ends.__setitem__("b", t))
+    while len(sh):
+        now = sh.next_end()
+        assert now is not None
+        for cb in sh.finish(now):
+            cb(now)
+    assert ends == {"a": pytest.approx(20.0), "b": pytest.approx(40.0)}
+
+
+def test_out_of_order_static_lists_deadlock_with_a_clear_error() -> None:
+    s = _chain(2)
+    with pytest.raises(DeadlockError, match=r"(?s)deadlock.*#0 'nop': never claimed.*#1 'nop': block 0 group 0 waits on 'c0' at 0 of 1"):
+        simulate(s, Hardware(n_blocks=1, groups=1), "static", lists=[[1, 0]])
+
+
+def test_trace_reads_like_a_gpu_trace(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    s = random_program(random.Random(5), 25).build()
+    r = simulate(s, Hardware(n_blocks=3), "static")
+    tr = r.trace
+    tr.save(tmp_path / "m.npz")
+    back = Trace.load(tmp_path / "m.npz")
+    assert back.meta["source"] == "model" and back.meta["mode"] == "static" and back.meta["n_blocks"] == 3
+    assert np.array_equal(back.records["sm"], r.block) and np.array_equal(back.records["group"], r.group)
+    assert np.array_equal(back.times(Stamp.READY), np.rint(r.ready).astype(np.int64))
+    assert np.array_equal(back.records["clock"], back.records["globaltimer"])
+    assert back.deps == [tuple(d) for d in s.deps] and back.labels == s.labels
+
+
+def test_bad_input_is_refused() -> None:
+    s = _chain(3)
+    with pytest.raises(ProgramError, match="mode"):
+        simulate(s, Hardware(), "greedy")
+    with pytest.raises(ProgramError, match="static mode only"):
+        simulate(s, Hardware(), "dynamic", lists=[[0, 1, 2]])
+    with pytest.raises(ProgramError, match="durations"):
+        simulate(s, Hardware(), durations=[1.0])
+    with pytest.raises(ProgramError, match=">= 0"):
+        simulate(s, Hardware(), durations=[1.0, -1.0, 1.0])
+    with pytest.raises(ProgramError, match="exactly once"):
+        simulate(s, Hardware(n_blocks=2), "static", lists=[[0, 1], [1]])
+    with pytest.raises(ProgramError, match="lists for"):
+        simulate(s, Hardware(n_blocks=2), "static", lists=[[0, 1, 2]])
+    with pytest.raises(ProgramError, match="n_blocks"):
+        Hardware(n_blocks=0)
+    with pytest.raises(ProgramError, match="co-resident"):
+        Hardware(n_blocks=133)
+    with pytest.raises(ProgramError, match="hbm_bytes_per_s"):
+        Hardware(hbm_bytes_per_s=0)
+
+
+# ---- one Muse layer -----------------------------------------------------------
+@settings(max_examples=40, deadline=None)
+@given(tokens=st.integers(1, 300), cfg=st.sampled_from([SHARD, SMALL]))
+def test_skewed_expert_tokens(tokens: int, cfg: MuseConfig) -> None:
+    toks = skewed_expert_tokens(cfg, tokens)
+    assert len(toks) == cfg.local_experts
+    want = min(round(2 * tokens * cfg.top_k * cfg.local_experts / cfg.n_experts), tokens * min(cfg.top_k, cfg.local_experts))
+    assert sum(toks) == want, "about 2x the average load lands on the shard"
+    assert all(0 <= t <= tokens for t in toks) and toks == sorted(toks, reverse=True)
+
+
+def test_skew_matches_muse_md() -> None:
+    toks = skewed_expert_tokens(SHARD, 256)
+    assert toks[0] >= 100 and toks[-1] < toks[0] // 10  # "the top expert gets 100+", uneven
+    assert skewed_expert_tokens(SHARD, 1) == [1, 1] + [0] * 30
+    assert sum(skewed_expert_tokens(SHARD, 16, load=1.0)) == 16
+    with pytest.raises(ProgramError):
+        skewed_expert_tokens(SHARD, 0)
+
+
+def _small_layer() -> tuple[Stream, Case]:
+    case = small_case(get_case("full-c16-t1"), SMALL)
+    lp = lower_layer(SMALL, case.kind, case.conversations, case.tokens_each, cache_slots(SMALL, case.kind, case.tokens_each, case.context))
+    return lp.stream, case
+
+
+def test_layer_costs_follow_expert_tokens() -> None:
+    s, case = _small_layer()
+    toks = [3, 0, 1, 0]
+    costs = layer_costs(s, toks)
+    for ins, c in zip(s.ops, costs):
+        if ins.opcode in (Op.EXPERT_UP, Op.EXPERT_DOWN):
+            t = toks[ins.args[0]]
+            assert (c.weight_bytes, c.flops) == ((ins.cost.weight_bytes, t * ins.cost.flops) if t else (0, 0))
+        else:
+            assert c == ins.cost
+    with pytest.raises(ProgramError, match="expert_tokens"):
+        layer_costs(s, [1, 1])
+
+
+def test_more_experts_hit_take_longer() -> None:
+    """On two blocks, where experts cannot all run side by side."""
+    _, case = _small_layer()
+    t = [predict_layer(SMALL, case, Hardware(n_blocks=2, groups=1), expert_tokens=toks)["time_ns"] for toks in ([0] * 4, [2, 1, 0, 0], [4] * 4)]
+    assert t[0] < t[1] < t[2]
+    with pytest.raises(ProgramError, match="expert_tokens"):
+        predict_layer(SMALL, case, expert_tokens=[17, 0, 0, 0])
+
+
+def test_shard_decode_layer_prediction() -> None:
+    case = get_case("full-c1-t1")
+    d = predict_layer(SHARD, case)
+    fb = floor_bytes(SHARD, case, 2)
+    assert d["experts_hit"] == 2 and d["floor_bytes"] == fb["total"]
+    # the model moves at least the floor's weights and KV, and cannot beat HBM
+    assert d["model_hbm_bytes"] >= fb["dense"] + fb["experts"] + fb["kv_read"]
+    assert d["time_ns"] >= d["model_hbm_bytes"] / Hardware().hbm_bytes_per_s * 1e9
+    assert 1.0 < d["ratio"] < 3.0 and d["ratio"] == pytest.approx(d["time_ns"] / d["floor_ns"])
+    slow = predict_layer(SHARD, case, Hardware(n_blocks=33))
+    assert slow["time_ns"] > d["time_ns"]
