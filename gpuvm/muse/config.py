@@ -23,6 +23,11 @@ class MuseConfig:
     rope_base: float = 500_000.0
     vocab_shard: int = 25_256    # LM-head rows of the shard
     eps: float = 1e-6
+    # routing skew (MUSE.md "Routing skew"): the router row of the local expert
+    # of rank i (a seeded order) gains route_skew * route_skew_decay**i along
+    # the skew direction, in units of the spread of the router scores; 0: none
+    route_skew: float = 2.0
+    route_skew_decay: float = 0.72
 
     @property
     def q_width(self) -> int:

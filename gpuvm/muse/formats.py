@@ -1,0 +1,120 @@
+"""Number formats of Muse (MUSE.md "Formats"): NVFP4 experts, FP8 e4m3, bf16.
+
+NVFP4: 4-bit e2m1 codes (bit 3 the sign, bits 0..2 index E2M1_MAGNITUDES), one
+e4m3 scale per 16 consecutive values along K, one f32 scale per matrix;
+value = code * block_scale * tensor_scale. Two codes per byte, even k in the
+low nibble (GVM_DT_E2M1X2). Everything here is vectorised torch and runs on
+whatever device its input lives on.
+"""
+from __future__ import annotations
+
+import torch
+
+E2M1_MAGNITUDES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+#: value of each e2m1 code 0..15 (code 8 is -0.0)
+E2M1_VALUES = torch.tensor(list(E2M1_MAGNITUDES) + [-m for m in E2M1_MAGNITUDES], dtype=torch.float32)
+E2M1_MAX = 6.0
+E4M3_MAX = 448.0
+NVFP4_BLOCK = 16
+# rounding boundaries between consecutive magnitudes
+_MIDPOINTS = torch.tensor([(a + b) / 2 for a, b in zip(E2M1_MAGNITUDES, E2M1_MAGNITUDES[1:])], dtype=torch.float32)
+
+
+def to_e4m3(x: torch.Tensor) -> torch.Tensor:
+    """x as float8_e4m3fn, round-to-nearest-even, saturating at +-448.
+
+    The clamp makes saturation explicit: torch's own cast has not saturated in
+    every version and device (out-of-range values became NaN).
+    """
+    return x.float().clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+
+
+def from_e4m3(x: torch.Tensor) -> torch.Tensor:
+    """An e4m3 tensor (float8_e4m3fn, or its bytes as uint8) as f32."""
+    if x.dtype == torch.uint8:
+        x = x.view(torch.float8_e4m3fn)
+    if x.dtype != torch.float8_e4m3fn:
+        raise TypeError(f"from_e4m3 expects float8_e4m3fn or uint8, got {x.dtype}")
+    return x.float()
+
+
+def bf16_round(x: torch.Tensor) -> torch.Tensor:
+    """x rounded to bf16 (nearest even) and returned as f32."""
+    return x.to(torch.bfloat16).float()
+
+
+def e2m1_codes(x: torch.Tensor) -> torch.Tensor:
+    """Nearest e2m1 code (uint8 0..15) of each element; ties to the even code,
+    magnitudes above 6 saturate to 6, as cvt.rn.satfinite.e2m1 does."""
+    mids = _MIDPOINTS.to(x.device)
+    a = x.abs().float()
+    lo = torch.bucketize(a, mids, right=False)  # a on a midpoint: the lower code
+    hi = torch.bucketize(a, mids, right=True)   # ... the upper one
+    mag = torch.where((lo != hi) & (lo % 2 == 1), hi, lo)
+    return (mag + 8 * (x < 0)).to(torch.uint8)
+
+
+def pack_e2m1(codes: torch.Tensor) -> torch.Tensor:
+    """[..., K] codes -> [..., K/2] bytes, even k in the low nibble."""
+    if codes.shape[-1] % 2:
+        raise ValueError(f"cannot pack an odd number of e2m1 codes ({codes.shape[-1]})")
+    pairs = codes.reshape(*codes.shape[:-1], -1, 2)
+    return (pairs[..., 0] | (pairs[..., 1] << 4)).contiguous()
+
+
+def unpack_e2m1(packed: torch.Tensor) -> torch.Tensor:
+    """[..., K/2] bytes -> [..., K] codes (uint8 0..15)."""
+    if packed.dtype != torch.uint8:
+        raise TypeError(f"e2m1 codes travel as uint8, got {packed.dtype}")
+    return torch.stack((packed & 0xF, packed >> 4), dim=-1).reshape(*packed.shape[:-1], -1)
+
+
+def quantize_nvfp4_batched(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """NVFP4 of every [N, K] matrix of w [..., N, K].
+
+    Returns codes uint8 [..., N, K/2], block scales float8_e4m3fn [..., N, K/16]
+    and tensor scales f32 [...] (amax / (6 * 448), so block scales use the whole
+    e4m3 range; 1.0 for an all-zero matrix).
+    """
+    if w.dim() < 2 or w.shape[-1] % NVFP4_BLOCK or w.numel() == 0:
+        raise ValueError(f"NVFP4 needs a non-empty [..., N, K] with K a multiple of {NVFP4_BLOCK}, got {tuple(w.shape)}")
+    w = w.float()
+    if not bool(torch.isfinite(w).all()):
+        raise ValueError("NVFP4 quantisation of a matrix with inf or NaN")
+    lead = w.shape[:-2]
+    blocks = w.reshape(*w.shape[:-1], -1, NVFP4_BLOCK)
+    amax = w.abs().flatten(-2).amax(-1)
+    ts = torch.where(amax > 0, amax / (E2M1_MAX * E4M3_MAX), torch.ones_like(amax))
+    ts_b = ts.reshape(*lead, 1, 1, 1)
+    scales = to_e4m3(blocks.abs().amax(-1) / (E2M1_MAX * ts_b[..., 0]))
+    denom = scales.float().unsqueeze(-1) * ts_b
+    # a block whose scale is 0 (all zeros, or below e4m3's range) gets code 0
+    ratio = torch.where(denom > 0, blocks / torch.where(denom > 0, denom, 1.0), 0.0)
+    codes = pack_e2m1(e2m1_codes(ratio).reshape(w.shape))
+    return codes, scales.contiguous(), ts.contiguous()
+
+
+def quantize_nvfp4(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """NVFP4 of one matrix w [N, K]: (codes [N, K/2], scales [N, K/16], tensor_scale)."""
+    if w.dim() != 2:
+        raise ValueError(f"quantize_nvfp4 takes one [N, K] matrix, got {tuple(w.shape)}; use quantize_nvfp4_batched")
+    codes, scales, ts = quantize_nvfp4_batched(w)
+    return codes, scales, float(ts)
+
+
+def dequantize_nvfp4(codes: torch.Tensor, scales: torch.Tensor, tensor_scale: float | torch.Tensor) -> torch.Tensor:
+    """f32 [..., N, K] of NVFP4 matrices: code * block scale * tensor scale.
+
+    tensor_scale: a float, or one per matrix (shape [...] of the leading dims).
+    """
+    k = codes.shape[-1] * 2
+    if scales.shape != codes.shape[:-1] + (k // NVFP4_BLOCK,):
+        raise ValueError(f"NVFP4 scales {tuple(scales.shape)} do not match codes {tuple(codes.shape)}")
+    vals = E2M1_VALUES.to(codes.device)[unpack_e2m1(codes).long()]
+    blk = from_e4m3(scales).repeat_interleave(NVFP4_BLOCK, dim=-1)
+    ts = torch.as_tensor(tensor_scale, dtype=torch.float32, device=codes.device)
+    if ts.dim():
+        if ts.shape != codes.shape[:-2]:
+            raise ValueError(f"tensor scales {tuple(ts.shape)} must be one per matrix {tuple(codes.shape[:-2])}")
+        ts = ts.reshape(*ts.shape, 1, 1)
+    return vals * blk * ts
