@@ -67,12 +67,14 @@ def _need(cond: bool, msg: str) -> None:
 
 
 def _t(ts: Slots, i: int, name: str, dtypes: Sequence[DType], ndim: int | None = None) -> TensorSpec:
-    _need(i < len(ts) and ts[i] is not None, f"slot t{i} ({name}) is required")
-    t = ts[i]
-    assert t is not None
-    _need(t.dtype in dtypes, f"t{i} ({name}) '{t.name}' has dtype {t.dtype.name}, expected one of {[d.name for d in dtypes]}")
-    if ndim is not None:
-        _need(len(t.shape) == ndim, f"t{i} ({name}) '{t.name}' has shape {t.shape}, expected {ndim} dims")
+    # messages are built only on failure: this runs for every slot of every op
+    t = ts[i] if i < len(ts) else None
+    if t is None:
+        raise ProgramError(f"slot t{i} ({name}) is required")
+    if t.dtype not in dtypes:
+        raise ProgramError(f"t{i} ({name}) '{t.name}' has dtype {t.dtype.name}, expected one of {[d.name for d in dtypes]}")
+    if ndim is not None and len(t.shape) != ndim:
+        raise ProgramError(f"t{i} ({name}) '{t.name}' has shape {t.shape}, expected {ndim} dims")
     return t
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Iterable, Mapping, Sequence
 
 import numpy as np
@@ -147,12 +148,20 @@ class Program:
         return ins
 
     # -- build ---------------------------------------------------------------
-    def _deps(self) -> list[list[int]]:
-        """Creation ids each op depends on: the signallers its waits need."""
-        deps: list[list[int]] = []
+    def _graph(self) -> "_Graph":
+        """The dependency graph, by wait group: a group is (counter, count) and
+        stands for the first `count` signallers of the counter. Many ops waiting
+        on one wide counter then cost one edge each, not one per signaller."""
+        key_of: dict[tuple[int, int], int] = {}
+        members: list[list[int]] = []
+        op_groups: list[list[int]] = []
+        sig_index: dict[int, int] = {}
+        for c in self.counters:
+            for k, s in enumerate(c.signallers):
+                sig_index[s.id] = k
         for ins in self.instrs:
-            d: set[int] = set()
-            for i, (c, n) in enumerate(ins.waits):
+            gs: list[int] = []
+            for i, (c, _) in enumerate(ins.waits):
                 need = ins.wait_count(i)
                 if c.per_step == 0:
                     raise ProgramError(f"op #{ins.id} '{ins.label}' waits on counter '{c.name}', which nothing signals: it can never be reached")
@@ -160,11 +169,16 @@ class Program:
                     raise ProgramError(
                         f"op #{ins.id} '{ins.label}' waits for {need} signals of '{c.name}', but only {c.per_step} ops signal it: the target can never be reached"
                     )
-                d.update(s.id for s in c.signallers[:need])
-            if ins.id in d:
-                raise ProgramError(f"op #{ins.id} '{ins.label}' waits on its own signal ('{ins.signal.name if ins.signal else ''}'): a cycle")
-            deps.append(sorted(d))
-        return deps
+                if ins.signal is c and sig_index[ins.id] < need:
+                    raise ProgramError(f"op #{ins.id} '{ins.label}' waits on its own signal ('{c.name}'): a cycle")
+                g = key_of.get((c.id, need))
+                if g is None:
+                    g = key_of[(c.id, need)] = len(members)
+                    members.append([s.id for s in c.signallers[:need]])
+                if g not in gs:
+                    gs.append(g)
+            op_groups.append(gs)
+        return _Graph(op_groups, members)
 
     def build(self, order: str = "priority", capacity: int | None = None) -> "Stream":
         """Validate and encode. order='priority' sorts topologically, longest path
@@ -178,59 +192,104 @@ class Program:
             raise ProgramError(f"program '{self.name}' has {len(self.counters)} counters; at most {MAX_COUNTERS}")
         if len(self.tensors) > MAX_TABLE:
             raise ProgramError(f"program '{self.name}' has {len(self.tensors)} tensors; at most {MAX_TABLE}")
-        deps = self._deps()
+        graph = self._graph()
         n = len(self.instrs)
-        users: list[list[int]] = [[] for _ in range(n)]
-        for i, d in enumerate(deps):
-            for j in d:
-                users[j].append(i)
         if order == "given":
-            for i, d in enumerate(deps):
-                late = [j for j in d if j >= i]
+            last = [max(m) for m in graph.members]
+            for i, gs in enumerate(graph.op_groups):
+                late = [last[g] for g in gs if last[g] >= i]
                 if late:
-                    j = late[0]
+                    j = min(late)
                     raise ProgramError(f"op #{i} '{self.instrs[i].label}' waits on op #{j} '{self.instrs[j].label}', which comes later in the stream")
             perm = list(range(n))
         elif order == "priority":
-            perm = _priority_order(self.instrs, deps, users)
+            perm = _priority_order(self.instrs, graph)
         else:
             raise ProgramError(f"order must be 'priority' or 'given', not {order!r}")
-        return Stream(self, perm, deps)
+        return Stream(self, perm, graph)
 
 
-def _priority_order(instrs: list[Instr], deps: list[list[int]], users: list[list[int]]) -> list[int]:
+@dataclass
+class _Graph:
+    """Ops wait on groups (op_groups[i]); a group fires once all its members
+    (signaller ids) have run."""
+
+    op_groups: list[list[int]]
+    members: list[list[int]]
+
+    def member_of(self, n: int) -> list[list[int]]:
+        out: list[list[int]] = [[] for _ in range(n)]
+        for g, ms in enumerate(self.members):
+            for s in ms:
+                out[s].append(g)
+        return out
+
+    def group_users(self) -> list[list[int]]:
+        out: list[list[int]] = [[] for _ in self.members]
+        for i, gs in enumerate(self.op_groups):
+            for g in gs:
+                out[g].append(i)
+        return out
+
+    def deps(self, i: int) -> list[int]:
+        """Creation ids op i depends on."""
+        d: set[int] = set()
+        for g in self.op_groups[i]:
+            d.update(self.members[g])
+        return sorted(d)
+
+
+def _priority_order(instrs: list[Instr], graph: _Graph) -> list[int]:
     n = len(instrs)
-    indeg = [len(d) for d in deps]
-    # longest path to the end, in time units of the op costs (bytes + a fixed step)
+    member_of = graph.member_of(n)
+    users = graph.group_users()
+    # Kahn over ops and groups together, for a topological order of the ops
+    op_left = [len(gs) for gs in graph.op_groups]
+    grp_left = [len(m) for m in graph.members]
     topo: list[int] = []
-    ready = [i for i in range(n) if indeg[i] == 0]
-    left = list(indeg)
+    ready = [i for i in range(n) if op_left[i] == 0]
     while ready:
         i = ready.pop()
         topo.append(i)
-        for u in users[i]:
-            left[u] -= 1
-            if left[u] == 0:
-                ready.append(u)
+        for g in member_of[i]:
+            grp_left[g] -= 1
+            if grp_left[g] == 0:
+                for u in users[g]:
+                    op_left[u] -= 1
+                    if op_left[u] == 0:
+                        ready.append(u)
     if len(topo) != n:
-        stuck = [i for i in range(n) if left[i] > 0]
+        stuck = [i for i in range(n) if op_left[i] > 0]
         names = ", ".join(f"#{i} '{instrs[i].label}'" for i in stuck[:6])
         raise ProgramError(f"the program has a dependency cycle through {len(stuck)} ops: {names}")
+    # longest path to the end, in time units of the op costs (bytes + a fixed step);
+    # in reverse topological order every user of a group is done before its members
     path = [0.0] * n
+    gpath: list[float | None] = [None] * len(graph.members)
     for i in reversed(topo):
         c = instrs[i].cost
-        own = 1.0 + (c.weight_bytes + c.act_bytes) / 4096.0
-        path[i] = own + max((path[u] for u in users[i]), default=0.0)
-    heap = [(-path[i], i) for i in range(n) if indeg[i] == 0]
+        tail = 0.0
+        for g in member_of[i]:
+            gp = gpath[g]
+            if gp is None:
+                gp = gpath[g] = max(path[u] for u in users[g]) if users[g] else 0.0
+            tail = max(tail, gp)
+        path[i] = 1.0 + (c.weight_bytes + c.act_bytes) / 4096.0 + tail
+    op_left = [len(gs) for gs in graph.op_groups]
+    grp_left = [len(m) for m in graph.members]
+    heap = [(-path[i], i) for i in range(n) if op_left[i] == 0]
     heapq.heapify(heap)
     out: list[int] = []
     while heap:
         _, i = heapq.heappop(heap)
         out.append(i)
-        for u in users[i]:
-            indeg[u] -= 1
-            if indeg[u] == 0:
-                heapq.heappush(heap, (-path[u], u))
+        for g in member_of[i]:
+            grp_left[g] -= 1
+            if grp_left[g] == 0:
+                for u in users[g]:
+                    op_left[u] -= 1
+                    if op_left[u] == 0:
+                        heapq.heappush(heap, (-path[u], u))
     return out
 
 
@@ -241,14 +300,20 @@ class Stream:
     deps[i] the stream positions it waits for.
     """
 
-    def __init__(self, prog: Program, perm: list[int], deps_by_id: list[list[int]]) -> None:
+    def __init__(self, prog: Program, perm: list[int], graph: _Graph) -> None:
         self.name = prog.name
         self.tensors: tuple[TensorSpec, ...] = tuple(prog.tensors)
         self.counters: tuple[Counter, ...] = tuple(prog.counters)
         self.ops: tuple[Instr, ...] = tuple(prog.instrs[i] for i in perm)
-        pos = {ins.id: k for k, ins in enumerate(self.ops)}
-        self.deps: tuple[tuple[int, ...], ...] = tuple(tuple(sorted(pos[j] for j in deps_by_id[ins.id])) for ins in self.ops)
+        self._graph = graph
         self.records = self._encode()
+
+    @cached_property
+    def deps(self) -> tuple[tuple[int, ...], ...]:
+        """Stream positions each op waits for (computed on first use: a wide
+        counter makes this list large, and running a stream never needs it)."""
+        pos = {ins.id: k for k, ins in enumerate(self.ops)}
+        return tuple(tuple(sorted(pos[j] for j in self._graph.deps(ins.id))) for ins in self.ops)
 
     def __len__(self) -> int:
         return len(self.ops)
@@ -263,24 +328,29 @@ class Stream:
         return np.array([c.per_step for c in self.counters], dtype=np.uint32)
 
     def _encode(self) -> np.ndarray:
-        rec = np.zeros(len(self.ops), dtype=INSTR_DTYPE)
+        # columns gathered in lists, then stored at once: per-record stores into
+        # a structured array cost more than the whole build at 10k+ ops
+        n = len(self.ops)
+        head = np.zeros((n, 4), dtype=np.int64)  # opcode, signal, n_waits, pf_slot
+        wc = np.full((n, MAX_WAITS), NONE, dtype=np.int64)
+        wb = np.zeros((n, MAX_WAITS), dtype=np.int64)
+        ws = np.zeros((n, MAX_WAITS), dtype=np.int64)
+        tens = np.full((n, MAX_TENSORS), NONE, dtype=np.int64)
+        pf = np.zeros((n, 2), dtype=np.int64)
+        args = np.zeros((n, MAX_ARGS), dtype=np.int64)
         for k, ins in enumerate(self.ops):
-            r = rec[k]
-            r["opcode"] = int(ins.opcode)
-            r["signal"] = NONE if ins.signal is None else ins.signal.id
-            r["n_waits"] = len(ins.waits)
-            wc = [NONE] * MAX_WAITS
-            wb = [0] * MAX_WAITS
-            ws = [0] * MAX_WAITS
+            head[k] = (int(ins.opcode), NONE if ins.signal is None else ins.signal.id, len(ins.waits), NONE if ins.prefetch is None else ins.prefetch[0])
             for i, (c, _) in enumerate(ins.waits):
-                wc[i], wb[i], ws[i] = c.id, ins.wait_count(i), c.per_step
-            r["wait_counter"], r["wait_base"], r["wait_step"] = wc, wb, ws
-            r["tensor"] = [NONE if t is None else t.index for t in ins.tensors] + [NONE] * (MAX_TENSORS - len(ins.tensors))
-            if ins.prefetch is None:
-                r["pf_slot"] = NONE
-            else:
-                r["pf_slot"], r["pf_offset"], r["pf_bytes"] = ins.prefetch
-            r["arg"] = list(ins.args) + [0] * (MAX_ARGS - len(ins.args))
+                wc[k, i], wb[k, i], ws[k, i] = c.id, ins.wait_count(i), c.per_step
+            tens[k, : len(ins.tensors)] = [NONE if t is None else t.index for t in ins.tensors]
+            if ins.prefetch is not None:
+                pf[k] = ins.prefetch[1:]
+            args[k, : len(ins.args)] = ins.args
+        rec = np.zeros(n, dtype=INSTR_DTYPE)
+        rec["opcode"], rec["signal"], rec["n_waits"], rec["pf_slot"] = head.T
+        rec["wait_counter"], rec["wait_base"], rec["wait_step"] = wc, wb, ws
+        rec["tensor"], rec["arg"] = tens, args
+        rec["pf_offset"], rec["pf_bytes"] = pf.T
         return rec
 
     def table(self, bindings: Mapping[str, object]) -> np.ndarray:

@@ -1,0 +1,300 @@
+"""Reference semantics of every opcode on CPU tensors: the oracle of gpuvm.
+
+One function per opcode, each exactly the comment of its opcode in
+isa/gvm_isa.h: torch on CPU, f32 accumulation, bf16 outputs rounded to nearest
+even, fp8 through torch.float8_e4m3fn (saturating, like cvt.satfinite), NVFP4
+dequantised as code * block scale * tensor scale. An op writes only what the
+header says it writes; run-time values it cannot honour (a conversation row
+out of range, a key the ring cache no longer holds, NaN scores) raise
+CpuOpError, where the device would report GVM_ERR_BAD_ARGS.
+
+Every function takes the instruction's tensor slots (None where unset) and
+its int32 arguments.
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable, Sequence
+
+import torch
+
+from ..isa import HEAD_DIM, RMS_EPS, TOPK, Op, i2f
+from ..muse.formats import dequantize_nvfp4, from_e4m3, to_e4m3
+
+Slots = Sequence["torch.Tensor | None"]
+Args = Sequence[int]
+
+ROPE_BASE = 500_000.0
+ATTN_SCALE = 1.0 / 8.0  # 1 / sqrt(HEAD_DIM)
+
+
+class CpuOpError(RuntimeError):
+    """An op met run-time data it cannot honour (the device's GVM_ERR_BAD_ARGS)."""
+
+
+def _need(cond: bool, msg: str) -> None:
+    if not cond:
+        raise CpuOpError(msg)
+
+
+def _rms(x: torch.Tensor) -> torch.Tensor:
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + RMS_EPS)
+
+
+def _e4m3(t: torch.Tensor) -> torch.Tensor:
+    """An e4m3 buffer as float8_e4m3fn (it may be bound as its bytes)."""
+    return t.view(torch.float8_e4m3fn) if t.dtype == torch.uint8 else t
+
+
+def _bits(x: torch.Tensor) -> torch.Tensor:
+    return x.float().contiguous().view(torch.int32)
+
+
+def _floats(x: torch.Tensor) -> torch.Tensor:
+    return x.contiguous().view(torch.float32)
+
+
+def _conv(convs: torch.Tensor, c: int, tokens_total: int) -> tuple[int, int, int]:
+    tok0, n, pos0, _ = (int(v) for v in convs[c].tolist())
+    _need(tok0 >= 0 and n >= 0 and tok0 + n <= tokens_total, f"conversation {c}: tokens [{tok0}, {tok0 + n}) outside [0, {tokens_total})")
+    _need(pos0 >= 0, f"conversation {c}: negative position {pos0}")
+    return tok0, n, pos0
+
+
+def rope(x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+    """RoPE of x [n, heads, 64] at positions pos [n]: pairs (2i, 2i+1), base 500000."""
+    inv = ROPE_BASE ** (-torch.arange(0, HEAD_DIM, 2, dtype=torch.float64) / HEAD_DIM)
+    ang = pos.to(torch.float64)[:, None] * inv[None, :]  # f64: positions reach 1e5
+    cos, sin = ang.cos().float()[:, None, :], ang.sin().float()[:, None, :]
+    x0, x1 = x[..., 0::2], x[..., 1::2]
+    return torch.stack((x0 * cos - x1 * sin, x0 * sin + x1 * cos), dim=-1).flatten(-2)
+
+
+def visible_keys(qpos: torch.Tensor, kpos: torch.Tensor, window: int) -> torch.Tensor:
+    """[n, nk] bool: the query at qpos[i] sees the key at kpos[j] (causal, and
+    within the window when window > 0)."""
+    seen = kpos[None, :] <= qpos[:, None]
+    if window:
+        seen &= kpos[None, :] > qpos[:, None] - window
+    return seen
+
+
+# ---- synthetic ops -----------------------------------------------------------
+def nop(ts: Slots, a: Args) -> None:
+    pass
+
+
+def sleep(ts: Slots, a: Args) -> None:
+    pass  # time is not part of any result
+
+
+def copy(ts: Slots, a: Args) -> None:
+    dst, src = ts[0], ts[1]
+    assert dst is not None and src is not None
+    dst.view(-1)[a[0] : a[0] + a[1]] = src.reshape(-1)[a[0] : a[0] + a[1]]
+
+
+def scale_add(ts: Slots, a: Args) -> None:
+    dst, x, y = ts[0], ts[1], ts[2]
+    assert dst is not None and x is not None and y is not None
+    r = slice(a[0], a[0] + a[1])
+    dst.view(-1)[r] = i2f(a[2]) * x.reshape(-1)[r] + i2f(a[3]) * y.reshape(-1)[r]
+
+
+# ---- Muse ops ------------------------------------------------------------------
+def gemm(ts: Slots, a: Args) -> None:
+    out, x, w = ts[0], ts[1], ts[2]
+    assert out is not None and x is not None and w is not None
+    cols = slice(a[0], a[0] + a[1])
+    out[:, cols] = (x.float() @ w[cols].float().T).to(out.dtype)
+
+
+def rmsnorm(ts: Slots, a: Args) -> None:
+    out, x, w = ts[0], ts[1], ts[2]
+    assert out is not None and x is not None and w is not None
+    rows = slice(a[0], a[0] + a[1])
+    out[rows] = (_rms(x[rows]) * (1.0 + w)).to(out.dtype)
+
+
+def qk_rope_kv(ts: Slots, a: Args) -> None:
+    qkvg, q_out, w_qn, w_kn, kc, vc, convs = ts[:7]
+    assert qkvg is not None and q_out is not None and w_qn is not None and w_kn is not None
+    assert kc is not None and vc is not None and convs is not None
+    kc, vc = _e4m3(kc), _e4m3(vc)
+    c, use_rope, k_scale, v_scale = a[0], a[1], i2f(a[2]), i2f(a[3])
+    tok0, n, pos0 = _conv(convs, c, qkvg.shape[0])
+    hq, hkv, slots = q_out.shape[1], kc.shape[2], kc.shape[1]
+    _need(n <= slots, f"conversation {c}: {n} new tokens overflow a cache of {slots} slots")
+    rows = qkvg[tok0 : tok0 + n].float()
+    q = _rms(rows[:, : hq * HEAD_DIM].reshape(n, hq, HEAD_DIM)) * (1.0 + w_qn)
+    k = _rms(rows[:, hq * HEAD_DIM : (hq + hkv) * HEAD_DIM].reshape(n, hkv, HEAD_DIM)) * (1.0 + w_kn)
+    v = rows[:, (hq + hkv) * HEAD_DIM : (hq + 2 * hkv) * HEAD_DIM].reshape(n, hkv, HEAD_DIM)
+    pos = pos0 + torch.arange(n)
+    if use_rope:
+        q, k = rope(q, pos), rope(k, pos)
+    kc[c, pos % slots] = to_e4m3(k / k_scale)
+    vc[c, pos % slots] = to_e4m3(v / v_scale)
+    q_out[tok0 : tok0 + n] = q.to(q_out.dtype)
+
+
+def attn_chunk(ts: Slots, a: Args) -> None:
+    q, kc, vc, convs, part_o, part_ml = ts[:6]
+    assert q is not None and kc is not None and vc is not None and convs is not None and part_o is not None and part_ml is not None
+    kc, vc = _e4m3(kc), _e4m3(vc)
+    c, h, j, length, window, k_scale, v_scale = a[0], a[1], a[2], a[3], a[4], i2f(a[5]), i2f(a[6])
+    tok0, n, pos0 = _conv(convs, c, q.shape[0])
+    g = q.shape[1] // kc.shape[2]
+    slots = kc.shape[1]
+    heads = slice(h * g, (h + 1) * g)
+    toks = slice(tok0, tok0 + n)
+    base = max(0, pos0 - window + 1) if window else 0
+    k0 = base + j * length
+    k1 = min(k0 + length, pos0 + n)  # no query sees past its own position
+    if k1 <= k0 or n == 0:
+        part_o[toks, heads, j] = 0.0
+        part_ml[toks, heads, j, 0] = -math.inf
+        part_ml[toks, heads, j, 1] = 0.0
+        return
+    # the ring holds positions (last - slots, last]; an older visible key is gone
+    _need(k0 > pos0 + n - 1 - slots, f"conversation {c}: key position {k0} is no longer in the {slots}-slot cache (newest {pos0 + n - 1})")
+    kpos = torch.arange(k0, k1)
+    visible = visible_keys(pos0 + torch.arange(n), kpos, window)
+    keys = from_e4m3(kc[c, kpos % slots, h]) * k_scale  # [nk, 64]
+    vals = from_e4m3(vc[c, kpos % slots, h]) * v_scale
+    score = torch.einsum("tgd,kd->tgk", q[toks, heads].float(), keys) * ATTN_SCALE
+    score = score.masked_fill(~visible[:, None, :], -math.inf)
+    m = score.amax(-1)
+    p = torch.exp(score - torch.where(torch.isinf(m), 0.0, m)[..., None])
+    part_o[toks, heads, j] = p @ vals
+    part_ml[toks, heads, j, 0] = m
+    part_ml[toks, heads, j, 1] = p.sum(-1)
+
+
+def attn_merge(ts: Slots, a: Args) -> None:
+    o, part_o, part_ml, qkvg = ts[:4]
+    assert o is not None and part_o is not None and part_ml is not None and qkvg is not None
+    toks = slice(a[0], a[0] + a[1])
+    n, hq = a[1], part_o.shape[1]
+    hkv = (qkvg.shape[1] // HEAD_DIM - 2 * hq) // 2
+    m, l = part_ml[toks, ..., 0], part_ml[toks, ..., 1]  # [n, HQ, NCH]
+    top = m.amax(-1, keepdim=True)
+    _need(not bool(torch.isinf(top).any()), f"ATTN_MERGE tokens [{a[0]}, {a[0] + a[1]}): a query saw no key at all")
+    scale = torch.exp(m - top)
+    out = (part_o[toks] * scale[..., None]).sum(2) / (l * scale).sum(-1)[..., None]
+    gate = qkvg[toks, (hq + 2 * hkv) * HEAD_DIM :].float().reshape(n, hq, HEAD_DIM)
+    o[toks] = (_rms(out) * torch.sigmoid(gate)).reshape(n, hq * HEAD_DIM).to(o.dtype)
+
+
+def residual(ts: Slots, a: Args) -> None:
+    s, x, alpha, beta = ts[:4]
+    assert s is not None and x is not None and alpha is not None and beta is not None
+    w_next, out32, out16 = (list(ts[4:7]) + [None] * 3)[:3]
+    rows = slice(a[0], a[0] + a[1])
+    new = alpha * s[rows] + beta * _rms(x[rows])
+    s[rows] = new
+    if w_next is not None:
+        normed = _rms(new) * (1.0 + w_next)
+        if out32 is not None:
+            out32[rows] = normed
+        if out16 is not None:
+            out16[rows] = normed.to(out16.dtype)
+
+
+def topk(ts: Slots, a: Args) -> None:
+    scores, meta, route = ts[:3]
+    assert scores is not None and meta is not None and route is not None
+    first, n_local = a[0], a[1]
+    t = scores.shape[0]
+    _need(bool(torch.isfinite(scores).all()), "TOPK: scores hold NaN or inf (an unwritten or broken router output)")
+    # a stable descending sort puts the lower expert index first among equal scores
+    val, idx = torch.sort(scores, dim=1, descending=True, stable=True)
+    val, idx = val[:, :TOPK], idx[:, :TOPK]
+    w = torch.softmax(val, dim=-1)
+    e = (idx - first).flatten()
+    local = (e >= 0) & (e < n_local)
+    counts = torch.bincount(e[local], minlength=n_local)
+    starts = torch.cumsum(counts, 0) - counts
+    # flat index i = token * 8 + k is already in token order; a stable sort by
+    # expert keeps it, so each expert's slots list its tokens in order
+    picks = torch.nonzero(local).flatten()
+    picks = picks[torch.sort(e[picks], stable=True).indices]
+    slot = torch.full((TOPK * t,), -1, dtype=torch.int32)
+    slot[picks] = torch.arange(len(picks), dtype=torch.int32)
+    route[2] = idx.flatten().to(torch.int32)
+    route[3] = _bits(w.flatten())
+    route[4] = slot
+    route[0, : len(picks)] = (picks // TOPK).to(torch.int32)
+    route[1, : len(picks)] = _bits(w.flatten()[picks])
+    meta[0] = counts.to(torch.int32)
+    meta[1] = starts.to(torch.int32)
+
+
+def _expert_slots(meta: torch.Tensor, route: torch.Tensor, e: int, tokens: int) -> torch.Tensor:
+    count, start = int(meta[0, e]), int(meta[1, e])
+    _need(count >= 0 and start >= 0 and start + count <= route.shape[1], f"expert {e}: slots [{start}, {start + count}) outside the routing table")
+    slots = torch.arange(start, start + count)
+    toks = route[0, slots]
+    _need(bool(((toks >= 0) & (toks < tokens)).all()), f"expert {e}: a slot names a token outside [0, {tokens})")
+    return slots
+
+
+def expert_up(ts: Slots, a: Args) -> None:
+    hbuf, x, codes, scales, tscales, meta, route = ts[:7]
+    assert hbuf is not None and x is not None and codes is not None and scales is not None
+    assert tscales is not None and meta is not None and route is not None
+    e, cols = a[0], slice(a[1], a[1] + a[2])
+    slots = _expert_slots(meta, route, e, x.shape[0])
+    if len(slots) == 0:
+        return
+    xs = x[route[0, slots].long()].float()
+    gu = dequantize_nvfp4(codes[e, :, cols], scales[e, :, cols], tscales[e])  # [2, n, H]
+    gate, up = xs @ gu[0].T, xs @ gu[1].T
+    hbuf[slots, cols] = (torch.nn.functional.silu(gate) * up).to(hbuf.dtype)
+
+
+def expert_down(ts: Slots, a: Args) -> None:
+    y, hbuf, codes, scales, tscales, meta, route = ts[:7]
+    assert y is not None and hbuf is not None and codes is not None and scales is not None
+    assert tscales is not None and meta is not None and route is not None
+    e, cols = a[0], slice(a[1], a[1] + a[2])
+    slots = _expert_slots(meta, route, e, route.shape[1] // TOPK)
+    if len(slots) == 0:
+        return
+    down = dequantize_nvfp4(codes[e, cols], scales[e, cols], float(tscales[e]))  # [n, I]
+    y[slots, cols] = hbuf[slots].float() @ down.T
+
+
+def expert_combine(ts: Slots, a: Args) -> None:
+    fsq, y, route = ts[:3]
+    assert fsq is not None and y is not None and route is not None
+    toks = slice(a[0], a[0] + a[1])
+    flat = slice(a[0] * TOPK, (a[0] + a[1]) * TOPK)
+    slot = route[4, flat].reshape(a[1], TOPK).long()
+    w = _floats(route[3, flat]).reshape(a[1], TOPK)
+    here = slot >= 0
+    _need(bool((slot[here] < y.shape[0]).all()), "EXPERT_COMBINE: a slot outside y")
+    acc = torch.zeros(a[1], TOPK, y.shape[1])
+    acc[here] = w[here][:, None] * _rms(y[slot[here]])
+    fsq[toks] = acc.sum(1).to(fsq.dtype)
+
+
+OPS: dict[Op, Callable[[Slots, Args], None]] = {
+    Op.NOP: nop,
+    Op.SLEEP: sleep,
+    Op.COPY: copy,
+    Op.SCALE_ADD: scale_add,
+    Op.GEMM: gemm,
+    Op.RMSNORM: rmsnorm,
+    Op.QK_ROPE_KV: qk_rope_kv,
+    Op.ATTN_CHUNK: attn_chunk,
+    Op.ATTN_MERGE: attn_merge,
+    Op.RESIDUAL: residual,
+    Op.TOPK: topk,
+    Op.EXPERT_UP: expert_up,
+    Op.EXPERT_DOWN: expert_down,
+    Op.EXPERT_COMBINE: expert_combine,
+}
+
+_missing = set(Op) - set(OPS)
+if _missing:  # pragma: no cover - an opcode added to the header without an oracle
+    raise RuntimeError(f"opcodes without a CPU implementation: {sorted(m.name for m in _missing)}")

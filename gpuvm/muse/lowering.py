@@ -1,0 +1,342 @@
+"""Muse decode layer -> gpuvm program (MUSE.md "One layer", isa/gvm_isa.h).
+
+emit_layer appends one layer's ops to a Program so that a whole-step program
+can chain layers: the residual stream `s` and the conversation table `convs`
+are shared, every other tensor is named with the layer's prefix (weights as
+f"{prefix}{LayerWeights field}"). The program is built for a fixed
+(conversations, tokens_each, cache_slots); positions live in `convs` and move
+every step without a rebuild. Conversation c owns token rows
+[c * tokens_each, (c + 1) * tokens_each).
+
+Dependencies are as fine as is cheap: attention per conversation, expert down
+per expert, the q|k|v columns of Wqkvg apart from the g columns (only the
+merge needs g).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from ..isa import HEAD_DIM, DType, Op, f2i
+from ..opspec import ProgramError, TensorSpec
+from ..program import Counter, Program, Stream
+from ..tensors import check_binding, torch_dtype
+from .config import MuseConfig
+from .state import DecodeState
+from .weights import LayerWeights
+
+__all__ = ["Tiles", "LayerHandles", "LayerProgram", "emit_layer", "lower_layer", "bind_layer", "poisoned", "n_chunks", "POISON_INT"]
+
+#: what an int32 scratch buffer holds before a run, so an unwritten element shows
+POISON_INT = -7
+KINDS = ("full", "sliding")
+
+
+@dataclass(frozen=True)
+class Tiles:
+    """How a layer is cut into instructions."""
+
+    gemm_bytes: int = 256 * 1024  # weight bytes per GEMM column tile (rounded down to 2^k rows)
+    expert_bytes: int = 256 * 1024  # weight bytes per expert column tile (same rounding)
+    rows: int = 16  # token rows per RMSNORM / RESIDUAL / EXPERT_COMBINE op
+    chunk: int = 1024  # cached keys per ATTN_CHUNK op
+
+    def __post_init__(self) -> None:
+        for name in ("gemm_bytes", "expert_bytes", "rows", "chunk"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v <= 0:
+                raise ProgramError(f"Tiles.{name} must be a positive int, not {v!r}")
+
+
+@dataclass
+class LayerHandles:
+    """What a caller needs from an emitted layer: its done counter and tensors by role."""
+
+    done: Counter
+    tensors: dict[str, TensorSpec] = field(default_factory=dict)
+
+    def __getitem__(self, role: str) -> TensorSpec:
+        return self.tensors[role]
+
+
+@dataclass
+class LayerProgram:
+    """A one-layer program, built."""
+
+    cfg: MuseConfig
+    kind: str
+    conversations: int
+    tokens_each: int
+    cache_slots: int
+    k_scale: float
+    v_scale: float
+    program: Program
+    stream: Stream
+    handles: LayerHandles
+    prefix: str = "L0."
+
+    @property
+    def tokens(self) -> int:
+        return self.conversations * self.tokens_each
+
+
+def n_chunks(cfg: MuseConfig, kind: str, tokens_each: int, cache_slots: int, chunk: int) -> int:
+    """Attention chunks per (conversation, kv head): full layers cover the whole
+    cache, sliding layers the window plus the new tokens."""
+    keys = cache_slots if kind == "full" else cfg.window + tokens_each - 1
+    return -(-keys // chunk)
+
+
+def _pow2_rows(n_rows: int, row_bytes: int, target: int) -> int:
+    """Rows per column tile: the largest power of two whose weights fit target."""
+    fit = max(1, target // max(1, row_bytes))
+    return min(n_rows, 1 << (fit.bit_length() - 1))
+
+
+def _tiles(n0: int, n1: int, width: int) -> list[tuple[int, int]]:
+    return [(a, min(width, n1 - a)) for a in range(n0, n1, width)]
+
+
+def _check_shape(cfg: MuseConfig, kind: str, conversations: int, tokens_each: int, cache_slots: int) -> None:
+    if kind not in KINDS:
+        raise ProgramError(f"layer kind must be one of {KINDS}, not {kind!r}")
+    for name, v in (("conversations", conversations), ("tokens_each", tokens_each), ("cache_slots", cache_slots)):
+        if not isinstance(v, int) or v <= 0:
+            raise ProgramError(f"{name} must be a positive int, not {v!r}")
+    if cache_slots < tokens_each:
+        raise ProgramError(f"cache_slots {cache_slots} cannot hold the {tokens_each} new tokens of a step")
+    if cfg.head_dim != HEAD_DIM or cfg.heads_q % cfg.heads_kv:
+        raise ProgramError(f"config '{cfg.name}': head dim must be {HEAD_DIM} and heads_q a multiple of heads_kv")
+    if cfg.local_experts > cfg.n_experts or cfg.squeeze % 32 or cfg.expert_inter % 32:
+        raise ProgramError(f"config '{cfg.name}': local experts and expert widths (multiples of 32) do not fit")
+
+
+def _weight_specs(cfg: MuseConfig) -> dict[str, tuple[tuple[int, ...], DType]]:
+    """LayerWeights fields that are tensors: shape and gpuvm dtype."""
+    d, hq, e, h, i = cfg.d, cfg.heads_q, cfg.local_experts, cfg.squeeze, cfg.expert_inter
+    return {
+        "w_attn": ((d,), DType.F32),
+        "Wqkvg": ((cfg.qkvg_width, d), DType.BF16),
+        "w_qn": ((HEAD_DIM,), DType.F32),
+        "w_kn": ((HEAD_DIM,), DType.F32),
+        "Wo": ((d, hq * HEAD_DIM), DType.BF16),
+        "alpha1": ((d,), DType.F32),
+        "beta1": ((d,), DType.F32),
+        "w_moe": ((d,), DType.F32),
+        "Wr": ((cfg.n_experts, d), DType.F32),
+        "Wsq": ((h, d), DType.BF16),
+        "gu_codes": ((e, 2, i, h // 2), DType.E2M1X2),
+        "gu_scales": ((e, 2, i, h // 16), DType.E4M3),
+        "gu_ts": ((e, 2), DType.F32),
+        "d_codes": ((e, h, i // 2), DType.E2M1X2),
+        "d_scales": ((e, h, i // 16), DType.E4M3),
+        "d_ts": ((e,), DType.F32),
+        "Wex": ((d, h), DType.BF16),
+        "alpha2": ((d,), DType.F32),
+        "beta2": ((d,), DType.F32),
+    }
+
+
+def emit_layer(
+    p: Program,
+    cfg: MuseConfig,
+    kind: str,
+    conversations: int,
+    tokens_each: int,
+    cache_slots: int,
+    *,
+    prefix: str,
+    s: TensorSpec,
+    convs: TensorSpec,
+    after: Counter | None = None,
+    next_norm: TensorSpec | None = None,
+    tiles: Tiles | None = None,
+    h: TensorSpec | None = None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
+) -> LayerHandles:
+    """Append one decode layer to p; see the module docstring.
+
+    after: counter whose every signaller must finish before the layer starts.
+    next_norm: the next layer's norm weight [d]; the layer's last RESIDUAL then
+      also writes rms(s) * (1 + next_norm) as bf16 to f"{prefix}next_h"
+      (handles["next_h"]), which the next layer takes as `h`.
+    h: the layer's normed input [T, d] bf16, already written by `after`'s
+      signallers; the layer then has no RMSNORM of its own (nor w_attn).
+    """
+    _check_shape(cfg, kind, conversations, tokens_each, cache_slots)
+    tl = tiles or Tiles()
+    C, T, S = conversations, conversations * tokens_each, cache_slots
+    d, hq, hkv, H, I, E = cfg.d, cfg.heads_q, cfg.heads_kv, cfg.squeeze, cfg.expert_inter, cfg.local_experts
+    if s.shape != (T, d) or s.dtype != DType.F32:
+        raise ProgramError(f"s '{s.name}' is {s.shape} {s.dtype.name}, the layer needs ({T}, {d}) F32")
+    if convs.shape != (C, 4) or convs.dtype != DType.I32:
+        raise ProgramError(f"convs '{convs.name}' is {convs.shape} {convs.dtype.name}, the layer needs ({C}, 4) I32")
+    if h is not None and (h.shape != (T, d) or h.dtype != DType.BF16):
+        raise ProgramError(f"h '{h.name}' is {h.shape} {h.dtype.name}, the layer needs ({T}, {d}) BF16")
+    own_norm = h is None
+    if not own_norm and after is None:
+        raise ProgramError("a layer given h must also be given `after`, the counter of the ops that write it")
+    sliding = kind == "sliding"
+    nch = n_chunks(cfg, kind, tokens_each, cache_slots, tl.chunk)
+    fk, fv = f2i(k_scale), f2i(v_scale)
+
+    ts: dict[str, TensorSpec] = {}
+
+    def act(role: str, shape: tuple[int, ...], dt: DType, r: str = "activation") -> TensorSpec:
+        ts[role] = p.tensor(prefix + role, shape, dt, r)
+        return ts[role]
+
+    for name, (shape, dt) in _weight_specs(cfg).items():
+        if name == "w_attn" and not own_norm:
+            continue
+        ts[name] = p.tensor(prefix + name, shape, dt, "weight")
+    ts["s"], ts["convs"] = s, convs
+    if h is None:
+        h = act("h", (T, d), DType.BF16)
+    ts["h"] = h
+    qkvg = act("qkvg", (T, cfg.qkvg_width), DType.BF16)
+    q = act("q", (T, hq, HEAD_DIM), DType.BF16)
+    kc = act("k_cache", (C, S, hkv, HEAD_DIM), DType.E4M3, "state")
+    vc = act("v_cache", (C, S, hkv, HEAD_DIM), DType.E4M3, "state")
+    part_o = act("part_o", (T, hq, nch, HEAD_DIM), DType.F32)
+    part_ml = act("part_ml", (T, hq, nch, 2), DType.F32)
+    o = act("o", (T, hq * HEAD_DIM), DType.BF16)
+    a = act("a", (T, d), DType.F32)
+    h2 = act("h2", (T, d), DType.F32)
+    h2b = act("h2_bf16", (T, d), DType.BF16)
+    scores = act("scores", (T, cfg.n_experts), DType.F32)
+    meta = act("route_meta", (2, E), DType.I32)
+    route = act("route", (5, cfg.top_k * T), DType.I32)
+    x = act("x", (T, H), DType.BF16)
+    hbuf = act("hbuf", (cfg.top_k * T, I), DType.BF16)
+    y = act("y", (cfg.top_k * T, H), DType.F32)
+    fsq = act("fsq", (T, H), DType.BF16)
+    f = act("f", (T, d), DType.F32)
+    next_h = act("next_h", (T, d), DType.BF16) if next_norm is not None else None
+    w = ts  # weights by field name
+
+    def ctr(name: str) -> Counter:
+        return p.counter(prefix + name)
+
+    def gemm(out: TensorSpec, xin: TensorSpec, wt: TensorSpec, n0: int, n1: int, waits: list[Counter], sig: Counter, tag: str) -> None:
+        rows = _pow2_rows(n1 - n0, wt.row_bytes, tl.gemm_bytes)
+        for c0, n in _tiles(n0, n1, rows):
+            p.op(Op.GEMM, [out, xin, wt], [c0, n], waits=waits, signal=sig, prefetch=(wt, c0 * wt.row_bytes, n * wt.row_bytes), label=f"{prefix}{tag}[{c0}:{c0 + n}]")
+
+    row_blocks = _tiles(0, T, tl.rows)
+    start = [after] if after is not None else []
+
+    # attention
+    if own_norm:
+        normed = ctr("h")
+        for r0, n in row_blocks:
+            p.op(Op.RMSNORM, [h, s, w["w_attn"]], [r0, n], waits=start, signal=normed, label=f"{prefix}rmsnorm[{r0}:{r0 + n}]")
+        h_ready = [normed]
+    else:
+        h_ready = start
+    qkv_done, g_done = ctr("qkv"), ctr("g")
+    qkv_cols = (hq + 2 * hkv) * HEAD_DIM
+    gemm(qkvg, h, w["Wqkvg"], 0, qkv_cols, h_ready, qkv_done, "Wqkvg")
+    gemm(qkvg, h, w["Wqkvg"], qkv_cols, cfg.qkvg_width, h_ready, g_done, "Wqkvg")
+    merged = ctr("o")
+    window = cfg.window if sliding else 0
+    for c in range(C):
+        kv_c, attn_c = ctr(f"kv{c}"), ctr(f"attn{c}")
+        p.op(Op.QK_ROPE_KV, [qkvg, q, w["w_qn"], w["w_kn"], kc, vc, convs], [c, int(sliding), fk, fv], waits=[qkv_done], signal=kv_c, label=f"{prefix}qk_rope_kv[{c}]")
+        for hh in range(hkv):
+            for j in range(nch):
+                p.op(Op.ATTN_CHUNK, [q, kc, vc, convs, part_o, part_ml], [c, hh, j, tl.chunk, window, fk, fv], waits=[kv_c], signal=attn_c, label=f"{prefix}attn[{c},{hh},{j}]")
+        p.op(Op.ATTN_MERGE, [o, part_o, part_ml, qkvg], [c * tokens_each, tokens_each], waits=[attn_c, g_done], signal=merged, label=f"{prefix}attn_merge[{c}]")
+    wo_done = ctr("a")
+    gemm(a, o, w["Wo"], 0, d, [merged], wo_done, "Wo")
+    res1 = ctr("h2")
+    for r0, n in row_blocks:
+        p.op(Op.RESIDUAL, [s, a, w["alpha1"], w["beta1"], w["w_moe"], h2, h2b], [r0, n], waits=[wo_done], signal=res1, label=f"{prefix}residual1[{r0}:{r0 + n}]")
+
+    # mixture of experts
+    scored, routed, squeezed = ctr("scores"), ctr("route"), ctr("x")
+    gemm(scores, h2, w["Wr"], 0, cfg.n_experts, [res1], scored, "Wr")
+    p.op(Op.TOPK, [scores, meta, route], [0, E], waits=[scored], signal=routed, label=f"{prefix}topk")
+    gemm(x, h2b, w["Wsq"], 0, H, [res1], squeezed, "Wsq")
+    up_cols = _pow2_rows(I, 2 * (H // 2 + H // 16), tl.expert_bytes)
+    down_cols = _pow2_rows(H, I // 2 + I // 16, tl.expert_bytes)
+    down_done = ctr("y")
+    for e in range(E):
+        up_e = ctr(f"up{e}")
+        for c0, n in _tiles(0, I, up_cols):
+            p.op(Op.EXPERT_UP, [hbuf, x, w["gu_codes"], w["gu_scales"], w["gu_ts"], meta, route], [e, c0, n], waits=[routed, squeezed], signal=up_e, label=f"{prefix}expert_up[{e}][{c0}:{c0 + n}]")
+        for c0, n in _tiles(0, H, down_cols):
+            p.op(Op.EXPERT_DOWN, [y, hbuf, w["d_codes"], w["d_scales"], w["d_ts"], meta, route], [e, c0, n], waits=[up_e], signal=down_done, label=f"{prefix}expert_down[{e}][{c0}:{c0 + n}]")
+    combined = ctr("fsq")
+    for r0, n in _tiles(0, T, tl.rows):
+        p.op(Op.EXPERT_COMBINE, [fsq, y, route], [r0, n], waits=[down_done], signal=combined, label=f"{prefix}expert_combine[{r0}:{r0 + n}]")
+    ex_done = ctr("f")
+    gemm(f, fsq, w["Wex"], 0, d, [combined], ex_done, "Wex")
+    done = ctr("done")
+    for r0, n in row_blocks:
+        fused = [next_norm, None, next_h] if next_norm is not None else []
+        p.op(Op.RESIDUAL, [s, f, w["alpha2"], w["beta2"], *fused], [r0, n], waits=[ex_done], signal=done, label=f"{prefix}residual2[{r0}:{r0 + n}]")
+    return LayerHandles(done, ts)
+
+
+def lower_layer(
+    cfg: MuseConfig,
+    kind: str,
+    conversations: int,
+    tokens_each: int,
+    cache_slots: int,
+    *,
+    tiles: Tiles | None = None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
+    order: str = "priority",
+) -> LayerProgram:
+    """A program of one layer (prefix "L0."), built; s is "s", convs is "convs"."""
+    _check_shape(cfg, kind, conversations, tokens_each, cache_slots)
+    p = Program(f"{cfg.name} {kind} layer {conversations}x{tokens_each}")
+    s = p.tensor("s", (conversations * tokens_each, cfg.d), DType.F32)
+    convs = p.tensor("convs", (conversations, 4), DType.I32, "state")
+    prefix = "L0."
+    hd = emit_layer(p, cfg, kind, conversations, tokens_each, cache_slots, prefix=prefix, s=s, convs=convs, tiles=tiles, k_scale=k_scale, v_scale=v_scale)
+    return LayerProgram(cfg, kind, conversations, tokens_each, cache_slots, k_scale, v_scale, p, p.build(order=order), hd, prefix)
+
+
+def poisoned(spec: TensorSpec, device: str | torch.device = "cpu") -> torch.Tensor:
+    """A scratch buffer for spec filled with NaN (floats) or POISON_INT (ints)."""
+    dt = torch_dtype(spec.dtype)
+    if dt in (torch.int32, torch.uint8):
+        fill = POISON_INT if dt == torch.int32 else 0xFF
+        return torch.full(spec.shape, fill, dtype=dt, device=device)
+    return torch.full(spec.shape, float("nan"), dtype=torch.float32, device=device).to(dt)
+
+
+def bind_layer(lp: LayerProgram, weights: LayerWeights, state: DecodeState, s: torch.Tensor, device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
+    """Buffers for every tensor of lp.stream, by name.
+
+    The state's caches and convs are bound as they are when they live on
+    `device` (else copied there), so on the state's own device the KV a run
+    writes stays in the state. s, the input residual stream, is copied: the run
+    updates the copy in place. Every other buffer is scratch, poisoned so that
+    an unwritten element shows.
+    """
+    for name, want in (("k_scale", lp.k_scale), ("v_scale", lp.v_scale)):
+        got = float(getattr(weights, name))
+        if got != want:
+            raise ProgramError(f"weights.{name} = {got} but the program was built with {want}: rebuild it with lower_layer(..., {name}={got})")
+    role_of = {spec.name[len(lp.prefix):]: spec for spec in lp.stream.tensors if spec.name.startswith(lp.prefix)}
+    fields = _weight_specs(lp.cfg)
+    out: dict[str, torch.Tensor] = {}
+    for role, spec in role_of.items():
+        if role in fields:
+            buf = getattr(weights, role)
+        elif role in ("k_cache", "v_cache"):
+            buf = getattr(state, role)
+        else:
+            out[spec.name] = poisoned(spec, device)
+            continue
+        out[spec.name] = check_binding(spec, buf.to(device))
+    out["convs"] = check_binding(lp.handles["convs"], state.convs.to(device))
+    out["s"] = check_binding(lp.handles["s"], s.to(device=device, dtype=torch.float32, copy=True))
+    return out

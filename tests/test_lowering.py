@@ -1,0 +1,256 @@
+"""The Muse lowering: which ops a layer becomes, how they depend on each other,
+what they bind, how fast a full-size program builds, and how layers chain."""
+from __future__ import annotations
+
+import random
+import time
+from collections import Counter as Tally
+
+import pytest
+import torch
+
+from gpuvm.cpu import run_stream
+from gpuvm.isa import NONE, DType, Op, i2f
+from gpuvm.muse.config import SHARD, SMALL
+from gpuvm.muse.lowering import POISON_INT, Tiles, bind_layer, emit_layer, lower_layer, n_chunks
+from gpuvm.muse.state import make_inputs, make_state
+from gpuvm.muse.weights import layer_shapes, make_layer_weights
+from gpuvm.program import Program, ProgramError
+from gpuvm.tensors import TORCH_DTYPES
+
+FULL_CASE_SLOTS = -(-(81_920 + 8) // 64) * 64  # the largest decode case, rounded
+
+
+def _ops(stream, opcode: Op) -> list:  # type: ignore[no-untyped-def]
+    return [o for o in stream.ops if o.opcode == opcode]
+
+
+def _cover(spans: list[tuple[int, int]], n: int) -> None:
+    """spans (start, count) tile [0, n) exactly once."""
+    assert sorted(spans) == sorted(set(spans))
+    cells = sorted(x for a, k in spans for x in range(a, a + k))
+    assert cells == list(range(n))
+
+
+def test_largest_case_builds_fast_at_full_size() -> None:
+    best = min(_timed_build() for _ in range(2))
+    assert best < 1.0, f"building the 32x8 full layer took {best:.2f} s"
+
+
+def _timed_build() -> float:
+    t = time.perf_counter()
+    lp = lower_layer(SHARD, "full", 32, 8, FULL_CASE_SLOTS)
+    dt = time.perf_counter() - t
+    assert len(lp.stream) > 10_000
+    return dt
+
+
+@pytest.mark.parametrize("kind", ["full", "sliding"])
+def test_full_size_op_counts_and_tiles(kind: str) -> None:
+    C, n, S = 32, 8, FULL_CASE_SLOTS
+    lp = lower_layer(SHARD, kind, C, n, S)
+    s = lp.stream
+    count = Tally(o.opcode for o in s.ops)
+    nch = -(-S // 1024) if kind == "full" else -(-(2048 + 8 - 1) // 1024)
+    assert nch == n_chunks(SHARD, kind, n, S, 1024)
+    # 256 KB tiles: Wqkvg 16 rows of 16 KB, Wo 128 rows of 2 KB, Wr 8 rows of 32 KB,
+    # Wsq 16 rows of 16 KB, Wex 32 rows of 8 KB; gate+up 32 columns of 4.5 KB, down 64 of 2.25 KB
+    gemm_tiles = 2304 // 16 + 8192 // 128 + 256 // 8 + 4096 // 16 + 8192 // 32
+    assert count == {
+        Op.RMSNORM: 16, Op.GEMM: gemm_tiles, Op.QK_ROPE_KV: C, Op.ATTN_CHUNK: C * 2 * nch, Op.ATTN_MERGE: C,
+        Op.RESIDUAL: 32, Op.TOPK: 1, Op.EXPERT_UP: 32 * 4096 // 32, Op.EXPERT_DOWN: 32 * 4096 // 64, Op.EXPERT_COMBINE: 16,
+    }
+    for o in _ops(s, Op.GEMM):
+        w = o.tensors[2]
+        assert o.prefetch == (2, o.args[0] * w.row_bytes, o.args[1] * w.row_bytes)
+        assert o.args[1] * w.row_bytes <= 256 * 1024
+    assert all(o.prefetch is None for o in s.ops if o.opcode in (Op.EXPERT_UP, Op.EXPERT_DOWN))
+    assert len(s.counters) < 200 and len(s.tensors) < 50
+
+
+def _small(kind: str, C: int = 3, n: int = 5, S: int = 100, tiles: Tiles | None = None):  # type: ignore[no-untyped-def]
+    tiles = tiles or Tiles(gemm_bytes=8192, expert_bytes=2048, rows=4, chunk=23)
+    return lower_layer(SMALL, kind, C, n, S, tiles=tiles), tiles
+
+
+@pytest.mark.parametrize("kind", ["full", "sliding"])
+def test_tiles_cover_every_output_once(kind: str) -> None:
+    lp, tl = _small(kind)
+    s, cfg, T = lp.stream, SMALL, 15
+    by_out: dict[str, list[tuple[int, int]]] = {}
+    for o in _ops(s, Op.GEMM):
+        by_out.setdefault(o.tensors[0].name, []).append((o.args[0], o.args[1]))
+    widths = {"qkvg": cfg.qkvg_width, "a": cfg.d, "scores": cfg.n_experts, "x": cfg.squeeze, "f": cfg.d}
+    assert sorted(by_out) == sorted("L0." + k for k in widths)
+    for k, n in widths.items():
+        _cover(by_out["L0." + k], n)
+    for opcode in (Op.RMSNORM, Op.EXPERT_COMBINE):
+        _cover([(o.args[0], o.args[1]) for o in _ops(s, opcode)], T)
+    res = _ops(s, Op.RESIDUAL)
+    _cover([(o.args[0], o.args[1]) for o in res if o.tensors[1].name == "L0.a"], T)
+    _cover([(o.args[0], o.args[1]) for o in res if o.tensors[1].name == "L0.f"], T)
+    _cover([(o.args[0], o.args[1]) for o in _ops(s, Op.ATTN_MERGE)], T)
+    for e in range(cfg.local_experts):
+        _cover([(o.args[1], o.args[2]) for o in _ops(s, Op.EXPERT_UP) if o.args[0] == e], cfg.expert_inter)
+        _cover([(o.args[1], o.args[2]) for o in _ops(s, Op.EXPERT_DOWN) if o.args[0] == e], cfg.squeeze)
+    nch = n_chunks(cfg, kind, 5, 100, tl.chunk)
+    chunks = sorted(tuple(o.args[:3]) for o in _ops(s, Op.ATTN_CHUNK))
+    assert chunks == [(c, h, j) for c in range(3) for h in range(cfg.heads_kv) for j in range(nch)]
+    window = cfg.window if kind == "sliding" else 0
+    assert all(o.args[3] == tl.chunk and o.args[4] == window and i2f(o.args[5]) == 1.0 for o in _ops(s, Op.ATTN_CHUNK))
+    assert [o.args[1] for o in _ops(s, Op.QK_ROPE_KV)] == [int(kind == "sliding")] * 3
+    topk = _ops(s, Op.TOPK)
+    assert len(topk) == 1 and topk[0].args[:2] == (0, cfg.local_experts)
+
+
+def _waits_on(s, ins) -> set[str]:  # type: ignore[no-untyped-def]
+    """Labels of the ops an instruction waits for."""
+    k = s.ops.index(ins)
+    return {s.ops[j].label for j in s.deps[k]}
+
+
+def test_dependencies_are_fine_grained() -> None:
+    lp, tl = _small("sliding")
+    s = lp.stream
+    qkv_cols = (SMALL.heads_q + 2 * SMALL.heads_kv) * 64
+    gemm_qkvg = [o for o in _ops(s, Op.GEMM) if o.tensors[0].name == "L0.qkvg"]
+    qkv_tiles = {o.label for o in gemm_qkvg if o.args[0] < qkv_cols}
+    g_tiles = {o.label for o in gemm_qkvg if o.args[0] >= qkv_cols}
+    assert all(o.args[0] + o.args[1] <= qkv_cols for o in gemm_qkvg if o.label in qkv_tiles)
+    for o in _ops(s, Op.QK_ROPE_KV):
+        assert _waits_on(s, o) == qkv_tiles
+    for o in _ops(s, Op.ATTN_CHUNK):
+        assert _waits_on(s, o) == {f"L0.qk_rope_kv[{o.args[0]}]"}
+    for c, o in enumerate(_ops(s, Op.ATTN_MERGE)):
+        chunks = {x.label for x in _ops(s, Op.ATTN_CHUNK) if x.args[0] == o.args[0] // 5}
+        assert _waits_on(s, o) == chunks | g_tiles
+    up = _ops(s, Op.EXPERT_UP)
+    squeeze = {o.label for o in _ops(s, Op.GEMM) if o.tensors[0].name == "L0.x"}
+    for o in up:
+        assert _waits_on(s, o) == squeeze | {"L0.topk"}
+    for o in _ops(s, Op.EXPERT_DOWN):
+        assert _waits_on(s, o) == {x.label for x in up if x.args[0] == o.args[0]}
+    # nothing waits on the router's input before the residual that writes it
+    res1 = {o.label for o in _ops(s, Op.RESIDUAL) if o.tensors[1].name == "L0.a"}
+    for o in _ops(s, Op.GEMM):
+        if o.tensors[1].name in ("L0.h2", "L0.h2_bf16"):
+            assert _waits_on(s, o) == res1
+
+
+def test_weights_and_tensors_are_named_after_layer_weights() -> None:
+    lp, _ = _small("full")
+    specs = {t.name: t for t in lp.stream.tensors}
+    for name, (shape, dt) in layer_shapes(SMALL).items():
+        spec = specs["L0." + name]
+        assert spec.shape == shape and dt in TORCH_DTYPES[spec.dtype] and spec.role == "weight"
+    assert specs["s"].shape == (15, SMALL.d) and specs["convs"].shape == (3, 4)
+    assert specs["L0.k_cache"].shape == (3, 100, SMALL.heads_kv, 64) and specs["L0.k_cache"].role == "state"
+    assert all(n in ("s", "convs") or n.startswith("L0.") for n in specs)
+
+
+def test_bad_shapes_are_rejected() -> None:
+    with pytest.raises(ProgramError, match="kind"):
+        lower_layer(SMALL, "local", 1, 1, 64)
+    with pytest.raises(ProgramError, match="conversations"):
+        lower_layer(SMALL, "full", 0, 1, 64)
+    with pytest.raises(ProgramError, match="cache_slots 4 cannot hold"):
+        lower_layer(SMALL, "full", 1, 8, 4)
+    with pytest.raises(ProgramError, match="Tiles.chunk"):
+        Tiles(chunk=0)
+    p = Program("x")
+    s = p.tensor("s", (4, SMALL.d), DType.F32)
+    convs = p.tensor("convs", (2, 4), DType.I32)
+    with pytest.raises(ProgramError, match="the layer needs \\(6, 256\\)"):
+        emit_layer(p, SMALL, "full", 2, 3, 64, prefix="A.", s=s, convs=convs)
+    h = p.tensor("h", (4, SMALL.d), DType.BF16)
+    with pytest.raises(ProgramError, match="`after`"):
+        emit_layer(p, SMALL, "full", 2, 2, 64, prefix="A.", s=s, convs=convs, h=h)
+
+
+# ---- binding and running ----------------------------------------------------------------
+@pytest.fixture(scope="module")
+def small_weights():  # type: ignore[no-untyped-def]
+    return [make_layer_weights(SMALL, layer, 21) for layer in (0, 1)]
+
+
+def test_bind_poisons_scratch_and_binds_state_in_place(small_weights) -> None:  # type: ignore[no-untyped-def]
+    state = make_state(SMALL, "full", 2, 3, 10, seed=1)
+    lp = lower_layer(SMALL, "full", 2, 3, state.slots)
+    s = make_inputs(SMALL, state, seed=2, weights_seed=21)
+    b = bind_layer(lp, small_weights[1], state, s)
+    assert set(b) == {t.name for t in lp.stream.tensors}
+    assert b["L0.k_cache"].data_ptr() == state.k_cache.data_ptr()
+    assert b["s"].data_ptr() != s.data_ptr() and torch.equal(b["s"], s)
+    assert b["L0.qkvg"].isnan().all() and b["L0.part_ml"].isnan().all()
+    assert (b["L0.route"] == POISON_INT).all() and (b["L0.route_meta"] == POISON_INT).all()
+    assert b["L0.Wqkvg"].data_ptr() == small_weights[1].Wqkvg.data_ptr()
+    w = make_layer_weights(SMALL, 1, 21, k_scale=0.5)
+    with pytest.raises(ProgramError, match="k_scale = 0.5 but the program was built with 1.0"):
+        bind_layer(lp, w, state, s)
+
+
+@pytest.mark.parametrize("kind", ["full", "sliding"])
+def test_every_read_element_is_written(kind: str, small_weights) -> None:  # type: ignore[no-untyped-def]
+    state = make_state(SMALL, kind, 3, 4, 70, seed=4)
+    lp, _ = _small(kind, 3, 4, state.slots)
+    b = bind_layer(lp, small_weights[kind == "full"], state, make_inputs(SMALL, state, seed=5, weights_seed=21))
+    run_stream(lp.stream, b, order="random", rng=random.Random(1))
+    for name in ("h", "qkvg", "q", "part_o", "part_ml", "o", "a", "h2", "h2_bf16", "scores", "x", "fsq", "f"):
+        t = b["L0." + name]
+        assert not t.isnan().any(), name
+    used = int(b["L0.route_meta"][0].sum())
+    assert not b["L0.hbuf"][:used].isnan().any() and not b["L0.y"][:used].isnan().any()
+    assert b["L0.hbuf"][used:].isnan().all()  # slots nobody was routed to stay poisoned
+    assert (b["L0.route"][2:] != POISON_INT).all() and not b["s"].isnan().any()
+
+
+def test_a_missing_tile_shows_as_nan(small_weights, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    from gpuvm.cpu import ops
+
+    state = make_state(SMALL, "full", 2, 2, 20, seed=4)
+    lp, _ = _small("full", 2, 2, state.slots)
+    b = bind_layer(lp, small_weights[1], state, make_inputs(SMALL, state, seed=5, weights_seed=21))
+    real = ops.OPS[Op.GEMM]
+    monkeypatch.setitem(ops.OPS, Op.GEMM, lambda ts, a: None if ts[0].shape[1] == SMALL.d and a[0] == 0 else real(ts, a))
+    with pytest.raises(Exception, match="NaN"):  # the router's scores, then TOPK, see the unwritten rows
+        run_stream(lp.stream, b)
+
+
+def test_two_chained_layers_equal_two_single_layers(small_weights) -> None:  # type: ignore[no-untyped-def]
+    """Layer 0 (sliding) fuses layer 1's input norm into its last residual;
+    layer 1 (full) takes that h and waits on layer 0's done counter."""
+    C, n, ctx = 2, 3, 9
+    st = {k: make_state(SMALL, k, C, n, ctx, seed=6) for k in ("sliding", "full")}
+    s0 = make_inputs(SMALL, st["sliding"], seed=7, weights_seed=21)
+    tiles = Tiles(gemm_bytes=8192, expert_bytes=4096, rows=4, chunk=16)
+
+    p = Program("two layers")
+    s = p.tensor("s", (C * n, SMALL.d), DType.F32)
+    convs = p.tensor("convs", (C, 4), DType.I32, "state")
+    w1_attn = p.tensor("L1.w_attn", (SMALL.d,), DType.F32, "weight")
+    l0 = emit_layer(p, SMALL, "sliding", C, n, st["sliding"].slots, prefix="L0.", s=s, convs=convs, next_norm=w1_attn, tiles=tiles)
+    l1 = emit_layer(p, SMALL, "full", C, n, st["full"].slots, prefix="L1.", s=s, convs=convs, after=l0.done, h=l0["next_h"], tiles=tiles)
+    assert "L1.h" not in {t.name for t in p.tensors} and not any(o.opcode == Op.RMSNORM and o.label.startswith("L1.") for o in p.instrs)
+    stream = p.build()
+    two_st = {k: v.clone() for k, v in st.items()}
+    bufs = {"s": s0.clone(), "convs": st["sliding"].convs.clone(), "L1.w_attn": small_weights[1].w_attn}
+    for prefix, w, state in (("L0.", small_weights[0], two_st["sliding"]), ("L1.", small_weights[1], two_st["full"])):
+        for name in layer_shapes(SMALL):
+            if prefix + name in {t.name for t in stream.tensors}:
+                bufs[prefix + name] = getattr(w, name)
+        bufs[prefix + "k_cache"], bufs[prefix + "v_cache"] = state.k_cache, state.v_cache
+    for t in stream.tensors:
+        bufs.setdefault(t.name, torch.full(t.shape, -7, dtype=torch.int32) if t.dtype == DType.I32 else torch.full(t.shape, float("nan")).to(TORCH_DTYPES[t.dtype][0]))
+    run_stream(stream, bufs, order="random", rng=random.Random(3))
+
+    s_seq = s0
+    for kind, w in (("sliding", small_weights[0]), ("full", small_weights[1])):
+        lp = lower_layer(SMALL, kind, C, n, st[kind].slots, tiles=tiles)
+        b = bind_layer(lp, w, st[kind], s_seq)
+        run_stream(lp.stream, b)
+        s_seq = b["s"]
+    torch.testing.assert_close(bufs["s"], s_seq, rtol=0, atol=0)
+    for kind in ("sliding", "full"):
+        assert torch.equal(two_st[kind].k_cache.view(torch.uint8), st[kind].k_cache.view(torch.uint8))
+    assert l1.done.per_step == len(_ops(stream, Op.RESIDUAL)) // 4
+    assert all(r["wait_counter"][0] != NONE for r in stream.records[[k for k, o in enumerate(stream.ops) if o.label.startswith("L1.Wqkvg")]])
