@@ -56,5 +56,7 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":  # run as gpuvm.cli, so that UserError is the one submodules raise
+    from gpuvm.cli import main as _main
+
+    sys.exit(_main())

@@ -1,0 +1,66 @@
+"""`gpuvm sweep` end to end on the CPU, and its one-line errors."""
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gpuvm.cli import main
+
+
+def test_cpu_sweep_writes_table_csv_json_png(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rc = main(["sweep", "--backend", "cpu", "--cases", "full-c1-t1,sliding-c16-t8", "--out", str(tmp_path)])
+    out, err = capsys.readouterr()
+    assert rc == 0
+    assert "no GPU" in err and "model predictions, not measurements" in err
+    assert "full-c1-t1" in out and "sliding-c16-t8" in out
+    doc = json.loads((tmp_path / "sweep.json").read_text())
+    assert doc["meta"]["backend"] == "cpu" and doc["meta"]["commit"]
+    rows = {r["case"]: r for r in doc["rows"]}
+    assert set(rows) == {"full-c1-t1", "sliding-c16-t8"}
+    for r in rows.values():
+        assert r["small_ok"] and 0 <= r["small_err"] < 1e-2
+        # the model can be no faster than the floor it is measured against
+        assert r["model_dynamic_us"] >= r["model_floor_us"] > 0
+    assert rows["sliding-c16-t8"]["model_floor_us"] > rows["full-c1-t1"]["model_floor_us"] * 1.5  # more experts hit
+    with open(tmp_path / "sweep.csv") as f:
+        assert len(list(csv.DictReader(f))) == 2
+    assert (tmp_path / "sweep.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize(
+    "args,msg",
+    [
+        (["--cases", "full-c3-t1"], "unknown case"),
+        (["--conversations", "0"], "out of range"),
+        (["--tokens", "1,x"], "comma-separated integers"),
+        (["--conversations", "64", "--tokens", "8"], "tokens per step"),
+        (["--kind", "global"], "choose full or sliding"),
+        (["--runs", "0"], "out of range"),
+        (["--backend", "gpu"], "no CUDA GPU"),
+    ],
+)
+def test_sweep_bad_input_is_one_line(args: list[str], msg: str, tmp_path: Path) -> None:
+    p = subprocess.run([sys.executable, "-m", "gpuvm", "sweep", "--out", str(tmp_path), *args], capture_output=True, text=True)
+    assert p.returncode == 2
+    lines = [ln for ln in p.stderr.splitlines() if ln.startswith("gpuvm: error:")]
+    assert lines and msg in lines[-1], p.stderr
+    assert "Traceback" not in p.stderr
+
+
+def test_unknown_command_is_one_line() -> None:
+    p = subprocess.run([sys.executable, "-m", "gpuvm", "frobnicate"], capture_output=True, text=True)
+    assert p.returncode == 2 and "unknown command" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_example_runs(tmp_path: Path) -> None:
+    root = Path(__file__).resolve().parent.parent
+    p = subprocess.run([sys.executable, str(root / "tools" / "example.py"), "--out", str(tmp_path)], capture_output=True, text=True, cwd=root,
+                       env={**__import__("os").environ, "PYTHONPATH": str(root)})
+    assert p.returncode == 0, p.stderr
+    assert "CPU backend vs reference" in p.stdout
+    assert (tmp_path / "model_full_t1.html").exists() and (tmp_path / "model_full_t1.perfetto.json").exists()
