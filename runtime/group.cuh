@@ -1,0 +1,70 @@
+// Warps 4+: compute groups of 4 warps. Each waits for its slot, runs the
+// instruction's dependency waits (threads 0..n_waits-1, one counter each),
+// runs the op, then signals its counter (one thread, release, after a group
+// barrier so every thread's stores are ordered before it) and frees the slot.
+#pragma once
+#include "shared.cuh"
+#include "stamps.cuh"
+#include "dispatch.cuh"
+#include "../scheduler/counters.cuh"
+
+// True in every thread of the group if pred holds in any (a group barrier).
+__device__ __forceinline__ bool gvm_group_any(unsigned bar_id, bool pred) {
+    unsigned r;
+    asm volatile("{ .reg .pred p, q; setp.ne.u32 p, %1, 0; bar.red.or.pred q, %2, 128, p; selp.u32 %0, 1, 0, q; }"
+                 : "=r"(r)
+                 : "r"((unsigned)pred), "r"(bar_id)
+                 : "memory");
+    return r != 0;
+}
+
+__device__ __forceinline__ void gvm_group(const gvm_params& p, gvm_shared& sh, unsigned g, unsigned char* scratch) {
+    gvm_ctx c;
+    c.ins = &sh.slot[g].ins;
+    c.tid = threadIdx.x - GVM_CONTROL_THREADS - g * GVM_GROUP_THREADS;
+    c.bar_id = 1 + g;
+    c.step = p.step;
+    c.smem = scratch;
+    c.smem_bytes = GVM_GROUP_SMEM;
+    unsigned parity = 0;
+    for (;;) {
+        gvm_mbar_wait(&sh.full[g], parity);
+        parity ^= 1u;
+        const unsigned idx = sh.slot[g].idx;
+        if (idx == GVM_SLOT_EXIT) break;
+        const gvm_instr& ins = sh.slot[g].ins;
+        const bool warm = (idx & GVM_SLOT_WARM) != 0;
+        c.tab = warm ? p.warm_table : p.table;
+        unsigned failed = 0;
+        if (!warm && c.tid < ins.n_waits && c.tid < GVM_MAX_WAITS) {
+            const unsigned ctr = ins.wait_counter[c.tid];
+            const unsigned target = ins.wait_base[c.tid] + p.step * ins.wait_step[c.tid];
+            failed = gvm_wait_counter(p.counters + ctr, ctr, target, idx, p.step, p.watchdog_ns, p.error,
+                                      p.state + GVM_STATE_ABORT);
+        }
+        __syncwarp();
+        if (gvm_group_any(c.bar_id, failed != 0)) {
+            if (c.tid == 0) gvm_mbar_arrive(&sh.empty[g]);
+            continue;  // the error is recorded; the controller stops claiming
+        }
+        if (!warm && c.tid == 0) {
+            GVM_STAMP_WHERE(p.trace, idx, g);
+            GVM_STAMP(p.trace, idx, GVM_STAMP_READY);
+        }
+        const int rc = gvm_dispatch(c);
+        __syncwarp();
+        gvm_group_sync(c);
+        if (c.tid == 0) {
+            if (warm) {
+            } else if (rc != GVM_ERR_NONE) {
+                gvm_fail(p.error, p.state + GVM_STATE_ABORT, (unsigned)rc, idx, GVM_NONE, 0u, 0u, p.step, 0ull,
+                         (unsigned long long)ins.opcode);
+            } else {
+                GVM_STAMP(p.trace, idx, GVM_STAMP_DONE);
+                if (ins.signal != GVM_NONE) gvm_red_release_add(p.counters + ins.signal, 1u);
+                GVM_STAMP(p.trace, idx, GVM_STAMP_SIGNAL);
+            }
+            gvm_mbar_arrive(&sh.empty[g]);
+        }
+    }
+}

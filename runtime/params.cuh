@@ -1,0 +1,60 @@
+// Kernel parameters and the launch-time constants of the persistent kernel.
+//
+// gvm_params travels by value (one struct, __grid_constant__). Python builds
+// the same bytes with a numpy dtype (gpuvm/device/layout.py) and checks its
+// offsets against gvm_layout below, which the build reads out of the cubin.
+#pragma once
+#include "../isa/gvm_isa.h"
+
+#ifndef GVM_MAX_GROUPS
+#define GVM_MAX_GROUPS 4          // compute warp groups a block may have (launch picks 1..this)
+#endif
+#define GVM_GROUP_SMEM 49152      // private scratch of each compute group, bytes
+#define GVM_CONTROL_THREADS 128   // warps 0-3: controller, loader, warmer, spare
+#define GVM_GROUP_THREADS 128
+#define GVM_BLOCK_THREADS (GVM_CONTROL_THREADS + GVM_MAX_GROUPS * GVM_GROUP_THREADS)
+#define GVM_PF_RING 16            // claimed instructions queued for the loader
+
+// state[] words (u32), zero before the first launch
+#define GVM_STATE_HEAD 0          // dynamic mode: next stream index to claim
+#define GVM_STATE_EXITED 1        // blocks that finished this launch; the last resets head
+#define GVM_STATE_ABORT 2         // nonzero: a block failed, everyone stops (sticky until the host clears it)
+#define GVM_STATE_WORDS 4
+
+#define GVM_MODE_DYNAMIC 0
+#define GVM_MODE_STATIC 1
+
+struct gvm_params {
+    const gvm_instr* instrs;       // the stream, n_instrs records
+    const gvm_tensor* table;       // tensor table
+    unsigned* counters;            // monotonic counters
+    unsigned* state;               // GVM_STATE_* words
+    gvm_error* error;              // first failure of a launch
+    gvm_trace* trace;              // one record per instruction, or null
+    const int* static_lists;       // offsets[n_blocks + 1] then indices (static mode)
+    const gvm_instr* warm_instrs;  // warmer's instructions (no waits, no signal), or null
+    const gvm_tensor* warm_table;  // their tensor table
+    unsigned long long watchdog_ns;
+    unsigned n_instrs;
+    unsigned step;
+    unsigned mode;                 // GVM_MODE_*
+    unsigned groups;               // compute groups per block, 1..GVM_MAX_GROUPS
+    unsigned n_warm;               // warm instructions (0: warmer off)
+    unsigned reserved;
+};
+
+#define GVM_PARAM_OFFSET(f) ((unsigned)__builtin_offsetof(gvm_params, f))
+
+// Read by gpuvm/device/build.py from the cubin (never by the kernel): the
+// numbers the host must agree with.
+extern "C" __device__ const unsigned gvm_layout[] = {
+    (unsigned)sizeof(gvm_params),
+    GVM_PARAM_OFFSET(instrs), GVM_PARAM_OFFSET(table), GVM_PARAM_OFFSET(counters),
+    GVM_PARAM_OFFSET(state), GVM_PARAM_OFFSET(error), GVM_PARAM_OFFSET(trace),
+    GVM_PARAM_OFFSET(static_lists), GVM_PARAM_OFFSET(warm_instrs), GVM_PARAM_OFFSET(warm_table),
+    GVM_PARAM_OFFSET(watchdog_ns), GVM_PARAM_OFFSET(n_instrs), GVM_PARAM_OFFSET(step),
+    GVM_PARAM_OFFSET(mode), GVM_PARAM_OFFSET(groups), GVM_PARAM_OFFSET(n_warm),
+    GVM_MAX_GROUPS, GVM_GROUP_SMEM, GVM_CONTROL_THREADS, GVM_GROUP_THREADS, GVM_STATE_WORDS,
+    (unsigned)sizeof(gvm_instr), (unsigned)sizeof(gvm_tensor), (unsigned)sizeof(gvm_trace),
+    (unsigned)sizeof(gvm_error),
+};

@@ -1,0 +1,24 @@
+// The block's shared control state (static shared memory). The compute
+// groups' scratch is separate: dynamic shared memory, GVM_GROUP_SMEM each.
+#pragma once
+#include "params.cuh"
+#include "../scheduler/handoff.cuh"
+
+// A claimed instruction's weight range, queued from the controller to the loader.
+struct gvm_pf_entry {
+    unsigned idx;                 // stream index (for the LOAD stamp)
+    unsigned tensor;              // tensor-table index of the weights
+    unsigned long long offset;    // byte range [offset, offset + bytes) of that tensor
+    unsigned bytes;
+    unsigned pad;
+};
+
+struct gvm_shared {
+    gvm_slot slot[GVM_MAX_GROUPS];
+    unsigned long long full[GVM_MAX_GROUPS];
+    unsigned long long empty[GVM_MAX_GROUPS];
+    gvm_pf_entry ring[GVM_PF_RING];
+    volatile unsigned ring_head;    // entries pushed (controller)
+    volatile unsigned ring_tail;    // entries done (loader)
+    volatile unsigned ring_closed;  // the controller claims no more
+};

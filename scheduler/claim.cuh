@@ -1,0 +1,58 @@
+// Who runs what: the next stream index for this block.
+//
+// Dynamic mode: one atomicAdd on the global head per claim, so the order in
+// which blocks come free decides the placement at run time. Static mode:
+// the block's host-made list (gpuvm/static.py: int32 offsets[n_blocks + 1],
+// then the indices), read 32 entries at a time into the controller's lanes.
+// Both hand out indices in increasing stream order per block, which the
+// deadlock argument in runtime/controller.cuh relies on.
+//
+// Called by all 32 lanes of the controller warp; every lane gets the index.
+#pragma once
+#include "../runtime/params.cuh"
+
+struct gvm_claimer {
+    unsigned mode;
+    unsigned* head;        // dynamic: global head
+    const int* indices;    // static: this launch's index array
+    unsigned pos, end;     // static: cursor into indices
+    unsigned window;       // static: first position held in the lanes
+    unsigned cached;       // static: this lane's entry of the window
+};
+
+__device__ __forceinline__ gvm_claimer gvm_claimer_init(const gvm_params& p) {
+    gvm_claimer c;
+    c.mode = p.mode;
+    c.head = p.state + GVM_STATE_HEAD;
+    c.indices = nullptr;
+    c.pos = c.end = c.window = 0;
+    c.cached = 0;
+    if (p.mode == GVM_MODE_STATIC) {
+        c.indices = p.static_lists + gridDim.x + 1;
+        c.pos = (unsigned)p.static_lists[blockIdx.x];
+        c.end = (unsigned)p.static_lists[blockIdx.x + 1];
+        c.window = c.pos + 32;  // forces a load on the first claim
+    }
+    return c;
+}
+
+// A claim in two halves, so that its latency can overlap other work:
+// issue() starts it (dynamic: lane 0's atomic, whose result is only waited
+// for in finish()); finish() gives every lane the index, or n when none is left.
+__device__ __forceinline__ unsigned gvm_claim_issue(gvm_claimer& c) {
+    const unsigned lane = threadIdx.x & 31u;
+    if (c.mode != GVM_MODE_STATIC) return lane == 0 ? atomicAdd(c.head, 1u) : 0u;
+    if (c.pos >= c.end) return 0xffffffffu;
+    if (c.pos - c.window >= 32u) {
+        c.window = c.pos;
+        c.cached = c.window + lane < c.end ? (unsigned)c.indices[c.window + lane] : 0xffffffffu;
+    }
+    const unsigned idx = __shfl_sync(0xffffffffu, c.cached, c.pos - c.window);
+    ++c.pos;
+    return idx;
+}
+
+__device__ __forceinline__ unsigned gvm_claim_finish(const gvm_claimer& c, unsigned raw, unsigned n) {
+    const unsigned idx = c.mode != GVM_MODE_STATIC ? __shfl_sync(0xffffffffu, raw, 0) : raw;
+    return idx < n ? idx : n;
+}

@@ -1,0 +1,111 @@
+// Inside an SM: the controller hands instructions to compute groups through a
+// shared-memory slot per group and two mbarriers per group.
+//
+//   full[g]  (count 1): the controller wrote slot[g] and arrived (release);
+//                       the group's threads wait on it (acquire).
+//   empty[g] (count 1): the group finished the slot's instruction; one thread
+//                       arrived after a group barrier; the controller polls it.
+//
+// Phases alternate, so each side only tracks the parity of the phase it waits
+// for next. A fresh mbarrier is in phase 0: waiting on parity 0 blocks until
+// the first arrival completes it.
+#pragma once
+#include "../isa/gvm_isa.h"
+#include "../runtime/stamps.cuh"
+
+#define GVM_SLOT_EXIT 0xFFFFFFFFu   // slot.idx: leave the group loop
+#define GVM_SLOT_WARM 0x80000000u   // slot.idx bit: a warm instruction, index below the bit
+
+struct __align__(16) gvm_slot {
+    gvm_instr ins;   // the record being run
+    unsigned idx;    // its stream index, or GVM_SLOT_WARM | w, or GVM_SLOT_EXIT
+    unsigned pad[3];
+};
+
+__device__ __forceinline__ unsigned gvm_smem_u32(const void* p) {
+    return (unsigned)__cvta_generic_to_shared(p);
+}
+
+__device__ __forceinline__ void gvm_mbar_init(unsigned long long* bar, unsigned count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(gvm_smem_u32(bar)), "r"(count) : "memory");
+}
+
+__device__ __forceinline__ void gvm_mbar_arrive(unsigned long long* bar) {
+    asm volatile("{ .reg .b64 st; mbarrier.arrive.release.cta.shared::cta.b64 st, [%0]; }" ::"r"(gvm_smem_u32(bar))
+                 : "memory");
+}
+
+// Non-blocking: has the phase of this parity completed?
+__device__ __forceinline__ bool gvm_mbar_test(unsigned long long* bar, unsigned parity) {
+    unsigned ok;
+    asm volatile(
+        "{ .reg .pred p; mbarrier.test_wait.parity.acquire.cta.shared::cta.b64 p, [%1], %2; selp.b32 %0, 1, 0, p; }"
+        : "=r"(ok)
+        : "r"(gvm_smem_u32(bar)), "r"(parity)
+        : "memory");
+    return ok != 0;
+}
+
+// Blocking (the hardware suspends the thread between tries).
+__device__ __forceinline__ void gvm_mbar_wait(unsigned long long* bar, unsigned parity) {
+    unsigned ok;
+    do {
+        asm volatile(
+            "{ .reg .pred p; mbarrier.try_wait.parity.acquire.cta.shared::cta.b64 p, [%1], %2; selp.b32 %0, 1, 0, p; }"
+            : "=r"(ok)
+            : "r"(gvm_smem_u32(bar)), "r"(parity)
+            : "memory");
+    } while (!ok);
+}
+
+// The controller's view of its groups: which are busy, and the parity of the
+// empty-phase each busy group will complete next. Kept identical in every
+// lane of the controller warp.
+struct gvm_groups_view {
+    unsigned busy;           // bit g: group g holds an instruction
+    unsigned empty_parity;   // bit g: parity to wait for on empty[g]
+    unsigned next;           // where the search for a free group starts
+};
+
+__device__ __forceinline__ void gvm_mark_busy(gvm_groups_view& v, unsigned g) { v.busy |= 1u << g; }
+
+// Refreshes group g's busy bit from its empty barrier; true if it is free.
+// Lane 0 tests and broadcasts, so every lane keeps the same view.
+__device__ __forceinline__ bool gvm_poll_group(gvm_groups_view& v, unsigned long long* empty, unsigned g) {
+    const unsigned bit = 1u << g;
+    if (!(v.busy & bit)) return true;
+    const bool done = (threadIdx.x & 31u) == 0 && gvm_mbar_test(&empty[g], (v.empty_parity >> g) & 1u);
+    if (!__shfl_sync(0xffffffffu, done, 0)) return false;
+    v.busy &= ~bit;
+    v.empty_parity ^= bit;
+    return true;
+}
+
+// Is some group free right now? (Non-blocking.)
+__device__ __forceinline__ bool gvm_any_group_free(gvm_groups_view& v, unsigned long long* empty, unsigned groups) {
+    for (unsigned g = 0; g < groups; ++g)
+        if (gvm_poll_group(v, empty, g)) return true;
+    return false;
+}
+
+// Blocks until some group is free and returns it, searching round-robin so
+// that consecutive instructions go to different groups.
+__device__ __forceinline__ unsigned gvm_acquire_group(gvm_groups_view& v, unsigned long long* empty, unsigned groups) {
+    for (;;) {
+        for (unsigned k = 0; k < groups; ++k) {
+            unsigned g = v.next + k;
+            g = g >= groups ? g - groups : g;
+            if (gvm_poll_group(v, empty, g)) {
+                v.next = g + 1 >= groups ? 0 : g + 1;
+                return g;
+            }
+        }
+        gvm_nanosleep(32);  // spare the issue slots the groups on this sub-partition need
+    }
+}
+
+// Blocks until group g is free (used to drain groups before they exit).
+__device__ __forceinline__ void gvm_drain_group(gvm_groups_view& v, unsigned long long* empty, unsigned g) {
+    while (!gvm_poll_group(v, empty, g)) {
+    }
+}

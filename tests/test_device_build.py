@@ -1,0 +1,140 @@
+"""CI without a GPU: the device code compiles for sm_90a through NVRTC with no
+spills and no stack, the build reports registers, shared memory and code
+size, the disk cache works, and the cubin agrees with the host on layouts."""
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+try:
+    from cuda.bindings import nvrtc
+
+    _NVRTC = nvrtc.nvrtcVersion()[0] == nvrtc.nvrtcResult.NVRTC_SUCCESS
+except Exception:  # no cuda-bindings, or no NVRTC library behind it
+    _NVRTC = False
+
+pytestmark = pytest.mark.skipif(not _NVRTC, reason="NVRTC is not available (pip install cuda-bindings nvidia-cuda-nvrtc)")
+
+from gpuvm.device import build as build_mod  # noqa: E402  (the module)
+from gpuvm.device.build import Build, BuildOptions, compile_source, device_root, op_report, parse_ptxas  # noqa: E402
+from gpuvm.device.errors import CompileError, SpillError  # noqa: E402
+from gpuvm.device.layout import PARAMS_DTYPE, LayoutError, check_layout  # noqa: E402
+from gpuvm.device.elf import Elf  # noqa: E402
+from gpuvm.isa import Op  # noqa: E402
+
+SYNTHETIC = {Op.NOP, Op.SLEEP, Op.COPY, Op.SCALE_ADD, Op.GEMM}
+VARIANTS = {
+    "default": BuildOptions(),
+    "trace": BuildOptions(trace=True),
+    "core-4-groups": BuildOptions(max_groups=4, muse_ops=False),
+    "core-4-groups-trace": BuildOptions(max_groups=4, muse_ops=False, trace=True),
+}
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("gvm-cache")
+
+
+@pytest.fixture(scope="module")
+def builds(cache: Path) -> dict[str, Build]:
+    return {name: build_mod.build(opts, cache=cache) for name, opts in VARIANTS.items()}
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_kernel_compiles_without_local_memory(builds: dict[str, Build], variant: str, capsys: pytest.CaptureFixture[str]) -> None:
+    b = builds[variant]
+    with capsys.disabled():  # CI's log shows the resources whether or not pytest captures
+        print(f"\n[{variant}] {b.summary()}")
+    k = b.kernel
+    assert k.reported, "ptxas -v reached the log"
+    assert not k.local_memory and all(not f.local_memory for f in b.functions.values())
+    threads = b.layout.block_threads(b.options.max_groups)
+    assert 0 < k.registers and k.registers * threads <= 65536, "one block per SM must fit the register file"
+    smem = k.smem_static + b.layout.dynamic_smem(b.options.max_groups)
+    assert smem <= 227 * 1024, f"{smem} B of shared memory per block"
+    assert b.code_bytes >= k.code_bytes > 0
+    assert SYNTHETIC <= b.compiled_ops
+
+
+def test_muse_ops_are_compiled_in_when_their_headers_exist(builds: dict[str, Build]) -> None:
+    headers = {"norm": {Op.RMSNORM, Op.RESIDUAL}, "attention": {Op.QK_ROPE_KV, Op.ATTN_CHUNK, Op.ATTN_MERGE}, "route": {Op.TOPK}, "experts": {Op.EXPERT_UP, Op.EXPERT_DOWN, Op.EXPERT_COMBINE}}
+    ops = device_root() / "ops"
+    present = {op for h, s in headers.items() if (ops / f"{h}.cuh").exists() for op in s}
+    assert present <= builds["default"].compiled_ops
+    assert builds["core-4-groups"].compiled_ops == SYNTHETIC
+
+
+def test_stamps_vanish_without_trace(builds: dict[str, Build]) -> None:
+    """GVM_TRACE adds code; without it the stamping code is gone."""
+    assert builds["trace"].code_bytes > builds["default"].code_bytes
+    assert builds["core-4-groups-trace"].code_bytes > builds["core-4-groups"].code_bytes
+
+
+def test_params_layout_matches_the_host(builds: dict[str, Build]) -> None:
+    b = builds["default"]
+    words = np.frombuffer(Elf(b.cubin).read("gvm_layout"), dtype="<u4").copy()
+    lay = check_layout(words)
+    assert lay.group_smem == b.layout.group_smem and lay.max_groups == 2
+    assert words[0] == PARAMS_DTYPE.itemsize
+    bad = words.copy()
+    bad[1 + PARAMS_DTYPE.names.index("step")] += 4
+    with pytest.raises(LayoutError, match="step"):
+        check_layout(bad)
+
+
+def test_disk_cache_hits_and_misses(cache: Path, builds: dict[str, Build], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    again = build_mod.build(VARIANTS["core-4-groups"], cache=cache)
+    assert again.cached and again.cubin == builds["core-4-groups"].cubin and again.key == builds["core-4-groups"].key
+    assert again.kernel == builds["core-4-groups"].kernel, "the cached report is the compiled one"
+    # an edited source is a new key: copy the device tree, touch a header
+    root = tmp_path / "src"
+    for d in build_mod.DEVICE_DIRS:
+        shutil.copytree(device_root() / d, root / d)
+    monkeypatch.setattr(build_mod, "device_root", lambda: root)
+    same = build_mod.build(VARIANTS["core-4-groups"], cache=cache)
+    assert same.cached and same.key == again.key, "the key depends on contents, not on paths"
+    (root / "ops" / "synthetic.cuh").write_text((root / "ops" / "synthetic.cuh").read_text() + "\n// edited\n")
+    edited = build_mod.build(VARIANTS["core-4-groups"], cache=cache)
+    assert not edited.cached and edited.key != again.key
+
+
+def test_compile_errors_carry_the_nvrtc_log() -> None:
+    with pytest.raises(CompileError) as e:
+        compile_source('extern "C" __global__ void k() { undeclared_thing(); }', "broken.cu", [], [])
+    assert "undeclared_thing" in str(e.value)
+
+
+def test_spills_are_detected() -> None:
+    """A kernel that must keep a dynamically indexed array in local memory."""
+    src = 'extern "C" __global__ void k(float* o, int i) { float a[256]; for (int j = 0; j < 256; ++j) a[j] = o[j * i]; o[0] = a[i & 255]; }'
+    _, log = compile_source(src, "spill.cu", [], [])
+    rep = parse_ptxas(log)
+    assert rep["k"].stack_frame > 0 and rep["k"].local_memory
+    with pytest.raises(SpillError, match="k: "):
+        build_mod._check_local_memory(rep, log)
+
+
+def test_per_op_report(capsys: pytest.CaptureFixture[str]) -> None:
+    rep = op_report(BuildOptions())
+    with capsys.disabled():
+        print("\nper op, alone under the kernel's launch bounds:")
+        for name, r in rep.items():
+            print(f"  {name:16s} {r.registers:4d} registers  {r.code_bytes:7d} B code  spill {r.spill_stores}/{r.spill_loads} B  stack {r.stack_frame} B")
+    assert {o.name.lower() for o in SYNTHETIC} <= set(rep)
+    assert rep["gemm"].code_bytes > rep["nop"].code_bytes > 0
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="no nvcc for the cross-check")
+def test_nvcc_agrees_no_spills(tmp_path: Path) -> None:
+    """The same kernel through nvcc (the GPU machine's NVRTC is 13.0 like this nvcc)."""
+    root = device_root()
+    cmd = ["nvcc", "-arch=sm_90a", "-cubin", "-std=c++17", "-O3", "-Xptxas", "-v", "-DGVM_MAX_GROUPS=2", f"-I{root / 'runtime'}", "-o", str(tmp_path / "k.cubin"), str(root / "runtime" / "gvm_kernel.cu")]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    rep = parse_ptxas(out.stderr + out.stdout)
+    assert not rep["gvm_kernel"].local_memory
