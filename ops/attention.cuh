@@ -1,0 +1,415 @@
+// Attention ops (isa/gvm_isa.h): QK_ROPE_KV, ATTN_CHUNK, ATTN_MERGE.
+#pragma once
+#include "common.cuh"
+
+// ---- QK_ROPE_KV ---------------------------------------------------------------------
+// One warp per 64-wide head vector of a token, lane i owning the RoPE pair
+// (2i, 2i+1): the head norm is one warp sum and the rotation needs no exchange.
+// RoPE angles p * 500000^(-2i/64) in f64 (positions reach 82K: an f32 angle there
+// is off by up to 4e-3 rad), sin and cos by sincospi, whose range reduction is
+// exact and needs no local memory, then rounded to f32, as gpuvm/cpu does.
+#define GVM_LOG2_ROPE_BASE 18.931568569324174  // log2(500000)
+#define GVM_INV_PI 0.31830988618379067154
+
+__device__ int gvm_op_qk_rope_kv(const gvm_ctx& c) {
+    const gvm_tensor& tx = gvm_t(c, 0);
+    const gvm_tensor& tq = gvm_t(c, 1);
+    const gvm_tensor& twq = gvm_t(c, 2);
+    const gvm_tensor& twk = gvm_t(c, 3);
+    const gvm_tensor& tk = gvm_t(c, 4);
+    const gvm_tensor& tv = gvm_t(c, 5);
+    const gvm_tensor& tc = gvm_t(c, 6);
+    const int conv = c.ins->arg[0], rope = c.ins->arg[1];
+    const float k_scale = gvm_argf(c, 2), v_scale = gvm_argf(c, 3);
+    const int nt = tx.shape[0], hq = tq.shape[1], hkv = tk.shape[2], n_conv = tk.shape[0], cache_s = tk.shape[1];
+    bool ok = gvm_is(tx, GVM_DT_BF16, 2) && gvm_aligned(tx, 2, 4) && tx.shape[1] == (2 * hq + 2 * hkv) * 64 &&
+              gvm_is(tq, GVM_DT_BF16, 3) && gvm_aligned(tq, 2, 4) && tq.shape[0] == nt && tq.shape[2] == 64 &&
+              gvm_is(twq, GVM_DT_F32, 1) && twq.shape[0] == 64 && gvm_is(twk, GVM_DT_F32, 1) && twk.shape[0] == 64 &&
+              gvm_is(tk, GVM_DT_E4M3, 4) && gvm_is(tv, GVM_DT_E4M3, 4) && gvm_aligned(tk, 1, 2) && gvm_aligned(tv, 1, 2) &&
+              tk.shape[3] == 64 && hkv > 0 && hq > 0 && tv.shape[0] == n_conv && tv.shape[1] == cache_s &&
+              tv.shape[2] == hkv && tv.shape[3] == 64 && gvm_is(tc, GVM_DT_I32, 2) && tc.shape[0] == n_conv &&
+              tc.shape[1] >= 3 && conv >= 0 && conv < n_conv && (rope == 0 || rope == 1);
+    if (!ok) return GVM_ERR_BAD_ARGS;
+    const int* cv = gvm_ptr<const int>(tc, conv * tc.stride[0], 4);
+    const int tok0 = cv[0], ntok = cv[1], pos0 = cv[2];
+    if (tok0 < 0 || ntok < 0 || tok0 + ntok > nt || pos0 < 0 || cache_s <= 0) return GVM_ERR_BAD_ARGS;
+
+    const unsigned warp = c.tid >> 5, lane = c.tid & 31;
+    const int heads = hq + 2 * hkv;
+    const double turns = exp2(-(double)lane * (GVM_LOG2_ROPE_BASE / 32.0)) * GVM_INV_PI;  // inv_freq / pi
+    const float* wq = reinterpret_cast<const float*>(twq.ptr);
+    const float* wk = reinterpret_cast<const float*>(twk.ptr);
+    const float wq0 = 1.0f + wq[2 * lane], wq1 = 1.0f + wq[2 * lane + 1];
+    const float wk0 = 1.0f + wk[2 * lane], wk1 = 1.0f + wk[2 * lane + 1];
+    unsigned char* kc = gvm_ptr<unsigned char>(tk, conv * tk.stride[0], 1);
+    unsigned char* vc = gvm_ptr<unsigned char>(tv, conv * tv.stride[0], 1);
+    for (int j = 0; j < ntok; ++j) {
+        const int t = tok0 + j, p = pos0 + j, slot = p % cache_s;
+        float sn = 0.0f, cs = 1.0f;
+        if (rope) {
+            double sd, cd;
+            sincospi((double)p * turns, &sd, &cd);
+            sn = (float)sd;
+            cs = (float)cd;
+        }
+        const unsigned* row = gvm_ptr<const unsigned>(tx, t * tx.stride[0], 2);
+        for (int hh = warp; hh < heads; hh += 4) {
+            const unsigned xw = row[hh * 32 + lane];
+            float x0 = gvm_bf16_lo(xw), x1 = gvm_bf16_hi(xw);
+            if (hh >= hq + hkv) {  // v: straight to the cache
+                const int vh = hh - hq - hkv;
+                *reinterpret_cast<unsigned short*>(vc + slot * tv.stride[1] + vh * tv.stride[2] + 2 * lane) =
+                    gvm_pack_e4m3x2(x0 / v_scale, x1 / v_scale);
+                continue;
+            }
+            const bool is_q = hh < hq;
+            const float inv = 1.0f / sqrtf(gvm_warp_sum(x0 * x0 + x1 * x1) / 64.0f + GVM_RMS_EPS);
+            x0 = x0 * inv * (is_q ? wq0 : wk0);
+            x1 = x1 * inv * (is_q ? wq1 : wk1);
+            if (rope) {
+                const float r0 = x0 * cs - x1 * sn, r1 = x0 * sn + x1 * cs;
+                x0 = r0;
+                x1 = r1;
+            }
+            if (is_q) {
+                *gvm_ptr<unsigned>(tq, t * tq.stride[0] + hh * tq.stride[1] + 2 * lane, 2) = gvm_pack_bf16x2(x0, x1);
+            } else {
+                const int kh = hh - hq;
+                *reinterpret_cast<unsigned short*>(kc + slot * tk.stride[1] + kh * tk.stride[2] + 2 * lane) =
+                    gvm_pack_e4m3x2(x0 / k_scale, x1 / k_scale);
+            }
+        }
+    }
+    return GVM_ERR_NONE;
+}
+
+// ---- ATTN_CHUNK -----------------------------------------------------------------------
+// Query rows r = token * G + head (G query heads share kv head h), 16 rows per
+// m-tile. Tensor cores (mma m16n8k16, f16 in, f32 accumulate) compute S = Q K^T
+// and O += P V per tile of 16 keys. K and V fragments come straight from global
+// memory: the head dimension of Q.K and the key order of P.V are permuted
+// consistently so that each thread reads 16 contiguous bytes of a key row (K) and
+// 8 contiguous bytes of a value row (V); e4m3 -> f16 is exact and the scales are
+// applied in f32. Q goes bf16 -> f16 (exact for |q| in [2^-14, 65504]; QK-normed
+// q is far inside) and waits in shared memory, private to its thread, so that
+// the 32 o accumulators fit the register budget. Warps split the keys of an
+// m-tile when there are fewer than three m-tiles and merge (m, l, o) through
+// shared memory.
+#define GVM_ATT_OSTRIDE 68                                   // padded f32 row of o in smem
+#define GVM_ATT_STATE_BYTES ((16 * GVM_ATT_OSTRIDE + 32) * 4)  // o[16][68], m[16], l[16]
+#define GVM_ATT_WARP_BYTES (GVM_ATT_STATE_BYTES + 2048)      // + Q fragments [4 k-steps][32 lanes] x 16 B
+
+struct gvm_attn_job {
+    const unsigned char* kbase;   // k cache bytes of (conv, slot 0, head h)
+    const unsigned char* vbase;
+    int krow, vrow;               // bytes between consecutive cache slots
+    int kb, ke, nt;               // keys [kb, ke) of the chunk in nt tiles of 16
+    int pos0, g, rows, window, cache_s;
+    float score_scale;            // k_scale / 8 * log2(e)
+};
+
+__device__ __forceinline__ bool gvm_attn_visible(const gvm_attn_job& jb, int key, int p) {
+    return key < jb.ke && key <= p && (jb.window == 0 || key > p - jb.window);
+}
+
+// The A fragments of m-tile mt (rows g, g+8; dims 16*t4 + 4s .. +3 for k-step s)
+// as f16, into this thread's 64 bytes of qf. Zero rows past the query rows.
+__device__ __forceinline__ void gvm_attn_stage_q(const gvm_ctx& c, const gvm_attn_job& jb, int mt, unsigned qf) {
+    const gvm_tensor& tq = gvm_t(c, 0);
+    const int tok0 = gvm_ptr<const int>(gvm_t(c, 3), c.ins->arg[0] * gvm_t(c, 3).stride[0], 4)[0];
+    const unsigned lane = c.tid & 31, g = lane >> 2, t4 = lane & 3;
+    unsigned w[2][8];
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr) {
+        const int r = mt * 16 + g + 8 * hr;
+        uint4 a = make_uint4(0, 0, 0, 0), b = a;
+        if (r < jb.rows) {
+            const int tok = tok0 + r / jb.g, head = c.ins->arg[1] * jb.g + r % jb.g;
+            const uint4* p = gvm_ptr<const uint4>(tq, tok * tq.stride[0] + head * tq.stride[1] + 16 * t4, 2);
+            a = p[0];
+            b = p[1];
+        }
+        const unsigned raw[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+#pragma unroll
+        for (int i = 0; i < 8; ++i) w[hr][i] = gvm_bf16x2_to_f16x2(raw[i]);
+    }
+#pragma unroll
+    for (int s = 0; s < 4; ++s) gvm_sts(qf + (s * 32 + lane) * 16, make_uint4(w[0][2 * s], w[1][2 * s], w[0][2 * s + 1], w[1][2 * s + 1]));
+}
+
+// Running (m [log2 units], l, o) of m-tile mt over key tiles first, first+step, ...
+// written to the warp's state area st; qf holds the staged Q fragments.
+__device__ __forceinline__ void gvm_attn_tile(const gvm_attn_job& jb, int mt, int first, int step, unsigned lane,
+                                              unsigned st, unsigned qf) {
+    const unsigned g = lane >> 2, t4 = lane & 3;
+    const int r0 = mt * 16 + g, r1 = r0 + 8;
+    const int p0 = r0 < jb.rows ? jb.pos0 + r0 / jb.g : -1;  // -1 sees no key
+    const int p1 = r1 < jb.rows ? jb.pos0 + r1 / jb.g : -1;
+    float m0 = GVM_NEG_INF, m1 = GVM_NEG_INF, l0 = 0.0f, l1 = 0.0f;
+    float o[8][4];
+#pragma unroll
+    for (int d = 0; d < 8; ++d) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.0f;
+
+    int s0 = first < jb.nt ? (jb.kb + first * 16) % jb.cache_s : 0;  // cache slot of the tile's first key
+    const int s_step = (step * 16) % jb.cache_s;
+#pragma unroll 1
+    for (int tile = first; tile < jb.nt; tile += step) {
+        const int kp0 = jb.kb + tile * 16;
+        uint4 kr[2];
+#pragma unroll
+        for (int nb = 0; nb < 2; ++nb) {
+            const int off = nb * 8 + g;
+            int sl = s0 + off;
+            sl -= sl >= jb.cache_s ? jb.cache_s : 0;
+            kr[nb] = kp0 + off < jb.ke ? gvm_ld_stream16(jb.kbase + (long long)sl * jb.krow + 16 * t4) : make_uint4(0, 0, 0, 0);
+        }
+        uint2 vr[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const int off = (i >> 1) * 8 + 2 * t4 + (i & 1);
+            int sl = s0 + off;
+            sl -= sl >= jb.cache_s ? jb.cache_s : 0;
+            // zero, not stale bytes, past the chunk: p = 0 times a NaN would poison o
+            vr[i] = kp0 + off < jb.ke ? gvm_ld_stream8(jb.vbase + (long long)sl * jb.vrow + 8 * g) : make_uint2(0, 0);
+        }
+        float sc[2][4];
+#pragma unroll
+        for (int nb = 0; nb < 2; ++nb) sc[nb][0] = sc[nb][1] = sc[nb][2] = sc[nb][3] = 0.0f;
+#pragma unroll
+        for (int s = 0; s < 4; ++s) {
+            const uint4 a = gvm_lds_u4(qf + (s * 32 + lane) * 16);
+#pragma unroll
+            for (int nb = 0; nb < 2; ++nb) {
+                const unsigned kw = s == 0 ? kr[nb].x : s == 1 ? kr[nb].y : s == 2 ? kr[nb].z : kr[nb].w;
+                gvm_mma_f16(sc[nb], a.x, a.y, a.z, a.w, gvm_e4m3x2_to_f16x2(kw), gvm_e4m3x2_hi_to_f16x2(kw));
+            }
+        }
+#pragma unroll
+        for (int nb = 0; nb < 2; ++nb)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const int key = kp0 + nb * 8 + 2 * t4 + (i & 1);
+                sc[nb][i] = gvm_attn_visible(jb, key, i < 2 ? p0 : p1) ? sc[nb][i] * jb.score_scale : GVM_NEG_INF;
+            }
+        float mx0 = fmaxf(fmaxf(sc[0][0], sc[0][1]), fmaxf(sc[1][0], sc[1][1]));
+        float mx1 = fmaxf(fmaxf(sc[0][2], sc[0][3]), fmaxf(sc[1][2], sc[1][3]));
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+        const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
+        // a row with nothing visible yet keeps m = -inf; subtract 0 instead so no inf - inf
+        const float mu0 = mn0 == GVM_NEG_INF ? 0.0f : mn0, mu1 = mn1 == GVM_NEG_INF ? 0.0f : mn1;
+        const float al0 = exp2f(m0 - mu0), al1 = exp2f(m1 - mu1);
+        m0 = mn0;
+        m1 = mn1;
+#pragma unroll
+        for (int nb = 0; nb < 2; ++nb) {
+            sc[nb][0] = exp2f(sc[nb][0] - mu0);
+            sc[nb][1] = exp2f(sc[nb][1] - mu0);
+            sc[nb][2] = exp2f(sc[nb][2] - mu1);
+            sc[nb][3] = exp2f(sc[nb][3] - mu1);
+        }
+        l0 = l0 * al0 + ((sc[0][0] + sc[0][1]) + (sc[1][0] + sc[1][1]));
+        l1 = l1 * al1 + ((sc[0][2] + sc[0][3]) + (sc[1][2] + sc[1][3]));
+        const unsigned pa0 = gvm_pack_f16x2(sc[0][0], sc[0][1]), pa1 = gvm_pack_f16x2(sc[0][2], sc[0][3]);
+        const unsigned pa2 = gvm_pack_f16x2(sc[1][0], sc[1][1]), pa3 = gvm_pack_f16x2(sc[1][2], sc[1][3]);
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            const unsigned a0 = half ? vr[0].y : vr[0].x, a1 = half ? vr[1].y : vr[1].x;
+            const unsigned c0 = half ? vr[2].y : vr[2].x, c1 = half ? vr[3].y : vr[3].x;
+            // byte d of key k0 next to byte d of key k1: (k0, k1) pairs of dims 8g + 4*half + d
+            const unsigned lo_a = __byte_perm(a0, a1, 0x5140), hi_a = __byte_perm(a0, a1, 0x7362);
+            const unsigned lo_c = __byte_perm(c0, c1, 0x5140), hi_c = __byte_perm(c0, c1, 0x7362);
+#pragma unroll
+            for (int d = 0; d < 4; ++d) {
+                const unsigned wa = d < 2 ? lo_a : hi_a, wc = d < 2 ? lo_c : hi_c;
+                float(&od)[4] = o[4 * half + d];
+                od[0] *= al0;
+                od[1] *= al0;
+                od[2] *= al1;
+                od[3] *= al1;
+                gvm_mma_f16(od, pa0, pa1, pa2, pa3, (d & 1) ? gvm_e4m3x2_hi_to_f16x2(wa) : gvm_e4m3x2_to_f16x2(wa),
+                            (d & 1) ? gvm_e4m3x2_hi_to_f16x2(wc) : gvm_e4m3x2_to_f16x2(wc));
+            }
+        }
+        s0 += s_step;
+        s0 -= s0 >= jb.cache_s ? jb.cache_s : 0;
+    }
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+    // o[d][0] is dim 16*t4 + d of row g, o[d][1] dim 16*t4 + 8 + d; [2], [3] row g + 8
+    const unsigned ml = st + 16 * GVM_ATT_OSTRIDE * 4;
+    if (t4 == 0) {
+        gvm_sts(ml + g * 4, m0);
+        gvm_sts(ml + (g + 8) * 4, m1);
+        gvm_sts(ml + 64 + g * 4, l0);
+        gvm_sts(ml + 64 + (g + 8) * 4, l1);
+    }
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr) {
+        const unsigned row = st + ((g + 8 * hr) * GVM_ATT_OSTRIDE + 16 * t4) * 4;
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+            const int c = 2 * hr + (q >> 1), d = 4 * (q & 1);
+            gvm_sts(row + q * 16, make_float4(o[d][c], o[d + 1][c], o[d + 2][c], o[d + 3][c]));
+        }
+    }
+}
+
+// Merge the split warps' states of one round and write part_o / part_ml.
+__device__ __forceinline__ void gvm_attn_write(const gvm_ctx& c, const gvm_attn_job& jb, int round, int per_round,
+                                               int split, unsigned smem) {
+    const gvm_tensor& tpo = gvm_t(c, 4);
+    const gvm_tensor& tml = gvm_t(c, 5);
+    const int tok0 = gvm_ptr<const int>(gvm_t(c, 3), c.ins->arg[0] * gvm_t(c, 3).stride[0], 4)[0];
+    const int h = c.ins->arg[1], j = c.ins->arg[2];
+    const float v_scale = gvm_argf(c, 6);
+    for (int it = c.tid; it < per_round * 16 * 16; it += 128) {  // 16 float4s of o per row
+        const int rr = it >> 4, q4 = it & 15, row = rr & 15;
+        const int r = (round * per_round + (rr >> 4)) * 16 + row;
+        if (r >= jb.rows) continue;
+        const unsigned w0 = smem + (rr >> 4) * split * GVM_ATT_WARP_BYTES;
+        const unsigned ml = 16 * GVM_ATT_OSTRIDE * 4 + row * 4;
+        float mx = GVM_NEG_INF;
+        for (int k = 0; k < split; ++k) mx = fmaxf(mx, gvm_lds_f(w0 + k * GVM_ATT_WARP_BYTES + ml));
+        float l = 0.0f;
+        float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (mx != GVM_NEG_INF) {
+            for (int k = 0; k < split; ++k) {
+                const unsigned wk = w0 + k * GVM_ATT_WARP_BYTES;
+                const float f = exp2f(gvm_lds_f(wk + ml) - mx);
+                const float4 ok = gvm_lds_f4(wk + (row * GVM_ATT_OSTRIDE + 4 * q4) * 4);
+                l += f * gvm_lds_f(wk + ml + 64);
+                o.x += f * ok.x;
+                o.y += f * ok.y;
+                o.z += f * ok.z;
+                o.w += f * ok.w;
+            }
+        }
+        const int tok = tok0 + r / jb.g, head = h * jb.g + r % jb.g;
+        const long long at = tok * tpo.stride[0] + head * tpo.stride[1] + j * tpo.stride[2];
+        *gvm_ptr<float4>(tpo, at + 4 * q4, 4) = make_float4(o.x * v_scale, o.y * v_scale, o.z * v_scale, o.w * v_scale);
+        if (q4 == 0)
+            *gvm_ptr<float2>(tml, tok * tml.stride[0] + head * tml.stride[1] + j * tml.stride[2], 4) =
+                make_float2(mx == GVM_NEG_INF ? GVM_NEG_INF : mx * GVM_LN2, l);
+    }
+}
+
+__device__ __noinline__ bool gvm_attn_chunk_args_ok(const gvm_ctx& c) {
+    const gvm_tensor& tq = gvm_t(c, 0);
+    const gvm_tensor& tk = gvm_t(c, 1);
+    const gvm_tensor& tv = gvm_t(c, 2);
+    const gvm_tensor& tc = gvm_t(c, 3);
+    const gvm_tensor& tpo = gvm_t(c, 4);
+    const gvm_tensor& tml = gvm_t(c, 5);
+    const int conv = c.ins->arg[0], h = c.ins->arg[1], j = c.ins->arg[2], len = c.ins->arg[3], window = c.ins->arg[4];
+    const int nt = tq.shape[0], hq = tq.shape[1], n_conv = tk.shape[0], cache_s = tk.shape[1], hkv = tk.shape[2];
+    const int nch = tpo.shape[2];
+    const bool ok = gvm_is(tq, GVM_DT_BF16, 3) && gvm_aligned(tq, 2, 16) && tq.shape[2] == 64 &&
+                    gvm_is(tk, GVM_DT_E4M3, 4) && gvm_is(tv, GVM_DT_E4M3, 4) && gvm_aligned(tk, 1, 16) &&
+                    gvm_aligned(tv, 1, 16) && tk.shape[3] == 64 && tv.shape[0] == n_conv && tv.shape[1] == cache_s &&
+                    tv.shape[2] == hkv && tv.shape[3] == 64 && hkv > 0 && hq % hkv == 0 && cache_s >= 16 &&
+                    tk.stride[1] < (1ll << 31) && tv.stride[1] < (1ll << 31) &&
+                    gvm_is(tc, GVM_DT_I32, 2) && tc.shape[0] == n_conv && tc.shape[1] >= 3 &&
+                    gvm_is(tpo, GVM_DT_F32, 4) && gvm_aligned(tpo, 4, 16) && tpo.shape[0] == nt && tpo.shape[1] == hq &&
+                    tpo.shape[3] == 64 && gvm_is(tml, GVM_DT_F32, 4) && gvm_aligned(tml, 4, 8) && tml.shape[0] == nt &&
+                    tml.shape[1] == hq && tml.shape[2] == nch && tml.shape[3] == 2 && conv >= 0 && conv < n_conv &&
+                    h >= 0 && h < hkv && j >= 0 && j < nch && len > 0 && window >= 0 &&
+                    c.smem_bytes >= 4 * GVM_ATT_WARP_BYTES;
+    if (!ok) return false;
+    const int* cv = gvm_ptr<const int>(tc, conv * tc.stride[0], 4);
+    return cv[0] >= 0 && cv[1] >= 0 && cv[0] + cv[1] <= nt && cv[2] >= 0;
+}
+
+__device__ int gvm_op_attn_chunk(const gvm_ctx& c) {
+    if (!gvm_attn_chunk_args_ok(c)) return GVM_ERR_BAD_ARGS;
+    const int conv = c.ins->arg[0], h = c.ins->arg[1], j = c.ins->arg[2], len = c.ins->arg[3];
+    gvm_attn_job jb;
+    {
+        const gvm_tensor& tk = gvm_t(c, 1);
+        const gvm_tensor& tv = gvm_t(c, 2);
+        const gvm_tensor& tc = gvm_t(c, 3);
+        const int* cv = gvm_ptr<const int>(tc, conv * tc.stride[0], 4);
+        const int ntok = cv[1];
+        jb.pos0 = cv[2];
+        jb.g = gvm_t(c, 0).shape[1] / tk.shape[2];
+        jb.rows = ntok * jb.g;
+        jb.window = c.ins->arg[4];
+        jb.cache_s = tk.shape[1];
+        jb.kbase = gvm_ptr<const unsigned char>(tk, conv * tk.stride[0] + h * tk.stride[2], 1);
+        jb.vbase = gvm_ptr<const unsigned char>(tv, conv * tv.stride[0] + h * tv.stride[2], 1);
+        jb.krow = (int)tk.stride[1];
+        jb.vrow = (int)tv.stride[1];
+        jb.score_scale = gvm_argf(c, 5) * 0.125f * GVM_LOG2E;
+        const long long base = jb.window == 0 ? 0 : max(0, jb.pos0 - jb.window + 1);
+        const long long first_key = base + (long long)j * len, end = (long long)jb.pos0 + ntok;
+        jb.kb = (int)min(first_key, end);
+        jb.ke = (int)min(first_key + len, end);
+        jb.nt = (jb.ke - jb.kb + 15) / 16;
+    }
+    const int mtiles = (jb.rows + 15) / 16;
+    const int split = mtiles >= 3 ? 1 : (mtiles == 2 ? 2 : 4);  // warps per m-tile
+    const int per_round = 4 / split;
+    const unsigned warp = c.tid >> 5;
+    const unsigned smem = gvm_smem_addr(c.smem), st = smem + warp * GVM_ATT_WARP_BYTES;
+    for (int round = 0; round * per_round < mtiles; ++round) {
+        const int mt = round * per_round + warp / split;
+        if (mt < mtiles) {
+            gvm_attn_stage_q(c, jb, mt, st + GVM_ATT_STATE_BYTES);
+            gvm_attn_tile(jb, mt, warp % split, split, c.tid & 31, st, st + GVM_ATT_STATE_BYTES);
+        }
+        gvm_group_sync(c);
+        gvm_attn_write(c, jb, round, per_round, split, smem);
+        gvm_group_sync(c);
+    }
+    return GVM_ERR_NONE;
+}
+
+// ---- ATTN_MERGE -------------------------------------------------------------------------
+// One warp per (token, head), lane i owning dims (2i, 2i+1): log-sum-exp merge
+// of the head's chunks, then the per-head norm and the sigmoid output gate.
+__device__ int gvm_op_attn_merge(const gvm_ctx& c) {
+    const gvm_tensor& to = gvm_t(c, 0);
+    const gvm_tensor& tpo = gvm_t(c, 1);
+    const gvm_tensor& tml = gvm_t(c, 2);
+    const gvm_tensor& tx = gvm_t(c, 3);
+    const int tok0 = c.ins->arg[0], ntok = c.ins->arg[1];
+    const int nt = tpo.shape[0], hq = tpo.shape[1], nch = tpo.shape[2], width = tx.shape[1];
+    const bool ok = gvm_is(to, GVM_DT_BF16, 2) && gvm_aligned(to, 2, 4) && to.shape[0] == nt && to.shape[1] == hq * 64 &&
+                    gvm_is(tpo, GVM_DT_F32, 4) && gvm_aligned(tpo, 4, 8) && tpo.shape[3] == 64 &&
+                    gvm_is(tml, GVM_DT_F32, 4) && gvm_aligned(tml, 4, 8) && tml.shape[0] == nt && tml.shape[1] == hq &&
+                    tml.shape[2] == nch && tml.shape[3] == 2 && gvm_is(tx, GVM_DT_BF16, 2) && gvm_aligned(tx, 2, 4) &&
+                    tx.shape[0] == nt && width % 64 == 0 && width > 2 * hq * 64 && tok0 >= 0 && ntok >= 0 &&
+                    tok0 + ntok <= nt;
+    if (!ok) return GVM_ERR_BAD_ARGS;
+    const unsigned warp = c.tid >> 5, lane = c.tid & 31;
+    const int gate0 = width - hq * 64;  // g is the last HQ x 64 columns of qkvg
+    for (int t = tok0; t < tok0 + ntok; ++t) {
+        for (int head = warp; head < hq; head += 4) {
+            const long long po = t * tpo.stride[0] + head * tpo.stride[1];
+            const long long pm = t * tml.stride[0] + head * tml.stride[1];
+            float mx = GVM_NEG_INF, l = 0.0f, o0 = 0.0f, o1 = 0.0f;
+            for (int ch = 0; ch < nch; ++ch) {
+                const float2 ml = *gvm_ptr<const float2>(tml, pm + ch * tml.stride[2], 4);
+                if (ml.x == GVM_NEG_INF) continue;  // a chunk with no visible key
+                const float2 v = *gvm_ptr<const float2>(tpo, po + ch * tpo.stride[2] + 2 * lane, 4);
+                const float mn = fmaxf(mx, ml.x);
+                const float a = expf(mx - mn), b = expf(ml.x - mn);
+                l = l * a + ml.y * b;
+                o0 = o0 * a + v.x * b;
+                o1 = o1 * a + v.y * b;
+                mx = mn;
+            }
+            o0 /= l;
+            o1 /= l;
+            const float inv = 1.0f / sqrtf(gvm_warp_sum(o0 * o0 + o1 * o1) / 64.0f + GVM_RMS_EPS);
+            const unsigned gw = gvm_ptr<const unsigned>(tx, t * tx.stride[0] + gate0 + head * 64 + 2 * lane, 2)[0];
+            const float g0 = 1.0f / (1.0f + expf(-gvm_bf16_lo(gw))), g1 = 1.0f / (1.0f + expf(-gvm_bf16_hi(gw)));
+            *gvm_ptr<unsigned>(to, t * to.stride[0] + head * 64 + 2 * lane, 2) = gvm_pack_bf16x2(o0 * inv * g0, o1 * inv * g1);
+        }
+    }
+    return GVM_ERR_NONE;
+}

@@ -1,0 +1,90 @@
+// Small device helpers shared by the Muse ops: tensor descriptors, bit-level
+// number formats, sortable keys, warp and group reductions. Plain C++ over the
+// primitives of ptx.cuh (conversions, loads, shared memory, mma), so that
+// tools/ops_emu can run these same lines on the host with its own ptx.cuh.
+// Free of toolkit headers: NVRTC needs no include path beyond the repository.
+#pragma once
+#include "op_ctx.cuh"
+#include "ptx.cuh"
+
+#define GVM_NEG_INF __int_as_float(0xff800000u)
+#define GVM_LOG2E 1.4426950408889634f
+#define GVM_LN2 0.6931471805599453f
+
+// ---- tensor table ------------------------------------------------------------
+__device__ __forceinline__ bool gvm_has(const gvm_ctx& c, int slot) {
+    return c.ins->tensor[slot] != GVM_NONE;
+}
+
+// Base address plus an element offset (bytes per element given).
+template <typename T>
+__device__ __forceinline__ T* gvm_ptr(const gvm_tensor& t, long long elem_off, int elem_bytes) {
+    return reinterpret_cast<T*>(t.ptr + (unsigned long long)(elem_off * elem_bytes));
+}
+
+// Dtype, rank and a unit innermost stride: the checks every op makes first.
+__device__ __forceinline__ bool gvm_is(const gvm_tensor& t, int dtype, int ndim) {
+    return t.dtype == dtype && t.ndim == ndim && t.stride[ndim - 1] == 1;
+}
+
+// Base and every outer stride aligned to `bytes` (elements of elem_bytes each),
+// so that vector accesses of that width are legal anywhere in the tensor.
+__device__ __forceinline__ bool gvm_aligned(const gvm_tensor& t, int elem_bytes, int bytes) {
+    bool ok = (t.ptr % (unsigned long long)bytes) == 0;
+    for (int d = 0; d + 1 < t.ndim; ++d) ok = ok && (t.stride[d] * elem_bytes) % bytes == 0;
+    return ok;
+}
+
+// ---- bf16 / f16 / fp8 / fp4 ------------------------------------------------------
+__device__ __forceinline__ float gvm_bf16_lo(unsigned w) { return __uint_as_float(w << 16); }
+__device__ __forceinline__ float gvm_bf16_hi(unsigned w) { return __uint_as_float(w & 0xffff0000u); }
+
+// bf16 pair -> f16 pair (exact for |x| in [2^-14, 65504]).
+__device__ __forceinline__ unsigned gvm_bf16x2_to_f16x2(unsigned w) {
+    return gvm_pack_f16x2(gvm_bf16_lo(w), gvm_bf16_hi(w));
+}
+
+// Eight e2m1 codes (nibble j = code j) -> eight e4m3 bytes of value code * 2^-6:
+// even codes (0,2,4,6) in *even_b, odd codes (1,3,5,7) in *odd_b. An e2m1 nibble
+// s|ee|m moved to e4m3 bits s|00ee|m00 is exactly its value times 2^-6, for the
+// subnormal code (0.5) too, so the hardware e4m3 -> f16 conversion finishes it.
+__device__ __forceinline__ void gvm_e2m1x8_to_e4m3(unsigned w, unsigned* even_b, unsigned* odd_b) {
+    *even_b = ((w << 4) & 0x80808080u) | ((w << 2) & 0x1c1c1c1cu);
+    *odd_b = (w & 0x80808080u) | ((w >> 2) & 0x1c1c1c1cu);
+}
+
+// ---- sortable keys -------------------------------------------------------------
+// Monotone map f32 -> u32 (-0 == +0), never 0, so 0 can mark "no candidate".
+__device__ __forceinline__ unsigned gvm_sort_key(float v) {
+    unsigned u = v == 0.0f ? 0u : __float_as_uint(v);
+    u = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+    return u ? u : 1u;
+}
+
+__device__ __forceinline__ float gvm_sort_key_value(unsigned k) {
+    return __uint_as_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k);
+}
+
+// ---- reductions ---------------------------------------------------------------------
+__device__ __forceinline__ float gvm_warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+// Sum over the 128 threads of the group. Uses 8 floats of shared scratch as two
+// alternating halves: a thread can only rewrite a half after the next call's
+// barrier, which every thread reaches after reading it, so one barrier per call.
+struct gvm_group_sum {
+    unsigned buf;   // shared address of 8 floats
+    unsigned phase;
+    __device__ __forceinline__ gvm_group_sum(unsigned addr) : buf(addr), phase(0) {}
+    __device__ __forceinline__ float operator()(const gvm_ctx& c, float v) {
+        v = gvm_warp_sum(v);
+        if ((c.tid & 31) == 0) gvm_sts(buf + (phase * 4 + (c.tid >> 5)) * 4, v);
+        gvm_group_sync(c);
+        const float4 r = gvm_lds_f4(buf + phase * 16);
+        phase ^= 1u;
+        return (r.x + r.y) + (r.z + r.w);
+    }
+};

@@ -1,0 +1,328 @@
+// NVFP4 experts (isa/gvm_isa.h): EXPERT_UP, EXPERT_DOWN, EXPERT_COMBINE.
+//
+// EXPERT_UP / EXPERT_DOWN: out[slot, n] = sum_k x[row, k] * W[n, k] for the slots
+// of one expert (row: the slot's token for UP, the slot itself for DOWN), with
+// W = e2m1 code * e4m3 block scale * f32 tensor scale.
+// Tensor cores (mma m16n8k16, f16 in, f32 accumulate): M = 16 tokens, N = 8 weight
+// rows, K = 16. code * block scale has at most 5 significant bits, so it is exact
+// in f16; the tensor scale is applied to the f32 sums. x goes bf16 -> f16 (exact
+// for |x| in [2^-14, 65504]) into a shared tile that all four warps read.
+//
+// Each thread owns 64 consecutive codes (32 bytes, 4 scale blocks) of a weight row
+// per 256-wide K step, fetched by cp.async one step ahead into its own slot of
+// shared memory, once per token chunk of up to 32 tokens. The dot product is free to pair any k's, so
+// a 32-bit word of 8 codes yields f16 pairs (c0,c2), (c4,c6), (c1,c3), (c5,c7)
+// and the x tile is stored in that same order: x0 x2 x1 x3 x4 x6 x5 x7.
+#pragma once
+#include "common.cuh"
+
+#define GVM_EXP_KSTEP 256    // K per step: 4 threads x 64 codes of a weight row
+#define GVM_EXP_XROW 576     // bytes per staged x row: 256 f16 + 64 pad (lds.128 conflict-free)
+#define GVM_EXP_MAXMT 2      // m-tiles of 16 tokens per token chunk
+#define GVM_EXP_HEAD 144     // smem before the x tile: x row byte offsets [32], bad-row flag
+#define GVM_EXP_WSLOT 80     // bytes per thread per weight buffer: 2 x 32 codes, 2 x 4 scales, pad
+#define GVM_EXP_WBUF (2 * 128 * GVM_EXP_WSLOT)  // two K steps of weights
+#define GVM_F16X2_64 0x54005400u
+
+// Byte offset in a tile row of 8-value chunk w8 of thread t4 (swizzled).
+__device__ __forceinline__ unsigned gvm_exp_chunk(unsigned t4, unsigned w8) { return (8 * t4 + (w8 ^ t4)) * 16; }
+
+// x[rows of the chunk][ks * 256, + 256) -> f16 tile in pair order, zero past K.
+// Loads go out four per thread before any is converted, so that their latency
+// overlaps; a chunk of 16 tokens is a single round.
+__device__ __forceinline__ void gvm_exp_stage(const gvm_ctx& c, const unsigned char* x, unsigned s_rows,
+                                              unsigned s_tile, int tm, int ks, int kdim) {
+    const int n = tm * 32;  // 16-byte chunks of bf16
+    for (int i0 = c.tid; i0 < n; i0 += 512) {
+        uint4 v[4];
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+            const int i = i0 + 128 * u, k = ks * GVM_EXP_KSTEP + (i & 31) * 8;
+            v[u] = make_uint4(0, 0, 0, 0);
+            if (i < n && k < kdim)
+                v[u] = *reinterpret_cast<const uint4*>(x + gvm_lds_u(s_rows + 4 * (i >> 5)) + 2 * k);
+        }
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+            const int i = i0 + 128 * u, ch = i & 31;
+            if (i >= n) break;
+            const uint4 f = make_uint4(gvm_pack_f16x2(gvm_bf16_lo(v[u].x), gvm_bf16_lo(v[u].y)),
+                                       gvm_pack_f16x2(gvm_bf16_hi(v[u].x), gvm_bf16_hi(v[u].y)),
+                                       gvm_pack_f16x2(gvm_bf16_lo(v[u].z), gvm_bf16_lo(v[u].w)),
+                                       gvm_pack_f16x2(gvm_bf16_hi(v[u].z), gvm_bf16_hi(v[u].w)));
+            gvm_sts(s_tile + (i >> 5) * GVM_EXP_XROW + gvm_exp_chunk(ch >> 3, ch & 7), f);
+        }
+    }
+}
+
+// Code word w (8 codes) of one weight row as four scaled f16 pairs:
+// p[0] = (c0,c2), p[1] = (c4,c6), p[2] = (c1,c3), p[3] = (c5,c7).
+__device__ __forceinline__ void gvm_exp_decode(unsigned w, unsigned scale2, unsigned (&p)[4]) {
+    unsigned ev, od;
+    gvm_e2m1x8_to_e4m3(w, &ev, &od);
+    p[0] = gvm_hmul2(gvm_e4m3x2_to_f16x2(ev), scale2);
+    p[1] = gvm_hmul2(gvm_e4m3x2_hi_to_f16x2(ev), scale2);
+    p[2] = gvm_hmul2(gvm_e4m3x2_to_f16x2(od), scale2);
+    p[3] = gvm_hmul2(gvm_e4m3x2_hi_to_f16x2(od), scale2);
+}
+
+// This thread's weights of K step ks into its slot of weight buffer ks & 1:
+// 32 code bytes and 4 scale bytes of each set, zeros where the row or K ends.
+__device__ __forceinline__ void gvm_exp_fetch(unsigned slot, const unsigned char* cp, const unsigned char* sp, int cstep,
+                                              int sstep, bool live0, bool live1, unsigned t4, int ks, int kdim,
+                                              unsigned long long pol) {
+    const bool in_k = ks * GVM_EXP_KSTEP + 64 * (int)t4 < kdim;
+#pragma unroll
+    for (int s = 0; s < 2; ++s) {
+        // a zero-fill reads nothing, but still gets an address inside the tensor (cp, sp)
+        const bool ok = (s ? live1 : live0) && in_k;
+        const unsigned char* c = ok ? cp + ks * 128 + s * cstep : cp;
+        gvm_cp_async16(slot + 32 * s, c, ok, pol);
+        gvm_cp_async16(slot + 32 * s + 16, ok ? c + 16 : cp, ok, pol);
+        gvm_cp_async4(slot + 64 + 4 * s, ok ? sp + ks * 16 + s * sstep : sp, ok, pol);
+    }
+    gvm_cp_async_commit();
+}
+
+// One warp's two 8-row weight blocks (set 0 at cp/sp, set 1 cstep/sstep bytes on)
+// times the staged chunk, K step by K step. Weights stream through shared memory
+// (cp.async, one K step ahead, each thread reading back only its own bytes);
+// all four warps take part in staging x.
+__device__ __forceinline__ void gvm_exp_mma(const gvm_ctx& c, float (&acc)[GVM_EXP_MAXMT][2][4],
+                                            const unsigned char* cp, const unsigned char* sp, int cstep, int sstep,
+                                            bool live0, bool live1, bool active, const unsigned char* x,
+                                            unsigned s_rows, unsigned s_tile, unsigned s_wbuf, int tm, int kdim) {
+    const unsigned g = (c.tid & 31) >> 2, t4 = c.tid & 3;
+    const int mts = (tm + 15) / 16, steps = (kdim + GVM_EXP_KSTEP - 1) / GVM_EXP_KSTEP;
+    const unsigned long long pol = gvm_policy_evict_first();
+    const unsigned slot0 = s_wbuf + c.tid * GVM_EXP_WSLOT, slot1 = slot0 + 128 * GVM_EXP_WSLOT;
+    gvm_exp_fetch(slot0, cp, sp, cstep, sstep, live0, live1, t4, 0, kdim, pol);
+#pragma unroll 1
+    for (int ks = 0; ks < steps; ++ks) {
+        const unsigned slot = ks & 1 ? slot1 : slot0;
+        if (ks + 1 < steps) gvm_exp_fetch(ks & 1 ? slot0 : slot1, cp, sp, cstep, sstep, live0, live1, t4, ks + 1, kdim, pol);
+        gvm_group_sync(c);  // every warp is done with the previous tile
+        gvm_exp_stage(c, x, s_rows, s_tile, tm, ks, kdim);
+        if (ks + 1 < steps)
+            gvm_cp_async_wait<1>();  // this step's weights are in; the next step's may still fly
+        else
+            gvm_cp_async_wait<0>();
+        gvm_group_sync(c);
+        if (!active) continue;
+#pragma unroll
+        for (int w8 = 0; w8 < 8; ++w8) {
+            unsigned p[2][4];
+#pragma unroll
+            for (int s = 0; s < 2; ++s) {
+                // (64 * block scale) twice: the decode leaves codes at 2^-6 of their value
+                const unsigned b = w8 >> 1;
+                const unsigned scale2 =
+                    gvm_hmul2(gvm_e4m3x2_to_f16x2(__byte_perm(gvm_lds_u(slot + 64 + 4 * s), 0, b | (b << 4))), GVM_F16X2_64);
+                gvm_exp_decode(gvm_lds_u(slot + 32 * s + 4 * w8), scale2, p[s]);
+            }
+#pragma unroll
+            for (int m = 0; m < GVM_EXP_MAXMT; ++m) {
+                if (m >= mts) break;
+                const unsigned ra = s_tile + (m * 16 + g) * GVM_EXP_XROW + gvm_exp_chunk(t4, w8);
+                const uint4 x0 = gvm_lds_u4(ra), x1 = gvm_lds_u4(ra + 8 * GVM_EXP_XROW);
+#pragma unroll
+                for (int s = 0; s < 2; ++s) {
+                    gvm_mma_f16(acc[m][s], x0.x, x1.x, x0.y, x1.y, p[s][0], p[s][2]);
+                    gvm_mma_f16(acc[m][s], x0.z, x1.z, x0.w, x1.w, p[s][1], p[s][3]);
+                }
+            }
+        }
+    }
+}
+
+// Kept out of line: checking seven descriptors at once would otherwise hoist
+// all their loads into registers at the top of the op.
+template <bool UP>
+__device__ __noinline__ bool gvm_expert_args_ok(const gvm_ctx& c) {
+    const gvm_tensor& to = gvm_t(c, 0);
+    const gvm_tensor& tx = gvm_t(c, 1);
+    const gvm_tensor& tcd = gvm_t(c, 2);
+    const gvm_tensor& tsc = gvm_t(c, 3);
+    const gvm_tensor& tts = gvm_t(c, 4);
+    const gvm_tensor& tmeta = gvm_t(c, 5);
+    const gvm_tensor& troute = gvm_t(c, 6);
+    const int e = c.ins->arg[0], n0 = c.ins->arg[1], nn = c.ins->arg[2];
+    const int n_exp = tmeta.shape[1], kdim = tx.shape[1], nout = to.shape[1], slots = troute.shape[1];
+    const int wd = UP ? 4 : 3;  // rank of codes / scales
+    bool ok = gvm_is(to, UP ? GVM_DT_BF16 : GVM_DT_F32, 2) && to.shape[0] == slots &&
+              gvm_is(tx, GVM_DT_BF16, 2) && gvm_aligned(tx, 2, 16) &&
+              (long long)tx.shape[0] * tx.stride[0] * 2 < (1ll << 32) &&
+              gvm_is(tcd, GVM_DT_E2M1X2, wd) && gvm_aligned(tcd, 1, 16) && gvm_is(tsc, GVM_DT_E4M3, wd) &&
+              gvm_aligned(tsc, 1, 4) && tcd.shape[0] == n_exp && tsc.shape[0] == n_exp && tcd.shape[wd - 2] == nout &&
+              tsc.shape[wd - 2] == nout && tcd.shape[wd - 1] * 2 == kdim && tsc.shape[wd - 1] * 16 == kdim &&
+              gvm_is(tts, GVM_DT_F32, UP ? 2 : 1) && tts.shape[0] == n_exp && gvm_is(tmeta, GVM_DT_I32, 2) &&
+              tmeta.shape[0] == 2 && gvm_is(troute, GVM_DT_I32, 2) && troute.shape[0] == 5 && kdim % 64 == 0 &&
+              e >= 0 && e < n_exp && n0 >= 0 && nn >= 0 && n0 + nn <= nout &&
+              c.smem_bytes >= GVM_EXP_HEAD + GVM_EXP_WBUF + 16 * GVM_EXP_XROW;
+    // set 0 -> set 1 (the up matrix, or the next 8 rows) must fit an int of bytes
+    ok = ok && (UP ? tcd.stride[1] : 8 * tcd.stride[1]) < (1ll << 31) && (UP ? tsc.stride[1] : 8 * tsc.stride[1]) < (1ll << 31);
+    if (UP) ok = ok && tcd.shape[1] == 2 && tsc.shape[1] == 2 && tts.shape[1] == 2;
+    return ok;
+}
+
+// UP: sets 0/1 are the gate and up rows of one 8-row block; DOWN: two 8-row blocks.
+// Descriptors are re-read where they are used (gvm_t), not held across the K loop.
+template <bool UP>
+__device__ int gvm_expert_matmul(const gvm_ctx& c) {
+    if (!gvm_expert_args_ok<UP>(c)) return GVM_ERR_BAD_ARGS;
+    const int e = c.ins->arg[0], n0 = c.ins->arg[1], nn = c.ins->arg[2];
+    const int slots = gvm_t(c, 6).shape[1];
+    const int count = gvm_ptr<const int>(gvm_t(c, 5), e, 4)[0];
+    const int slot0 = gvm_ptr<const int>(gvm_t(c, 5), gvm_t(c, 5).stride[0] + e, 4)[0];
+    if (count == 0 || nn == 0) return GVM_ERR_NONE;  // nothing routed here: load nothing
+    if (count < 0 || slot0 < 0 || slot0 + count > slots) return GVM_ERR_BAD_ARGS;
+
+    const unsigned warp = c.tid >> 5, g = (c.tid & 31) >> 2, t4 = c.tid & 3;
+    const int max_tok = 16 * min(GVM_EXP_MAXMT, (int)((c.smem_bytes - GVM_EXP_HEAD - GVM_EXP_WBUF) / (16 * GVM_EXP_XROW)));
+    // smem: x row offsets [32], flag | weight buffers | x tile
+    const unsigned s_rows = gvm_smem_addr(c.smem), s_flag = s_rows + 128, s_wbuf = s_rows + GVM_EXP_HEAD;
+    const unsigned s_tile = s_wbuf + GVM_EXP_WBUF;
+    const int unit_rows = UP ? 8 : 16, units = (nn + unit_rows - 1) / unit_rows;
+
+    if (c.tid == 0) gvm_sts(s_flag, 0u);
+    for (int tc0 = 0; tc0 < count; tc0 += max_tok) {
+        const int tm = min(max_tok, count - tc0);
+        gvm_group_sync(c);  // the previous chunk is done with the row offsets and the tile
+        if ((int)c.tid < tm) {
+            const gvm_tensor& tx = gvm_t(c, 1);
+            const int slot = slot0 + tc0 + c.tid;
+            const int xr = UP ? gvm_ptr<const int>(gvm_t(c, 6), slot, 4)[0] : slot;  // x_t, or hbuf[slot]
+            if (xr < 0 || xr >= tx.shape[0]) atomicOr(reinterpret_cast<unsigned*>(c.smem + 128), 1u);  // = s_flag
+            gvm_sts(s_rows + 4 * c.tid, (unsigned)(xr * tx.stride[0] * 2));
+        }
+        gvm_group_sync(c);
+        if (gvm_lds_u(s_flag)) return GVM_ERR_BAD_ARGS;
+
+        for (int pass = 0; pass * 4 < units; ++pass) {
+            const int unit = pass * 4 + warp, local = unit * unit_rows + g;
+            const long long row = n0 + min(local, nn - 1);  // rows past the instruction point at its last
+            float acc[GVM_EXP_MAXMT][2][4];
+#pragma unroll
+            for (int m = 0; m < GVM_EXP_MAXMT; ++m)
+#pragma unroll
+                for (int s = 0; s < 2; ++s) acc[m][s][0] = acc[m][s][1] = acc[m][s][2] = acc[m][s][3] = 0.0f;
+            {
+                const gvm_tensor& tcd = gvm_t(c, 2);
+                const gvm_tensor& tsc = gvm_t(c, 3);
+                const int r = UP ? 2 : 1;  // the row dim of codes / scales; UP's dim 1 is gate | up
+                const unsigned char* cp = gvm_ptr<const unsigned char>(tcd, e * tcd.stride[0] + row * tcd.stride[r] + 32 * t4, 1);
+                const unsigned char* sp = gvm_ptr<const unsigned char>(tsc, e * tsc.stride[0] + row * tsc.stride[r] + 4 * t4, 1);
+                const int cstep = (int)(UP ? tcd.stride[1] : 8 * tcd.stride[1]);
+                const int sstep = (int)(UP ? tsc.stride[1] : 8 * tsc.stride[1]);
+                gvm_exp_mma(c, acc, cp, sp, cstep, sstep, unit < units && local < nn,
+                            unit < units && local + (UP ? 0 : 8) < nn, unit < units,
+                            reinterpret_cast<const unsigned char*>(gvm_t(c, 1).ptr), s_rows, s_tile, s_wbuf, tm,
+                            gvm_t(c, 1).shape[1]);
+            }
+            if (unit >= units) continue;
+            // acc[m][s][i]: token m*16 + g (+8 for i >= 2), weight row 2*t4 + (i & 1) of block s
+            const gvm_tensor& to = gvm_t(c, 0);
+            const gvm_tensor& tts = gvm_t(c, 4);
+            const float ts0 = gvm_ptr<const float>(tts, e * tts.stride[0], 4)[0];
+            const float ts1 = gvm_ptr<const float>(tts, e * tts.stride[0], 4)[UP ? 1 : 0];
+#pragma unroll
+            for (int m = 0; m < GVM_EXP_MAXMT; ++m) {
+#pragma unroll
+                for (int i = 0; i < 4; ++i) {
+                    const int tok = m * 16 + g + 8 * (i >> 1), col = 2 * t4 + (i & 1);
+                    if (tok >= tm) continue;
+                    const long long orow = (long long)(slot0 + tc0 + tok) * to.stride[0] + n0;
+                    if (UP) {
+                        const int lc = unit * 8 + col;
+                        if (lc >= nn) continue;
+                        const float gv = acc[m][0][i] * ts0, uv = acc[m][1][i] * ts1;
+                        *gvm_ptr<unsigned short>(to, orow + lc, 2) =
+                            (unsigned short)gvm_pack_bf16x2(gv / (1.0f + expf(-gv)) * uv, 0.0f);
+                    } else {
+#pragma unroll
+                        for (int s = 0; s < 2; ++s) {
+                            const int lc = unit * 16 + 8 * s + col;
+                            if (lc < nn) *gvm_ptr<float>(to, orow + lc, 4) = acc[m][s][i] * ts0;
+                        }
+                    }
+                }
+            }
+        }
+    }
+    return GVM_ERR_NONE;
+}
+
+__device__ int gvm_op_expert_up(const gvm_ctx& c) { return gvm_expert_matmul<true>(c); }
+__device__ int gvm_op_expert_down(const gvm_ctx& c) { return gvm_expert_matmul<false>(c); }
+
+// EXPERT_COMBINE: fsq[t] = bf16(sum over local picks k of w_k * rms(y[slot_k])).
+// Per token: one pass for the 8 sums of squares (a single group reduction of 8
+// values), one pass for the weighted sum; y rows are read as float4s.
+__device__ int gvm_op_expert_combine(const gvm_ctx& c) {
+    const gvm_tensor& tf = gvm_t(c, 0);
+    const gvm_tensor& ty = gvm_t(c, 1);
+    const gvm_tensor& troute = gvm_t(c, 2);
+    const int tok0 = c.ins->arg[0], ntok = c.ins->arg[1];
+    const int nt = tf.shape[0], hdim = tf.shape[1];
+    const bool ok = gvm_is(tf, GVM_DT_BF16, 2) && gvm_aligned(tf, 2, 8) && gvm_is(ty, GVM_DT_F32, 2) &&
+                    gvm_aligned(ty, 4, 16) && ty.shape[0] == GVM_TOPK * nt && ty.shape[1] == hdim && hdim % 4 == 0 &&
+                    (long long)ty.shape[0] * ty.stride[0] < (1ll << 31) && gvm_is(troute, GVM_DT_I32, 2) &&
+                    troute.shape[0] == 5 && troute.shape[1] == GVM_TOPK * nt && tok0 >= 0 && ntok >= 0 &&
+                    tok0 + ntok <= nt && c.smem_bytes >= 256;
+    if (!ok) return GVM_ERR_BAD_ARGS;
+    const unsigned warp = c.tid >> 5, lane = c.tid & 31;
+    const unsigned red = gvm_smem_addr(c.smem);  // [2 phases][4 warps][8] f32
+    const float4* y = reinterpret_cast<const float4*>(ty.ptr);
+    const int ystride4 = (int)(ty.stride[0] / 4), ny = ty.shape[0], n4 = hdim / 4;
+    const int* wts = gvm_ptr<const int>(troute, 3 * troute.stride[0], 4);
+    const int* slots = gvm_ptr<const int>(troute, 4 * troute.stride[0], 4);
+    uint2* out = gvm_ptr<uint2>(tf, tok0 * tf.stride[0], 2);
+    const int ostride2 = (int)(tf.stride[0] / 4);
+    for (int t = tok0; t < tok0 + ntok; ++t, out += ostride2) {
+        int row[GVM_TOPK];  // float4 offset of y[slot_k], or -1 for a pick of another shard
+        float ss[GVM_TOPK];
+#pragma unroll
+        for (int k = 0; k < GVM_TOPK; ++k) {
+            const int s = slots[t * GVM_TOPK + k];
+            row[k] = s >= 0 && s < ny ? s * ystride4 : -1;
+            ss[k] = 0.0f;
+        }
+#pragma unroll 1
+        for (int i = c.tid; i < n4; i += 128) {  // eight rows in flight is enough
+#pragma unroll
+            for (int k = 0; k < GVM_TOPK; ++k) {
+                if (row[k] < 0) continue;
+                const float4 v = y[row[k] + i];
+                ss[k] = fmaf(v.w, v.w, fmaf(v.z, v.z, fmaf(v.y, v.y, fmaf(v.x, v.x, ss[k]))));
+            }
+        }
+        const unsigned buf = red + (t & 1) * 128;  // alternate halves: one barrier per token
+#pragma unroll
+        for (int k = 0; k < GVM_TOPK; ++k) {
+            const float v = gvm_warp_sum(ss[k]);
+            if (lane == 0) gvm_sts(buf + (warp * 8 + k) * 4, v);
+        }
+        gvm_group_sync(c);
+#pragma unroll
+        for (int k = 0; k < GVM_TOPK; ++k) {  // ss[k] becomes the coefficient w_k / rms denominator
+            const float s = (gvm_lds_f(buf + k * 4) + gvm_lds_f(buf + 32 + k * 4)) +
+                            (gvm_lds_f(buf + 64 + k * 4) + gvm_lds_f(buf + 96 + k * 4));
+            ss[k] = row[k] < 0 ? 0.0f : __int_as_float(wts[t * GVM_TOPK + k]) / sqrtf(s / (float)hdim + GVM_RMS_EPS);
+        }
+#pragma unroll 1
+        for (int i = c.tid; i < n4; i += 128) {
+            float4 a = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+            for (int k = 0; k < GVM_TOPK; ++k) {
+                if (row[k] < 0) continue;
+                const float4 v = y[row[k] + i];
+                a.x = fmaf(ss[k], v.x, a.x);
+                a.y = fmaf(ss[k], v.y, a.y);
+                a.z = fmaf(ss[k], v.z, a.z);
+                a.w = fmaf(ss[k], v.w, a.w);
+            }
+            out[i] = make_uint2(gvm_pack_bf16x2(a.x, a.y), gvm_pack_bf16x2(a.z, a.w));
+        }
+    }
+    return GVM_ERR_NONE;
+}

@@ -1,0 +1,136 @@
+// PTX primitives of the Muse ops: rounding conversions, cached loads, shared
+// memory by 32-bit address, tensor-core mma. Everything else in ops/ is plain
+// C++ over these, and tools/ops_emu/ptx.cuh implements the same functions on
+// the host for the CPU tests.
+#pragma once
+#include "op_ctx.cuh"
+
+// ---- conversions ---------------------------------------------------------------
+// Round-to-nearest-even bf16 pair; lo lands in the low half.
+__device__ __forceinline__ unsigned gvm_pack_bf16x2(float lo, float hi) {
+    unsigned r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+
+__device__ __forceinline__ unsigned gvm_pack_f16x2(float lo, float hi) {
+    unsigned r;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+
+// Saturating (+-448) round-to-nearest-even e4m3 pair; lo in the low byte.
+__device__ __forceinline__ unsigned short gvm_pack_e4m3x2(float lo, float hi) {
+    unsigned short r;
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+
+// Two e4m3 (low 16 bits of w) -> f16 pair, exact.
+__device__ __forceinline__ unsigned gvm_e4m3x2_to_f16x2(unsigned w) {
+    unsigned r;
+    asm("{ .reg .b16 l, h; mov.b32 {l, h}, %1; cvt.rn.f16x2.e4m3x2 %0, l; }" : "=r"(r) : "r"(w));
+    return r;
+}
+
+__device__ __forceinline__ unsigned gvm_e4m3x2_hi_to_f16x2(unsigned w) {
+    unsigned r;
+    asm("{ .reg .b16 l, h; mov.b32 {l, h}, %1; cvt.rn.f16x2.e4m3x2 %0, h; }" : "=r"(r) : "r"(w));
+    return r;
+}
+
+__device__ __forceinline__ unsigned gvm_hmul2(unsigned a, unsigned b) {
+    unsigned r;
+    asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+    return r;
+}
+
+// ---- global loads --------------------------------------------------------------------
+// Streamed data goes evict-first: expert weights by cp.async (below) with an
+// L2 evict-first policy; the KV cache, written during the launch (QK_ROPE_KV),
+// through the coherent path, ".cs" (evict-first in L1 and L2).
+__device__ __forceinline__ unsigned long long gvm_policy_evict_first() {
+    unsigned long long p;
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
+    return p;
+}
+
+__device__ __forceinline__ uint4 gvm_ld_stream16(const void* p) {
+    uint4 r;
+    asm volatile("ld.global.cs.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
+    return r;
+}
+
+__device__ __forceinline__ uint2 gvm_ld_stream8(const void* p) {
+    uint2 r;
+    asm volatile("ld.global.cs.v2.u32 {%0,%1}, [%2];" : "=r"(r.x), "=r"(r.y) : "l"(p));
+    return r;
+}
+
+// ---- asynchronous copies global -> shared --------------------------------------------
+// 16 bytes (L2 only) or 4 bytes, with an L2 policy; !valid reads nothing and
+// zero-fills the destination. Complete after gvm_cp_async_wait<N> once at most
+// N later commit groups are still pending.
+__device__ __forceinline__ void gvm_cp_async16(unsigned dst, const void* src, bool valid, unsigned long long pol) {
+    asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;"
+                 :: "r"(dst), "l"(src), "r"(valid ? 16 : 0), "l"(pol) : "memory");
+}
+__device__ __forceinline__ void gvm_cp_async4(unsigned dst, const void* src, bool valid, unsigned long long pol) {
+    asm volatile("cp.async.ca.shared.global.L2::cache_hint [%0], [%1], 4, %2, %3;"
+                 :: "r"(dst), "l"(src), "r"(valid ? 4 : 0), "l"(pol) : "memory");
+}
+__device__ __forceinline__ void gvm_cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void gvm_cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;" :: "n"(N) : "memory");
+}
+
+// ---- shared memory by 32-bit address ------------------------------------------------
+__device__ __forceinline__ unsigned gvm_smem_addr(const void* p) {
+    unsigned r;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(r) : "l"(p));
+    return r;
+}
+
+__device__ __forceinline__ void gvm_sts(unsigned a, float v) {
+    asm volatile("st.shared.f32 [%0], %1;" :: "r"(a), "f"(v) : "memory");
+}
+__device__ __forceinline__ void gvm_sts(unsigned a, unsigned v) {
+    asm volatile("st.shared.u32 [%0], %1;" :: "r"(a), "r"(v) : "memory");
+}
+__device__ __forceinline__ void gvm_sts(unsigned a, float4 v) {
+    asm volatile("st.shared.v4.f32 [%0], {%1,%2,%3,%4};" :: "r"(a), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w) : "memory");
+}
+__device__ __forceinline__ void gvm_sts(unsigned a, uint4 v) {
+    asm volatile("st.shared.v4.u32 [%0], {%1,%2,%3,%4};" :: "r"(a), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");
+}
+__device__ __forceinline__ float gvm_lds_f(unsigned a) {
+    float v;
+    asm volatile("ld.shared.f32 %0, [%1];" : "=f"(v) : "r"(a) : "memory");
+    return v;
+}
+__device__ __forceinline__ unsigned gvm_lds_u(unsigned a) {
+    unsigned v;
+    asm volatile("ld.shared.u32 %0, [%1];" : "=r"(v) : "r"(a) : "memory");
+    return v;
+}
+__device__ __forceinline__ float4 gvm_lds_f4(unsigned a) {
+    float4 v;
+    asm volatile("ld.shared.v4.f32 {%0,%1,%2,%3}, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(a) : "memory");
+    return v;
+}
+__device__ __forceinline__ uint4 gvm_lds_u4(unsigned a) {
+    uint4 v;
+    asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(a) : "memory");
+    return v;
+}
+
+// ---- tensor cores ---------------------------------------------------------------------
+// D += A(16x16 f16, row) * B(16x8 f16, col), f32 accumulate (PTX fragment layout).
+__device__ __forceinline__ void gvm_mma_f16(float (&d)[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3,
+                                            unsigned b0, unsigned b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+

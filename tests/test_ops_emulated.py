@@ -1,0 +1,67 @@
+"""The Muse ops of ops/*.cuh, unchanged, on the host SIMT emulator
+(tools/ops_emu) at small sizes, against the CPU backend: tools/ops_check.py
+--emu, one test per op. The emulator also fails a run on a deadlock, on
+threads returning different codes and on shared-memory races between barriers;
+the last tests break a header on purpose and see the check fail."""
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+if shutil.which("g++") is None:
+    pytest.skip("the emulator needs g++", allow_module_level=True)
+
+from gpuvm.isa import Op  # noqa: E402
+from tools.ops_check import (  # noqa: E402
+    _EMU_FILES,
+    OPS,
+    ROOT,
+    SMALL,
+    EmuError,
+    EmuRunner,
+    build_cases,
+    build_emulator,
+    reference,
+    run_case,
+)
+
+
+@pytest.fixture(scope="module")
+def runner(tmp_path_factory: pytest.TempPathFactory) -> EmuRunner:
+    return EmuRunner(build_emulator(tmp_path_factory.mktemp("emu")))
+
+
+def _failures(runner: EmuRunner, ops: set[Op]) -> list[str]:
+    bad = []
+    for case in build_cases(SMALL, seed=1, only=ops):
+        expected = reference(case)
+        for r in run_case(runner, case, expected, groups=1):
+            if not r.ok:
+                bad.append(f"{r.case} / {r.output}: {r.bad} of {r.total} off, max {r.max_abs:.3g}, rel {r.rel:.3g} {r.note}")
+    return bad
+
+
+@pytest.mark.parametrize("op", list(OPS), ids=list(OPS.values()))
+def test_op_matches_cpu_backend(runner: EmuRunner, op: Op) -> None:
+    assert _failures(runner, {op}) == []
+
+
+def _mutant(tmp_path: Path, header: str, old: str, new: str) -> EmuRunner:
+    src = (ROOT / header).read_text()
+    assert src.count(old) == 1, f"{header} no longer has {old!r}"
+    changed = tmp_path / Path(header).name
+    changed.write_text(src.replace(old, new))
+    return EmuRunner(build_emulator(tmp_path / "lib", {**_EMU_FILES, header: changed}))
+
+
+def test_a_missing_barrier_is_a_race(tmp_path: Path) -> None:
+    broken = _mutant(tmp_path, "ops/route.cuh", "        gvm_group_sync(c);  // masks are read above before the next chunk clears them\n", "")
+    with pytest.raises(EmuError, match="write after read"):
+        _failures(broken, {Op.TOPK})
+
+
+def test_a_wrong_fragment_fails(tmp_path: Path) -> None:
+    broken = _mutant(tmp_path, "ops/experts.cuh", "p[s][0], p[s][2]);", "p[s][2], p[s][0]);")
+    assert any("hbuf" in f for f in _failures(broken, {Op.EXPERT_UP}))

@@ -1,0 +1,792 @@
+#!/usr/bin/env python3
+"""Check every Muse op of ops/*.cuh standalone against the CPU backend.
+
+    python3 tools/ops_check.py            # GPU (sm_90a): real shard sizes
+    python3 tools/ops_check.py --emu      # CPU: the same headers on the host SIMT emulator, small sizes
+    options: --only rmsnorm,topk,...  --seed N  --list
+
+Each case builds random inputs and one or more instructions of one op (a
+gpuvm Program, so the host checks of gpuvm/opspec.py pass on them), runs them
+with a test kernel of that op alone (one warp group per instruction; once with
+one group per block and once with two, which run side by side on named
+barriers 1 and 2), runs gpuvm/cpu/ops.py on copies of the same inputs, and
+compares every output. Outputs start NaN-poisoned (int32 ones POISON_I32), so
+an element written on one side only fails; every tensor sits between guard
+bytes of 0xFF (NaN to a read past the end) that must come back untouched.
+Negative cases hand the op a broken descriptor, argument or routing table and
+expect GVM_ERR_BAD_ARGS with nothing written.
+Prints one line per output (max |err|, ||err|| / ||ref||, elements out of
+tolerance) and the registers / spills of each op's kernel; exits 1 on any
+failure.
+
+compile_ops() and kernel_source() are also what tests/test_ops_compile.py uses.
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import hashlib
+import io
+import math
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Callable, Protocol
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from gpuvm.cpu.backend import run_stream  # noqa: E402
+from gpuvm.cpu.ops import OPS as CPU_OPS  # noqa: E402
+from gpuvm.isa import TENSOR_DTYPE, DType, ErrorCode, Op, f2i  # noqa: E402
+from gpuvm.muse.formats import from_e4m3, to_e4m3  # noqa: E402
+from gpuvm.opspec import TensorSpec  # noqa: E402
+from gpuvm.program import Program, Stream  # noqa: E402
+from gpuvm.tensors import descriptor, torch_dtype  # noqa: E402
+
+#: device function gvm_op_<name> of each op under test, and the headers that define them
+OPS: dict[Op, str] = {
+    Op.RMSNORM: "rmsnorm",
+    Op.RESIDUAL: "residual",
+    Op.QK_ROPE_KV: "qk_rope_kv",
+    Op.ATTN_CHUNK: "attn_chunk",
+    Op.ATTN_MERGE: "attn_merge",
+    Op.TOPK: "topk",
+    Op.EXPERT_UP: "expert_up",
+    Op.EXPERT_DOWN: "expert_down",
+    Op.EXPERT_COMBINE: "expert_combine",
+}
+HEADERS = ("ops/norm.cuh", "ops/attention.cuh", "ops/route.cuh", "ops/experts.cuh")
+SCRATCH = 49152  # shared scratch of a group (runtime/params.cuh GVM_GROUP_SMEM)
+GUARD = 4096     # guard bytes (0xFF: NaN as f32, bf16 and e4m3) on each side of every tensor
+POISON_I32 = 0x5A5A5A5A  # an int32 output before the run
+CUDA_INCLUDE = Path("/usr/local/cuda/include")
+
+
+# ---- device source ------------------------------------------------------------------
+_KERNEL = r"""
+extern "C" __global__ void __launch_bounds__(GVM_BLOCK_THREADS, 1)
+gvm_check_{name}(const gvm_instr* ins, const gvm_tensor* tab, int n, int* err, unsigned scratch) {{
+    extern __shared__ __align__(16) unsigned char gvm_check_smem[];
+    const unsigned group = threadIdx.x >> 7, groups = blockDim.x >> 7;
+    gvm_instr* mine = reinterpret_cast<gvm_instr*>(gvm_check_smem + group * (sizeof(gvm_instr) + scratch));
+    gvm_ctx c;
+    c.ins = mine;
+    c.tab = tab;
+    c.tid = threadIdx.x & 127;
+    c.bar_id = 1 + group;
+    c.step = 0;
+    c.smem = reinterpret_cast<unsigned char*>(mine + 1);
+    c.smem_bytes = scratch;
+    for (int i = blockIdx.x * groups + group; i < n; i += gridDim.x * groups) {{
+        if (c.tid < 32) reinterpret_cast<unsigned*>(mine)[c.tid] = reinterpret_cast<const unsigned*>(ins + i)[c.tid];
+        gvm_group_sync(c);
+        const int e = gvm_op_{name}(c);
+        if (c.tid == 0) err[i] = e;
+        gvm_group_sync(c);
+    }}
+}}
+"""
+
+
+def kernel_source(ops: list[Op] | None = None) -> str:
+    """One test kernel per op, compiled under the persistent kernel's register
+    budget (__launch_bounds__(GVM_BLOCK_THREADS, 1) of runtime/params.cuh)."""
+    lines = [
+        '#if __has_include("runtime/params.cuh")',
+        '#include "runtime/params.cuh"',
+        "#else",
+        "#define GVM_BLOCK_THREADS 640",
+        "#endif",
+    ]
+    lines += [f'#include "{h}"' for h in HEADERS]
+    for op in ops or list(OPS):
+        lines.append(_KERNEL.format(name=OPS[op]))
+    return "\n".join(lines)
+
+
+def compile_ops(ops: list[Op] | None = None, arch: str = "sm_90a") -> tuple[object, str]:
+    """NVRTC through cuda.core: (cubin ObjectCode, compile log with ptxas -v)."""
+    from cuda.core import Program as NvProgram
+    from cuda.core import ProgramOptions
+
+    include = [str(ROOT)] + ([str(CUDA_INCLUDE)] if CUDA_INCLUDE.is_dir() else [])
+    opts = ProgramOptions(arch=arch, std="c++17", include_path=include, ptxas_options="-v", name="gvm_ops_check")
+    log = io.StringIO()
+    obj = NvProgram(kernel_source(ops), "c++", opts).compile("cubin", logs=log)
+    return obj, log.getvalue()
+
+
+@dataclass(frozen=True)
+class KernelReport:
+    name: str
+    registers: int | None
+    stack: int
+    spill_stores: int
+    spill_loads: int
+
+
+_PTXAS = re.compile(
+    r"Function properties for (\S+)\s*\n[^\n]*?(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads"
+    r"(?:\s*\n[^\n]*?Used (\d+) registers)?"
+)
+
+
+def ptxas_report(log: str) -> dict[str, KernelReport]:
+    """Registers, stack frame and spills of every function in a ptxas -v log."""
+    out = {}
+    for m in _PTXAS.finditer(log):
+        out[m.group(1)] = KernelReport(m.group(1), int(m.group(5)) if m.group(5) else None, *(int(m.group(i)) for i in (2, 3, 4)))
+    return out
+
+
+# ---- cases ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Sizes:
+    """Shapes of one run: the real shard (GPU) or a small model of it (emulator)."""
+
+    name: str
+    d: int            # residual width
+    tokens: int       # T of the row ops, the router and the experts
+    rows: int         # rows per RMSNORM / RESIDUAL instruction
+    hq: int
+    hkv: int
+    attn_full: tuple[tuple[int, int], ...]     # (new tokens, cached positions) per conversation
+    attn_sliding: tuple[tuple[int, int], ...]
+    attn_odd: tuple[tuple[int, int], ...]      # ragged tokens, context 0, chunks not a multiple of 16
+    chunk: int        # ATTN chunk length (full; sliding uses half)
+    odd_chunk: int
+    window: int
+    ring: int         # cache slots of the sliding / ring cases
+    nch_merge: int    # chunks per head in the ATTN_MERGE case
+    experts: int      # router width NE
+    local: int        # local experts E
+    hidden: int       # expert H = I
+    cols: int         # weight rows per expert instruction
+    big_tokens: int   # T of the second TOPK case (prefill-like)
+
+
+SHARD = Sizes(
+    "shard", d=8192, tokens=256, rows=8, hq=16, hkv=2,
+    attn_full=tuple((8, 81920 + 5 * c) for c in range(32)),
+    attn_sliding=tuple((1, 81920 + 7 * c) for c in range(16)),
+    attn_odd=((1, 0), (5, 100), (37, 3000)),
+    chunk=2048, odd_chunk=640, window=2048, ring=4096, nch_merge=41,
+    experts=256, local=32, hidden=4096, cols=256, big_tokens=3012,
+)
+SMALL = Sizes(
+    "small", d=256, tokens=48, rows=5, hq=16, hkv=2,
+    attn_full=((1, 0), (3, 20), (9, 70)),
+    attn_sliding=((2, 150), (5, 40)),
+    attn_odd=((1, 0), (5, 7), (4, 30)),
+    chunk=32, odd_chunk=24, window=64, ring=96, nch_merge=5,
+    experts=64, local=4, hidden=320, cols=72, big_tokens=150,
+)
+SIZES = {"shard": SHARD, "small": SMALL}
+
+
+@dataclass(frozen=True)
+class Check:
+    """How an output is compared: 'exact' bytes, 'float' (|d - r| <= atol +
+    atol_max * max|r| + rtol * |r| elementwise and ||d - r|| / ||r|| <= norm),
+    'e4m3' (the bytes that differ, decoded, elementwise as float) or 'route'
+    ([5, 8T]: rows 0, 2, 4 exact, rows 1 and 3 float bits compared as floats)."""
+
+    kind: str
+    rtol: float = 0.0
+    atol: float = 0.0
+    atol_max: float = 0.0
+    norm: float = math.inf
+
+
+EXACT = Check("exact")
+BF16 = Check("float", rtol=2.0**-7, atol=1e-6, norm=5e-3)   # a bf16 output: one rounding step
+F32 = Check("float", rtol=1e-5, atol=1e-6, norm=1e-5)
+E4M3 = Check("e4m3", rtol=0.13, atol=2.0**-9)   # one e4m3 step either way; rel: the fraction of bytes that differ
+ROUTE = Check("route", rtol=1e-5, atol=1e-7)
+
+
+@dataclass
+class Case:
+    name: str
+    op: Op
+    stream: Stream
+    tensors: dict[str, torch.Tensor]   # CPU tensors as the run starts
+    checks: dict[str, Check]
+    expect: int = int(ErrorCode.NONE)
+    corrupt: Callable[[np.ndarray, np.ndarray], None] | None = None  # (records, table), for negative cases
+
+
+class _Build:
+    """Collects one case's tensors, instructions and checks."""
+
+    def __init__(self, name: str, op: Op, gen: torch.Generator) -> None:
+        self.name, self.op, self.gen = name, op, gen
+        self.prog = Program(name)
+        self.tensors: dict[str, torch.Tensor] = {}
+        self.checks: dict[str, Check] = {}
+
+    def add(self, name: str, dtype: DType, value: torch.Tensor, check: Check | None = None) -> TensorSpec:
+        self.tensors[name] = value.contiguous()
+        if check is not None:
+            self.checks[name] = check
+        return self.prog.tensor(name, tuple(value.shape), dtype)
+
+    def out(self, name: str, dtype: DType, shape: tuple[int, ...], check: Check) -> TensorSpec:
+        """A poisoned output: NaN bytes, or POISON_I32 for int32."""
+        t = torch.empty(shape, dtype=torch_dtype(dtype))
+        if dtype == DType.I32:
+            t.fill_(POISON_I32)
+        else:
+            t.view(torch.uint8).fill_(0xFF)
+        return self.add(name, dtype, t, check)
+
+    def randn(self, *shape: int, scale: float = 1.0) -> torch.Tensor:
+        return torch.randn(shape, generator=self.gen) * scale
+
+    def e4m3(self, *shape: int, scale: float = 1.0) -> torch.Tensor:
+        return to_e4m3(self.randn(*shape, scale=scale)).view(torch.uint8)
+
+    def op_(self, tensors: list[TensorSpec | None], args: list[int]) -> None:
+        self.prog.op(self.op, tensors, args)
+
+    def case(self, expect: int = int(ErrorCode.NONE), corrupt: Callable[[np.ndarray, np.ndarray], None] | None = None) -> Case:
+        return Case(self.name, self.op, self.prog.build(order="given"), self.tensors, self.checks, expect, corrupt)
+
+
+def _set_arg(i: int, value: int) -> Callable[[np.ndarray, np.ndarray], None]:
+    """Corrupt argument i of every instruction (a negative case)."""
+
+    def corrupt(records: np.ndarray, table: np.ndarray) -> None:
+        records["arg"][:, i] = value
+
+    return corrupt
+
+
+def _set_table(name: str, key: str, value: int, b: "_Build") -> Callable[[np.ndarray, np.ndarray], None]:
+    """Corrupt one field of a tensor's descriptor (a negative case)."""
+    index = list(b.tensors).index(name)
+
+    def corrupt(records: np.ndarray, table: np.ndarray) -> None:
+        table[index][key] = value
+
+    return corrupt
+
+
+def _tiny_rows(x: torch.Tensor) -> torch.Tensor:
+    """Every 7th row scaled by 1e-4: there mean(x^2) is below the rms epsilon,
+    so an op that drops or misplaces it fails."""
+    x[1::7] *= 1e-4
+    return x
+
+
+def _row_blocks(n: int, per: int) -> list[tuple[int, int]]:
+    return [(r, min(per, n - r)) for r in range(0, n, per)]
+
+
+def cases_norm(sz: Sizes, gen: torch.Generator) -> list[Case]:
+    out = []
+    t, d = sz.tokens, sz.d
+    for dt, chk in ((DType.F32, F32), (DType.BF16, BF16)):
+        b = _Build(f"rmsnorm {dt.name.lower()} out", Op.RMSNORM, gen)
+        o = b.out("out", dt, (t, d), chk)
+        x = b.add("x", DType.F32, _tiny_rows(b.randn(t, d, scale=3.0)))
+        w = b.add("w", DType.F32, b.randn(d, scale=0.2))
+        for r, n in _row_blocks(t, sz.rows):
+            b.op_([o, x, w], [r, n])
+        out.append(b.case())
+    for variant in ("f32+bf16 out", "bf16 out", "no w_next"):
+        b = _Build(f"residual {variant}", Op.RESIDUAL, gen)
+        s = b.add("s", DType.F32, b.randn(t, d, scale=2.0), F32)
+        a = b.add("a", DType.F32, _tiny_rows(b.randn(t, d, scale=5.0)))
+        al = b.add("alpha", DType.F32, 1.0 + b.randn(d, scale=0.1))
+        be = b.add("beta", DType.F32, 0.3 + b.randn(d, scale=0.1))
+        slots = [s, a, al, be]
+        if variant != "no w_next":
+            wn = b.add("w_next", DType.F32, b.randn(d, scale=0.2))
+            f32 = b.out("n_f32", DType.F32, (t, d), F32) if variant == "f32+bf16 out" else None
+            slots += [wn, f32, b.out("n_bf16", DType.BF16, (t, d), BF16)]
+        for r, n in _row_blocks(t, sz.rows):
+            b.op_(slots, [r, n])
+        out.append(b.case())
+    b = _Build("rmsnorm w said bf16 -> BAD_ARGS", Op.RMSNORM, gen)
+    b.op_([b.out("out", DType.F32, (4, 64), EXACT), b.add("x", DType.F32, b.randn(4, 64)), b.add("w", DType.F32, b.randn(64))], [0, 4])
+    out.append(b.case(int(ErrorCode.BAD_ARGS), _set_table("w", "dtype", int(DType.BF16), b)))
+    return out
+
+
+def _convs(spec: tuple[tuple[int, int], ...]) -> torch.Tensor:
+    rows, tok = [], 0
+    for n, pos0 in spec:
+        rows.append((tok, n, pos0, 0))
+        tok += n
+    return torch.tensor(rows, dtype=torch.int32)
+
+
+def cases_qk(sz: Sizes, gen: torch.Generator) -> list[Case]:
+    out = []
+    spec = sz.attn_full
+    width = (2 * sz.hq + 2 * sz.hkv) * 64
+    top = max(p + n for n, p in spec)
+    for rope, slots, name in ((1, top + 16, "rope, linear cache"), (0, sz.ring // 2, "no rope, ring cache")):
+        b = _Build(f"qk_rope_kv {name}", Op.QK_ROPE_KV, gen)
+        convs = _convs(spec)
+        t = int(convs[:, 1].sum())
+        x = b.add("qkvg", DType.BF16, _tiny_rows(b.randn(t, width)).bfloat16())
+        q = b.out("q", DType.BF16, (t, sz.hq, 64), BF16)
+        wq = b.add("w_qn", DType.F32, b.randn(64, scale=0.2))
+        wk = b.add("w_kn", DType.F32, b.randn(64, scale=0.2))
+        kc = b.add("k_cache", DType.E4M3, b.e4m3(len(spec), slots, sz.hkv, 64), E4M3)
+        vc = b.add("v_cache", DType.E4M3, b.e4m3(len(spec), slots, sz.hkv, 64), E4M3)
+        cv = b.add("convs", DType.I32, convs)
+        for c in range(len(spec)):
+            b.op_([x, q, wq, wk, kc, vc, cv], [c, rope, f2i(0.5), f2i(2.0)])
+        out.append(b.case())
+    return out
+
+
+def _attn_case(name: str, sz: Sizes, gen: torch.Generator, spec: tuple[tuple[int, int], ...], chunk: int, window: int,
+               slots: int, nch: int | None = None, bad: Callable[[np.ndarray, np.ndarray], None] | None = None) -> Case:
+    b = _Build(name, Op.ATTN_CHUNK, gen)
+    convs = _convs(spec)
+    t = int(convs[:, 1].sum())
+    need = max(math.ceil((p + n - (max(0, p - window + 1) if window else 0)) / chunk) for n, p in spec)
+    nch = nch or need + 1  # one chunk past every conversation's keys: nothing visible there
+    q = b.add("q", DType.BF16, b.randn(t, sz.hq, 64).bfloat16())
+    kc = b.add("k_cache", DType.E4M3, b.e4m3(len(spec), slots, sz.hkv, 64))
+    vc = b.add("v_cache", DType.E4M3, b.e4m3(len(spec), slots, sz.hkv, 64, scale=2.0))
+    cv = b.add("convs", DType.I32, convs)
+    po = b.out("part_o", DType.F32, (t, sz.hq, nch, 64), Check("float", rtol=1e-2, atol_max=2e-3, norm=2e-3))
+    pml = b.out("part_ml", DType.F32, (t, sz.hq, nch, 2), Check("float", rtol=1e-3, atol=1e-4, norm=1e-4))
+    for c in range(len(spec)):
+        for h in range(sz.hkv):
+            for j in range(nch if bad is None else 1):
+                b.op_([q, kc, vc, cv, po, pml], [c, h, j, chunk, window, f2i(0.75), f2i(1.5)])
+    return b.case(int(ErrorCode.BAD_ARGS), bad) if bad else b.case()
+
+
+def cases_attn(sz: Sizes, gen: torch.Generator) -> list[Case]:
+    top = max(p + n for n, p in sz.attn_full)
+    out = [
+        _attn_case("attn_chunk full", sz, gen, sz.attn_full, sz.chunk, 0, top + 16),
+        _attn_case("attn_chunk sliding, ring cache", sz, gen, sz.attn_sliding, sz.chunk // 2, sz.window, sz.ring),
+        _attn_case("attn_chunk ragged tokens, odd chunks", sz, gen, sz.attn_odd, sz.odd_chunk, 0, sz.ring),
+        _attn_case("attn_chunk chunk past NCH -> BAD_ARGS", sz, gen, ((1, 3),), 16, 0, 16, nch=2, bad=_set_arg(2, 2)),
+    ]
+    # ATTN_MERGE: chunk states with some chunks empty (m = -inf, l = 0, o = 0)
+    b = _Build("attn_merge", Op.ATTN_MERGE, gen)
+    t, nch, width = sz.tokens, sz.nch_merge, (2 * sz.hq + 2 * sz.hkv) * 64
+    m = b.randn(t, sz.hq, nch, scale=2.0)
+    l = torch.rand((t, sz.hq, nch), generator=gen) * 50 + 0.5
+    empty = torch.rand((t, sz.hq, nch), generator=gen) < 0.25
+    empty[..., 0] = False
+    m[empty], l[empty] = -math.inf, 0.0
+    o = b.out("o", DType.BF16, (t, sz.hq * 64), BF16)
+    po = b.add("part_o", DType.F32, _tiny_rows(b.randn(t, sz.hq, nch, 64) * l[..., None]))
+    pml = b.add("part_ml", DType.F32, torch.stack((m, l), -1))
+    x = b.add("qkvg", DType.BF16, b.randn(t, width, scale=2.0).bfloat16())
+    for r, n in _row_blocks(t, 3):
+        b.op_([o, po, pml, x], [r, n])
+    out.append(b.case())
+    return out
+
+
+def _router(b: _Build, t: int, sz: Sizes, first: int, ties: bool) -> torch.Tensor:
+    """Router scores skewed as the benchmarks are: the first local expert busy,
+    the second never picked; ties: scores on a 1/4 grid."""
+    s = b.randn(t, sz.experts)
+    s[:, first] += 2.5
+    s[:, first + 1] -= 20.0
+    s[: t // 2, first + 2 : first + sz.local // 2 + 1] += 1.0
+    return (s * 4).round() / 4 if ties else s
+
+
+def _routing(b: _Build, t: int, sz: Sizes) -> tuple[torch.Tensor, torch.Tensor]:
+    """route_meta and route of a skewed router, by the CPU backend's TOPK."""
+    meta = torch.empty(2, sz.local, dtype=torch.int32)
+    route = torch.full((5, 8 * t), -7, dtype=torch.int32)
+    CPU_OPS[Op.TOPK]([_router(b, t, sz, 0, False), meta, route], [0, sz.local])
+    return meta, route
+
+
+def cases_route(sz: Sizes, gen: torch.Generator) -> list[Case]:
+    out = []
+    for t, first, ties in ((sz.tokens, 0, True), (sz.big_tokens, sz.experts - sz.local, False)):
+        b = _Build(f"topk T={t} local {first}..{first + sz.local - 1}" + (", ties" if ties else ""), Op.TOPK, gen)
+        b.op_([b.add("scores", DType.F32, _router(b, t, sz, first, ties)),
+               b.out("route_meta", DType.I32, (2, sz.local), EXACT),
+               b.out("route", DType.I32, (5, 8 * t), ROUTE)], [first, sz.local])
+        out.append(b.case())
+    b = _Build("topk E past the meta -> BAD_ARGS", Op.TOPK, gen)
+    b.op_([b.add("scores", DType.F32, b.randn(4, 16)), b.out("route_meta", DType.I32, (2, 4), EXACT),
+           b.out("route", DType.I32, (5, 32), EXACT)], [0, 4])
+    out.append(b.case(int(ErrorCode.BAD_ARGS), _set_arg(1, 5)))
+    return out
+
+
+def _expert_cols(n: int, per: int) -> list[tuple[int, int]]:
+    """Blocks of `per` rows, the last one split so that a block of 13 rows
+    (not a multiple of the 8-row unit) is covered too."""
+    blocks = _row_blocks(n - per, per)
+    return blocks + [(n - per, 13), (n - per + 13, per - 13)]
+
+
+def _nvfp4(b: _Build, *lead: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    codes = torch.randint(0, 256, (*lead, k // 2), generator=b.gen, dtype=torch.uint8)
+    scales = to_e4m3(2.0 ** (torch.rand((*lead, k // 16), generator=b.gen) * 4 - 3)).view(torch.uint8)
+    return codes, scales
+
+
+def cases_experts(sz: Sizes, gen: torch.Generator) -> list[Case]:
+    out = []
+    t, e, h = sz.tokens, sz.local, sz.hidden
+    for up in (True, False):
+        op = Op.EXPERT_UP if up else Op.EXPERT_DOWN
+        b = _Build(op.name.lower(), op, gen)
+        meta, route = _routing(b, t, sz)
+        if up:
+            dst = b.out("hbuf", DType.BF16, (8 * t, h), Check("float", rtol=2.0**-7, atol_max=1e-3, norm=5e-3))
+            x = b.add("x", DType.BF16, b.randn(t, h).bfloat16())
+            codes, scales = _nvfp4(b, e, 2, h, k=h)
+            ts = b.add("gu_tscale", DType.F32, 0.01 + torch.rand((e, 2), generator=gen) * 0.01)
+        else:
+            dst = b.out("y", DType.F32, (8 * t, h), Check("float", rtol=1e-4, atol_max=1e-5, norm=1e-5))
+            x = b.add("hbuf", DType.BF16, b.randn(8 * t, h).bfloat16())
+            codes, scales = _nvfp4(b, e, h, k=h)
+            ts = b.add("d_tscale", DType.F32, 0.01 + torch.rand((e,), generator=gen) * 0.01)
+        cd = b.add("codes", DType.E2M1X2, codes)
+        sc = b.add("scales", DType.E4M3, scales)
+        mt = b.add("route_meta", DType.I32, meta)
+        rt = b.add("route", DType.I32, route)
+        for ex in range(e):
+            for n0, n in _expert_cols(h, sz.cols):
+                b.op_([dst, x, cd, sc, ts, mt, rt], [ex, n0, n])
+        out.append(b.case())
+    b = _Build("expert_combine", Op.EXPERT_COMBINE, gen)
+    meta, route = _routing(b, t, sz)
+    y = _tiny_rows(b.randn(8 * t, h) * (0.5 + torch.rand((8 * t, 1), generator=gen) * 1.5))
+    fsq, yy, rt = b.out("fsq", DType.BF16, (t, h), BF16), b.add("y", DType.F32, y), b.add("route", DType.I32, route)
+    for r, n in _row_blocks(t, 7):
+        b.op_([fsq, yy, rt], [r, n])
+    out.append(b.case())
+    for what in ("expert past E", "a slot's token past x"):
+        b = _Build(f"expert_up {what} -> BAD_ARGS", Op.EXPERT_UP, gen)
+        meta, route = _routing(b, 8, replace(sz, local=2))
+        if what != "expert past E":
+            route[0, int(meta[1, 0])] = 8  # the first slot of expert 0 (the busy one)
+        codes, scales = _nvfp4(b, 2, 2, 64, k=64)
+        b.op_([b.out("hbuf", DType.BF16, (64, 64), EXACT), b.add("x", DType.BF16, b.randn(8, 64).bfloat16()),
+               b.add("codes", DType.E2M1X2, codes), b.add("scales", DType.E4M3, scales),
+               b.add("tscale", DType.F32, torch.ones(2, 2)), b.add("route_meta", DType.I32, meta),
+               b.add("route", DType.I32, route)], [0, 0, 64])
+        out.append(b.case(int(ErrorCode.BAD_ARGS), _set_arg(0, 2) if what == "expert past E" else None))
+    return out
+
+
+BUILDERS = (cases_norm, cases_qk, cases_attn, cases_route, cases_experts)
+
+
+def build_cases(sz: Sizes, seed: int, only: set[Op] | None = None) -> list[Case]:
+    gen = torch.Generator().manual_seed(seed)
+    cases = [c for build in BUILDERS for c in build(sz, gen)]
+    return [c for c in cases if only is None or c.op in only]
+
+
+def reference(case: Case) -> dict[str, torch.Tensor]:
+    """The case's tensors after gpuvm/cpu/ops.py ran its instructions; a
+    negative case expects them untouched."""
+    bufs = {k: v.clone() for k, v in case.tensors.items()}
+    if case.expect == ErrorCode.NONE:
+        run_stream(case.stream, bufs, threads=os.cpu_count() or 1)
+    return bufs
+
+
+# ---- running -----------------------------------------------------------------------------
+class Runner(Protocol):
+    device: str
+
+    def run(self, op: Op, records: np.ndarray, table: np.ndarray, groups: int, scratch: int) -> np.ndarray:
+        """Error code of each instruction."""
+        ...
+
+
+@dataclass
+class Placed:
+    """A case's tensors on the runner's device, each between guard bytes."""
+
+    views: dict[str, torch.Tensor]
+    raws: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    def guards_hit(self) -> list[str]:
+        """Tensors whose guard bytes changed."""
+        return [n for n, r in self.raws.items() if bool((r[:GUARD] != 0xFF).any() or (r[-GUARD:] != 0xFF).any())]
+
+
+def place(tensors: dict[str, torch.Tensor], device: str) -> Placed:
+    p = Placed({})
+    for name, t in tensors.items():
+        nb = t.numel() * t.element_size()
+        raw = torch.full((nb + 2 * GUARD,), 0xFF, dtype=torch.uint8, device=device)
+        view = raw[GUARD : GUARD + nb].view(t.dtype).view(t.shape)
+        view.copy_(t)
+        p.views[name], p.raws[name] = view, raw
+    return p
+
+
+def encode(case: Case, placed: Placed) -> tuple[np.ndarray, np.ndarray]:
+    table = np.array([descriptor(s, placed.views[s.name]) for s in case.stream.tensors], dtype=TENSOR_DTYPE)
+    records = case.stream.records.copy()
+    if case.corrupt is not None:
+        case.corrupt(records, table)
+    return records, table
+
+
+class GpuRunner:
+    """The test kernels on the current CUDA device, through cuda.core."""
+
+    device = "cuda"
+
+    def __init__(self, arch: str = "sm_90a") -> None:
+        from cuda.core import Device
+
+        self.dev = Device()
+        self.dev.set_current()
+        obj, self.log = compile_ops(arch=arch)
+        self.kernels = {op: obj.get_kernel(f"gvm_check_{name}") for op, name in OPS.items()}
+        self.stream = self.dev.create_stream()
+        self.sms = self.dev.properties.multiprocessor_count
+        for k in self.kernels.values():  # two groups of a full scratch each: past the default 48 KB
+            self._allow_smem(k, 2 * (128 + SCRATCH))
+
+    def _allow_smem(self, kernel: object, nbytes: int) -> None:
+        from cuda.bindings import driver
+
+        attr = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+        h = kernel.handle
+        if isinstance(h, driver.CUfunction):
+            rc = driver.cuFuncSetAttribute(h, attr, nbytes)[0]
+        else:  # cuda.core loads through the library API: a CUkernel (or its address)
+            h = h if isinstance(h, driver.CUkernel) else driver.CUkernel(int(h))
+            rc = driver.cuKernelSetAttribute(attr, nbytes, h, driver.CUdevice(self.dev.device_id))[0]
+        if rc != driver.CUresult.CUDA_SUCCESS:
+            raise RuntimeError(f"cannot allow {nbytes} bytes of dynamic shared memory: {rc}")
+
+    def run(self, op: Op, records: np.ndarray, table: np.ndarray, groups: int, scratch: int) -> np.ndarray:
+        from cuda.core import LaunchConfig, launch
+
+        n = len(records)
+        ins = torch.from_numpy(records.view(np.uint8).copy()).cuda()
+        tab = torch.from_numpy(table.view(np.uint8).copy()).cuda()
+        err = torch.full((n,), -1, dtype=torch.int32, device="cuda")
+        grid = max(1, min((n + groups - 1) // groups, 4 * self.sms))
+        torch.cuda.synchronize()
+        cfg = LaunchConfig(grid=grid, block=128 * groups, shmem_size=groups * (128 + scratch))
+        launch(self.stream, cfg, self.kernels[op], np.uint64(ins.data_ptr()), np.uint64(tab.data_ptr()), np.int32(n),
+               np.uint64(err.data_ptr()), np.uint32(scratch))
+        self.stream.sync()
+        return err.cpu().numpy()
+
+
+EMU_DIR = ROOT / "tools" / "ops_emu"
+_EMU_FILES = {  # staged path -> source
+    "ops/simt.h": EMU_DIR / "simt.h",
+    "ops/op_ctx.cuh": EMU_DIR / "op_ctx.cuh",
+    "ops/ptx.cuh": EMU_DIR / "ptx.cuh",
+    "ops/common.cuh": ROOT / "ops/common.cuh",
+    "isa/gvm_isa.h": ROOT / "isa/gvm_isa.h",
+    "run.cpp": EMU_DIR / "run.cpp",
+    **{h: ROOT / h for h in HEADERS},
+}
+
+
+def build_emulator(cache: Path | None = None, files: dict[str, Path] | None = None) -> Path:
+    """The op headers compiled for the host against tools/ops_emu (g++), cached
+    by the hash of every source. files: staged path -> source, default _EMU_FILES."""
+    files = files or _EMU_FILES
+    digest = hashlib.sha256()
+    for rel, src in sorted(files.items()):
+        digest.update(rel.encode() + b"\0" + src.read_bytes())
+    cache = cache or Path(tempfile.gettempdir()) / "gvm_ops_emu"
+    lib = cache / f"gvm_ops_emu_{digest.hexdigest()[:16]}.so"
+    if lib.exists():
+        return lib
+    stage = Path(tempfile.mkdtemp(prefix="gvm_ops_emu_"))
+    try:
+        for rel, src in files.items():
+            (stage / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(src, stage / rel)
+        cache.mkdir(parents=True, exist_ok=True)
+        tmp = lib.with_suffix(f".{os.getpid()}.tmp")
+        cmd = ["g++", "-std=c++17", "-O1", "-shared", "-fPIC", "-Wall", "-Wno-unknown-pragmas", "-I", str(stage),
+               str(stage / "run.cpp"), "-o", str(tmp)]
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        if r.returncode != 0:
+            raise RuntimeError(f"emulator build failed:\n{r.stderr}")
+        tmp.replace(lib)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+    return lib
+
+
+class EmuError(RuntimeError):
+    """The emulator stopped a run: deadlock, divergent return codes, a bad shared access."""
+
+
+class EmuRunner:
+    """The same headers on the host SIMT emulator (tools/ops_emu), one group at a time."""
+
+    device = "cpu"
+
+    def __init__(self, lib: Path | None = None) -> None:
+        self.lib = ctypes.CDLL(str(lib or build_emulator()))
+        f = self.lib.gvm_emu_run
+        f.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_uint, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int]
+        f.restype = ctypes.c_int
+
+    def run(self, op: Op, records: np.ndarray, table: np.ndarray, groups: int, scratch: int) -> np.ndarray:
+        n = len(records)
+        err = np.full(n, -1, dtype=np.int32)
+        msg = ctypes.create_string_buffer(1024)
+        rc = self.lib.gvm_emu_run(records.ctypes.data, n, table.ctypes.data, scratch, err.ctypes.data, msg, len(msg))
+        if rc != 0:
+            raise EmuError(msg.value.decode())
+        return err
+
+
+# ---- comparing ----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Outcome:
+    case: str
+    groups: int
+    output: str
+    ok: bool
+    max_abs: float = 0.0
+    rel: float = 0.0
+    bad: int = 0
+    total: int = 0
+    note: str = ""
+
+
+def _float_compare(d: torch.Tensor, r: torch.Tensor, chk: Check) -> tuple[bool, float, float, int, str]:
+    d, r = d.double().flatten(), r.double().flatten()
+    nan_d, nan_r = torch.isnan(d), torch.isnan(r)
+    mism = int((nan_d != nan_r).sum())
+    fin = ~nan_r & ~nan_d
+    d, r = d[fin], r[fin]
+    if r.numel() == 0:
+        return mism == 0, 0.0, 0.0, mism, "nothing written" if mism == 0 else f"{mism} NaN mismatches"
+    inf_bad = int(((d != r) & (torch.isinf(d) | torch.isinf(r))).sum())
+    fin2 = torch.isfinite(r) & torch.isfinite(d)
+    d, r = d[fin2], r[fin2]
+    err = (d - r).abs()
+    scale = float(r.abs().max()) if r.numel() else 0.0
+    bad = int((err > chk.atol + chk.atol_max * scale + chk.rtol * r.abs()).sum()) + inf_bad + mism
+    rel = float(err.norm() / r.norm()) if float(r.norm()) > 0 else float(err.norm())
+    note = f"{mism} NaN mismatches" if mism else ""
+    return bad == 0 and rel <= chk.norm, float(err.max()) if err.numel() else 0.0, rel, bad, note
+
+
+def compare(dev: torch.Tensor, ref: torch.Tensor, chk: Check) -> tuple[bool, float, float, int, str]:
+    """(ok, max |err|, ||err|| / ||ref||, elements out of tolerance, note)."""
+    if chk.kind == "exact":
+        bad = int((dev.view(torch.uint8) != ref.view(torch.uint8)).sum())
+        return bad == 0, 0.0, 0.0, bad, ""
+    if chk.kind == "e4m3":  # decode only the bytes that differ: a KV cache is large
+        diff = dev.view(torch.uint8) != ref.view(torch.uint8)
+        if not bool(diff.any()):
+            return True, 0.0, 0.0, 0, ""
+        ok, mx, _, bad, note = _float_compare(from_e4m3(dev[diff]), from_e4m3(ref[diff]), chk)
+        return ok, mx, float(diff.sum()) / max(1, diff.numel()), bad, note
+    if chk.kind == "route":
+        ints, floats = [0, 2, 4], [1, 3]
+        bad = int((dev[ints] != ref[ints]).sum())
+        fd, fr = dev[floats], ref[floats]
+        unwritten = fr == POISON_I32  # slots past the local picks
+        bad += int((fd[unwritten] != POISON_I32).sum())
+        ok, mx, rel, fb, note = _float_compare(fd[~unwritten].view(torch.float32), fr[~unwritten].view(torch.float32), chk)
+        return ok and bad == 0, mx, rel, bad + fb, note
+    return _float_compare(dev, ref, chk)
+
+
+def run_case(runner: Runner, case: Case, expected: dict[str, torch.Tensor], groups: int, scratch: int = SCRATCH) -> list[Outcome]:
+    placed = place(case.tensors, runner.device)
+    records, table = encode(case, placed)
+    err = runner.run(case.op, records, table, groups, scratch)
+    out = []
+    if not (err == case.expect).all():
+        codes = sorted(set(int(e) for e in err))
+        out.append(Outcome(case.name, groups, "error codes", False, note=f"got {codes}, expected {case.expect}"))
+    hit = placed.guards_hit()
+    if hit:
+        out.append(Outcome(case.name, groups, "guards", False, note=f"written outside: {hit}"))
+    names = case.checks if case.expect == ErrorCode.NONE else case.tensors  # a failed op writes nothing
+    for name in names:
+        chk = case.checks.get(name, EXACT) if case.expect == ErrorCode.NONE else EXACT
+        ok, mx, rel, bad, note = compare(placed.views[name].cpu(), expected[name], chk)
+        out.append(Outcome(case.name, groups, name, ok, mx, rel, bad, expected[name].numel(), note))
+    return out
+
+
+def print_report(log: str) -> bool:
+    """Registers and spills of each op's kernel; False when one spills."""
+    rep = ptxas_report(log)
+    ok = True
+    print(f"{'kernel':28} {'regs':>5} {'stack':>6} {'spill st/ld':>12}")
+    for name, r in sorted(rep.items()):
+        spills = r.spill_stores or r.spill_loads or r.stack
+        ok = ok and not spills
+        print(f"{name:28} {r.registers or '-':>5} {r.stack:>6} {r.spill_stores:>5}/{r.spill_loads:<6}" + ("  SPILLS" if spills else ""))
+    return ok
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--emu", action="store_true", help="run on the host SIMT emulator at small sizes")
+    ap.add_argument("--sizes", choices=sorted(SIZES), help="default: shard on the GPU, small on the emulator")
+    ap.add_argument("--only", default="", help="comma-separated ops, e.g. topk,attn_chunk")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--list", action="store_true", help="list the cases and exit")
+    a = ap.parse_args(argv)
+    names = {v: k for k, v in OPS.items()}
+    try:
+        only = {names[s.strip()] for s in a.only.split(",") if s.strip()} or None
+    except KeyError as e:
+        ap.error(f"unknown op {e}; one of {sorted(names)}")
+    sz = SIZES[a.sizes or ("small" if a.emu else "shard")]
+    cases = build_cases(sz, a.seed, only)
+    if a.list:
+        for c in cases:
+            print(f"{OPS[c.op]:15} {c.name}: {len(c.stream)} instructions")
+        return 0
+    runner: Runner = EmuRunner() if a.emu else GpuRunner()
+    ok = True
+    if isinstance(runner, GpuRunner):
+        ok = print_report(runner.log)
+        print(f"device: {runner.dev.name}, sizes: {sz.name}")
+    print(f"{'case':44} {'g':>1} {'output':12} {'max|err|':>10} {'rel':>9} {'bad':>12}  status")
+    for case in cases:
+        expected = reference(case)
+        for groups in ((1,) if a.emu else (1, 2)):
+            try:
+                results = run_case(runner, case, expected, groups)
+            except EmuError as e:
+                results = [Outcome(case.name, groups, "emulator", False, note=str(e))]
+            for r in results:
+                ok = ok and r.ok
+                print(f"{r.case[:44]:44} {r.groups:>1} {r.output[:12]:12} {r.max_abs:10.3g} {r.rel:9.2g} "
+                      f"{r.bad:>5}/{r.total:<6}  {'ok' if r.ok else 'FAIL'} {r.note}")
+    print("ALL OK" if ok else "FAILED")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,150 @@
+// Host versions of the PTX primitives of ops/ptx.cuh, one function each, with
+// the instruction's semantics: round-to-nearest-even conversions (e4m3
+// saturating to +-448), plain loads and copies, shared memory checked for bounds,
+// alignment and races between barriers, and mma m16n8k16 computed from the 32
+// lanes' fragments in the PTX layout.
+#pragma once
+#include "op_ctx.cuh"
+
+namespace emu {
+
+inline float e4m3_value(unsigned b) {
+    const unsigned e = (b >> 3) & 15, m = b & 7;
+    float v = e == 0 ? std::ldexp((float)m, -9) : std::ldexp(1.0f + (float)m / 8.0f, (int)e - 7);
+    if (e == 15 && m == 7) v = NAN;
+    return (b & 0x80) ? -v : v;
+}
+
+// Nearest e4m3 (ties to the even code), |x| >= 448 -> +-448, NaN -> NaN.
+inline unsigned e4m3_bits(float x) {
+    if (std::isnan(x)) return 0x7f;
+    const unsigned s = std::signbit(x) ? 0x80 : 0;
+    const float a = std::fabs(x);
+    if (a >= 448.0f) return s | 0x7e;
+    unsigned lo = 0;  // largest code with value <= a (values grow with the code)
+    while (lo < 0x7e && e4m3_value(lo + 1) <= a) ++lo;
+    if (e4m3_value(lo) == a) return s | lo;
+    const float dl = a - e4m3_value(lo), dh = e4m3_value(lo + 1) - a;
+    return s | ((dl < dh || (dl == dh && (lo & 1) == 0)) ? lo : lo + 1);
+}
+
+inline unsigned short f16_bits(float x) {
+    const _Float16 h = (_Float16)x;
+    unsigned short u;
+    std::memcpy(&u, &h, 2);
+    return u;
+}
+
+inline float f16_value(unsigned short u) {
+    _Float16 h;
+    std::memcpy(&h, &u, 2);
+    return (float)h;
+}
+
+inline unsigned short bf16_bits(float x) {
+    unsigned u = __float_as_uint(x);
+    if (std::isnan(x)) return 0x7fff;
+    return (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+inline unsigned char* smem_at(unsigned a, unsigned bytes, bool write) {
+    Machine* m = machine();
+    if (a % bytes != 0) fail("misaligned shared access at " + std::to_string(a));
+    if ((unsigned long long)a + bytes > m->smem_bytes) fail("shared access at " + std::to_string(a) + " past the scratch");
+    const short me = (short)m->cur;
+    for (unsigned i = a; i < a + bytes; ++i) {
+        const bool raw = m->w_epoch[i] == m->epoch && m->writer[i] != me;
+        const bool war = write && m->r_epoch[i] == m->epoch && m->reader[i] != me;
+        if (raw || war)
+            fail(std::string(raw ? (write ? "write after write" : "read after write") : "write after read") +
+                 " of shared byte " + std::to_string(i) + " by another thread with no barrier between");
+        if (write) {
+            m->w_epoch[i] = m->epoch;
+            m->writer[i] = me;
+        } else {
+            m->reader[i] = m->r_epoch[i] == m->epoch && m->reader[i] != me ? (short)-2 : me;
+            m->r_epoch[i] = m->epoch;
+        }
+    }
+    return m->smem + a;
+}
+
+}  // namespace emu
+
+inline unsigned gvm_pack_bf16x2(float lo, float hi) { return emu::bf16_bits(lo) | ((unsigned)emu::bf16_bits(hi) << 16); }
+inline unsigned gvm_pack_f16x2(float lo, float hi) { return emu::f16_bits(lo) | ((unsigned)emu::f16_bits(hi) << 16); }
+inline unsigned short gvm_pack_e4m3x2(float lo, float hi) {
+    return (unsigned short)(emu::e4m3_bits(lo) | (emu::e4m3_bits(hi) << 8));
+}
+inline unsigned gvm_e4m3x2_to_f16x2(unsigned w) {
+    return emu::f16_bits(emu::e4m3_value(w & 0xff)) | ((unsigned)emu::f16_bits(emu::e4m3_value((w >> 8) & 0xff)) << 16);
+}
+inline unsigned gvm_e4m3x2_hi_to_f16x2(unsigned w) { return gvm_e4m3x2_to_f16x2(w >> 16); }
+inline unsigned gvm_hmul2(unsigned a, unsigned b) {
+    return gvm_pack_f16x2(emu::f16_value(a & 0xffff) * emu::f16_value(b & 0xffff),
+                          emu::f16_value(a >> 16) * emu::f16_value(b >> 16));
+}
+
+template <class T> inline T gvm_emu_load(const void* p) {
+    T v;
+    std::memcpy(&v, p, sizeof(T));
+    return v;
+}
+inline unsigned long long gvm_policy_evict_first() { return 0; }
+inline uint4 gvm_ld_stream16(const void* p) { return gvm_emu_load<uint4>(p); }
+inline uint2 gvm_ld_stream8(const void* p) { return gvm_emu_load<uint2>(p); }
+
+// cp.async lands at once here; the wait functions have nothing left to wait for.
+inline void gvm_emu_cp_async(unsigned dst, const void* src, bool valid, unsigned bytes) {
+    unsigned char* d = emu::smem_at(dst, bytes, true);
+    if (valid)
+        std::memcpy(d, src, bytes);
+    else
+        std::memset(d, 0, bytes);
+}
+inline void gvm_cp_async16(unsigned dst, const void* src, bool valid, unsigned long long) { gvm_emu_cp_async(dst, src, valid, 16); }
+inline void gvm_cp_async4(unsigned dst, const void* src, bool valid, unsigned long long) { gvm_emu_cp_async(dst, src, valid, 4); }
+inline void gvm_cp_async_commit() {}
+template <int N> inline void gvm_cp_async_wait() {}
+
+inline unsigned gvm_smem_addr(const void* p) {
+    const long long off = (const unsigned char*)p - emu::machine()->smem;
+    if (off < 0 || off > (long long)emu::machine()->smem_bytes) emu::fail("gvm_smem_addr of a pointer outside the scratch");
+    return (unsigned)off;
+}
+template <class T> inline void gvm_emu_sts(unsigned a, T v) { std::memcpy(emu::smem_at(a, sizeof(T), true), &v, sizeof(T)); }
+template <class T> inline T gvm_emu_lds(unsigned a) {
+    T v;
+    std::memcpy(&v, emu::smem_at(a, sizeof(T), false), sizeof(T));
+    return v;
+}
+inline void gvm_sts(unsigned a, float v) { gvm_emu_sts(a, v); }
+inline void gvm_sts(unsigned a, unsigned v) { gvm_emu_sts(a, v); }
+inline void gvm_sts(unsigned a, float4 v) { gvm_emu_sts(a, v); }
+inline void gvm_sts(unsigned a, uint4 v) { gvm_emu_sts(a, v); }
+inline float gvm_lds_f(unsigned a) { return gvm_emu_lds<float>(a); }
+inline unsigned gvm_lds_u(unsigned a) { return gvm_emu_lds<unsigned>(a); }
+inline float4 gvm_lds_f4(unsigned a) { return gvm_emu_lds<float4>(a); }
+inline uint4 gvm_lds_u4(unsigned a) { return gvm_emu_lds<uint4>(a); }
+
+// D += A * B with A 16x16 (a0: row g, k 2t..2t+1; a1: row g+8; a2, a3: k + 8),
+// B 16x8 (b0: k 2t..2t+1, col g; b1: k + 8), D (d0, d1: row g, cols 2t, 2t+1;
+// d2, d3: row g+8); g = lane / 4, t = lane % 4; the lower half is the lower index.
+inline void gvm_mma_f16(float (&d)[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0, unsigned b1) {
+    const unsigned mine[6] = {a0, a1, a2, a3, b0, b1};
+    const int l = emu::lane(), g = l >> 2, t = l & 3;
+    emu::exchange(mine, 6, [&](unsigned (*x)[12]) {
+        auto half = [](unsigned w, int k) { return emu::f16_value((unsigned short)(k & 1 ? w >> 16 : w & 0xffff)); };
+        for (int i = 0; i < 4; ++i) {
+            const int row = g + 8 * (i >> 1), col = 2 * t + (i & 1);
+            double acc = d[i];
+            for (int k = 0; k < 16; ++k) {
+                const double a = half(x[(row & 7) * 4 + (k & 7) / 2][(row >> 3) + 2 * (k >> 3)], k);
+                const double b = half(x[col * 4 + (k & 7) / 2][4 + (k >> 3)], k);
+                acc += a * b;
+            }
+            d[i] = (float)acc;
+        }
+        return 0;
+    });
+}

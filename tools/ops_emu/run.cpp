@@ -1,0 +1,108 @@
+// Entry point of the emulator library: run a list of instructions of the Muse
+// ops, one warp group (128 fibers) per instruction, in order. Built by
+// tools/ops_check.py (build_emulator) with the op headers staged next to the
+// host op_ctx.cuh / ptx.cuh of this folder.
+#include "ops/norm.cuh"
+#include "ops/attention.cuh"
+#include "ops/route.cuh"
+#include "ops/experts.cuh"
+
+namespace {
+
+using OpFn = int (*)(const gvm_ctx&);
+
+OpFn op_of(int opcode) {
+    switch (opcode) {
+        case GVM_OP_RMSNORM: return gvm_op_rmsnorm;
+        case GVM_OP_RESIDUAL: return gvm_op_residual;
+        case GVM_OP_QK_ROPE_KV: return gvm_op_qk_rope_kv;
+        case GVM_OP_ATTN_CHUNK: return gvm_op_attn_chunk;
+        case GVM_OP_ATTN_MERGE: return gvm_op_attn_merge;
+        case GVM_OP_TOPK: return gvm_op_topk;
+        case GVM_OP_EXPERT_UP: return gvm_op_expert_up;
+        case GVM_OP_EXPERT_DOWN: return gvm_op_expert_down;
+        case GVM_OP_EXPERT_COMBINE: return gvm_op_expert_combine;
+        default: return nullptr;
+    }
+}
+
+struct Job {
+    OpFn fn;
+    const gvm_instr* ins;
+    const gvm_tensor* tab;
+    int rc[emu::kThreads];
+};
+Job* job = nullptr;
+
+void fiber_main() {
+    emu::Machine* m = emu::machine();
+    const int t = m->cur;
+    gvm_ctx c{job->ins, job->tab, (unsigned)t, 1u, 0u, m->smem, m->smem_bytes};
+    job->rc[t] = job->fn(c);
+    m->done[t] = true;
+    ++m->progress;
+}  // returns to m->main through uc_link
+
+// Runs one instruction on a fresh machine; returns "" or what went wrong.
+std::string run_one(const gvm_instr* ins, const gvm_tensor* tab, unsigned smem_bytes, int* rc) {
+    OpFn fn = op_of(ins->opcode);
+    if (!fn) return "opcode " + std::to_string(ins->opcode) + " is not a Muse op";
+    emu::Machine m;
+    std::vector<unsigned char> smem(smem_bytes, 0xff);  // NaN everywhere: reading unwritten scratch shows
+    m.smem = smem.data();
+    m.smem_bytes = smem_bytes;
+    m.w_epoch.assign(smem_bytes, 0);
+    m.r_epoch.assign(smem_bytes, 0);
+    m.writer.assign(smem_bytes, -1);
+    m.reader.assign(smem_bytes, -1);
+    m.group.expected = emu::kThreads;
+    for (auto& w : m.warp) w.expected = 32;
+    m.stacks.resize((size_t)emu::kThreads * emu::kStack);
+    Job j{fn, ins, tab, {}};
+    job = &j;
+    emu::machine() = &m;
+    for (int t = 0; t < emu::kThreads; ++t) {
+        getcontext(&m.ctx[t]);
+        m.ctx[t].uc_stack.ss_sp = m.stacks.data() + (size_t)t * emu::kStack;
+        m.ctx[t].uc_stack.ss_size = emu::kStack;
+        m.ctx[t].uc_link = &m.main;
+        makecontext(&m.ctx[t], fiber_main, 0);
+    }
+    std::string err;
+    for (int live = emu::kThreads; live > 0 && err.empty();) {
+        const unsigned long long before = m.progress;
+        for (int t = 0; t < emu::kThreads && err.empty(); ++t) {
+            if (m.done[t]) continue;
+            m.cur = t;
+            swapcontext(&m.main, &m.ctx[t]);
+            if (!m.error.empty()) err = "thread " + std::to_string(t) + ": " + m.error;
+        }
+        live = 0;
+        for (bool d : m.done) live += !d;
+        if (err.empty() && live > 0 && m.progress == before)
+            err = "deadlock: " + std::to_string(live) + " threads wait at a barrier or collective the others never reach";
+    }
+    emu::machine() = nullptr;
+    if (!err.empty()) return err;
+    for (int t = 1; t < emu::kThreads; ++t)
+        if (j.rc[t] != j.rc[0]) return "threads returned different codes (" + std::to_string(j.rc[0]) + ", " + std::to_string(j.rc[t]) + ")";
+    *rc = j.rc[0];
+    return "";
+}
+
+}  // namespace
+
+// err[i]: the op's return code for instruction i. Returns 0, or -1 with a
+// message (deadlock, divergence, shared memory misuse) in msg.
+extern "C" int gvm_emu_run(const void* instrs, int n, const void* table, unsigned smem_bytes, int* err, char* msg,
+                           int msg_len) {
+    const gvm_instr* ins = static_cast<const gvm_instr*>(instrs);
+    for (int i = 0; i < n; ++i) {
+        const std::string e = run_one(ins + i, static_cast<const gvm_tensor*>(table), smem_bytes, err + i);
+        if (!e.empty()) {
+            std::snprintf(msg, (size_t)msg_len, "instruction %d: %s", i, e.c_str());
+            return -1;
+        }
+    }
+    return 0;
+}
