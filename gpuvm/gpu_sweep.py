@@ -1,0 +1,124 @@
+"""The GPU half of `gpuvm sweep`: one decode case at the shard's full size,
+checked against the reference and timed against the floor and the peer, every
+figure from the same run."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+import statistics
+
+from .device.bench import L2Flush, StreamRead, time_ms, timing_stream
+from .muse.cases import Case, floor_bytes
+from .muse.config import SHARD, MuseConfig
+from .muse.lowering import bind_layer, lower_layer
+from .muse.reference import reference_layer
+from .muse.state import make_inputs, make_state
+from .muse.weights import LayerWeights, make_layer_weights
+from .peer import PeerLayer
+
+SEED = 2026
+TOL = 1e-2  # MEASURE.md: bf16 activations
+
+
+def routing_matches(route: torch.Tensor, ref_idx: torch.Tensor, margin: torch.Tensor, t: int, thr: float = 1e-3) -> bool:
+    """The top-8 sets the device wrote (route row 2) equal the reference's
+    wherever the 8th-vs-9th margin is not a near-tie."""
+    got = route[2, : 8 * t].view(t, 8).long().sort(1).values.cpu()
+    want = ref_idx.sort(1).values.cpu()
+    clear = (margin > thr).cpu()
+    return bool(torch.equal(got[clear], want[clear]))
+
+
+@dataclass
+class GpuSweep:
+    runs: int = 20
+    trace_dir: Path | None = None
+    cfg: MuseConfig = SHARD
+    groups: int = 2
+    _weights: dict[str, LayerWeights] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        from .device import VM
+
+        self.vm = VM(groups=self.groups)
+        self.traced_vm = VM(groups=self.groups, trace=True) if self.trace_dir else None
+        self.flush = L2Flush(self.vm.torch_device)
+        self.stream = timing_stream(self.vm)
+        self.bw = StreamRead(self.vm).measure(reps=self.runs)["tb_s"] * 1e12
+
+    def median_us(self, launch) -> float:
+        """Median device time of launch() in µs, L2 flushed before each run."""
+        return statistics.median(time_ms(lambda r: launch(), self.stream, self.runs, before=self.flush)) * 1e3
+
+    def meta(self) -> dict:
+        return {"read_bw_TBps": self.bw / 1e12, "groups": self.groups, "runs": self.runs, "l2_flush_MB": 256}
+
+    def weights(self, kind: str) -> LayerWeights:
+        if kind not in self._weights:
+            self._weights.clear()  # one layer's weights (1.1 GB) at a time
+            torch.cuda.empty_cache()
+            self._weights[kind] = make_layer_weights(self.cfg, 1 if kind == "full" else 0, SEED, device="cuda")
+        return self._weights[kind]
+
+    def case(self, case: Case) -> dict:
+        cfg, kind = self.cfg, case.kind
+        w = self.weights(kind)
+        state = make_state(cfg, kind, case.conversations, case.tokens_each, case.context, SEED + 1, device="cuda")
+        s0 = make_inputs(cfg, state, SEED)
+        ref = reference_layer(cfg, w, state.clone(), s0.clone(), kind, bf16_acts=False)
+        lp = lower_layer(cfg, kind, case.conversations, case.tokens_each, state.slots)
+        row: dict = {
+            "case": case.name, "kind": kind, "conversations": case.conversations, "tokens_each": case.tokens_each,
+            "tokens": case.tokens, "context": case.context, "instructions": len(lp.stream),
+        }
+        errs = {}
+        bufs = {}
+        loaded = {}
+        for mode in ("dynamic", "static"):
+            st = state.clone()
+            b = bind_layer(lp, w, st, s0, device="cuda")  # scratch poisoned with NaN
+            ld = self.vm.load(lp.stream, b)
+            ld.run(step=0, mode=mode)
+            torch.cuda.synchronize()
+            out = b["s"]
+            errs[mode] = float((out - ref.s_out).norm() / ref.s_out.norm())
+            row[f"routing_{mode}"] = routing_matches(b["L0.route"], ref.topk_idx, ref.margin, case.tokens)
+            bufs[mode], loaded[mode] = b, ld
+        row["err"] = max(errs.values())
+        row["err_dynamic"], row["err_static"] = errs["dynamic"], errs["static"]
+        hit = int((ref.local_counts > 0).sum())
+        row["experts_hit"] = hit
+        row["ok"] = bool(row["err"] <= TOL and row["routing_dynamic"] and row["routing_static"])
+
+        for mode in ("dynamic", "static"):
+            ld = loaded[mode]
+            row[f"{mode}_us"] = self.median_us(lambda: ld.run(ld.next_step, mode=mode, stream=self.stream, check=False))
+            ld.check(self.stream)  # a device error in any timed run raises here
+        del bufs, loaded
+
+        peer = PeerLayer.create(cfg, w, state.clone(), s0.clone(), kind)
+        g = peer.graph()
+        row["peer_us"] = self.median_us(g.replay)
+        del peer, g
+
+        fb = floor_bytes(cfg, case, hit)
+        row["floor_bytes"] = fb["total"]
+        row["floor_us"] = fb["total"] / self.bw * 1e6
+        row["dyn_over_floor"] = row["dynamic_us"] / row["floor_us"]
+        row["peer_over_dyn"] = row["peer_us"] / row["dynamic_us"]
+        row["static_over_dyn"] = row["static_us"] / row["dynamic_us"]
+        if self.traced_vm is not None and self.trace_dir is not None:
+            st = state.clone()
+            b = bind_layer(lp, w, st, s0, device="cuda")
+            ld = self.traced_vm.load(lp.stream, b)
+            ld.run(step=0, mode="dynamic")
+            self.flush()
+            ld.run(step=1, mode="dynamic")  # the second step, weights from HBM, is the one kept
+            torch.cuda.synchronize()
+            self.trace_dir.mkdir(parents=True, exist_ok=True)
+            ld.trace().save(self.trace_dir / f"trace-{case.name}.npz")
+        torch.cuda.empty_cache()
+        return row

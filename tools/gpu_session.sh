@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# One call on the H200 (the device tool): the VM proofs and timings, the Muse
+# ops standalone, and the decode-case sweep, each under its own time limit,
+# logs and results under $OUT (at most 8 files come back: traces are tarred).
+#   GPUVM_COMMIT=<sha> bash tools/gpu_session.sh [check|ops|sweep ...]
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 GPUVM_CACHE=/tmp/gpuvm-cache
+OUT=${OUT:-out}
+mkdir -p "$OUT"
+steps=${*:-check ops sweep}
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
+python3 -c "import torch, cuda.core; print('torch', torch.__version__, 'cuda.core', cuda.core.__version__)"
+for s in $steps; do
+  case $s in
+    check) timeout 280 python3 tools/gpu_check.py --out "$OUT/gpu_check.json" > "$OUT/gpu_check.log" 2>&1; echo "gpu_check rc=$?"; tail -25 "$OUT/gpu_check.log" ;;
+    ops) timeout 150 python3 tools/ops_check.py > "$OUT/ops_check.log" 2>&1; echo "ops_check rc=$?"; tail -25 "$OUT/ops_check.log" ;;
+    sweep) timeout 420 python3 -m gpuvm sweep --out "$OUT" --trace ${SWEEP_ARGS:-} > "$OUT/sweep.log" 2>&1; echo "sweep rc=$?"; tail -22 "$OUT/sweep.log"
+           (cd "$OUT" && ls trace-*.npz >/dev/null 2>&1 && tar czf traces.tgz trace-*.npz && rm -f trace-*.npz) ;;
+    *) echo "unknown step $s"; exit 2 ;;
+  esac
+done
