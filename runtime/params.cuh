@@ -43,10 +43,38 @@ struct gvm_params {
     unsigned reserved;
 };
 
-#define GVM_PARAM_OFFSET(f) ((unsigned)__builtin_offsetof(gvm_params, f))
+// Field offsets of gvm_params, written out because NVRTC 13.0 (the GPU
+// machine's) has no __builtin_offsetof; where the compiler has it (NVRTC 13.5
+// in CI), static_asserts prove the numbers.
+#define GVM_OFF_instrs 0
+#define GVM_OFF_table 8
+#define GVM_OFF_counters 16
+#define GVM_OFF_state 24
+#define GVM_OFF_error 32
+#define GVM_OFF_trace 40
+#define GVM_OFF_static_lists 48
+#define GVM_OFF_warm_instrs 56
+#define GVM_OFF_warm_table 64
+#define GVM_OFF_watchdog_ns 72
+#define GVM_OFF_n_instrs 80
+#define GVM_OFF_step 84
+#define GVM_OFF_mode 88
+#define GVM_OFF_groups 92
+#define GVM_OFF_n_warm 96
+#define GVM_PARAMS_BYTES 104
+#define GVM_PARAM_OFFSET(f) ((unsigned)GVM_OFF_##f)
+#if defined(__has_builtin)
+#if __has_builtin(__builtin_offsetof)
+#define GVM_CHECK_OFF(f) static_assert(__builtin_offsetof(gvm_params, f) == GVM_OFF_##f, "gvm_params." #f " offset");
+GVM_CHECK_OFF(instrs) GVM_CHECK_OFF(table) GVM_CHECK_OFF(counters) GVM_CHECK_OFF(state) GVM_CHECK_OFF(error)
+GVM_CHECK_OFF(trace) GVM_CHECK_OFF(static_lists) GVM_CHECK_OFF(warm_instrs) GVM_CHECK_OFF(warm_table)
+GVM_CHECK_OFF(watchdog_ns) GVM_CHECK_OFF(n_instrs) GVM_CHECK_OFF(step) GVM_CHECK_OFF(mode) GVM_CHECK_OFF(groups)
+GVM_CHECK_OFF(n_warm)
+#undef GVM_CHECK_OFF
+#endif
+#endif
+static_assert(sizeof(gvm_params) == GVM_PARAMS_BYTES, "gvm_params size");
 
-// Read by gpuvm/device/build.py from the cubin (never by the kernel): the
-// numbers the host must agree with.
 extern "C" __device__ const unsigned gvm_layout[] = {
     (unsigned)sizeof(gvm_params),
     GVM_PARAM_OFFSET(instrs), GVM_PARAM_OFFSET(table), GVM_PARAM_OFFSET(counters),
