@@ -82,10 +82,7 @@ class PeerLayer:
         if self.kind == "sliding":
             vis &= slot_pos[:, None, :] > qpos[:, :, None] - cfg.window
         qh = q.view(c, n, hq, hd).permute(0, 2, 1, 3).to(torch.bfloat16)  # [C,HQ,n,64]
-        rep = hq // hkv
-        o = F.scaled_dot_product_attention(
-            qh, kc.repeat_interleave(rep, dim=1), vc.repeat_interleave(rep, dim=1), attn_mask=vis[:, None], scale=1.0 / 8
-        )
+        o = F.scaled_dot_product_attention(qh, kc, vc, attn_mask=vis[:, None], scale=1.0 / 8, enable_gqa=True)
         o = o.permute(0, 2, 1, 3).reshape(t, hq, hd).float()
         o = (_rms(o, eps) * torch.sigmoid(g.float().view(t, hq, hd))).reshape(t, hq * hd).to(torch.bfloat16)
         a = (o @ w.Wo.t()).float()
@@ -109,7 +106,7 @@ class PeerLayer:
         local = flat_e < e_loc  # the shard holds experts 0 .. e_loc-1
         key = torch.where(local, flat_e, torch.full_like(flat_e, e_loc))
         order = torch.argsort(key, stable=True)
-        counts = torch.bincount(key, minlength=e_loc + 1)[:e_loc]
+        counts = torch.zeros(e_loc + 1, dtype=torch.int64, device=key.device).scatter_add_(0, key, torch.ones_like(key))[:e_loc]  # bincount syncs the host
         offs = torch.cumsum(counts, 0).to(torch.int32)
         tok = order // k
         xs = x[tok]  # [T*k, H], local pairs first, grouped by expert

@@ -276,7 +276,14 @@ def sweep_main(argv: Sequence[str]) -> int:
         columns = GPU_COLUMNS
         gs = GpuSweep(runs=a.runs, trace_dir=a.out if a.trace else None)
         meta.update(gs.meta())
-        rows = [gs.case(c) for c in progress(list(a.cases))]
+        rows = []
+        for c in progress(list(a.cases)):
+            try:
+                rows.append(gs.case(c))
+            except Exception as e:  # keep the other cases; the row and the exit code say what failed
+                msg = f"{type(e).__name__}: {e}".splitlines()[0][:400]
+                print(f"\ngpuvm sweep: case {c.name} failed: {msg}", file=sys.stderr)
+                rows.append({"case": c.name, "kind": c.kind, "tokens": c.tokens, "ok": False, "error": msg})
         meta.update(gs.meta())
     meta["cases"] = [c.name for c in a.cases]
     paths = write_outputs(a.out, meta, rows, columns, a.plot)
