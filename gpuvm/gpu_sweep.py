@@ -14,7 +14,7 @@ from .device.bench import L2Flush, StreamRead, time_ms, timing_stream
 from .muse.cases import Case, floor_bytes
 from .muse.config import SHARD, MuseConfig
 from .muse.lowering import bind_layer, lower_layer
-from .muse.reference import reference_layer
+from .muse.reference import RefOut, reference_layer
 from .muse.state import make_inputs, make_state
 from .muse.weights import LayerWeights, make_layer_weights
 from .peer import PeerLayer
@@ -23,13 +23,32 @@ SEED = 2026
 TOL = 1e-2  # MEASURE.md: bf16 activations
 
 
-def routing_matches(route: torch.Tensor, ref_idx: torch.Tensor, margin: torch.Tensor, t: int, thr: float = 1e-3) -> bool:
-    """The top-8 sets the device wrote (route row 2) equal the reference's
-    wherever the 8th-vs-9th margin is not a near-tie."""
+def compare(out: torch.Tensor, route: torch.Tensor, scores: torch.Tensor, ref: "RefOut", t: int) -> dict:
+    """MEASURE.md's check of one run against the FP32 reference.
+
+    A token whose top-8 set differs from the reference's is a legitimate flip
+    only when its reference margin (8th minus 9th score) is within twice the
+    largest deviation between the device's router scores and the reference's
+    for that token: the scores' own rounding then suffices to swap the two.
+    Any other difference is a routing error. The residual error is taken over
+    the tokens routed alike (a flipped token runs other experts by design);
+    err_all, over every token, is reported beside it."""
     got = route[2, : 8 * t].view(t, 8).long().sort(1).values.cpu()
-    want = ref_idx.sort(1).values.cpu()
-    clear = (margin > thr).cpu()
-    return bool(torch.equal(got[clear], want[clear]))
+    want = ref.topk_idx.sort(1).values.cpu()
+    same = (got == want).all(1)
+    dev = (scores.float().cpu() - ref.scores.float().cpu()).abs().amax(1)
+    margin = ref.margin.float().cpu()
+    tie = margin <= 2 * dev
+    out, ref_s = out.float().cpu(), ref.s_out.float().cpu()
+    err = float((out[same] - ref_s[same]).norm() / ref_s[same].norm()) if bool(same.any()) else float("nan")
+    return {
+        "err": err,
+        "err_all": float((out - ref_s).norm() / ref_s.norm()),
+        "flipped": int((~same).sum()),
+        "routing_ok": bool((same | tie).all()),
+        "max_flip_margin": float(margin[~same].max()) if bool((~same).any()) else 0.0,
+        "max_score_dev": float(dev.max()),
+    }
 
 
 @dataclass
@@ -69,6 +88,7 @@ class GpuSweep:
         state = make_state(cfg, kind, case.conversations, case.tokens_each, case.context, SEED + 1, device="cuda")
         s0 = make_inputs(cfg, state, SEED)
         ref = reference_layer(cfg, w, state.clone(), s0.clone(), kind, bf16_acts=False)
+        ref16 = reference_layer(cfg, w, state.clone(), s0.clone(), kind, bf16_acts=True)
         lp = lower_layer(cfg, kind, case.conversations, case.tokens_each, state.slots)
         row: dict = {
             "case": case.name, "kind": kind, "conversations": case.conversations, "tokens_each": case.tokens_each,
@@ -84,14 +104,17 @@ class GpuSweep:
             ld.run(step=0, mode=mode)
             torch.cuda.synchronize()
             out = b["s"]
-            errs[mode] = float((out - ref.s_out).norm() / ref.s_out.norm())
-            row[f"routing_{mode}"] = routing_matches(b["L0.route"], ref.topk_idx, ref.margin, case.tokens)
+            cmp = compare(out, b["L0.route"], b["L0.scores"], ref, case.tokens)
+            errs[mode] = cmp["err"]
+            row.update({f"{k}_{mode}": v for k, v in cmp.items()})
+            # the same run against the reference that rounds where the device does (bf16 activations)
+            row[f"err_bf16ref_{mode}"] = float((out.float() - ref16.s_out).norm() / ref16.s_out.norm())
             bufs[mode], loaded[mode] = b, ld
         row["err"] = max(errs.values())
         row["err_dynamic"], row["err_static"] = errs["dynamic"], errs["static"]
         hit = int((ref.local_counts > 0).sum())
         row["experts_hit"] = hit
-        row["ok"] = bool(row["err"] <= TOL and row["routing_dynamic"] and row["routing_static"])
+        row["ok"] = bool(row["err"] <= TOL and row["routing_ok_dynamic"] and row["routing_ok_static"])
 
         for mode in ("dynamic", "static"):
             ld = loaded[mode]
