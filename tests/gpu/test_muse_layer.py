@@ -1,0 +1,82 @@
+"""One Muse decode layer on the VM against the formula-level reference:
+the 12 decode cases at the shard's full size and every shape at small dims,
+dynamic and static modes, three consecutive steps (positions advancing, KV
+appended, counters carried), fresh random inputs, scratch poisoned with NaN."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gpuvm.gpu_sweep import TOL, compare
+from gpuvm.muse.cases import DECODE_CASES, Case, small_case
+from gpuvm.muse.config import SHARD, SMALL, MuseConfig
+from gpuvm.muse.lowering import bind_layer, lower_layer, poisoned
+from gpuvm.muse.reference import reference_layer
+from gpuvm.muse.state import make_inputs, make_state
+from gpuvm.muse.weights import make_layer_weights
+
+STEPS = 3
+_WEIGHTS: dict[tuple[str, str], object] = {}
+
+
+def _weights(cfg: MuseConfig, kind: str):  # one layer of each kind and size, made once
+    key = (cfg.name, kind)
+    if key not in _WEIGHTS:
+        if cfg is SHARD:
+            for k in [k for k in _WEIGHTS if k[0] == cfg.name]:
+                del _WEIGHTS[k]  # 1.1 GB each: keep one full-size layer at a time
+        _WEIGHTS[key] = make_layer_weights(cfg, 1 if kind == "full" else 0, seed=7, device="cuda")
+    return _WEIGHTS[key]
+
+
+def _run_case(vm, cfg: MuseConfig, case: Case, mode: str) -> list[dict]:  # type: ignore[no-untyped-def]
+    w = _weights(cfg, case.kind)
+    state = make_state(cfg, case.kind, case.conversations, case.tokens_each, case.context, seed=8, device="cuda", steps=STEPS)
+    lp = lower_layer(cfg, case.kind, case.conversations, case.tokens_each, state.slots)
+    s = make_inputs(cfg, state, seed=7)
+    bufs = bind_layer(lp, w, state, s, device="cuda")  # caches and convs bound in place
+    loaded = vm.load(lp.stream, bufs)
+    out = []
+    for step in range(STEPS):
+        if step:
+            state.advance()  # convs (bound) move on; the KV written last step stays
+            s = make_inputs(cfg, state, seed=7) * (1 + 0.1 * step)  # fresh inputs, same skew direction
+            bufs["s"].copy_(s)
+            for spec in lp.stream.tensors:  # poison every scratch buffer again
+                if spec.role == "activation" and spec.name != "s":
+                    bufs[spec.name].copy_(poisoned(spec, "cuda"))
+        ref = reference_layer(cfg, w, state.clone(), bufs["s"].clone(), case.kind, bf16_acts=False)
+        loaded.run(step, mode=mode)
+        r = compare(bufs["s"], bufs["L0.route"], bufs["L0.scores"], ref, case.tokens)
+        r["cache_ok"] = _fp8_close(state.k_cache, ref.k_cache) and _fp8_close(state.v_cache, ref.v_cache)
+        out.append(r)
+    return out
+
+
+def _fp8_close(got: torch.Tensor, want: torch.Tensor) -> bool:
+    """Equal FP8 caches but for rounding: a value may land one e4m3 step
+    (1/8 relative, or 2^-7 near zero where bf16 noise of the inputs
+    dominates) away from the FP32 reference's, and only rarely."""
+    a, b = got.float(), want.float()
+    off = a != b
+    step = 0.125 * torch.maximum(a.abs(), b.abs()) + 2.0**-7  # + bf16 noise of O(1) inputs near zero
+    return bool(((a - b).abs() <= step).all()) and float(off.float().mean()) < 0.01
+
+
+def _check(results: list[dict]) -> None:
+    for step, r in enumerate(results):
+        assert r["err"] <= TOL, f"step {step}: error {r['err']:.3e}"
+        assert r["routing_ok"], f"step {step}: a routing difference beyond a near-tie ({r})"
+        assert r["flipped"] <= max(2, 0.05 * 256), f"step {step}: {r['flipped']} tokens routed differently"
+        assert r["cache_ok"], f"step {step}: the FP8 KV written differs from the reference's"
+
+
+@pytest.mark.parametrize("mode", ["dynamic", "static"])
+@pytest.mark.parametrize("case", DECODE_CASES, ids=lambda c: c.name)
+def test_shard_layer_matches_reference(vm_plain, case: Case, mode: str) -> None:  # type: ignore[no-untyped-def]
+    _check(_run_case(vm_plain, SHARD, case, mode))
+
+
+@pytest.mark.parametrize("case", DECODE_CASES, ids=lambda c: c.name)
+def test_small_layer_matches_reference(vm_plain, case: Case) -> None:  # type: ignore[no-untyped-def]
+    _check(_run_case(vm_plain, SMALL, small_case(case, SMALL), "dynamic"))
