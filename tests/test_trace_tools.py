@@ -481,3 +481,27 @@ def test_for_stream_names_the_signal_counters():
     assert trace.meta["signal_counter"] == ["h ready" if o.signal is not None else "" for o in stream.ops]
     assert sorted(set(trace.meta["signal_counter"])) == ["", "h ready"]
     assert Trace.for_stream(stream, rec, {"signal_counter": ["x"] * len(stream)}).meta["signal_counter"] == ["x"] * len(stream)
+
+
+def test_perfetto_draws_one_arrow_for_wide_fan_in() -> None:
+    """An op waiting on more than MAX_FLOWS ops gets one arrow, from the
+    dependency that signalled last; narrow ops keep an arrow per edge."""
+    from gpuvm import DType, Op, Program
+    from gpuvm.sim import simulate
+    from gpuvm.trace.perfetto import MAX_FLOWS, SIGNAL, perfetto_json
+
+    p = Program("fan-in")
+    x = p.tensor("x", (64,), DType.F32)
+    wide, narrow = p.counter("wide"), p.counter("narrow")
+    for i in range(MAX_FLOWS + 5):
+        p.op(Op.SLEEP, [], [100 * (i + 1)], signal=wide, label=f"w[{i}]")
+    p.op(Op.NOP, [], [], waits=[wide], signal=narrow, label="join")
+    p.op(Op.COPY, [x, x], [0, 64], waits=[narrow], label="after")
+    stream = p.build()
+    tr = simulate(stream, durations=[float(100 * (i + 1)) for i in range(len(stream))]).trace
+    flows = [e for e in perfetto_json(tr)["traceEvents"] if e["ph"] == "s"]
+    join = stream.labels.index("join")
+    last = max(stream.deps[join], key=lambda j: int(tr.records["globaltimer"][j, SIGNAL]))
+    assert len(flows) == 2  # join <- its last signaller, after <- join
+    assert any(e["args"]["instr"] == join and e["args"]["deps"] == f"{MAX_FLOWS + 5} ops" for e in perfetto_json(tr)["traceEvents"] if e.get("cat") == "op" and e["name"] == "join")
+    assert last in stream.deps[join]

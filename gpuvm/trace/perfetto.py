@@ -7,7 +7,10 @@ free, to ready) followed by the op's slice (ready to signal, with a nested
 "release" slice from compute end to signal). Instructions whose slices would
 overlap on one group go to extra lanes of that group, so every track holds
 properly nested slices. Each dependency is a flow arrow from the producer's
-signal to the consumer's ready.
+signal to the consumer's ready; an op with more than MAX_FLOWS dependencies
+(an expert tile waits on every router tile) gets one arrow, from the
+dependency that signalled last: the one it actually waited for. All edges of
+a full layer would be over a million arrows and hundreds of MB of JSON.
 
 Timestamps are microseconds with nanosecond decimals. Process and thread ids
 are integers, thread ids unique across processes (Perfetto keys threads by
@@ -26,6 +29,16 @@ from .timeline import CLAIM, DONE, LOAD, READY, SIGNAL, Timeline, build
 #: an op slice is drawn at least this long (ns) so that its flow points lie
 #: strictly inside it; Perfetto binds a flow to the slice open at its time
 MIN_SLICE_NS = 2
+
+#: dependencies drawn per op before only the last-signalled one is drawn
+MAX_FLOWS = 8
+
+
+def _drawn_deps(trace: Trace, tl: Timeline, ns: np.ndarray, i: int) -> list[int]:
+    deps = [j for j in trace.deps[i] if tl.ran[j]]
+    if len(deps) <= MAX_FLOWS:
+        return deps
+    return [max(deps, key=lambda j: int(ns[j, SIGNAL]))]
 
 
 def _us(ns: int) -> float:
@@ -106,7 +119,7 @@ def perfetto_json(trace: Trace) -> dict:
             "done_us": _us(d),
             "signal_us": _us(s),
             "bytes": int(trace.weight_bytes[i] + trace.act_bytes[i]),
-            "deps": list(trace.deps[i]),
+            "deps": list(trace.deps[i]) if len(trace.deps[i]) <= MAX_FLOWS else f"{len(trace.deps[i])} ops",
         }
         if tl.has_load[i]:
             args["load_us"] = _us(int(ns[i, LOAD]))
@@ -123,9 +136,7 @@ def perfetto_json(trace: Trace) -> dict:
 
     flow_id = 0
     for i in ran:
-        for j in trace.deps[i]:
-            if not tl.ran[j]:
-                continue
+        for j in _drawn_deps(trace, tl, ns, i):
             flow_id += 1
             (pj, tj), (pi, ti) = op_track[j], op_track[i]
             events.append({"ph": "s", "name": "dep", "cat": "dep", "id": flow_id, "pid": pj, "tid": tj, "ts": _us(_op_end(ns, j) - 1)})
