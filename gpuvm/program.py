@@ -18,7 +18,7 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Iterable, Mapping, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -239,27 +239,35 @@ class _Graph:
         return sorted(d)
 
 
-def _priority_order(instrs: list[Instr], graph: _Graph) -> list[int]:
-    n = len(instrs)
-    member_of = graph.member_of(n)
-    users = graph.group_users()
-    # Kahn over ops and groups together, for a topological order of the ops
+def _kahn(n: int, graph: "_Graph", member_of: list[list[int]], users: list[list[int]], key: Callable[[int], float]) -> list[int]:
+    """Ops in a topological order, the ready op with the smallest key first;
+    ops on a cycle never become ready and are left out."""
     op_left = [len(gs) for gs in graph.op_groups]
     grp_left = [len(m) for m in graph.members]
-    topo: list[int] = []
-    ready = [i for i in range(n) if op_left[i] == 0]
-    while ready:
-        i = ready.pop()
-        topo.append(i)
+    heap = [(key(i), i) for i in range(n) if op_left[i] == 0]
+    heapq.heapify(heap)
+    out: list[int] = []
+    while heap:
+        _, i = heapq.heappop(heap)
+        out.append(i)
         for g in member_of[i]:
             grp_left[g] -= 1
             if grp_left[g] == 0:
                 for u in users[g]:
                     op_left[u] -= 1
                     if op_left[u] == 0:
-                        ready.append(u)
+                        heapq.heappush(heap, (key(u), u))
+    return out
+
+
+def _priority_order(instrs: list[Instr], graph: _Graph) -> list[int]:
+    n = len(instrs)
+    member_of = graph.member_of(n)
+    users = graph.group_users()
+    topo = _kahn(n, graph, member_of, users, key=lambda i: 0.0)
     if len(topo) != n:
-        stuck = [i for i in range(n) if op_left[i] > 0]
+        done = set(topo)
+        stuck = [i for i in range(n) if i not in done]
         names = ", ".join(f"#{i} '{instrs[i].label}'" for i in stuck[:6])
         raise ProgramError(f"the program has a dependency cycle through {len(stuck)} ops: {names}")
     # longest path to the end, in time units of the op costs (bytes + a fixed step);
@@ -275,22 +283,7 @@ def _priority_order(instrs: list[Instr], graph: _Graph) -> list[int]:
                 gp = gpath[g] = max(path[u] for u in users[g]) if users[g] else 0.0
             tail = max(tail, gp)
         path[i] = 1.0 + (c.weight_bytes + c.act_bytes) / 4096.0 + tail
-    op_left = [len(gs) for gs in graph.op_groups]
-    grp_left = [len(m) for m in graph.members]
-    heap = [(-path[i], i) for i in range(n) if op_left[i] == 0]
-    heapq.heapify(heap)
-    out: list[int] = []
-    while heap:
-        _, i = heapq.heappop(heap)
-        out.append(i)
-        for g in member_of[i]:
-            grp_left[g] -= 1
-            if grp_left[g] == 0:
-                for u in users[g]:
-                    op_left[u] -= 1
-                    if op_left[u] == 0:
-                        heapq.heappush(heap, (-path[u], u))
-    return out
+    return _kahn(n, graph, member_of, users, key=lambda i: -path[i])
 
 
 class Stream:
