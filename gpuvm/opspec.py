@@ -321,6 +321,38 @@ def _cost_combine(ts: Slots, a: Args) -> Cost:
     return Cost(act_bytes=a[1] * TOPK * f.shape[1] * 4, flops=a[1] * TOPK * f.shape[1] * 4)
 
 
+# ---- whole-step ops ------------------------------------------------------------
+def _check_embed(ts: Slots, a: Args) -> None:
+    s = _t(ts, 0, "s", F, 2)
+    table = _t(ts, 1, "table", BF, 2)
+    tok = _t(ts, 2, "tokens", I32, 1)
+    _need(table.shape[1] == s.shape[1], f"EMBED table {table.shape} and s {s.shape} disagree on D")
+    _need(tok.shape == (s.shape[0],), f"EMBED tokens {tok.shape} must be [{s.shape[0]}]")
+    _need(s.shape[1] % 8 == 0, "EMBED D must be a multiple of 8")
+    _range(a[0], a[1], s.shape[0], "EMBED row")
+
+
+def _cost_embed(ts: Slots, a: Args) -> Cost:
+    s, table = ts[0], ts[1]
+    assert s and table
+    return Cost(act_bytes=a[1] * (s.row_bytes + table.row_bytes + 4))
+
+
+def _check_argmax(ts: Slots, a: Args) -> None:
+    logits = _t(ts, 0, "logits", F, 2)
+    tok = _t(ts, 1, "tokens", I32, 1)
+    _need(tok.shape == (logits.shape[0],), f"ARGMAX tokens {tok.shape} must be [{logits.shape[0]}]")
+    if _opt(ts, 2) is not None:
+        _need(_t(ts, 2, "margin", F, 1).shape == tok.shape, f"ARGMAX margin must be [{logits.shape[0]}]")
+    _range(a[0], a[1], logits.shape[0], "ARGMAX row")
+
+
+def _cost_argmax(ts: Slots, a: Args) -> Cost:
+    logits = ts[0]
+    assert logits
+    return Cost(act_bytes=a[1] * (logits.row_bytes + 8), flops=2 * a[1] * logits.shape[1])
+
+
 SPECS: dict[Op, OpSpec] = {
     Op.NOP: OpSpec((), (), _check_nop, lambda ts, a: Cost()),
     Op.SLEEP: OpSpec((), ("ns",), _check_sleep, lambda ts, a: Cost()),
@@ -336,6 +368,8 @@ SPECS: dict[Op, OpSpec] = {
     Op.EXPERT_UP: OpSpec(("hbuf", "x", "codes", "scales", "tscales", "route_meta", "route"), ("expert", "n0", "n"), lambda ts, a: _check_expert(ts, a, True), lambda ts, a: _cost_expert(ts, a, 2)),
     Op.EXPERT_DOWN: OpSpec(("y", "hbuf", "codes", "scales", "tscales", "route_meta", "route"), ("expert", "n0", "n"), lambda ts, a: _check_expert(ts, a, False), lambda ts, a: _cost_expert(ts, a, 1)),
     Op.EXPERT_COMBINE: OpSpec(("fsq", "y", "route"), ("tok0", "tokens"), _check_combine, _cost_combine),
+    Op.EMBED: OpSpec(("s", "table", "tokens"), ("row0", "rows"), _check_embed, _cost_embed),
+    Op.ARGMAX: OpSpec(("logits", "tokens", "margin"), ("row0", "rows"), _check_argmax, _cost_argmax),
 }
 
 missing = set(Op) - set(SPECS)

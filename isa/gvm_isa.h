@@ -134,7 +134,18 @@ enum gvm_opcode {
     GVM_OP_EXPERT_COMBINE = 25,
     /* t0 fsq [T,H] bf16, t1 y [8T,H] f32, t2 route [5,8T] i32; a0 token0,
      * a1 tokens. fsq[t] = bf16(sum over local k of w_k * rms(y[slot_k])). */
-    GVM_OP_COUNT_ = 26
+    GVM_OP_EMBED = 26,
+    /* t0 s [T,D] f32 out, t1 table [V,D] bf16, t2 tokens [T] i32; a0 row0,
+     * a1 rows. s[t] = f32(table[tokens[t]]) for t in [a0, a0+a1). A token id
+     * outside [0, V) in the range is GVM_ERR_BAD_ARGS, and nothing is written. */
+    GVM_OP_ARGMAX = 27,
+    /* t0 logits [T,V] f32, t1 tokens out [T] i32, t2 margin [T] f32 or none;
+     * a0 row0, a1 rows. For t in [a0, a0+a1): tokens[t] = the index of the
+     * largest logit of row t (ties: lower index first); margin[t] = that
+     * logit minus the largest of the other V-1 (0 on a tie, +inf when V = 1).
+     * A NaN or infinite logit in the range is GVM_ERR_BAD_ARGS, and nothing
+     * is written. */
+    GVM_OP_COUNT_ = 28
 };
 
 /* ---- instruction flags ---- */

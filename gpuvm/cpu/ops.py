@@ -278,6 +278,32 @@ def expert_combine(ts: Slots, a: Args) -> None:
     fsq[toks] = acc.sum(1).to(fsq.dtype)
 
 
+# ---- whole-step ops ------------------------------------------------------------
+def embed(ts: Slots, a: Args) -> None:
+    s, table, tokens = ts[:3]
+    assert s is not None and table is not None and tokens is not None
+    rows = slice(a[0], a[0] + a[1])
+    ids = tokens[rows].long()
+    bad = (ids < 0) | (ids >= table.shape[0])
+    _need(not bool(bad.any()), f"EMBED: token ids {ids[bad].tolist()[:8]} outside [0, {table.shape[0]})")
+    s[rows] = table[ids].float()
+
+
+def argmax(ts: Slots, a: Args) -> None:
+    logits, tokens = ts[0], ts[1]
+    margin = ts[2] if len(ts) > 2 else None
+    assert logits is not None and tokens is not None
+    rows = slice(a[0], a[0] + a[1])
+    x = logits[rows]
+    _need(bool(torch.isfinite(x).all()), f"ARGMAX rows [{a[0]}, {a[0] + a[1]}): NaN or infinite logits (an unwritten or broken LM head)")
+    # a stable descending sort puts the lower index first among equal logits
+    val, idx = torch.sort(x, dim=1, descending=True, stable=True)
+    if margin is not None:
+        second = val[:, 1] if x.shape[1] > 1 else torch.full_like(val[:, 0], -math.inf)
+        margin[rows] = val[:, 0] - second
+    tokens[rows] = idx[:, 0].to(torch.int32)
+
+
 OPS: dict[Op, Callable[[Slots, Args], None]] = {
     Op.NOP: nop,
     Op.SLEEP: sleep,
@@ -293,6 +319,8 @@ OPS: dict[Op, Callable[[Slots, Args], None]] = {
     Op.EXPERT_UP: expert_up,
     Op.EXPERT_DOWN: expert_down,
     Op.EXPERT_COMBINE: expert_combine,
+    Op.EMBED: embed,
+    Op.ARGMAX: argmax,
 }
 
 _missing = set(Op) - set(OPS)

@@ -20,13 +20,17 @@ caches come back in RefOut).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from .config import MuseConfig
 from .formats import bf16_round, from_e4m3, to_e4m3
 from .state import DecodeState
-from .weights import LayerWeights
+from .weights import LayerWeights, ModelWeights
+
+if TYPE_CHECKING:  # step imports the lowering, which the reference must not depend on
+    from .step import StepState
 
 F64 = torch.float64
 ATTN_SCALE = 0.125  # 1 / sqrt(head_dim 64)
@@ -184,4 +188,49 @@ def reference_layer(
         s_out=s_out.float(), topk_idx=topk_idx, topk_w=topk_w.float(), margin=margin.float(), local_counts=counts,
         h=h.float(), qkvg=qkvg.float(), q=q.float(), o=o.float(), a=a.float(), s_mid=s_mid.float(), h2=h2.float(),
         scores=scores.float(), x=x.float(), fsq=fsq.float(), f=f.float(), k_cache=kc, v_cache=vc,
+    )
+
+
+# ---- the whole step (MUSE.md "The whole model") -------------------------------------
+@dataclass
+class StepRef:
+    """A whole step's result: the chosen tokens and what leads to them."""
+
+    tokens: torch.Tensor    # [T] int64: argmax of each row of logits (ties: lower index first)
+    logits: torch.Tensor    # [T, vocab_shard] f32
+    margin: torch.Tensor    # [T] best logit minus the second best: near 0 means a near-tie
+    s_layers: torch.Tensor  # [n_layers, T, d] the residual stream after each layer
+    h_final: torch.Tensor   # [T, d] rms(s) * (1 + w_final), the LM head's input
+    layers: list[RefOut]    # each layer's reference (routing margins, updated caches)
+
+
+def reference_step(cfg: MuseConfig, model_weights: ModelWeights, step_state: "StepState", tokens: torch.Tensor, *, bf16_acts: bool = True) -> StepRef:
+    """One decode step of the model's first n layers (n = model_weights.n_layers):
+    embedding of tokens [T], the layers in order (reference_layer), the final
+    norm, the LM head and its argmax. step_state is not modified: the updated
+    caches come back in StepRef.layers (StepState.write_caches takes them)."""
+    n = model_weights.n_layers
+    if step_state.n_layers != n:
+        raise ValueError(f"{n} layers of weights but {step_state.n_layers} layer states")
+    T, V = step_state.tokens, cfg.vocab_shard
+    ids = torch.as_tensor(tokens).long().flatten()
+    if ids.numel() != T:
+        raise ValueError(f"need {T} token ids, got {ids.numel()}")
+    if bool(((ids < 0) | (ids >= V)).any()):
+        raise ValueError(f"token ids must be in [0, {V}), got {ids[(ids < 0) | (ids >= V)].tolist()[:8]}")
+    dev = model_weights.embed.device
+    act = (lambda t: bf16_round(t).to(F64)) if bf16_acts else _f32
+    s = model_weights.embed[ids.to(dev)].float()
+    outs: list[RefOut] = []
+    for i in range(n):
+        kind = "full" if cfg.is_full(i) else "sliding"
+        outs.append(reference_layer(cfg, model_weights.layers[i], step_state.layers[i], s, kind, bf16_acts=bf16_acts))
+        s = outs[-1].s_out
+    h = act(rms(s.to(F64), cfg.eps) * (1 + model_weights.w_final.to(F64)))
+    logits = _f32(h @ model_weights.lm_head.to(F64).T)
+    ranked = torch.sort(logits, dim=1, descending=True, stable=True)  # stable: ties to the lower index
+    second = ranked.values[:, 1] if V > 1 else torch.full((T,), float("inf"), dtype=F64, device=dev)
+    return StepRef(
+        tokens=ranked.indices[:, 0], logits=logits.float(), margin=(ranked.values[:, 0] - second).float(),
+        s_layers=torch.stack([o.s_out for o in outs]), h_final=h.float(), layers=outs,
     )

@@ -251,3 +251,72 @@ def make_layer_weights(
         for name, t in zip(EXPERT_FIELDS, make_expert(cfg, layer, e, seed, device)):
             out[name][e] = t
     return LayerWeights(**out, k_scale=float(k_scale), v_scale=float(v_scale))
+
+
+# ---- the whole model ------------------------------------------------------------
+#: the "layer" key of the tensors outside the decoder layers (embedding, final norm, LM head)
+MODEL_KEY = -2
+
+
+def model_shapes(cfg: MuseConfig) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+    """(shape, dtype) of the tensors outside the layers. The embedding has the
+    shard's vocab_shard rows: the shard's argmax yields shard-local ids, which
+    index it directly."""
+    return {
+        "embed": ((cfg.vocab_shard, cfg.d), torch.bfloat16),
+        "w_final": ((cfg.d,), torch.float32),
+        "lm_head": ((cfg.vocab_shard, cfg.d), torch.bfloat16),
+    }
+
+
+def _n_layers(cfg: MuseConfig, layers: int | None) -> int:
+    n = cfg.n_layers if layers is None else layers
+    if not isinstance(n, int) or not 1 <= n <= cfg.n_layers:
+        raise ValueError(f"layers must be an int in [1, {cfg.n_layers}] (the first layers of '{cfg.name}'), not {layers!r}")
+    return n
+
+
+def model_nbytes(cfg: MuseConfig, layers: int | None = None) -> int:
+    """Weight bytes of the shard's model: its layers plus embedding, final norm and LM head."""
+    outside = sum(math.prod(shape) * torch.empty((), dtype=dt).element_size() for shape, dt in model_shapes(cfg).values())
+    return _n_layers(cfg, layers) * layer_nbytes(cfg).total + outside
+
+
+@dataclass
+class ModelWeights:
+    """The shard's model: layers 0..n-1 of the model, in order, and the tensors around them."""
+
+    layers: list[LayerWeights]
+    embed: torch.Tensor    # [vocab_shard, d] bf16
+    w_final: torch.Tensor  # [d] f32: rms(s) * (1 + w_final) before the LM head
+    lm_head: torch.Tensor  # [vocab_shard, d] bf16, rows = logits
+
+    @property
+    def n_layers(self) -> int:
+        return len(self.layers)
+
+    def nbytes(self) -> int:
+        return sum(w.nbytes() for w in self.layers) + sum(t.numel() * t.element_size() for t in (self.embed, self.w_final, self.lm_head))
+
+
+def make_model_weights(cfg: MuseConfig, seed: int, device: str | torch.device = "cpu", layers: int | None = None) -> ModelWeights:
+    """The first `layers` layers (default all) of the model and the tensors around
+    them, deterministic from seed on a device type; layer i is make_layer_weights(cfg, i, seed).
+
+    Embedding rows are N(0, 1) plus SKEW_INPUT * sqrt(d) * u, the same
+    distribution as gpuvm.muse.state.make_inputs, so the router skews the
+    tokens of a whole step as it does a single layer's. The LM head is
+    N(0, 1/d): logits of a normed input are O(1).
+    """
+    n = _n_layers(cfg, layers)
+    shapes = model_shapes(cfg)
+    u = skew_direction(cfg, seed).to(device)
+    embed = _randn(shapes["embed"][0], seed, MODEL_KEY, "embed", device) + SKEW_INPUT * math.sqrt(cfg.d) * u
+    w_final = NORM_STD * _randn(shapes["w_final"][0], seed, MODEL_KEY, "w_final", device)
+    lm_head = _randn(shapes["lm_head"][0], seed, MODEL_KEY, "lm_head", device) / math.sqrt(cfg.d)
+    return ModelWeights(
+        [make_layer_weights(cfg, i, seed, device) for i in range(n)],
+        embed.to(torch.bfloat16).contiguous(),
+        w_final.contiguous(),
+        lm_head.to(torch.bfloat16).contiguous(),
+    )
