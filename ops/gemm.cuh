@@ -6,8 +6,8 @@
 // 16-byte loads: quad member q of row group g loads 8 consecutive k of rows g
 // and g+8 and of token g, and the same k permutation applies to A and B.
 // Weights are streamed with 16-byte non-coherent loads that skip L1 and carry
-// an L2 evict-first policy, GVM_GEMM_STEPS k-steps (3 loads each) in flight per
-// thread. Units of 16 rows x a K range go round-robin to the group's 4
+// an L2 evict-first policy, rolling GVM_GEMM_STEPS k-steps (3 loads each) per
+// thread so that about that many stay in flight. Units of 16 rows x a K range go round-robin to the group's 4
 // warps; K is split in 1, 2 or 4 so that the units are a multiple of 4 (every
 // warp streams the same bytes) and the partial tiles are summed in the group's
 // shared scratch.
@@ -19,11 +19,13 @@
 #include "op_ctx.cuh"
 #include "../runtime/params.cuh"
 
-#ifndef GVM_GEMM_STEPS          // k-steps of 32 per batch of loads: as many as the register budget allows
-#if GVM_MAX_GROUPS <= 2
-#define GVM_GEMM_STEPS 8
+#ifndef GVM_GEMM_STEPS          // k-steps of 32 held per thread: as many as the register budget allows
+#if GVM_MAX_GROUPS <= 2 && defined(GVM_TRACE)
+#define GVM_GEMM_STEPS 6           // the stamps hold registers too: 7 spills 8 B under NVRTC 13.0
+#elif GVM_MAX_GROUPS <= 2
+#define GVM_GEMM_STEPS 7           // 8 spills in the 2-group kernel (168 registers with the runtime around it)
 #else
-#define GVM_GEMM_STEPS 4
+#define GVM_GEMM_STEPS 2           // 3 spills in the 4-group kernel (96 registers)
 #endif
 #endif
 #define GVM_GEMM_TILE_BYTES 512 // one partial 16 x 8 f32 tile
@@ -74,7 +76,13 @@ __device__ __forceinline__ void gvm_gemm_store(const gvm_tensor& out, long long 
 // 16-byte chunks [c_beg, c_end) of K. Returns the 16 x 8 partial in the
 // C fragment (rows g, g+8; tokens 2q, 2q+1). Rows and tokens past the end
 // read a valid row instead (their results are never stored), so only the K
-// range needs a predicate, and only in a batch that crosses c_end.
+// range needs a predicate.
+//
+// The loads roll: GVM_GEMM_STEPS k-steps are held in registers, and each
+// step's registers are refilled with the step GVM_GEMM_STEPS ahead as soon
+// as its MMAs have consumed them, so about GVM_GEMM_STEPS - 1 steps of loads
+// stay in flight per thread all along (a batch that waited for all its loads
+// before issuing the next one averaged half of that).
 __device__ __forceinline__ void gvm_gemm_bf16_unit(float (&acc)[4], const char* w_base, long long w_row_bytes,
                                                    const char* x_base, long long x_row_bytes, int row0, int row_end,
                                                    int t0, int T, int c_beg, int c_end, unsigned lane,
@@ -89,12 +97,29 @@ __device__ __forceinline__ void gvm_gemm_bf16_unit(float (&acc)[4], const char* 
     const char* px = x_base + (long long)tx * x_row_bytes + first;
     acc[0] = acc[1] = acc[2] = acc[3] = 0.f;
     constexpr int BATCH = 4 * GVM_GEMM_STEPS;  // chunks per batch (4 quad members per step)
+    const int n_batches = (c_end - c_beg + BATCH - 1) / BATCH;  // uniform: mma.sync needs the whole warp
+    uint4 A[GVM_GEMM_STEPS], B[GVM_GEMM_STEPS], X[GVM_GEMM_STEPS];
+    int left = c_end - c_beg - q;  // chunks this lane has left from the batch being loaded
+#pragma unroll
+    for (int u = 0; u < GVM_GEMM_STEPS; ++u) {
+        if (4 * u < left) {
+            A[u] = gvm_gemm_ld_w16(pa + 64 * u, pol);
+            B[u] = gvm_gemm_ld_w16(pb + 64 * u, pol);
+            X[u] = gvm_gemm_ld_x16(px + 64 * u);
+        } else {
+            A[u] = B[u] = X[u] = make_uint4(0, 0, 0, 0);
+        }
+    }
 #pragma unroll 1
-    for (int ch0 = c_beg; ch0 < c_end; ch0 += BATCH) {  // uniform trip count: mma.sync needs the whole warp
-        const int left = c_end - ch0 - q;                // chunks this lane has left from here
-        uint4 A[GVM_GEMM_STEPS], B[GVM_GEMM_STEPS], X[GVM_GEMM_STEPS];
+    for (int b = 0; b < n_batches; ++b) {
+        pa += 64 * GVM_GEMM_STEPS;
+        pb += 64 * GVM_GEMM_STEPS;
+        px += 64 * GVM_GEMM_STEPS;
+        left -= BATCH;  // now: chunks left from the next batch (<= 0 past the last)
 #pragma unroll
         for (int u = 0; u < GVM_GEMM_STEPS; ++u) {
+            gvm_gemm_mma(acc, A[u].x, B[u].x, A[u].y, B[u].y, X[u].x, X[u].y);
+            gvm_gemm_mma(acc, A[u].z, B[u].z, A[u].w, B[u].w, X[u].z, X[u].w);
             if (4 * u < left) {
                 A[u] = gvm_gemm_ld_w16(pa + 64 * u, pol);
                 B[u] = gvm_gemm_ld_w16(pb + 64 * u, pol);
@@ -103,14 +128,6 @@ __device__ __forceinline__ void gvm_gemm_bf16_unit(float (&acc)[4], const char* 
                 A[u] = B[u] = X[u] = make_uint4(0, 0, 0, 0);
             }
         }
-#pragma unroll
-        for (int u = 0; u < GVM_GEMM_STEPS; ++u) {
-            gvm_gemm_mma(acc, A[u].x, B[u].x, A[u].y, B[u].y, X[u].x, X[u].y);
-            gvm_gemm_mma(acc, A[u].z, B[u].z, A[u].w, B[u].w, X[u].z, X[u].w);
-        }
-        pa += 64 * GVM_GEMM_STEPS;
-        pb += 64 * GVM_GEMM_STEPS;
-        px += 64 * GVM_GEMM_STEPS;
     }
 }
 

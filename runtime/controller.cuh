@@ -1,107 +1,163 @@
 // Warp 0: claims instructions in stream order and hands each to a free
-// compute group; claims the next one while the groups work, so the claim's
-// latency hides behind them (one claim held, not yet handed out).
+// compute group, with the claims' and records' latencies pipelined.
 //
-// No deadlock, by construction. Every instruction waits only on instructions
-// earlier in the stream. A block receives its indices in increasing order
-// (one atomic head, or an increasing static list) and hands them out in that
-// order, so it never holds an earlier claim behind a later one. Take the
-// earliest instruction m not finished: everything m waits on is finished, so
-// if a group has m it completes. Otherwise m is this block's held claim, and
-// every instruction its groups hold is earlier than m, hence finished, so a
-// group comes free and m is handed to it. In dynamic mode this needs no
-// co-residency (an unstarted block holds nothing); static mode needs every
-// block resident, which the launch checks.
+// The controller holds up to GVM_CLAIM_SLOTS claims in a ring of register
+// slots with fixed positions (the ring loop is unrolled, so every slot is
+// its own registers and reading one waits for that load alone). Visiting
+// slot j, it (1) reads the claim issued two visits ago into slot j+2 and
+// starts loading that instruction's 128-byte record, (2) hands slot j's
+// instruction (claimed four visits ago, its record loading for two) to a
+// free group, (3) issues the next claim into slot j. So a claim has two
+// hand-offs to come back and a record two more to arrive, and the per-
+// instruction work on the critical path is a shared-memory copy and an
+// mbarrier arrive. At most p.claim_depth slots hold a claim (a claimed
+// instruction waits for this block's groups even when another block has a
+// free one, so a deep queue costs balance on long ops).
+//
+// No deadlock, by construction, with a queue of any depth d. Every
+// instruction waits only on instructions earlier in the stream. A block's
+// claims come in increasing stream order (one atomic head, or an increasing
+// static list) and it hands them out in the order it claimed them (ring
+// order), so every instruction its groups hold is earlier than every one in
+// its queue: a block never holds a claimed instruction while all its groups
+// are busy on later ones. Take the earliest instruction m not finished:
+// everything m waits on is finished, so if a group has m it completes.
+// Otherwise m sits in some block's queue; the entries ahead of it there are
+// earlier, hence finished, hence already handed out, so m is at the head;
+// every instruction that block's groups hold is earlier than m, hence
+// finished, so a group comes free and m is handed to it. In dynamic mode
+// this needs no co-residency (an unstarted block holds nothing); static mode
+// needs every block resident, which the launch checks.
 #pragma once
 #include "shared.cuh"
 #include "stamps.cuh"
 #include "../scheduler/claim.cuh"
 #include "../scheduler/counters.cuh"
 
-// Queues a claimed instruction's weight range for the loader (lane 0 only).
-__device__ __forceinline__ void gvm_push_prefetch(gvm_shared& sh, unsigned& head, const gvm_pf_entry& e) {
-    while (head - sh.ring_tail >= GVM_PF_RING) gvm_nanosleep(32);
-    gvm_pf_entry& slot = sh.ring[head % GVM_PF_RING];
-    slot.idx = e.idx;
-    slot.tensor = e.tensor;
-    slot.offset = e.offset;
-    slot.bytes = e.bytes;
-    __threadfence_block();
-    sh.ring_head = ++head;
-}
+#define GVM_CS_EMPTY 0u    // slot holds nothing
+#define GVM_CS_CLAIMED 1u  // claim issued, its index not read yet
+#define GVM_CS_LOADED 2u   // index read, record load issued
+
+struct gvm_cslot {
+    unsigned state;  // GVM_CS_*, the same in every lane
+    unsigned raw;    // the claim as issued (gvm_claim_issue)
+    unsigned idx;    // the stream index
+    unsigned word;   // this lane's 32-bit word of the record
+};
 
 // Starts loading the claimed instruction's record (one word per lane).
 __device__ __forceinline__ unsigned gvm_load_record(const gvm_params& p, unsigned idx, unsigned lane) {
     return __ldg(reinterpret_cast<const unsigned*>(p.instrs + idx) + lane);
 }
 
-// Queues the weight range of a claimed instruction (its record in `word`,
-// one 32-bit word per lane) for the loader, or stamps LOAD = CLAIM if none.
+// Queues the weight range and the waits of an instruction about to be handed
+// out (its record in `word`, one 32-bit word per lane) for the loader, or
+// stamps LOAD = CLAIM if it has none. Never waits for the loader: with the
+// ring full the prefetch is skipped (it is only a hint).
 __device__ __forceinline__ void gvm_queue_prefetch(const gvm_params& p, gvm_shared& sh, unsigned& ring_head,
                                                    unsigned idx, unsigned word, unsigned lane) {
-    // pf_offset: words 16-17, pf_bytes: word 18, pf_slot: low half of word 19, tensor[]: words 12-15
+    // words: 1 signal | n_waits << 16, 2-3 wait_counter[4], 4-7 wait_base, 8-11 wait_step,
+    // 12-15 tensor[8], 16-17 pf_offset, 18 pf_bytes, 19 pf_slot | reserved << 16
     const unsigned pf_slot = __shfl_sync(0xffffffffu, word, 19) & 0xffffu;
     const unsigned pf_bytes = __shfl_sync(0xffffffffu, word, 18);
     const unsigned lo = __shfl_sync(0xffffffffu, word, 16), hi = __shfl_sync(0xffffffffu, word, 17);
     const unsigned tword = __shfl_sync(0xffffffffu, word, 12 + ((pf_slot >> 1) & 3u));
     const unsigned tensor = pf_slot & 1u ? tword >> 16 : tword & 0xffffu;
-    if (lane != 0) return;
-    if (pf_slot < GVM_MAX_TENSORS && pf_bytes != 0 && tensor != GVM_NONE) {
-        gvm_pf_entry e{idx, tensor, (unsigned long long)hi << 32 | lo, pf_bytes, 0u};
-        gvm_push_prefetch(sh, ring_head, e);
-    } else {
-        GVM_STAMP_COPY(p.trace, idx, GVM_STAMP_LOAD, GVM_STAMP_CLAIM);
+    bool push = pf_slot < GVM_MAX_TENSORS && pf_bytes != 0 && tensor != GVM_NONE;
+    push = __shfl_sync(0xffffffffu, push && ring_head - sh.ring_tail < GVM_PF_RING, 0);
+    if (!push) {
+        if (lane == 0) GVM_STAMP_COPY(p.trace, idx, GVM_STAMP_LOAD, GVM_STAMP_CLAIM);
+        return;
+    }
+    const unsigned w = lane & 3u;  // lanes 0-3: wait w
+    const unsigned n_waits = __shfl_sync(0xffffffffu, word, 1) >> 16;
+    const unsigned cword = __shfl_sync(0xffffffffu, word, 2 + (w >> 1));
+    const unsigned base = __shfl_sync(0xffffffffu, word, 4 + w);
+    const unsigned per_step = __shfl_sync(0xffffffffu, word, 8 + w);
+    gvm_pf_entry& e = sh.ring[ring_head % GVM_PF_RING];
+    if (lane < GVM_MAX_WAITS) {
+        e.counter[lane] = w & 1u ? cword >> 16 : cword & 0xffffu;
+        e.target[lane] = base + p.step * per_step;
+    }
+    if (lane == 0) {
+        e.idx = idx;
+        e.tensor = tensor;
+        e.offset = (unsigned long long)hi << 32 | lo;
+        e.bytes = pf_bytes;
+        e.n_waits = n_waits;
+    }
+    __syncwarp();
+    ++ring_head;
+    if (lane == 0) {
+        __threadfence_block();
+        sh.ring_head = ring_head;
     }
 }
 
-// The claim of the next instruction normally starts once the current one
-// has a group (claim ahead while groups work). When a group is already free
-// as the current record arrives, it starts at once instead, so that the
-// claim's latency overlaps the record load; the current instruction is then
-// handed out within that load, so a block never sits on two claims.
+// Hands one instruction to a free group (waits for one; traps if the
+// hand-off is broken, see gvm_mbar_wait).
+__device__ __forceinline__ void gvm_hand_off(const gvm_params& p, gvm_shared& sh, gvm_groups_view& view,
+                                             unsigned& ring_head, const gvm_cslot& s, unsigned lane) {
+    gvm_queue_prefetch(p, sh, ring_head, s.idx, s.word, lane);
+    const unsigned g = gvm_acquire_group(view, sh.empty, p.groups, gvm_handoff_bound(p.watchdog_ns));
+    if (g == GVM_NONE) gvm_handoff_trap();
+    reinterpret_cast<unsigned*>(&sh.slot[g].ins)[lane] = s.word;
+    if (lane == 0) sh.slot[g].idx = s.idx;
+    __syncwarp();
+    if (lane == 0) gvm_mbar_arrive(&sh.full[g]);
+    gvm_mark_busy(view, g);
+}
+
 __device__ __forceinline__ void gvm_controller(const gvm_params& p, gvm_shared& sh) {
     const unsigned lane = threadIdx.x & 31u;
     const unsigned n = p.n_instrs;
-    unsigned* abort_flag = p.state + GVM_STATE_ABORT;
+    const unsigned depth = p.claim_depth == 0u || p.claim_depth > GVM_CLAIM_SLOTS ? GVM_CLAIM_SLOTS : p.claim_depth;
+    const unsigned* abort_flag = p.state + GVM_STATE_ABORT;
     gvm_groups_view view{0u, 0u, 0u};
     if (p.n_warm != 0) gvm_mark_busy(view, 0);  // the warmer handed group 0 its warm instruction
     gvm_claimer claimer = gvm_claimer_init(p);
+    gvm_cslot s[GVM_CLAIM_SLOTS];
+#pragma unroll
+    for (unsigned j = 0; j < GVM_CLAIM_SLOTS; ++j) s[j] = gvm_cslot{GVM_CS_EMPTY, 0u, 0u, 0u};
+    unsigned held = 0;         // slots not empty
+    bool exhausted = false;    // a claim came back past the end: every later one will too
+    bool aborted = false;      // a block failed: hand out nothing more
     unsigned ring_head = 0;
-    unsigned aborted = lane == 0 ? gvm_ld_relaxed(abort_flag) : 0u;  // overlaps the claim
-    unsigned idx = gvm_claim_finish(claimer, gvm_claim_issue(claimer), n);
-    if (__shfl_sync(0xffffffffu, aborted, 0) != 0u) idx = n;
-    unsigned word = 0;
-    if (idx < n) {
-        if (lane == 0) GVM_STAMP(p.trace, idx, GVM_STAMP_CLAIM);
-        word = gvm_load_record(p, idx, lane);
+    for (;;) {
+        const unsigned abort_word = lane == 0 ? gvm_ld_relaxed(abort_flag) : 0u;  // read once a ring turn
+#pragma unroll
+        for (unsigned j = 0; j < GVM_CLAIM_SLOTS; ++j) {
+            gvm_cslot& f = s[(j + 2) % GVM_CLAIM_SLOTS];
+            if (f.state == GVM_CS_CLAIMED) {
+                f.idx = gvm_claim_finish(claimer, f.raw, n);
+                if (f.idx >= n || aborted) {
+                    exhausted = exhausted || f.idx >= n;
+                    f.state = GVM_CS_EMPTY;
+                    --held;
+                } else {
+                    if (lane == 0) GVM_STAMP(p.trace, f.idx, GVM_STAMP_CLAIM);
+                    f.word = gvm_load_record(p, f.idx, lane);
+                    f.state = GVM_CS_LOADED;
+                }
+            }
+            gvm_cslot& h = s[j];
+            if (h.state == GVM_CS_LOADED) {
+                if (!aborted) gvm_hand_off(p, sh, view, ring_head, h, lane);
+                h.state = GVM_CS_EMPTY;
+                --held;
+            }
+            if (h.state == GVM_CS_EMPTY && !exhausted && !aborted && held < depth) {
+                h.raw = gvm_claim_issue(claimer);
+                h.state = GVM_CS_CLAIMED;
+                ++held;
+            }
+        }
+        aborted = aborted || __shfl_sync(0xffffffffu, abort_word, 0) != 0u;
+        if ((exhausted || aborted) && held == 0) break;
     }
-    while (idx < n) {
-        const bool early = gvm_any_group_free(view, sh.empty, p.groups);
-        unsigned raw = 0;
-        if (early) {
-            aborted = lane == 0 ? gvm_ld_relaxed(abort_flag) : 0u;
-            raw = gvm_claim_issue(claimer);
-        }
-        gvm_queue_prefetch(p, sh, ring_head, idx, word, lane);
-        const unsigned g = gvm_acquire_group(view, sh.empty, p.groups);
-        if (!early) {
-            aborted = lane == 0 ? gvm_ld_relaxed(abort_flag) : 0u;
-            raw = gvm_claim_issue(claimer);
-        }
-        reinterpret_cast<unsigned*>(&sh.slot[g].ins)[lane] = word;
-        if (lane == 0) sh.slot[g].idx = idx;
-        __syncwarp();
-        if (lane == 0) gvm_mbar_arrive(&sh.full[g]);
-        gvm_mark_busy(view, g);
-        idx = gvm_claim_finish(claimer, raw, n);
-        if (__shfl_sync(0xffffffffu, aborted, 0) != 0u) idx = n;
-        if (idx < n) {
-            if (lane == 0) GVM_STAMP(p.trace, idx, GVM_STAMP_CLAIM);
-            word = gvm_load_record(p, idx, lane);
-        }
-    }
+    const unsigned long long bound = gvm_handoff_bound(p.watchdog_ns);
     for (unsigned g = 0; g < p.groups; ++g) {
-        gvm_drain_group(view, sh.empty, g);
+        if (!gvm_drain_group(view, sh.empty, g, bound)) gvm_handoff_trap();
         if (lane == 0) {
             sh.slot[g].idx = GVM_SLOT_EXIT;
             gvm_mbar_arrive(&sh.full[g]);

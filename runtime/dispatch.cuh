@@ -22,6 +22,9 @@
 #if !defined(GVM_NO_MUSE_OPS) && __has_include("../ops/experts.cuh")
 #include "../ops/experts.cuh"
 #endif
+#if !defined(GVM_NO_MUSE_OPS) && __has_include("../ops/step.cuh")
+#include "../ops/step.cuh"
+#endif
 
 struct gvm_missing_op {
     __device__ operator int() const { return GVM_ERR_BAD_OPCODE; }
@@ -41,6 +44,8 @@ GVM_FALLBACK(gvm_op_topk)
 GVM_FALLBACK(gvm_op_expert_up)
 GVM_FALLBACK(gvm_op_expert_down)
 GVM_FALLBACK(gvm_op_expert_combine)
+GVM_FALLBACK(gvm_op_embed)
+GVM_FALLBACK(gvm_op_argmax)
 #undef GVM_FALLBACK
 
 #define GVM_HAS(op, name) \
@@ -54,7 +59,8 @@ extern "C" __device__ const unsigned long long gvm_compiled_ops =
     GVM_HAS(GVM_OP_ATTN_CHUNK, gvm_op_attn_chunk) | GVM_HAS(GVM_OP_ATTN_MERGE, gvm_op_attn_merge) |
     GVM_HAS(GVM_OP_RESIDUAL, gvm_op_residual) | GVM_HAS(GVM_OP_TOPK, gvm_op_topk) |
     GVM_HAS(GVM_OP_EXPERT_UP, gvm_op_expert_up) | GVM_HAS(GVM_OP_EXPERT_DOWN, gvm_op_expert_down) |
-    GVM_HAS(GVM_OP_EXPERT_COMBINE, gvm_op_expert_combine);
+    GVM_HAS(GVM_OP_EXPERT_COMBINE, gvm_op_expert_combine) | GVM_HAS(GVM_OP_EMBED, gvm_op_embed) |
+    GVM_HAS(GVM_OP_ARGMAX, gvm_op_argmax);
 
 __device__ __forceinline__ int gvm_dispatch(const gvm_ctx& c) {
     switch (c.ins->opcode) {
@@ -72,6 +78,8 @@ __device__ __forceinline__ int gvm_dispatch(const gvm_ctx& c) {
         case GVM_OP_EXPERT_UP: return gvm_op_expert_up(c);
         case GVM_OP_EXPERT_DOWN: return gvm_op_expert_down(c);
         case GVM_OP_EXPERT_COMBINE: return gvm_op_expert_combine(c);
+        case GVM_OP_EMBED: return gvm_op_embed(c);
+        case GVM_OP_ARGMAX: return gvm_op_argmax(c);
         default: return GVM_ERR_BAD_OPCODE;
     }
 }

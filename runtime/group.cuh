@@ -28,7 +28,7 @@ __device__ __forceinline__ void gvm_group(const gvm_params& p, gvm_shared& sh, u
     c.smem_bytes = GVM_GROUP_SMEM;
     unsigned parity = 0;
     for (;;) {
-        gvm_mbar_wait(&sh.full[g], parity);
+        if (!gvm_mbar_wait(&sh.full[g], parity, gvm_handoff_bound(p.watchdog_ns))) gvm_handoff_trap();
         parity ^= 1u;
         const unsigned idx = sh.slot[g].idx;
         if (idx == GVM_SLOT_EXIT) break;

@@ -14,6 +14,7 @@
 #define GVM_GROUP_THREADS 128
 #define GVM_BLOCK_THREADS (GVM_CONTROL_THREADS + GVM_MAX_GROUPS * GVM_GROUP_THREADS)
 #define GVM_PF_RING 16            // claimed instructions queued for the loader
+#define GVM_CLAIM_SLOTS 4         // claims a controller can hold (runtime/controller.cuh)
 
 // state[] words (u32), zero before the first launch
 #define GVM_STATE_HEAD 0          // dynamic mode: next stream index to claim
@@ -40,7 +41,7 @@ struct gvm_params {
     unsigned mode;                 // GVM_MODE_*
     unsigned groups;               // compute groups per block, 1..GVM_MAX_GROUPS
     unsigned n_warm;               // warm instructions (0: warmer off)
-    unsigned reserved;
+    unsigned claim_depth;          // claims held ahead per block, 1..GVM_CLAIM_SLOTS (0: GVM_CLAIM_SLOTS)
 };
 
 // Field offsets of gvm_params, written out because NVRTC 13.0 (the GPU
@@ -61,6 +62,7 @@ struct gvm_params {
 #define GVM_OFF_mode 88
 #define GVM_OFF_groups 92
 #define GVM_OFF_n_warm 96
+#define GVM_OFF_claim_depth 100
 #define GVM_PARAMS_BYTES 104
 #define GVM_PARAM_OFFSET(f) ((unsigned)GVM_OFF_##f)
 #if defined(__has_builtin)
@@ -69,7 +71,7 @@ struct gvm_params {
 GVM_CHECK_OFF(instrs) GVM_CHECK_OFF(table) GVM_CHECK_OFF(counters) GVM_CHECK_OFF(state) GVM_CHECK_OFF(error)
 GVM_CHECK_OFF(trace) GVM_CHECK_OFF(static_lists) GVM_CHECK_OFF(warm_instrs) GVM_CHECK_OFF(warm_table)
 GVM_CHECK_OFF(watchdog_ns) GVM_CHECK_OFF(n_instrs) GVM_CHECK_OFF(step) GVM_CHECK_OFF(mode) GVM_CHECK_OFF(groups)
-GVM_CHECK_OFF(n_warm)
+GVM_CHECK_OFF(n_warm) GVM_CHECK_OFF(claim_depth)
 #undef GVM_CHECK_OFF
 #endif
 #endif
@@ -81,8 +83,8 @@ extern "C" __device__ const unsigned gvm_layout[] = {
     GVM_PARAM_OFFSET(state), GVM_PARAM_OFFSET(error), GVM_PARAM_OFFSET(trace),
     GVM_PARAM_OFFSET(static_lists), GVM_PARAM_OFFSET(warm_instrs), GVM_PARAM_OFFSET(warm_table),
     GVM_PARAM_OFFSET(watchdog_ns), GVM_PARAM_OFFSET(n_instrs), GVM_PARAM_OFFSET(step),
-    GVM_PARAM_OFFSET(mode), GVM_PARAM_OFFSET(groups), GVM_PARAM_OFFSET(n_warm),
+    GVM_PARAM_OFFSET(mode), GVM_PARAM_OFFSET(groups), GVM_PARAM_OFFSET(n_warm), GVM_PARAM_OFFSET(claim_depth),
     GVM_MAX_GROUPS, GVM_GROUP_SMEM, GVM_CONTROL_THREADS, GVM_GROUP_THREADS, GVM_STATE_WORDS,
     (unsigned)sizeof(gvm_instr), (unsigned)sizeof(gvm_tensor), (unsigned)sizeof(gvm_trace),
-    (unsigned)sizeof(gvm_error),
+    (unsigned)sizeof(gvm_error), GVM_CLAIM_SLOTS,
 };

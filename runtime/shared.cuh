@@ -4,13 +4,18 @@
 #include "params.cuh"
 #include "../scheduler/handoff.cuh"
 
-// A claimed instruction's weight range, queued from the controller to the loader.
-struct gvm_pf_entry {
-    unsigned idx;                 // stream index (for the LOAD stamp)
-    unsigned tensor;              // tensor-table index of the weights
-    unsigned long long offset;    // byte range [offset, offset + bytes) of that tensor
+// A claimed instruction's weight range, queued from the controller to the
+// loader, with its dependency waits (the loader prefetches only for an
+// instruction that will wait: see runtime/loader.cuh).
+struct __align__(16) gvm_pf_entry {
+    unsigned idx;                    // stream index (for the LOAD stamp)
+    unsigned tensor;                 // tensor-table index of the weights
+    unsigned long long offset;       // byte range [offset, offset + bytes) of that tensor
     unsigned bytes;
-    unsigned pad;
+    unsigned n_waits;
+    unsigned counter[GVM_MAX_WAITS]; // wait w: counter[w] must reach target[w] (this step's)
+    unsigned target[GVM_MAX_WAITS];
+    unsigned pad[2];
 };
 
 struct gvm_shared {

@@ -3,7 +3,8 @@
 // Dynamic mode: one atomicAdd on the global head per claim, so the order in
 // which blocks come free decides the placement at run time. Static mode:
 // the block's host-made list (gpuvm/static.py: int32 offsets[n_blocks + 1],
-// then the indices), read 32 entries at a time into the controller's lanes.
+// then the indices), read 32 entries at a time into the controller's lanes,
+// the next 32 already loading while the current ones are handed out.
 // Both hand out indices in increasing stream order per block, which the
 // deadlock argument in runtime/controller.cuh relies on.
 //
@@ -18,7 +19,14 @@ struct gvm_claimer {
     unsigned pos, end;     // static: cursor into indices
     unsigned window;       // static: first position held in the lanes
     unsigned cached;       // static: this lane's entry of the window
+    unsigned ahead;        // static: this lane's entry of the window after it (loading)
 };
+
+// Static: this lane's entry of the window starting at `first` (past the end: none).
+__device__ __forceinline__ unsigned gvm_claim_window(const gvm_claimer& c, unsigned first) {
+    const unsigned i = first + (threadIdx.x & 31u);
+    return i < c.end ? (unsigned)c.indices[i] : 0xffffffffu;
+}
 
 __device__ __forceinline__ gvm_claimer gvm_claimer_init(const gvm_params& p) {
     gvm_claimer c;
@@ -26,12 +34,14 @@ __device__ __forceinline__ gvm_claimer gvm_claimer_init(const gvm_params& p) {
     c.head = p.state + GVM_STATE_HEAD;
     c.indices = nullptr;
     c.pos = c.end = c.window = 0;
-    c.cached = 0;
+    c.cached = c.ahead = 0;
     if (p.mode == GVM_MODE_STATIC) {
         c.indices = p.static_lists + gridDim.x + 1;
         c.pos = (unsigned)p.static_lists[blockIdx.x];
         c.end = (unsigned)p.static_lists[blockIdx.x + 1];
-        c.window = c.pos + 32;  // forces a load on the first claim
+        c.window = c.pos;
+        c.cached = gvm_claim_window(c, c.pos);
+        c.ahead = gvm_claim_window(c, c.pos + 32);
     }
     return c;
 }
@@ -44,8 +54,9 @@ __device__ __forceinline__ unsigned gvm_claim_issue(gvm_claimer& c) {
     if (c.mode != GVM_MODE_STATIC) return lane == 0 ? atomicAdd(c.head, 1u) : 0u;
     if (c.pos >= c.end) return 0xffffffffu;
     if (c.pos - c.window >= 32u) {
-        c.window = c.pos;
-        c.cached = c.window + lane < c.end ? (unsigned)c.indices[c.window + lane] : 0xffffffffu;
+        c.window += 32u;
+        c.cached = c.ahead;  // loaded 32 claims ago
+        c.ahead = gvm_claim_window(c, c.window + 32u);
     }
     const unsigned idx = __shfl_sync(0xffffffffu, c.cached, c.pos - c.window);
     ++c.pos;

@@ -46,16 +46,38 @@ __device__ __forceinline__ bool gvm_mbar_test(unsigned long long* bar, unsigned 
     return ok != 0;
 }
 
-// Blocking (the hardware suspends the thread between tries).
-__device__ __forceinline__ void gvm_mbar_wait(unsigned long long* bar, unsigned parity) {
-    unsigned ok;
-    do {
+// Blocking (the hardware suspends the thread between tries), but bounded:
+// false once bound_ns have passed with the phase still open. Neither side of
+// a hand-off ever waits that long in a sound kernel (a group's longest stay
+// is its op plus a watchdog-bounded counter wait), so a timeout means the
+// hand-off itself is broken, and the caller stops the kernel instead of hanging.
+__device__ __forceinline__ bool gvm_mbar_wait(unsigned long long* bar, unsigned parity, unsigned long long bound_ns) {
+    unsigned long long t0 = 0;
+    for (;;) {
+        unsigned ok;
         asm volatile(
             "{ .reg .pred p; mbarrier.try_wait.parity.acquire.cta.shared::cta.b64 p, [%1], %2; selp.b32 %0, 1, 0, p; }"
             : "=r"(ok)
             : "r"(gvm_smem_u32(bar)), "r"(parity)
             : "memory");
-    } while (!ok);
+        if (ok) return true;
+        const unsigned long long now = gvm_globaltimer();
+        if (t0 == 0) t0 = now;
+        else if (now - t0 > bound_ns) return false;
+    }
+}
+
+// How long a hand-off may take at most: twice the launch's watchdog bound
+// plus 100 ms (an op's own run time is far below that).
+__device__ __forceinline__ unsigned long long gvm_handoff_bound(unsigned long long watchdog_ns) {
+    return 2ull * watchdog_ns + 100000000ull;
+}
+
+// A hand-off timed out: nothing can finish this launch cleanly any more (a
+// group or the controller would wait forever at the block's final barrier),
+// so the kernel traps: the host sees a failed launch, not a hang.
+__device__ __noinline__ void gvm_handoff_trap() {
+    asm volatile("trap;");
 }
 
 // The controller's view of its groups: which are busy, and the parity of the
@@ -81,16 +103,12 @@ __device__ __forceinline__ bool gvm_poll_group(gvm_groups_view& v, unsigned long
     return true;
 }
 
-// Is some group free right now? (Non-blocking.)
-__device__ __forceinline__ bool gvm_any_group_free(gvm_groups_view& v, unsigned long long* empty, unsigned groups) {
-    for (unsigned g = 0; g < groups; ++g)
-        if (gvm_poll_group(v, empty, g)) return true;
-    return false;
-}
-
 // Blocks until some group is free and returns it, searching round-robin so
-// that consecutive instructions go to different groups.
-__device__ __forceinline__ unsigned gvm_acquire_group(gvm_groups_view& v, unsigned long long* empty, unsigned groups) {
+// that consecutive instructions go to different groups. Past bound_ns it
+// returns GVM_NONE (see gvm_mbar_wait: a broken hand-off).
+__device__ __forceinline__ unsigned gvm_acquire_group(gvm_groups_view& v, unsigned long long* empty, unsigned groups,
+                                                      unsigned long long bound_ns) {
+    unsigned long long t0 = 0;
     for (;;) {
         for (unsigned k = 0; k < groups; ++k) {
             unsigned g = v.next + k;
@@ -100,12 +118,21 @@ __device__ __forceinline__ unsigned gvm_acquire_group(gvm_groups_view& v, unsign
                 return g;
             }
         }
+        const unsigned long long now = __shfl_sync(0xffffffffu, gvm_globaltimer(), 0);  // one clock for the warp
+        if (t0 == 0) t0 = now;
+        else if (now - t0 > bound_ns) return GVM_NONE;
         gvm_nanosleep(32);  // spare the issue slots the groups on this sub-partition need
     }
 }
 
-// Blocks until group g is free (used to drain groups before they exit).
-__device__ __forceinline__ void gvm_drain_group(gvm_groups_view& v, unsigned long long* empty, unsigned g) {
+// Blocks until group g is free (before it is told to exit); false past bound_ns.
+__device__ __forceinline__ bool gvm_drain_group(gvm_groups_view& v, unsigned long long* empty, unsigned g,
+                                                unsigned long long bound_ns) {
+    unsigned long long t0 = 0;
     while (!gvm_poll_group(v, empty, g)) {
+        const unsigned long long now = __shfl_sync(0xffffffffu, gvm_globaltimer(), 0);
+        if (t0 == 0) t0 = now;
+        else if (now - t0 > bound_ns) return false;
     }
+    return true;
 }

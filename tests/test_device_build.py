@@ -85,6 +85,10 @@ def test_params_layout_matches_the_host(builds: dict[str, Build]) -> None:
     bad[1 + PARAMS_DTYPE.names.index("step")] += 4
     with pytest.raises(LayoutError, match="step"):
         check_layout(bad)
+    bad = words.copy()
+    bad[-1] += 1  # the controller's claim slots, which VM.claim_depth is checked against
+    with pytest.raises(LayoutError, match="holds 5 claims on the device, 4 on the host"):
+        check_layout(bad)
 
 
 def test_disk_cache_hits_and_misses(cache: Path, builds: dict[str, Build], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

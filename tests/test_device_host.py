@@ -95,7 +95,7 @@ def test_op_error_and_no_error() -> None:
 def test_params_block_is_the_c_struct() -> None:
     """runtime/params.cuh: ten 8-byte fields then six 4-byte ones, 104 bytes
     (the build test checks every offset against the compiled kernel)."""
-    assert PARAMS_DTYPE.itemsize == 104
+    assert PARAMS_DTYPE.itemsize == 104 and PARAMS_DTYPE.fields["claim_depth"][1] == 100
     assert PARAMS_DTYPE.fields["watchdog_ns"][1] == 72 and PARAMS_DTYPE.fields["n_instrs"][1] == 80
 
 
@@ -145,7 +145,7 @@ def test_nvtx_range_is_harmless() -> None:
 class _FakeVM:
     """What Loaded.params reads of a VM: a 4-block, 2-group GPU, warmer on."""
 
-    n_blocks, groups = 4, 2
+    n_blocks, groups, claim_depth = 4, 2, 3
     torch_device = torch.device("cpu")
 
     def warm_args(self) -> tuple[int, int, int]:
@@ -172,6 +172,7 @@ def test_launch_parameters() -> None:
     assert int(p["watchdog_ns"]) == 250_000_000 and int(p["static_lists"]) == 0 and int(p["trace"]) == 0
     assert int(p["counters"]) == ld._counters.data_ptr() and int(p["instrs"]) == ld._records.data_ptr()  # type: ignore[attr-defined]
     assert (int(p["warm_instrs"]), int(p["warm_table"]), int(p["n_warm"])) == (1000, 2000, 6)
+    assert int(p["claim_depth"]) == 3
     st = ld.params(8, "static")[0]  # type: ignore[attr-defined]  # default lists: gpuvm.static
     assert int(st["mode"]) == 1 and int(st["static_lists"]) == ld._static.data_ptr()  # type: ignore[attr-defined]
     packed = ld._static.numpy()  # type: ignore[attr-defined]
@@ -179,6 +180,10 @@ def test_launch_parameters() -> None:
     for bad in (dict(mode="fast"), dict(watchdog_s=0.0)):
         with pytest.raises(ValueError):
             ld.params(0, **bad)  # type: ignore[attr-defined]
+    for depth in (0, 5):
+        ld.vm.claim_depth = depth  # type: ignore[attr-defined]
+        with pytest.raises(ValueError, match="claim_depth must be 1..4"):
+            ld.params(0)  # type: ignore[attr-defined]
     with pytest.raises(ProgramError, match="increasing stream order"):
         ld.set_static([[1, 0], [], [], []])  # type: ignore[attr-defined]
     with pytest.raises(ProgramError, match="one list per block"):

@@ -10,9 +10,10 @@ figure in JSON.
    graph capture; also the dispatch and bandwidth targets);
 3. timings, each a ratio within this run: the plain streaming-read kernel
    (the floor's bandwidth), the VM's streaming GEMM (T 1 and 8, several
-   instruction sizes, loader prefetch on and off, 2 and 4 groups), empty
-   instruction dispatch in dynamic and static mode, stamps on vs off, the
-   warmer on vs off from a cold L2, and the watchdog's time to stop.
+   instruction sizes, loader prefetch on and off, 2 and 4 groups, fewer GEMM
+   k-steps in flight), empty instruction dispatch in dynamic and static mode
+   at claim depths 1, 2 and 4, stamps on vs off, the warmer on vs off from a
+   cold L2, the mixed stream at each claim depth, and the watchdog's time to stop.
 """
 from __future__ import annotations
 
@@ -112,7 +113,14 @@ def main() -> int:
     vm_t = VM(0, groups=2, trace=True, warm=True)
     vm4 = VM(0, groups=4, trace=False, warm=True, muse_ops=False)
     vm2c = VM(0, groups=2, trace=False, warm=True, muse_ops=False)
-    res["builds"] = {"default": build_info(vm.build), "trace": build_info(vm_t.build), "core_4_groups": build_info(vm4.build), "core_2_groups": build_info(vm2c.build)}
+    vm2s = VM(0, groups=2, trace=False, warm=True, muse_ops=False, defines=[("GVM_GEMM_STEPS", "5")])
+    res["builds"] = {
+        "default": build_info(vm.build),
+        "trace": build_info(vm_t.build),
+        "core_4_groups": build_info(vm4.build),
+        "core_2_groups": build_info(vm2c.build),
+        "core_2_groups_5_steps": build_info(vm2s.build),
+    }
     res["launch"] = {"blocks": vm.n_blocks, "threads": vm.threads, "dynamic_smem": vm.smem, "registers_loaded": vm.registers}
     for name, b in res["builds"].items():  # type: ignore[union-attr]
         log(f"  {name}: {b['summary']}")  # type: ignore[index]
@@ -133,7 +141,7 @@ def main() -> int:
     gem: list[dict[str, object]] = []
     for tokens in (1, 8):
         bufs = gemm_bindings(gemm_stream(tokens, 131072, 4096, 16), vm.torch_device)
-        for label, v in (("2 groups", vm), ("2 groups core", vm2c), ("4 groups core", vm4)):
+        for label, v in (("2 groups", vm), ("2 groups core", vm2c), ("2 groups core, 5 k-steps", vm2s), ("4 groups core", vm4)):
             for rows in (16, 32, 64):
                 for pf in (True, False):
                     r = gemm_bandwidth(v, tokens, rows=rows, prefetch=pf, reps=args.reps, bufs=bufs)
@@ -151,12 +159,15 @@ def main() -> int:
     log("dispatch: empty instructions")
     disp = []
     for label, v in (("2 groups", vm), ("4 groups core", vm4)):
-        for mode in ("dynamic", "static"):
-            r = dispatch_overhead(v, mode, reps=args.reps)
-            r["kernel"] = label
-            disp.append(r)
-            log(f"  {label} {mode}: {r['us_per_instr_per_block']:.3f} us per instruction per block (raw {r['raw_us_per_instr_per_block']:.3f})")
-            table.append((f"dispatch {mode} ({label})", f"{r['us_per_instr_per_block']:.3f} us/instr/block"))
+        for depth in (1, 2, 4):
+            v.claim_depth = depth
+            for mode in ("dynamic", "static"):
+                r = dispatch_overhead(v, mode, reps=args.reps)
+                r["kernel"] = label
+                disp.append(r)
+                log(f"  {label} depth {depth} {mode}: {r['us_per_instr_per_block']:.3f} us per instruction per block (raw {r['raw_us_per_instr_per_block']:.3f})")
+                table.append((f"dispatch {mode} ({label}, claim depth {depth})", f"{r['us_per_instr_per_block']:.3f} us/instr/block"))
+        v.claim_depth = 4
     res["dispatch"] = disp
 
     log("stamps: the same streams with and without them")
@@ -179,11 +190,16 @@ def main() -> int:
     table.append(("warmer, cold L2 (off -> on)", f"{w['cold_warm_off_ms'] * 1e3:.1f} -> {w['cold_warm_on_ms'] * 1e3:.1f} us; hot {w['hot_warm_off_ms'] * 1e3:.1f} -> {w['hot_warm_on_ms'] * 1e3:.1f} us"))
     vm.warm = True
 
-    log("static vs dynamic on the mixed stream")
+    log("static vs dynamic on the mixed stream, at each claim depth (a deep queue can hold work back from idle blocks)")
     lm = vm.load(mixed, mbufs)
-    sd = {mode: step_time(lm, mode, args.reps)["median_ms"] for mode in ("dynamic", "static")}
+    sd: dict[str, float] = {}
+    for depth in (1, 2, 4):
+        vm.claim_depth = depth
+        for mode in ("dynamic", "static"):
+            sd[f"{mode}_depth{depth}"] = step_time(lm, mode, args.reps)["median_ms"]
+        table.append((f"mixed stream dynamic / static, claim depth {depth}", f"{sd[f'dynamic_depth{depth}'] * 1e3:.1f} / {sd[f'static_depth{depth}'] * 1e3:.1f} us"))
+    vm.claim_depth = 4
     res["mixed_modes"] = sd
-    table.append(("mixed stream dynamic / static", f"{sd['dynamic'] * 1e3:.1f} / {sd['static'] * 1e3:.1f} us"))
 
     log("watchdog: a wait that can never be met, bound 0.1 s")
     stuck, _ = stuck_stream()

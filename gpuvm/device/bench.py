@@ -138,7 +138,7 @@ def dispatch_overhead(vm: VM, mode: str, per_block: int = 1000, reps: int = 20) 
     """Empty instructions: step time of n_blocks * per_block NOPs, net of a
     launch with one NOP per block, per instruction per block (us)."""
     ts = timing_stream(vm)
-    out: dict[str, float] = {"mode": mode, "per_block": per_block}  # type: ignore[dict-item]
+    out: dict[str, float] = {"mode": mode, "per_block": per_block, "claim_depth": vm.claim_depth}  # type: ignore[dict-item]
     for name, count in (("small", vm.n_blocks), ("big", vm.n_blocks * per_block)):
         loaded = vm.load(nop_stream(count), {})
         out[f"{name}_ms"] = _stats(time_ms(lambda r: loaded.run(loaded.next_step, mode, check=False, stream=ts), ts, reps))["median_ms"]

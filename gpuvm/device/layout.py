@@ -25,13 +25,16 @@ PARAMS_DTYPE = np.dtype(
         ("mode", "<u4"),
         ("groups", "<u4"),
         ("n_warm", "<u4"),
-        ("reserved", "<u4"),
+        ("claim_depth", "<u4"),
     ]
 )
 
 MODES = {"dynamic": 0, "static": 1}
 
-_OFFSET_FIELDS = [n for n in PARAMS_DTYPE.names if n != "reserved"]
+#: claims a block's controller may hold ahead (runtime/params.cuh GVM_CLAIM_SLOTS); the build checks it
+CLAIM_SLOTS = 4
+
+_OFFSET_FIELDS = list(PARAMS_DTYPE.names)
 
 
 class LayoutError(RuntimeError):
@@ -60,14 +63,16 @@ def check_layout(words: np.ndarray) -> DeviceLayout:
     record sizes of gpuvm.isa; raise LayoutError on any difference."""
     w = [int(x) for x in words]
     n_off = len(_OFFSET_FIELDS)
-    if len(w) != 1 + n_off + 9:
-        raise LayoutError(f"gvm_layout has {len(w)} words, expected {1 + n_off + 9}")
+    if len(w) != 1 + n_off + 10:
+        raise LayoutError(f"gvm_layout has {len(w)} words, expected {1 + n_off + 10}")
     if w[0] != PARAMS_DTYPE.itemsize:
         raise LayoutError(f"gvm_params is {w[0]} bytes on the device, {PARAMS_DTYPE.itemsize} on the host")
     for name, off in zip(_OFFSET_FIELDS, w[1 : 1 + n_off]):
         if PARAMS_DTYPE.fields[name][1] != off:
             raise LayoutError(f"gvm_params.{name} at byte {off} on the device, {PARAMS_DTYPE.fields[name][1]} on the host")
-    max_groups, group_smem, control, group, state_words, ib, tb, trb, eb = w[1 + n_off :]
+    max_groups, group_smem, control, group, state_words, ib, tb, trb, eb, slots = w[1 + n_off :]
+    if slots != CLAIM_SLOTS:
+        raise LayoutError(f"the controller holds {slots} claims on the device, {CLAIM_SLOTS} on the host")
     for what, dev, host in (("gvm_instr", ib, INSTR_BYTES), ("gvm_tensor", tb, TENSOR_BYTES), ("gvm_trace", trb, TRACE_BYTES), ("gvm_error", eb, ERROR_BYTES)):
         if dev != host:
             raise LayoutError(f"{what} is {dev} bytes on the device, {host} on the host")

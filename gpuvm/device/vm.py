@@ -28,7 +28,7 @@ from ..program import Stream
 from ..trace.format import Trace
 from .build import KERNEL, Build, BuildOptions, build
 from .errors import LaunchError, SpillError, error_from_record
-from .layout import MODES, PARAMS_DTYPE
+from .layout import CLAIM_SLOTS, MODES, PARAMS_DTYPE
 from .validate import check_records
 from .warm import warm_bindings, warm_stream
 
@@ -54,7 +54,9 @@ def _upload(arr: np.ndarray, device: torch.device) -> torch.Tensor:
 class VM:
     """The persistent kernel on one GPU: one block per SM, `groups` compute
     groups per block. trace compiles the self-timestamps in; warm runs the
-    instruction-cache warmer at each launch (settable between launches)."""
+    instruction-cache warmer at each launch; claim_depth is how many claimed
+    instructions a block holds ahead of its groups, 1..CLAIM_SLOTS (both
+    settable between launches)."""
 
     def __init__(
         self,
@@ -63,6 +65,7 @@ class VM:
         trace: bool = False,
         warm: bool = True,
         *,
+        claim_depth: int = CLAIM_SLOTS,
         max_groups: int | None = None,
         muse_ops: bool = True,
         defines: Sequence[tuple[str, str]] = (),
@@ -77,6 +80,7 @@ class VM:
         self.groups = groups
         self.trace = trace
         self.warm = warm
+        self.claim_depth = claim_depth
         self.build: Build = build(BuildOptions(trace=trace, max_groups=max_groups, muse_ops=muse_ops, defines=tuple(defines)), cache=cache)
         self.torch_device = torch.device("cuda", device)
         torch.cuda.set_device(self.torch_device)
@@ -192,6 +196,8 @@ class Loaded:
             raise ValueError(f"mode must be one of {sorted(MODES)}, not {mode!r}")
         if not 0 <= step < 2**32:
             raise ValueError(f"step must be in [0, 2^32), not {step}")
+        if not 1 <= self.vm.claim_depth <= CLAIM_SLOTS:
+            raise ValueError(f"claim_depth must be 1..{CLAIM_SLOTS}, not {self.vm.claim_depth}")
         if not watchdog_s > 0:
             raise ValueError(f"the watchdog bound must be positive, not {watchdog_s}")
         if mode == "static" and self._static is None:
@@ -213,6 +219,7 @@ class Loaded:
         p["step"] = step
         p["mode"] = MODES[mode]
         p["groups"] = self.vm.groups
+        p["claim_depth"] = self.vm.claim_depth
         return p
 
     def run(self, step: int, mode: str = "dynamic", watchdog_s: float = 1.0, stream: object = None, check: bool = True) -> None:

@@ -68,6 +68,41 @@ def test_random_dag_matches_cpu_over_steps(vm: VM, mode: str) -> None:
     _run_dag_steps(vm, stream, mode, steps=6, seed=7)
 
 
+@pytest.mark.parametrize("depth", [1, 2])
+def test_shallow_claim_queues_match_cpu(vm: VM, depth: int) -> None:
+    """The default holds 4 claims per block; 1 and 2 take the ring's other paths."""
+    vm.claim_depth = depth
+    try:
+        _run_dag_steps(vm, _dag(2000, seed=10 + depth), "dynamic", steps=2, seed=depth)
+        _run_dag_steps(vm, _dag(2000, seed=20 + depth), "static", steps=2, seed=depth)
+    finally:
+        vm.claim_depth = 4
+
+
+def test_loader_prefetches_only_what_will_wait(vm: VM) -> None:
+    """GEMMs with a prefetch range: those whose wait is met when they are handed
+    out get none (LOAD stamp = CLAIM stamp), those that wait get one."""
+    p = Program("prefetch policy")
+    c = p.counter("slow")
+    out = p.tensor("out", (1, 64 * 16), DType.BF16)
+    x = p.tensor("x", (1, 1024), DType.BF16)
+    w = p.tensor("W", (64 * 16, 1024), DType.BF16, role="weight")
+    p.op(Op.SLEEP, [], [200_000], signal=c, label="slow")
+    for i in range(64):
+        waits = [c] if i % 2 else []
+        p.op(Op.GEMM, [out, x, w], [16 * i, 16], waits=waits, prefetch=(w, 16 * i * 2048, 16 * 2048), label=f"gemm {i}")
+    stream = p.build(order="given")
+    bufs = gemm_bindings(stream, DEV)
+    loaded = vm.load(stream, bufs)
+    loaded.run(0)
+    clk = loaded.trace().records["clock"].astype(np.int64)  # loader and controller share the SM's clock
+    gemms = np.arange(1, len(stream))
+    free, waiting = gemms[gemms % 2 == 1], gemms[gemms % 2 == 0]  # stream position 1 + i
+    assert np.all(clk[free, Stamp.LOAD] == clk[free, Stamp.CLAIM]), "no prefetch without a wait"
+    assert np.all(clk[waiting, Stamp.LOAD] > clk[waiting, Stamp.CLAIM]), "a prefetch for each waiting GEMM"
+    assert torch.allclose(bufs["out"].float(), _gemm_ref(bufs).float(), rtol=2e-2, atol=2e-2)
+
+
 def test_four_groups_and_no_warmer() -> None:
     vm4 = VM(0, groups=4, trace=False, warm=False, muse_ops=False)
     _run_dag_steps(vm4, _dag(2000, seed=2), "dynamic", steps=3, seed=8)
