@@ -5,11 +5,14 @@
 // ---- QK_ROPE_KV ---------------------------------------------------------------------
 // One warp per 64-wide head vector of a token, lane i owning the RoPE pair
 // (2i, 2i+1): the head norm is one warp sum and the rotation needs no exchange.
+// A warp loads all its head vectors of a token (up to GVM_QK_BATCH) before it
+// uses any, so a token costs one global round trip, not one per head.
 // RoPE angles p * 500000^(-2i/64) in f64 (positions reach 82K: an f32 angle there
 // is off by up to 4e-3 rad), sin and cos by sincospi, whose range reduction is
 // exact and needs no local memory, then rounded to f32, as gpuvm/cpu does.
 #define GVM_LOG2_ROPE_BASE 18.931568569324174  // log2(500000)
 #define GVM_INV_PI 0.31830988618379067154
+#define GVM_QK_BATCH 8  // head vectors per warp loaded before any is used (20 at the shard: 5 per warp)
 
 __device__ int gvm_op_qk_rope_kv(const gvm_ctx& c) {
     const gvm_tensor& tx = gvm_t(c, 0);
@@ -46,37 +49,47 @@ __device__ int gvm_op_qk_rope_kv(const gvm_ctx& c) {
     for (int j = 0; j < ntok; ++j) {
         const int t = tok0 + j, p = pos0 + j, slot = p % cache_s;
         float sn = 0.0f, cs = 1.0f;
-        if (rope) {
-            double sd, cd;
-            sincospi((double)p * turns, &sd, &cd);
-            sn = (float)sd;
-            cs = (float)cd;
-        }
         const unsigned* row = gvm_ptr<const unsigned>(tx, t * tx.stride[0], 2);
-        for (int hh = warp; hh < heads; hh += 4) {
-            const unsigned xw = row[hh * 32 + lane];
-            float x0 = gvm_bf16_lo(xw), x1 = gvm_bf16_hi(xw);
-            if (hh >= hq + hkv) {  // v: straight to the cache
-                const int vh = hh - hq - hkv;
-                *reinterpret_cast<unsigned short*>(vc + slot * tv.stride[1] + vh * tv.stride[2] + 2 * lane) =
-                    gvm_pack_e4m3x2(x0 / v_scale, x1 / v_scale);
-                continue;
+        for (int h0 = warp; h0 < heads; h0 += 4 * GVM_QK_BATCH) {
+            unsigned xw[GVM_QK_BATCH];  // all of the warp's head vectors in flight at once
+#pragma unroll
+            for (int u = 0; u < GVM_QK_BATCH; ++u) {
+                const int hh = h0 + 4 * u;
+                xw[u] = hh < heads ? row[hh * 32 + lane] : 0u;
             }
-            const bool is_q = hh < hq;
-            const float inv = 1.0f / sqrtf(gvm_warp_sum(x0 * x0 + x1 * x1) / 64.0f + GVM_RMS_EPS);
-            x0 = x0 * inv * (is_q ? wq0 : wk0);
-            x1 = x1 * inv * (is_q ? wq1 : wk1);
-            if (rope) {
-                const float r0 = x0 * cs - x1 * sn, r1 = x0 * sn + x1 * cs;
-                x0 = r0;
-                x1 = r1;
+            if (rope && h0 == (int)warp) {  // the angle, while the first loads fly
+                double sd, cd;
+                sincospi((double)p * turns, &sd, &cd);
+                sn = (float)sd;
+                cs = (float)cd;
             }
-            if (is_q) {
-                *gvm_ptr<unsigned>(tq, t * tq.stride[0] + hh * tq.stride[1] + 2 * lane, 2) = gvm_pack_bf16x2(x0, x1);
-            } else {
-                const int kh = hh - hq;
-                *reinterpret_cast<unsigned short*>(kc + slot * tk.stride[1] + kh * tk.stride[2] + 2 * lane) =
-                    gvm_pack_e4m3x2(x0 / k_scale, x1 / k_scale);
+#pragma unroll
+            for (int u = 0; u < GVM_QK_BATCH; ++u) {
+                const int hh = h0 + 4 * u;
+                if (hh >= heads) continue;
+                float x0 = gvm_bf16_lo(xw[u]), x1 = gvm_bf16_hi(xw[u]);
+                if (hh >= hq + hkv) {  // v: straight to the cache
+                    const int vh = hh - hq - hkv;
+                    *reinterpret_cast<unsigned short*>(vc + slot * tv.stride[1] + vh * tv.stride[2] + 2 * lane) =
+                        gvm_pack_e4m3x2(x0 / v_scale, x1 / v_scale);
+                    continue;
+                }
+                const bool is_q = hh < hq;
+                const float inv = 1.0f / sqrtf(gvm_warp_sum(x0 * x0 + x1 * x1) / 64.0f + GVM_RMS_EPS);
+                x0 = x0 * inv * (is_q ? wq0 : wk0);
+                x1 = x1 * inv * (is_q ? wq1 : wk1);
+                if (rope) {
+                    const float r0 = x0 * cs - x1 * sn, r1 = x0 * sn + x1 * cs;
+                    x0 = r0;
+                    x1 = r1;
+                }
+                if (is_q) {
+                    *gvm_ptr<unsigned>(tq, t * tq.stride[0] + hh * tq.stride[1] + 2 * lane, 2) = gvm_pack_bf16x2(x0, x1);
+                } else {
+                    const int kh = hh - hq;
+                    *reinterpret_cast<unsigned short*>(kc + slot * tk.stride[1] + kh * tk.stride[2] + 2 * lane) =
+                        gvm_pack_e4m3x2(x0 / k_scale, x1 / k_scale);
+                }
             }
         }
     }
@@ -369,8 +382,23 @@ __device__ int gvm_op_attn_chunk(const gvm_ctx& c) {
 }
 
 // ---- ATTN_MERGE -------------------------------------------------------------------------
-// One warp per (token, head), lane i owning dims (2i, 2i+1): log-sum-exp merge
-// of the head's chunks, then the per-head norm and the sigmoid output gate.
+// One warp per (token, head) pair. Lane i owns dims 4(i % 16) .. +3 of the chunks
+// of parity i / 16, whose o (16 B) and m (4 B) it copies by cp.async into its own
+// slots of shared memory, GVM_MERGE_BATCH chunks at a time, so that a whole batch
+// is in flight and no lane reads another's bytes. While the first batch flies the
+// warp finds the head's max m and l = sum l_j exp(m_j - max) (each lane an online
+// merge over chunks lane, lane + 32, ..., then a butterfly). Then the weighted
+// sum, the two parities added by one shuffle, the per-head norm and the gate.
+#define GVM_MERGE_BATCH 16
+#define GVM_MERGE_SLOT (GVM_MERGE_BATCH * 20)  // bytes per thread: 16 x (float4 o + f32 m)
+
+// (m, l) merged with (m2, l2): the larger max, l rescaled to it; -inf m is empty.
+__device__ __forceinline__ void gvm_lse_merge(float& m, float& l, float m2, float l2) {
+    const float mn = fmaxf(m, m2);
+    if (mn != GVM_NEG_INF) l = l * expf(m - mn) + l2 * expf(m2 - mn);
+    m = mn;
+}
+
 __device__ int gvm_op_attn_merge(const gvm_ctx& c) {
     const gvm_tensor& to = gvm_t(c, 0);
     const gvm_tensor& tpo = gvm_t(c, 1);
@@ -378,38 +406,70 @@ __device__ int gvm_op_attn_merge(const gvm_ctx& c) {
     const gvm_tensor& tx = gvm_t(c, 3);
     const int tok0 = c.ins->arg[0], ntok = c.ins->arg[1];
     const int nt = tpo.shape[0], hq = tpo.shape[1], nch = tpo.shape[2], width = tx.shape[1];
-    const bool ok = gvm_is(to, GVM_DT_BF16, 2) && gvm_aligned(to, 2, 4) && to.shape[0] == nt && to.shape[1] == hq * 64 &&
-                    gvm_is(tpo, GVM_DT_F32, 4) && gvm_aligned(tpo, 4, 8) && tpo.shape[3] == 64 &&
+    const bool ok = gvm_is(to, GVM_DT_BF16, 2) && gvm_aligned(to, 2, 8) && to.shape[0] == nt && to.shape[1] == hq * 64 &&
+                    gvm_is(tpo, GVM_DT_F32, 4) && gvm_aligned(tpo, 4, 16) && tpo.shape[3] == 64 &&
                     gvm_is(tml, GVM_DT_F32, 4) && gvm_aligned(tml, 4, 8) && tml.shape[0] == nt && tml.shape[1] == hq &&
-                    tml.shape[2] == nch && tml.shape[3] == 2 && gvm_is(tx, GVM_DT_BF16, 2) && gvm_aligned(tx, 2, 4) &&
+                    tml.shape[2] == nch && tml.shape[3] == 2 && gvm_is(tx, GVM_DT_BF16, 2) && gvm_aligned(tx, 2, 8) &&
                     tx.shape[0] == nt && width % 64 == 0 && width > 2 * hq * 64 && tok0 >= 0 && ntok >= 0 &&
-                    tok0 + ntok <= nt;
+                    tok0 + ntok <= nt && c.smem_bytes >= 128 * GVM_MERGE_SLOT;
     if (!ok) return GVM_ERR_BAD_ARGS;
-    const unsigned warp = c.tid >> 5, lane = c.tid & 31;
+    const unsigned warp = c.tid >> 5, lane = c.tid & 31, q = lane & 15, par = lane >> 4;
+    const unsigned so = gvm_smem_addr(c.smem) + c.tid * GVM_MERGE_SLOT, sm = so + 16 * GVM_MERGE_BATCH;
+    const unsigned long long pol = gvm_policy_evict_first();  // chunk states are read once
     const int gate0 = width - hq * 64;  // g is the last HQ x 64 columns of qkvg
-    for (int t = tok0; t < tok0 + ntok; ++t) {
-        for (int head = warp; head < hq; head += 4) {
-            const long long po = t * tpo.stride[0] + head * tpo.stride[1];
-            const long long pm = t * tml.stride[0] + head * tml.stride[1];
-            float mx = GVM_NEG_INF, l = 0.0f, o0 = 0.0f, o1 = 0.0f;
-            for (int ch = 0; ch < nch; ++ch) {
-                const float2 ml = *gvm_ptr<const float2>(tml, pm + ch * tml.stride[2], 4);
-                if (ml.x == GVM_NEG_INF) continue;  // a chunk with no visible key
-                const float2 v = *gvm_ptr<const float2>(tpo, po + ch * tpo.stride[2] + 2 * lane, 4);
-                const float mn = fmaxf(mx, ml.x);
-                const float a = expf(mx - mn), b = expf(ml.x - mn);
-                l = l * a + ml.y * b;
-                o0 = o0 * a + v.x * b;
-                o1 = o1 * a + v.y * b;
-                mx = mn;
+    const int per = (nch + 1) / 2;      // chunks of parity 0
+    for (int pair = warp; pair < ntok * hq; pair += 4) {
+        const int t = tok0 + pair / hq, head = pair % hq;
+        const long long po = t * tpo.stride[0] + head * tpo.stride[1] + 4 * q;
+        const long long pm = t * tml.stride[0] + head * tml.stride[1];
+        const uint2 gw = *gvm_ptr<const uint2>(tx, t * tx.stride[0] + gate0 + head * 64 + 4 * q, 2);
+        float mx = GVM_NEG_INF, l = 0.0f;
+        float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        for (int n0 = 0; n0 < per; n0 += GVM_MERGE_BATCH) {
+#pragma unroll
+            for (int u = 0; u < GVM_MERGE_BATCH; ++u) {
+                const int ch = 2 * (n0 + u) + (int)par;
+                const bool live = ch < nch;  // a zero-fill reads nothing but still gets an address inside
+                gvm_cp_async16(so + 16 * u, gvm_ptr<const float4>(tpo, po + (live ? ch : 0) * tpo.stride[2], 4), live, pol);
+                gvm_cp_async4(sm + 4 * u, gvm_ptr<const float>(tml, pm + (live ? ch : 0) * tml.stride[2], 4), live, pol);
             }
-            o0 /= l;
-            o1 /= l;
-            const float inv = 1.0f / sqrtf(gvm_warp_sum(o0 * o0 + o1 * o1) / 64.0f + GVM_RMS_EPS);
-            const unsigned gw = gvm_ptr<const unsigned>(tx, t * tx.stride[0] + gate0 + head * 64 + 2 * lane, 2)[0];
-            const float g0 = 1.0f / (1.0f + expf(-gvm_bf16_lo(gw))), g1 = 1.0f / (1.0f + expf(-gvm_bf16_hi(gw)));
-            *gvm_ptr<unsigned>(to, t * to.stride[0] + head * 64 + 2 * lane, 2) = gvm_pack_bf16x2(o0 * inv * g0, o1 * inv * g1);
+            gvm_cp_async_commit();
+            if (n0 == 0) {
+#pragma unroll 4
+                for (int ch = lane; ch < nch; ch += 32) {
+                    const float2 v = *gvm_ptr<const float2>(tml, pm + ch * tml.stride[2], 4);
+                    gvm_lse_merge(mx, l, v.x, v.y);
+                }
+#pragma unroll
+                for (int s = 16; s > 0; s >>= 1) {
+                    const float m2 = __shfl_xor_sync(0xffffffffu, mx, s), l2 = __shfl_xor_sync(0xffffffffu, l, s);
+                    gvm_lse_merge(mx, l, m2, l2);
+                }
+            }
+            gvm_cp_async_wait<0>();
+#pragma unroll
+            for (int u = 0; u < GVM_MERGE_BATCH; ++u) {
+                if (2 * (n0 + u) + (int)par >= nch) continue;
+                const float m = gvm_lds_f(sm + 4 * u);
+                if (m == GVM_NEG_INF) continue;  // a chunk with no visible key
+                const float b = expf(m - mx);
+                const float4 v = gvm_lds_f4(so + 16 * u);
+                o = make_float4(fmaf(b, v.x, o.x), fmaf(b, v.y, o.y), fmaf(b, v.z, o.z), fmaf(b, v.w, o.w));
+            }
         }
+        o.x = (o.x + __shfl_xor_sync(0xffffffffu, o.x, 16)) / l;
+        o.y = (o.y + __shfl_xor_sync(0xffffffffu, o.y, 16)) / l;
+        o.z = (o.z + __shfl_xor_sync(0xffffffffu, o.z, 16)) / l;
+        o.w = (o.w + __shfl_xor_sync(0xffffffffu, o.w, 16)) / l;
+        float ss = o.x * o.x + o.y * o.y + o.z * o.z + o.w * o.w;
+#pragma unroll
+        for (int s = 8; s > 0; s >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, s);
+        const float inv = 1.0f / sqrtf(ss / 64.0f + GVM_RMS_EPS);
+        const float g0 = 1.0f / (1.0f + expf(-gvm_bf16_lo(gw.x))), g1 = 1.0f / (1.0f + expf(-gvm_bf16_hi(gw.x)));
+        const float g2 = 1.0f / (1.0f + expf(-gvm_bf16_lo(gw.y))), g3 = 1.0f / (1.0f + expf(-gvm_bf16_hi(gw.y)));
+        if (par == 0)
+            *gvm_ptr<uint2>(to, t * to.stride[0] + head * 64 + 4 * q, 2) =
+                make_uint2(gvm_pack_bf16x2(o.x * inv * g0, o.y * inv * g1), gvm_pack_bf16x2(o.z * inv * g2, o.w * inv * g3));
     }
     return GVM_ERR_NONE;
 }

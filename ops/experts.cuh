@@ -256,8 +256,14 @@ __device__ int gvm_op_expert_up(const gvm_ctx& c) { return gvm_expert_matmul<tru
 __device__ int gvm_op_expert_down(const gvm_ctx& c) { return gvm_expert_matmul<false>(c); }
 
 // EXPERT_COMBINE: fsq[t] = bf16(sum over local picks k of w_k * rms(y[slot_k])).
-// Per token: one pass for the 8 sums of squares (a single group reduction of 8
-// values), one pass for the weighted sum; y rows are read as float4s.
+// Per token: one pass for the sums of squares of the live picks' rows (a single
+// group reduction of 8 values), one pass for the weighted sum. Picks of other
+// shards (slot -1) cost nothing: a token's slots and weights sit in lanes 0..7
+// of every warp and reach the loop by shuffle, and each live row is read
+// GVM_COMB_BATCH float4s per thread at a time, all in flight together.
+#define GVM_COMB_BATCH 8  // float4 loads in flight per thread for the sums of squares
+#define GVM_COMB_ACC 4    // float4 sums per thread in the weighted pass (accumulators + loads fit)
+
 __device__ int gvm_op_expert_combine(const gvm_ctx& c) {
     const gvm_tensor& tf = gvm_t(c, 0);
     const gvm_tensor& ty = gvm_t(c, 1);
@@ -279,49 +285,65 @@ __device__ int gvm_op_expert_combine(const gvm_ctx& c) {
     uint2* out = gvm_ptr<uint2>(tf, tok0 * tf.stride[0], 2);
     const int ostride2 = (int)(tf.stride[0] / 4);
     for (int t = tok0; t < tok0 + ntok; ++t, out += ostride2) {
-        int row[GVM_TOPK];  // float4 offset of y[slot_k], or -1 for a pick of another shard
-        float ss[GVM_TOPK];
-#pragma unroll
-        for (int k = 0; k < GVM_TOPK; ++k) {
-            const int s = slots[t * GVM_TOPK + k];
-            row[k] = s >= 0 && s < ny ? s * ystride4 : -1;
-            ss[k] = 0.0f;
-        }
-#pragma unroll 1
-        for (int i = c.tid; i < n4; i += 128) {  // eight rows in flight is enough
-#pragma unroll
-            for (int k = 0; k < GVM_TOPK; ++k) {
-                if (row[k] < 0) continue;
-                const float4 v = y[row[k] + i];
-                ss[k] = fmaf(v.w, v.w, fmaf(v.z, v.z, fmaf(v.y, v.y, fmaf(v.x, v.x, ss[k]))));
-            }
+        // lane k < 8: float4 offset of y[slot_k] (-1: a pick of another shard) and w_k
+        int my_row = -1;
+        float my_w = 0.0f;
+        if (lane < GVM_TOPK) {
+            const int s = slots[t * GVM_TOPK + lane];
+            my_w = __int_as_float(wts[t * GVM_TOPK + lane]);
+            my_row = s >= 0 && s < ny ? s * ystride4 : -1;
         }
         const unsigned buf = red + (t & 1) * 128;  // alternate halves: one barrier per token
-#pragma unroll
+#pragma unroll 1
         for (int k = 0; k < GVM_TOPK; ++k) {
-            const float v = gvm_warp_sum(ss[k]);
-            if (lane == 0) gvm_sts(buf + (warp * 8 + k) * 4, v);
+            const int row = __shfl_sync(0xffffffffu, my_row, k);
+            if (row < 0) continue;
+            float ss = 0.0f;
+            for (int i0 = c.tid; i0 < n4; i0 += 128 * GVM_COMB_BATCH) {
+                float4 v[GVM_COMB_BATCH];
+#pragma unroll
+                for (int u = 0; u < GVM_COMB_BATCH; ++u)
+                    v[u] = y[row + min(i0 + 128 * u, n4 - 1)];  // clamped: predicated vector loads cost registers
+#pragma unroll
+                for (int u = 0; u < GVM_COMB_BATCH; ++u)
+                    if (i0 + 128 * u < n4) ss = fmaf(v[u].w, v[u].w, fmaf(v[u].z, v[u].z, fmaf(v[u].y, v[u].y, fmaf(v[u].x, v[u].x, ss))));
+            }
+            ss = gvm_warp_sum(ss);
+            if (lane == 0) gvm_sts(buf + (warp * 8 + k) * 4, ss);
         }
         gvm_group_sync(c);
+        for (int b0 = 0; b0 < n4; b0 += 128 * GVM_COMB_ACC) {  // uniform: the shuffles need every lane
+            const int i0 = b0 + (int)c.tid;
+            float4 a[GVM_COMB_ACC];
 #pragma unroll
-        for (int k = 0; k < GVM_TOPK; ++k) {  // ss[k] becomes the coefficient w_k / rms denominator
-            const float s = (gvm_lds_f(buf + k * 4) + gvm_lds_f(buf + 32 + k * 4)) +
-                            (gvm_lds_f(buf + 64 + k * 4) + gvm_lds_f(buf + 96 + k * 4));
-            ss[k] = row[k] < 0 ? 0.0f : __int_as_float(wts[t * GVM_TOPK + k]) / sqrtf(s / (float)hdim + GVM_RMS_EPS);
-        }
+            for (int u = 0; u < GVM_COMB_ACC; ++u) a[u] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll 1
-        for (int i = c.tid; i < n4; i += 128) {
-            float4 a = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-#pragma unroll
             for (int k = 0; k < GVM_TOPK; ++k) {
-                if (row[k] < 0) continue;
-                const float4 v = y[row[k] + i];
-                a.x = fmaf(ss[k], v.x, a.x);
-                a.y = fmaf(ss[k], v.y, a.y);
-                a.z = fmaf(ss[k], v.z, a.z);
-                a.w = fmaf(ss[k], v.w, a.w);
+                const int row = __shfl_sync(0xffffffffu, my_row, k);
+                const float w = __shfl_sync(0xffffffffu, my_w, k);
+                if (row < 0) continue;
+                float4 v[GVM_COMB_ACC];
+#pragma unroll
+                for (int u = 0; u < GVM_COMB_ACC; ++u)
+                    v[u] = y[row + min(i0 + 128 * u, n4 - 1)];  // clamped: predicated vector loads cost registers
+                const float s = (gvm_lds_f(buf + k * 4) + gvm_lds_f(buf + 32 + k * 4)) +
+                                (gvm_lds_f(buf + 64 + k * 4) + gvm_lds_f(buf + 96 + k * 4));
+                const float coef = w / sqrtf(s / (float)hdim + GVM_RMS_EPS);
+#pragma unroll
+                for (int u = 0; u < GVM_COMB_ACC; ++u) {
+                    if (i0 + 128 * u >= n4) continue;
+                    a[u].x = fmaf(coef, v[u].x, a[u].x);
+                    a[u].y = fmaf(coef, v[u].y, a[u].y);
+                    a[u].z = fmaf(coef, v[u].z, a[u].z);
+                    a[u].w = fmaf(coef, v[u].w, a[u].w);
+                }
             }
-            out[i] = make_uint2(gvm_pack_bf16x2(a.x, a.y), gvm_pack_bf16x2(a.z, a.w));
+#pragma unroll
+            for (int u = 0; u < GVM_COMB_ACC; ++u) {
+                const int i = i0 + 128 * u;
+                if (i >= n4) continue;
+                out[i] = make_uint2(gvm_pack_bf16x2(a[u].x, a[u].y), gvm_pack_bf16x2(a[u].z, a[u].w));
+            }
         }
     }
     return GVM_ERR_NONE;

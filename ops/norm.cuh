@@ -1,18 +1,53 @@
 // Row norms of the residual stream: RMSNORM and RESIDUAL (isa/gvm_isa.h).
 // One group walks its rows one after another; 128 threads stride over a row in
-// float4s, so every access is a coalesced 16-byte one. A row is read twice (sum
-// of squares, then the scaled write); the second read hits L1/L2.
+// float4s, so every access is a coalesced 16-byte one. A one-token row is
+// latency bound, so each pass issues GVM_ROW_BATCH loads per thread before it
+// uses any, and the row read by the first pass waits in the thread's own slots
+// of shared memory (no barrier: a thread reads back only what it wrote) when it
+// fits the scratch, instead of being read from global memory again. Batches
+// past the row's end load its last float4 again rather than being predicated
+// off: predicated vector loads cost the persistent kernel registers (spills).
 #pragma once
 #include "common.cuh"
+
+#define GVM_ROW_BATCH 8   // independent 16-byte loads in flight per thread
+#define GVM_RES_BATCH 4   // indices per batch of RESIDUAL's s, alpha, beta pass: 12 loads in flight
+#define GVM_ROW_STASH 32  // scratch bytes before the stashed row (group-sum buffer)
 
 __device__ __forceinline__ float gvm_sumsq4(float4 v, float s) {
     return fmaf(v.w, v.w, fmaf(v.z, v.z, fmaf(v.y, v.y, fmaf(v.x, v.x, s))));
 }
 
-__device__ __forceinline__ float gvm_row_sumsq(const float4* x, int n4, unsigned tid) {
+// This thread's part of the sum of squares of a row; with stash != 0 the row's
+// float4 i also goes to shared address stash + 16 i.
+__device__ __forceinline__ float gvm_row_sumsq(const float4* x, int n4, unsigned tid, unsigned stash) {
     float s = 0.0f;
-    for (int i = tid; i < n4; i += 128) s = gvm_sumsq4(x[i], s);
+    for (int i0 = tid; i0 < n4; i0 += 128 * GVM_ROW_BATCH) {
+        float4 v[GVM_ROW_BATCH];
+#pragma unroll
+        for (int u = 0; u < GVM_ROW_BATCH; ++u) {
+            const int i = i0 + 128 * u;
+            v[u] = x[min(i, n4 - 1)];  // clamped, not predicated: predicated vector loads cost registers
+            if (i >= n4) v[u] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
+#pragma unroll
+        for (int u = 0; u < GVM_ROW_BATCH; ++u) {
+            const int i = i0 + 128 * u;
+            s = gvm_sumsq4(v[u], s);
+            if (stash && i < n4) gvm_sts(stash + 16 * i, v[u]);
+        }
+    }
     return s;
+}
+
+// Float4 i of a row: from the stash when there is one, else from global memory.
+__device__ __forceinline__ float4 gvm_row_get(const float4* x, unsigned stash, int i) {
+    return stash ? gvm_lds_f4(stash + 16 * i) : x[i];
+}
+
+// Shared address of the row stash, or 0 when a row of d floats does not fit.
+__device__ __forceinline__ unsigned gvm_row_stash(const gvm_ctx& c, int d) {
+    return (unsigned)GVM_ROW_STASH + 4u * (unsigned)d <= c.smem_bytes ? gvm_smem_addr(c.smem) + GVM_ROW_STASH : 0u;
 }
 
 __device__ __forceinline__ float gvm_rms_inv(float sumsq, int d) {
@@ -31,6 +66,28 @@ __device__ __forceinline__ void gvm_store_row4(unsigned long long row, bool bf16
 __device__ __forceinline__ float4 gvm_norm4(float4 x, float inv, float4 w) {
     return make_float4(x.x * inv * (1.0f + w.x), x.y * inv * (1.0f + w.y), x.z * inv * (1.0f + w.z),
                        x.w * inv * (1.0f + w.w));
+}
+
+// out1 (f32, out1 != 0) and/or out2 (bf16, out2 != 0) = row * inv * (1 + w), the
+// row from the stash or x; the loads of w go out a batch at a time.
+__device__ __forceinline__ void gvm_row_scale(const float4* x, unsigned stash, const float4* w, float inv, int n4,
+                                              unsigned tid, unsigned long long out1, unsigned long long out2) {
+    for (int i0 = tid; i0 < n4; i0 += 128 * GVM_ROW_BATCH) {
+        float4 wv[GVM_ROW_BATCH];
+#pragma unroll
+        for (int u = 0; u < GVM_ROW_BATCH; ++u) {
+            const int i = i0 + 128 * u;
+            wv[u] = w[min(i, n4 - 1)];
+        }
+#pragma unroll
+        for (int u = 0; u < GVM_ROW_BATCH; ++u) {
+            const int i = i0 + 128 * u;
+            if (i >= n4) continue;
+            const float4 v = gvm_norm4(gvm_row_get(x, stash, i), inv, wv[u]);
+            if (out1) gvm_store_row4(out1, false, i, v);
+            if (out2) gvm_store_row4(out2, true, i, v);
+        }
+    }
 }
 
 // An f32 [rows, D] tensor whose rows can be read as float4s.
@@ -61,63 +118,89 @@ __device__ int gvm_op_rmsnorm(const gvm_ctx& c) {
     const int row0 = c.ins->arg[0], rows = c.ins->arg[1];
     const int n = ti.shape[0], d = ti.shape[1];
     const bool ok = gvm_f32_rows(ti, n, d) && gvm_f32_vec(tw, d) && gvm_out_rows(to, n, d) && d % 4 == 0 &&
-                    row0 >= 0 && rows >= 0 && row0 + rows <= n && c.smem_bytes >= 32;
+                    row0 >= 0 && rows >= 0 && row0 + rows <= n && c.smem_bytes >= GVM_ROW_STASH;
     if (!ok) return GVM_ERR_BAD_ARGS;
     gvm_group_sum gsum(gvm_smem_addr(c.smem));
+    const unsigned stash = gvm_row_stash(c, d);
     const bool obf = to.dtype == GVM_DT_BF16;
     const float4* w = reinterpret_cast<const float4*>(tw.ptr);
     const int n4 = d / 4;
     for (int r = row0; r < row0 + rows; ++r) {
         const float4* x = reinterpret_cast<const float4*>(gvm_row_addr(ti, r));
-        const float inv = gvm_rms_inv(gsum(c, gvm_row_sumsq(x, n4, c.tid)), d);
+        const float inv = gvm_rms_inv(gsum(c, gvm_row_sumsq(x, n4, c.tid, stash)), d);
         const unsigned long long out = gvm_row_addr(to, r);
-        for (int i = c.tid; i < n4; i += 128) gvm_store_row4(out, obf, i, gvm_norm4(x[i], inv, w[i]));
+        gvm_row_scale(x, stash, w, inv, n4, c.tid, obf ? 0 : out, obf ? out : 0);
     }
     return GVM_ERR_NONE;
 }
 
 // t0 s = alpha * s + beta * rms(t1 a); with t4 w_next set, also
 // n = rms(s) * (1 + w_next) into t5 (f32) and/or t6 (bf16). Rows [a0, a0 + a1).
-__device__ int gvm_op_residual(const gvm_ctx& c) {
+// The stash holds a, then (same slots, same thread) the new s.
+// Kept out of line: checking seven descriptors inline hoists their fields into
+// registers that the batched loads below need.
+__device__ __noinline__ bool gvm_residual_args_ok(const gvm_ctx& c) {
     const gvm_tensor& ts = gvm_t(c, 0);
-    const gvm_tensor& ta = gvm_t(c, 1);
-    const gvm_tensor& tal = gvm_t(c, 2);
-    const gvm_tensor& tbe = gvm_t(c, 3);
     const int row0 = c.ins->arg[0], rows = c.ins->arg[1];
     const int n = ts.shape[0], d = ts.shape[1];
     const bool has_w = gvm_has(c, 4), has_f = gvm_has(c, 5), has_b = gvm_has(c, 6);
-    bool ok = gvm_f32_rows(ts, n, d) && gvm_f32_rows(ta, n, d) && gvm_f32_vec(tal, d) && gvm_f32_vec(tbe, d) &&
-              d % 4 == 0 && row0 >= 0 && rows >= 0 && row0 + rows <= n && c.smem_bytes >= 32;
+    bool ok = gvm_f32_rows(ts, n, d) && gvm_f32_rows(gvm_t(c, 1), n, d) && gvm_f32_vec(gvm_t(c, 2), d) &&
+              gvm_f32_vec(gvm_t(c, 3), d) && d % 4 == 0 && row0 >= 0 && rows >= 0 && row0 + rows <= n &&
+              c.smem_bytes >= GVM_ROW_STASH;
     if (has_w) ok = ok && gvm_f32_vec(gvm_t(c, 4), d) && (has_f || has_b);
     if (has_w && has_f) ok = ok && gvm_f32_rows(gvm_t(c, 5), n, d);
     if (has_w && has_b) ok = ok && gvm_is(gvm_t(c, 6), GVM_DT_BF16, 2) && gvm_out_rows(gvm_t(c, 6), n, d);
-    if (!ok) return GVM_ERR_BAD_ARGS;
+    return ok;
+}
+
+__device__ int gvm_op_residual(const gvm_ctx& c) {
+    if (!gvm_residual_args_ok(c)) return GVM_ERR_BAD_ARGS;
+    const gvm_tensor& ts = gvm_t(c, 0);
+    const gvm_tensor& ta = gvm_t(c, 1);
+    const int row0 = c.ins->arg[0], rows = c.ins->arg[1], d = ts.shape[1];
+    const bool has_w = gvm_has(c, 4), has_f = gvm_has(c, 5), has_b = gvm_has(c, 6);
+    const gvm_tensor& tal = gvm_t(c, 2);
+    const gvm_tensor& tbe = gvm_t(c, 3);
     gvm_group_sum gsum(gvm_smem_addr(c.smem));
+    const unsigned stash = gvm_row_stash(c, d);
     const float4* alpha = reinterpret_cast<const float4*>(tal.ptr);
     const float4* beta = reinterpret_cast<const float4*>(tbe.ptr);
-    const float4* wn = has_w ? reinterpret_cast<const float4*>(gvm_t(c, 4).ptr) : nullptr;
     const int n4 = d / 4;
+    constexpr int B = GVM_RES_BATCH;
     for (int r = row0; r < row0 + rows; ++r) {
         float4* s = reinterpret_cast<float4*>(gvm_row_addr(ts, r));
         const float4* a = reinterpret_cast<const float4*>(gvm_row_addr(ta, r));
-        const float inv_a = gvm_rms_inv(gsum(c, gvm_row_sumsq(a, n4, c.tid)), d);
+        const float inv_a = gvm_rms_inv(gsum(c, gvm_row_sumsq(a, n4, c.tid, stash)), d);
         float ss = 0.0f;
-        for (int i = c.tid; i < n4; i += 128) {
-            const float4 sv = s[i], av = a[i], al = alpha[i], be = beta[i];
-            const float4 nv = make_float4(al.x * sv.x + be.x * (av.x * inv_a), al.y * sv.y + be.y * (av.y * inv_a),
-                                          al.z * sv.z + be.z * (av.z * inv_a), al.w * sv.w + be.w * (av.w * inv_a));
-            s[i] = nv;
-            ss = gvm_sumsq4(nv, ss);
+        for (int i0 = c.tid; i0 < n4; i0 += 128 * B) {
+            float4 sv[B], al[B], be[B];
+#pragma unroll
+            for (int u = 0; u < B; ++u) {
+                const int i = i0 + 128 * u;
+                const int j = min(i, n4 - 1);
+                sv[u] = s[j];
+                al[u] = alpha[j];
+                be[u] = beta[j];
+            }
+#pragma unroll
+            for (int u = 0; u < B; ++u) {
+                const int i = i0 + 128 * u;
+                if (i >= n4) continue;
+                const float4 av = gvm_row_get(a, stash, i);
+                const float4 nv = make_float4(al[u].x * sv[u].x + be[u].x * (av.x * inv_a),
+                                              al[u].y * sv[u].y + be[u].y * (av.y * inv_a),
+                                              al[u].z * sv[u].z + be[u].z * (av.z * inv_a),
+                                              al[u].w * sv[u].w + be[u].w * (av.w * inv_a));
+                s[i] = nv;
+                if (stash) gvm_sts(stash + 16 * i, nv);
+                ss = gvm_sumsq4(nv, ss);
+            }
         }
         if (!has_w) continue;
         const float inv_s = gvm_rms_inv(gsum(c, ss), d);
-        const unsigned long long of = has_f ? gvm_row_addr(gvm_t(c, 5), r) : 0;
-        const unsigned long long ob = has_b ? gvm_row_addr(gvm_t(c, 6), r) : 0;
-        for (int i = c.tid; i < n4; i += 128) {  // each thread re-reads only what it wrote
-            const float4 v = gvm_norm4(s[i], inv_s, wn[i]);
-            if (has_f) gvm_store_row4(of, false, i, v);
-            if (has_b) gvm_store_row4(ob, true, i, v);
-        }
+        // without a stash each thread re-reads only what it wrote to s
+        gvm_row_scale(s, stash, reinterpret_cast<const float4*>(gvm_t(c, 4).ptr), inv_s, n4, c.tid,
+                      has_f ? gvm_row_addr(gvm_t(c, 5), r) : 0, has_b ? gvm_row_addr(gvm_t(c, 6), r) : 0);
     }
     return GVM_ERR_NONE;
 }

@@ -32,12 +32,22 @@ __device__ int gvm_op_topk(const gvm_ctx& c) {
     for (int e = c.tid; e < n_local; e += 128) gvm_sts(s_count + 4 * e, 0u);
     gvm_group_sync(c);
 
-    // 1. one warp per token: 8 rounds of (warp max of the keys, lowest index among equals)
+    // 1. one warp per token: 8 rounds of (warp max of the keys, lowest index among equals);
+    //    the warp's next token's scores are loaded while this one is picked
+    float nxt[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i)
+        nxt[i] = (int)warp < nt && lane + 32 * i < (unsigned)ne ? gvm_ptr<const float>(tsc, warp * tsc.stride[0], 4)[lane + 32 * i] : 0.0f;
     for (int t = warp; t < nt; t += 4) {
-        const float* sc = gvm_ptr<const float>(tsc, t * tsc.stride[0], 4);
         unsigned key[8];
 #pragma unroll
-        for (int i = 0; i < 8; ++i) key[i] = lane + 32 * i < (unsigned)ne ? gvm_sort_key(sc[lane + 32 * i]) : 0u;
+        for (int i = 0; i < 8; ++i) key[i] = lane + 32 * i < (unsigned)ne ? gvm_sort_key(nxt[i]) : 0u;
+        if (t + 4 < nt) {
+            const float* sc = gvm_ptr<const float>(tsc, (t + 4) * tsc.stride[0], 4);
+#pragma unroll
+            for (int i = 0; i < 8; ++i)
+                if (lane + 32 * i < (unsigned)ne) nxt[i] = sc[lane + 32 * i];
+        }
         unsigned my_x = 0, my_key = 0;
 #pragma unroll 1
         for (int k = 0; k < GVM_TOPK; ++k) {
@@ -102,9 +112,12 @@ __device__ int gvm_op_topk(const gvm_ctx& c) {
         for (int i = c.tid; i < 4 * n_local; i += 128) gvm_sts(s_mask + 4 * i, 0u);
         gvm_group_sync(c);
         const int t = t0 + c.tid;
-        int x[GVM_TOPK];
+        int x[GVM_TOPK], wt[GVM_TOPK];  // picks and weights, loaded together before any store to route
 #pragma unroll
-        for (int k = 0; k < GVM_TOPK; ++k) x[k] = t < nt ? route[2][t * GVM_TOPK + k] - first : -1;
+        for (int k = 0; k < GVM_TOPK; ++k) {
+            x[k] = t < nt ? route[2][t * GVM_TOPK + k] - first : -1;
+            wt[k] = t < nt ? route[3][t * GVM_TOPK + k] : 0;
+        }
 #pragma unroll
         for (int k = 0; k < GVM_TOPK; ++k)
             if (x[k] >= 0 && x[k] < n_local)
@@ -119,7 +132,7 @@ __device__ int gvm_op_topk(const gvm_ctx& c) {
                     slot = (int)gvm_lds_u(s_next + 4 * x[k]) + __popc(gvm_lds_u(m + 4 * warp) & ((1u << lane) - 1u));
                     for (unsigned w = 0; w < warp; ++w) slot += __popc(gvm_lds_u(m + 4 * w));
                     route[0][slot] = t;
-                    route[1][slot] = route[3][t * GVM_TOPK + k];
+                    route[1][slot] = wt[k];
                 }
                 route[4][t * GVM_TOPK + k] = slot;
             }

@@ -3,6 +3,7 @@
 
     python3 tools/ops_check.py            # GPU (sm_90a): real shard sizes
     python3 tools/ops_check.py --emu      # CPU: the same headers on the host SIMT emulator, small sizes
+    python3 tools/ops_check.py --time 200 # GPU: us per instruction of each case's first one, alone
     options: --only rmsnorm,topk,...  --seed N  --list
 
 Each case builds random inputs and one or more instructions of one op (a
@@ -580,14 +581,27 @@ class GpuRunner:
         if rc != driver.CUresult.CUDA_SUCCESS:
             raise RuntimeError(f"cannot allow {nbytes} bytes of dynamic shared memory: {rc}")
 
-    def run(self, op: Op, records: np.ndarray, table: np.ndarray, groups: int, scratch: int) -> np.ndarray:
+    def time(self, op: Op, record: np.ndarray, table: np.ndarray, reps: int, scratch: int = SCRATCH) -> float:
+        """Microseconds per instruction of one instruction run reps times back to
+        back by one warp group of one block (launch overhead amortised; its inputs
+        stay warm in L2 as a step's do)."""
+        import time
+
+        records = np.repeat(record[:1], reps)
+        self.run(op, records, table, 1, scratch, grid=1)  # warm-up: module load, caches
+        t0 = time.perf_counter()
+        self.run(op, records, table, 1, scratch, grid=1)
+        return (time.perf_counter() - t0) * 1e6 / reps
+
+    def run(self, op: Op, records: np.ndarray, table: np.ndarray, groups: int, scratch: int,
+            grid: int | None = None) -> np.ndarray:
         from cuda.core import LaunchConfig, launch
 
         n = len(records)
         ins = torch.from_numpy(records.view(np.uint8).copy()).cuda()
         tab = torch.from_numpy(table.view(np.uint8).copy()).cuda()
         err = torch.full((n,), -1, dtype=torch.int32, device="cuda")
-        grid = max(1, min((n + groups - 1) // groups, 4 * self.sms))
+        grid = grid or max(1, min((n + groups - 1) // groups, 4 * self.sms))
         torch.cuda.synchronize()
         cfg = LaunchConfig(grid=grid, block=128 * groups, shmem_size=groups * (128 + scratch))
         launch(self.stream, cfg, self.kernels[op], np.uint64(ins.data_ptr()), np.uint64(tab.data_ptr()), np.int32(n),
@@ -748,6 +762,21 @@ def print_report(log: str) -> bool:
     return ok
 
 
+def time_cases(runner: GpuRunner, cases: list[Case], reps: int) -> int:
+    """Latency of each positive case's first instruction, alone on one group."""
+    print(f"{'case':44} {'us/instr':>9}")
+    for case in cases:
+        if case.expect != ErrorCode.NONE:
+            continue
+        records, table = encode(case, place(case.tensors, runner.device))
+        print(f"{case.name[:44]:44} {runner.time(case.op, records, table, reps):9.2f}")
+    return 0
+
+
+if (ROOT / "tools" / "ops_check_step.py").exists():  # EMBED and ARGMAX cases (the whole-step ops)
+    __import__("tools.ops_check_step", fromlist=["extend"]).extend(sys.modules[__name__])
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--emu", action="store_true", help="run on the host SIMT emulator at small sizes")
@@ -755,6 +784,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", default="", help="comma-separated ops, e.g. topk,attn_chunk")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--list", action="store_true", help="list the cases and exit")
+    ap.add_argument("--time", type=int, default=0, metavar="N",
+                    help="GPU: run each case's first instruction N times alone and print us per instruction")
     a = ap.parse_args(argv)
     names = {v: k for k, v in OPS.items()}
     try:
@@ -768,6 +799,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{OPS[c.op]:15} {c.name}: {len(c.stream)} instructions")
         return 0
     runner: Runner = EmuRunner() if a.emu else GpuRunner()
+    if a.time:
+        if not isinstance(runner, GpuRunner):
+            ap.error("--time needs the GPU")
+        return time_cases(runner, cases, a.time)
     ok = True
     if isinstance(runner, GpuRunner):
         ok = print_report(runner.log)
