@@ -1,0 +1,133 @@
+"""The whole decode step on the H200: 62 layers, final norm, LM head, argmax,
+as one instruction stream, one launch per step.
+
+    PYTHONPATH=. python3 tools/step_check.py --out out/step.json [--conversations 1] [--tokens 1] [--steps 128]
+
+1. checks one step against the PyTorch reference (gpuvm.muse.reference.reference_step):
+   the residual stream after every layer and the argmax tokens;
+2. decodes --steps steps back to back: each step's argmax tokens are the next
+   step's input (one buffer), positions advance through queued device copies,
+   counters carry over, no host synchronisation inside the loop;
+3. times a step against its floor (all layers' weight bytes read once, each local
+   expert that got a token, the KV read, the LM head) at the streaming-read
+   bandwidth measured in the same run.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from gpuvm.device import VM  # noqa: E402
+from gpuvm.device.bench import StreamRead, timing_stream  # noqa: E402
+from gpuvm.env import machine  # noqa: E402
+from gpuvm.muse.cases import Case, floor_bytes  # noqa: E402
+from gpuvm.muse.config import SHARD  # noqa: E402
+from gpuvm.muse.memory import check_step_fits  # noqa: E402
+from gpuvm.muse.reference import reference_step  # noqa: E402
+from gpuvm.muse.step import bind_step, layer_kind, layer_outputs, lower_step, make_step_state  # noqa: E402
+from gpuvm.muse.weights import make_model_weights  # noqa: E402
+
+SEED = 2026
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--conversations", type=int, default=1)
+    ap.add_argument("--tokens", type=int, default=1)
+    ap.add_argument("--context", type=int, default=81_920)
+    ap.add_argument("--steps", type=int, default=128)
+    ap.add_argument("--layers", type=int, default=SHARD.n_layers)
+    a = ap.parse_args()
+    cfg, C, n = SHARD, a.conversations, a.tokens
+    res: dict = {"machine": machine(), "conversations": C, "tokens_each": n, "context": a.context, "steps": a.steps, "layers": a.layers}
+    vm = VM(groups=2)
+    ts = timing_stream(vm)
+    res["read_bw_TBps"] = StreamRead(vm).measure()["tb_s"]
+    check_step_fits(cfg, C, n, a.context, a.steps + 1, layers=a.layers)
+    t0 = time.time()
+    mw = make_model_weights(cfg, SEED, device="cuda", layers=a.layers)
+    torch.cuda.synchronize()
+    log(f"weights: {mw.nbytes() / 1e9:.2f} GB made on the GPU in {time.time() - t0:.1f} s")
+    state = make_step_state(cfg, C, n, a.context, SEED + 1, device="cuda", steps=a.steps + 1, layers=a.layers)
+    t0 = time.time()
+    sp = lower_step(cfg, C, n, state.context_capacity, layers=a.layers, capture_layers=True)
+    res["build_s"] = time.time() - t0
+    res["instructions"] = len(sp.stream)
+    log(f"step program: {sp.stream.summary()[:160]} built in {res['build_s']:.1f} s")
+    gen = torch.Generator(device="cpu").manual_seed(SEED)
+    tokens = torch.randint(0, cfg.vocab_shard, (C * n,), generator=gen, dtype=torch.int32).cuda()
+
+    # 1. one step against the reference, layer by layer
+    ref = reference_step(cfg, mw, state.clone(), tokens.clone(), bf16_acts=False)
+    bufs = bind_step(sp, mw, state, tokens, device="cuda")
+    loaded = vm.load(sp.stream, bufs)
+    loaded.run(0)
+    got = layer_outputs(sp, bufs).float()
+    want = ref.s_layers.float().to(got.device)
+    per_layer = [float((got[i] - want[i]).norm() / want[i].norm()) for i in range(sp.n_layers)]
+    margin = ref.margin.float().cpu()
+    same = tokens.long().cpu() == ref.tokens.cpu()
+    res["layer_err"] = per_layer
+    res["layer_err_max"] = max(per_layer)
+    res["tokens_ref"] = ref.tokens.tolist()
+    res["tokens_gpu"] = tokens.tolist()
+    res["tokens_same"] = int(same.sum())
+    res["top2_margin_of_differing"] = margin[~same].tolist()
+    hit = [int((r.local_counts > 0).sum()) for r in ref.layers]
+    log(f"step 0: worst layer error {max(per_layer):.2e} (layer {per_layer.index(max(per_layer))}), tokens equal {int(same.sum())}/{len(same)}")
+
+    # floor of a step: every layer's bytes (its experts hit at step 0), plus the LM head
+    floor = 0
+    for i in range(sp.n_layers):
+        floor += floor_bytes(cfg, Case(f"L{i}", layer_kind(cfg, i), C, n, a.context), hit[i])["total"]
+    floor += cfg.vocab_shard * cfg.d * 2
+    res["floor_bytes"] = floor
+    res["floor_us"] = floor / (res["read_bw_TBps"] * 1e12) * 1e6
+
+    # 2. decode steps back to back, tokens fed back, positions from a queued table
+    sched = state.convs_schedule(a.steps + 1)
+    hist = torch.empty((a.steps, C * n), dtype=torch.int32, device="cuda")
+    times = []
+    with torch.cuda.stream(ts):
+        for k in range(1, a.steps + 1):
+            state.convs.copy_(sched[k], non_blocking=True)
+            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            e0.record(ts)
+            loaded.run(k, stream=ts, check=False)
+            e1.record(ts)
+            hist[k - 1].copy_(tokens, non_blocking=True)
+            times.append((e0, e1))
+    loaded.check(ts)
+    step_us = [e0.elapsed_time(e1) * 1e3 for e0, e1 in times]
+    res["step_us_median"] = statistics.median(step_us[1:])
+    res["step_us_all"] = step_us
+    res["steps_decoded"] = a.steps
+    res["next_step"] = loaded.next_step
+    h = hist.cpu()
+    res["token_history_head"] = h[:8].tolist()
+    res["tokens_in_range"] = bool(((h >= 0) & (h < cfg.vocab_shard)).all())
+    res["dyn_over_floor"] = res["step_us_median"] / res["floor_us"]
+    res["tok_per_s_per_conv"] = n / (res["step_us_median"] * 1e-6)
+    res["tok_per_s"] = C * n / (res["step_us_median"] * 1e-6)
+    log(f"decoded {a.steps} steps: median {res['step_us_median']:.0f} µs per step, floor {res['floor_us']:.0f} µs ({res['dyn_over_floor']:.2f}x), {res['tok_per_s']:.0f} tok/s")
+    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(a.out).write_text(json.dumps(res, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
