@@ -17,6 +17,8 @@ for s in $steps; do
     ops) timeout ${T_OPS:-150} python3 tools/ops_check.py > "$OUT/ops_check.log" 2>&1; echo "ops_check rc=$?"; tail -25 "$OUT/ops_check.log" ;;
     sweep) timeout ${T_SWEEP:-420} python3 -m gpuvm sweep --out "$OUT" --trace ${SWEEP_ARGS:-} > "$OUT/sweep.log" 2>&1; echo "sweep rc=$?"; tail -22 "$OUT/sweep.log"
            (cd "$OUT" && ls trace-*.npz >/dev/null 2>&1 && tar czf traces.tgz trace-*.npz && rm -f trace-*.npz) ;;
+    opstime) timeout ${T_OPSTIME:-90} python3 tools/ops_check.py --time 200 > "$OUT/ops_time.log" 2>&1; echo "ops_time rc=$?"; tail -30 "$OUT/ops_time.log" ;;
+    step) timeout ${T_STEP:-400} python3 tools/step_check.py --out "$OUT/step.json" ${STEP_ARGS:-} > "$OUT/step.log" 2>&1; echo "step rc=$?"; tail -15 "$OUT/step.log" ;;
     *) echo "unknown step $s"; exit 2 ;;
   esac
 done
