@@ -1,7 +1,7 @@
 """The whole decode step on the H200: 62 layers, final norm, LM head, argmax,
 as one instruction stream, one launch per step.
 
-    PYTHONPATH=. python3 tools/step_check.py --out out/step.json [--conversations 1] [--tokens 1] [--steps 128]
+    PYTHONPATH=. python3 tools/step_check.py --out out/step.json [--shapes 1x1,16x1,32x8] [--steps 128]
 
 1. checks one step against the PyTorch reference (gpuvm.muse.reference.reference_step):
    the residual stream after every layer and the argmax tokens;
@@ -32,7 +32,8 @@ from gpuvm.env import machine  # noqa: E402
 from gpuvm.muse.cases import Case, floor_bytes  # noqa: E402
 from gpuvm.muse.config import SHARD  # noqa: E402
 from gpuvm.muse.memory import check_step_fits  # noqa: E402
-from gpuvm.muse.reference import reference_step  # noqa: E402
+from gpuvm.gpu_sweep import compare  # noqa: E402
+from gpuvm.muse.reference import reference_layer, reference_step  # noqa: E402
 from gpuvm.muse.step import bind_step, layer_kind, layer_outputs, lower_step, make_step_state  # noqa: E402
 from gpuvm.muse.weights import make_model_weights  # noqa: E402
 
@@ -46,49 +47,77 @@ def log(msg: str) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True)
-    ap.add_argument("--conversations", type=int, default=1)
-    ap.add_argument("--tokens", type=int, default=1)
+    ap.add_argument("--shapes", default="1x1,16x1,32x8", help="conversations x tokens each; the first is also checked against the reference")
     ap.add_argument("--context", type=int, default=81_920)
     ap.add_argument("--steps", type=int, default=128)
     ap.add_argument("--layers", type=int, default=SHARD.n_layers)
     a = ap.parse_args()
-    cfg, C, n = SHARD, a.conversations, a.tokens
-    res: dict = {"machine": machine(), "conversations": C, "tokens_each": n, "context": a.context, "steps": a.steps, "layers": a.layers}
+    cfg = SHARD
+    shapes = [tuple(int(v) for v in x.split("x")) for x in a.shapes.split(",")]
+    out: dict = {"machine": machine(), "context": a.context, "steps": a.steps, "layers": a.layers, "runs": []}
     vm = VM(groups=2)
-    ts = timing_stream(vm)
-    res["read_bw_TBps"] = StreamRead(vm).measure()["tb_s"]
-    check_step_fits(cfg, C, n, a.context, a.steps + 1, layers=a.layers)
+    out["read_bw_TBps"] = StreamRead(vm).measure()["tb_s"]
+    check_step_fits(cfg, max(c for c, _ in shapes), max(n for _, n in shapes), a.context, a.steps + 1, layers=a.layers)
     t0 = time.time()
     mw = make_model_weights(cfg, SEED, device="cuda", layers=a.layers)
     torch.cuda.synchronize()
     log(f"weights: {mw.nbytes() / 1e9:.2f} GB made on the GPU in {time.time() - t0:.1f} s")
+    for k, (C, n) in enumerate(shapes):
+        res = run_shape(vm, mw, C, n, a, out["read_bw_TBps"], check=k == 0)
+        out["runs"].append(res)
+        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(a.out).write_text(json.dumps(out, indent=1))
+        del res
+        torch.cuda.empty_cache()
+    return 0
+
+
+def run_shape(vm: VM, mw, C: int, n: int, a: argparse.Namespace, bw_tbps: float, check: bool) -> dict:  # type: ignore[no-untyped-def]
+    cfg = SHARD
+    ts = timing_stream(vm)
+    res: dict = {"conversations": C, "tokens_each": n, "read_bw_TBps": bw_tbps}
     state = make_step_state(cfg, C, n, a.context, SEED + 1, device="cuda", steps=a.steps + 1, layers=a.layers)
     t0 = time.time()
-    sp = lower_step(cfg, C, n, state.context_capacity, layers=a.layers, capture_layers=True)
+    sp = lower_step(cfg, C, n, state.context_capacity, layers=a.layers, capture_layers=check)
     res["build_s"] = time.time() - t0
     res["instructions"] = len(sp.stream)
     log(f"step program: {sp.stream.summary()[:160]} built in {res['build_s']:.1f} s")
     gen = torch.Generator(device="cpu").manual_seed(SEED)
     tokens = torch.randint(0, cfg.vocab_shard, (C * n,), generator=gen, dtype=torch.int32).cuda()
 
-    # 1. one step against the reference, layer by layer
-    ref = reference_step(cfg, mw, state.clone(), tokens.clone(), bf16_acts=False)
-    bufs = bind_step(sp, mw, state, tokens, device="cuda")
+    # 1. one step against the reference, layer by layer: each layer's reference
+    # is fed the device's own input to that layer (so a layer's error is its own),
+    # and routing is compared with the near-tie rule of gpuvm.gpu_sweep.compare
+    bufs = bind_step(sp, mw, state, tokens, device="cuda", share_scratch=False)  # per-layer routing stays readable
+    pre = state.clone() if check else None
+    tokens_in = tokens.clone()
     loaded = vm.load(sp.stream, bufs)
     loaded.run(0)
-    got = layer_outputs(sp, bufs).float()
-    want = ref.s_layers.float().to(got.device)
-    per_layer = [float((got[i] - want[i]).norm() / want[i].norm()) for i in range(sp.n_layers)]
-    margin = ref.margin.float().cpu()
-    same = tokens.long().cpu() == ref.tokens.cpu()
-    res["layer_err"] = per_layer
-    res["layer_err_max"] = max(per_layer)
-    res["tokens_ref"] = ref.tokens.tolist()
-    res["tokens_gpu"] = tokens.tolist()
-    res["tokens_same"] = int(same.sum())
-    res["top2_margin_of_differing"] = margin[~same].tolist()
-    hit = [int((r.local_counts > 0).sum()) for r in ref.layers]
-    log(f"step 0: worst layer error {max(per_layer):.2e} (layer {per_layer.index(max(per_layer))}), tokens equal {int(same.sum())}/{len(same)}")
+    if check:
+        got = layer_outputs(sp, bufs).float()
+        s_in = mw.embed[tokens_in.long()].float()
+        errs, flips, routing_ok = [], [], True
+        for i in range(sp.n_layers):
+            r = reference_layer(cfg, mw.layers[i], pre.layers[i], s_in, layer_kind(cfg, i), bf16_acts=False)
+            c = compare(got[i], bufs[f"L{i}.route"], bufs[f"L{i}.scores"], r, C * n)
+            errs.append(c["err"])
+            flips.append(c["flipped"])
+            routing_ok &= c["routing_ok"]
+            s_in = got[i]
+        res["layer_err"] = errs
+        res["layer_err_max"] = max(errs)
+        res["layer_flips"] = flips
+        res["routing_ok"] = bool(routing_ok)
+        ref = reference_step(cfg, mw, pre, tokens_in, bf16_acts=False)  # the free-running chain, for the argmax
+        margin = ref.margin.float().cpu()
+        same = tokens.long().cpu() == ref.tokens.cpu()
+        res["chain_layer_err"] = [float((got[i] - ref.s_layers[i].float()).norm() / ref.s_layers[i].float().norm()) for i in range(sp.n_layers)]
+        res["tokens_same"] = int(same.sum())
+        res["top2_margin_of_differing"] = margin[~same].tolist()
+        log(f"step 0: worst layer error {max(errs):.2e} (teacher-forced), {sum(flips)} near-tie flips, routing ok {routing_ok}; argmax equal {int(same.sum())}/{len(same)}")
+    # local experts that got a token, per layer, as the device routed step 0
+    hit = [int((bufs[f"L{i}.route_meta"][0] > 0).sum()) for i in range(sp.n_layers)]
+    res["experts_hit"] = hit
 
     # floor of a step: every layer's bytes (its experts hit at step 0), plus the LM head
     floor = 0
@@ -96,7 +125,7 @@ def main() -> int:
         floor += floor_bytes(cfg, Case(f"L{i}", layer_kind(cfg, i), C, n, a.context), hit[i])["total"]
     floor += cfg.vocab_shard * cfg.d * 2
     res["floor_bytes"] = floor
-    res["floor_us"] = floor / (res["read_bw_TBps"] * 1e12) * 1e6
+    res["floor_us"] = floor / (bw_tbps * 1e12) * 1e6
 
     # 2. decode steps back to back, tokens fed back, positions from a queued table
     sched = state.convs_schedule(a.steps + 1)
@@ -123,10 +152,9 @@ def main() -> int:
     res["dyn_over_floor"] = res["step_us_median"] / res["floor_us"]
     res["tok_per_s_per_conv"] = n / (res["step_us_median"] * 1e-6)
     res["tok_per_s"] = C * n / (res["step_us_median"] * 1e-6)
-    log(f"decoded {a.steps} steps: median {res['step_us_median']:.0f} µs per step, floor {res['floor_us']:.0f} µs ({res['dyn_over_floor']:.2f}x), {res['tok_per_s']:.0f} tok/s")
-    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.out).write_text(json.dumps(res, indent=1))
-    return 0
+    log(f"{C}x{n}: decoded {a.steps} steps: median {res['step_us_median']:.0f} µs per step, floor {res['floor_us']:.0f} µs ({res['dyn_over_floor']:.2f}x), {res['tok_per_s']:.0f} tok/s")
+    del loaded, bufs
+    return res
 
 
 if __name__ == "__main__":
