@@ -63,4 +63,5 @@ def test_example_runs(tmp_path: Path) -> None:
                        env={**__import__("os").environ, "PYTHONPATH": str(root)})
     assert p.returncode == 0, p.stderr
     assert "CPU backend vs reference" in p.stdout
+    assert "step 3: tokens" in p.stdout  # the whole-step program decoded four steps
     assert (tmp_path / "model_full_t1.html").exists() and (tmp_path / "model_full_t1.perfetto.json").exists()

@@ -7,7 +7,9 @@
 2. one Muse decode layer lowered to the instruction set, run on the CPU
    backend and checked against the formula-level reference;
 3. the scheduler model's timeline of the real shard's layer, exported for
-   ui.perfetto.dev and as an HTML timeline.
+   ui.perfetto.dev and as an HTML timeline;
+4. a whole decode step of the small model (4 layers, LM head, argmax) decoding
+   several steps, each step's tokens fed to the next.
 """
 from __future__ import annotations
 
@@ -74,6 +76,24 @@ def model_timeline(out: Path) -> None:
     print("\n".join(summarize(r.trace).splitlines()[:8]))
 
 
+def decode_steps(steps: int = 4) -> None:
+    from gpuvm.muse.step import bind_step, lower_step, make_step_state
+    from gpuvm.muse.weights import make_model_weights
+
+    weights = make_model_weights(SMALL, seed=1)
+    state = make_step_state(SMALL, conversations=2, tokens_each=1, context=70, seed=2, steps=steps)
+    sp = lower_step(SMALL, 2, 1, state.context_capacity)
+    print(sp.stream.summary())
+    tokens = torch.tensor([5, 9], dtype=torch.int32)  # EMBED reads it, ARGMAX overwrites it
+    bufs = bind_step(sp, weights, state, tokens)
+    schedule = state.convs_schedule(steps)  # positions of each step
+    counters = None
+    for k in range(steps):
+        state.convs.copy_(schedule[k])
+        counters = run_stream(sp.stream, bufs, step=k, counters=counters)  # counters carry over
+        print(f"  step {k}: tokens {tokens.tolist()}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default="out", help="folder for the exported traces")
@@ -84,6 +104,8 @@ def main() -> None:
     muse_layer()
     print("3. the scheduler model's timeline of the real shard")
     model_timeline(Path(a.out))
+    print("4. decoding with the whole-step program of the small model")
+    decode_steps()
 
 
 if __name__ == "__main__":
