@@ -60,7 +60,7 @@ def parse_args(argv: Sequence[str]) -> SweepArgs:
     ap.add_argument("--context", type=str, default=str(DECODE_CONTEXT), help=f"cached tokens per conversation (default {DECODE_CONTEXT})")
     ap.add_argument("--backend", choices=("auto", "gpu", "cpu"), default="auto")
     ap.add_argument("--runs", type=int, default=20, help="timed runs per figure, median taken (>= 20 on a GPU)")
-    ap.add_argument("--out", default="results", help="folder for sweep.json, sweep.csv, sweep.png (default ./results)")
+    ap.add_argument("--out", default="out/sweep", help="folder for sweep.json, sweep.csv, sweep.png (default ./out/sweep; results/ holds the committed runs)")
     ap.add_argument("--no-plot", action="store_true")
     ap.add_argument("--trace", action="store_true", help="also record one traced run per case (GPU)")
     try:
