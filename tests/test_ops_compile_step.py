@@ -85,4 +85,5 @@ def test_extend_adds_the_step_ops_once() -> None:
     ocs.extend(ns)
     ocs.extend(ns)
     assert {Op.EMBED, Op.ARGMAX} <= set(ns.OPS) and ns.HEADERS.count(ocs.HEADER) == 1
-    assert len(ns.BUILDERS) == len(oc.BUILDERS) + 1 and ocs.HEADER in ns._EMU_FILES
+    # ops_check already extends itself on import: extending again adds nothing
+    assert sum(getattr(b, "func", b) is ocs.cases_step for b in ns.BUILDERS) == 1 and ocs.HEADER in ns._EMU_FILES
