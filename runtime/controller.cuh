@@ -4,11 +4,11 @@
 // The controller holds up to GVM_CLAIM_SLOTS claims in a ring of register
 // slots with fixed positions (the ring loop is unrolled, so every slot is
 // its own registers and reading one waits for that load alone). Visiting
-// slot j, it (1) reads the claim issued two visits ago into slot j+2 and
+// slot j, it (1) reads the claim of slot j+A (A = GVM_CLAIM_AHEAD) and
 // starts loading that instruction's 128-byte record, (2) hands slot j's
-// instruction (claimed four visits ago, its record loading for two) to a
-// free group, (3) issues the next claim into slot j. So a claim has two
-// hand-offs to come back and a record two more to arrive, and the per-
+// instruction (its record loading for A visits) to a free group, (3) issues
+// the next claim into slot j. So a claim has S-A hand-offs to come back
+// (S = GVM_CLAIM_SLOTS) and a record A more to arrive, and the per-
 // instruction work on the critical path is a shared-memory copy and an
 // mbarrier arrive. At most p.claim_depth slots hold a claim (a claimed
 // instruction waits for this block's groups even when another block has a
@@ -33,6 +33,12 @@
 #include "stamps.cuh"
 #include "../scheduler/claim.cuh"
 #include "../scheduler/counters.cuh"
+
+// Visits between a slot's record load and its hand-off; the claim before it has
+// GVM_CLAIM_SLOTS - GVM_CLAIM_AHEAD visits to come back. With 4 slots and 2
+// ahead (H200, 8af91d644354) the controller still waited on each record: a
+// hand-off is ~100-200 cycles, an L2 load ~600, a contended atomic more.
+#define GVM_CLAIM_AHEAD (GVM_CLAIM_SLOTS / 2)
 
 #define GVM_CS_EMPTY 0u    // slot holds nothing
 #define GVM_CS_CLAIMED 1u  // claim issued, its index not read yet
@@ -127,7 +133,7 @@ __device__ __forceinline__ void gvm_controller(const gvm_params& p, gvm_shared& 
         const unsigned abort_word = lane == 0 ? gvm_ld_relaxed(abort_flag) : 0u;  // read once a ring turn
 #pragma unroll
         for (unsigned j = 0; j < GVM_CLAIM_SLOTS; ++j) {
-            gvm_cslot& f = s[(j + 2) % GVM_CLAIM_SLOTS];
+            gvm_cslot& f = s[(j + GVM_CLAIM_AHEAD) % GVM_CLAIM_SLOTS];
             if (f.state == GVM_CS_CLAIMED) {
                 f.idx = gvm_claim_finish(claimer, f.raw, n);
                 if (f.idx >= n || aborted) {

@@ -14,7 +14,7 @@
 #define GVM_GROUP_THREADS 128
 #define GVM_BLOCK_THREADS (GVM_CONTROL_THREADS + GVM_MAX_GROUPS * GVM_GROUP_THREADS)
 #define GVM_PF_RING 16            // claimed instructions queued for the loader
-#define GVM_CLAIM_SLOTS 4         // claims a controller can hold (runtime/controller.cuh)
+#define GVM_CLAIM_SLOTS 6         // claims a controller can hold (runtime/controller.cuh)
 
 // state[] words (u32), zero before the first launch
 #define GVM_STATE_HEAD 0          // dynamic mode: next stream index to claim

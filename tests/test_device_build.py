@@ -22,7 +22,7 @@ pytestmark = pytest.mark.skipif(not _NVRTC, reason="NVRTC is not available (pip 
 from gpuvm.device import build as build_mod  # noqa: E402  (the module)
 from gpuvm.device.build import Build, BuildOptions, compile_source, device_root, op_report, parse_ptxas  # noqa: E402
 from gpuvm.device.errors import CompileError, SpillError  # noqa: E402
-from gpuvm.device.layout import PARAMS_DTYPE, LayoutError, check_layout  # noqa: E402
+from gpuvm.device.layout import CLAIM_SLOTS, PARAMS_DTYPE, LayoutError, check_layout  # noqa: E402
 from gpuvm.device.elf import Elf  # noqa: E402
 from gpuvm.isa import Op  # noqa: E402
 
@@ -87,7 +87,7 @@ def test_params_layout_matches_the_host(builds: dict[str, Build]) -> None:
         check_layout(bad)
     bad = words.copy()
     bad[-1] += 1  # the controller's claim slots, which VM.claim_depth is checked against
-    with pytest.raises(LayoutError, match="holds 5 claims on the device, 4 on the host"):
+    with pytest.raises(LayoutError, match=f"holds {CLAIM_SLOTS + 1} claims on the device, {CLAIM_SLOTS} on the host"):
         check_layout(bad)
 
 

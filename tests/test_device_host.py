@@ -9,7 +9,7 @@ import torch
 
 from gpuvm.device.build import parse_ptxas
 from gpuvm.device.errors import OpError, WatchdogError, error_from_record
-from gpuvm.device.layout import PARAMS_DTYPE
+from gpuvm.device.layout import CLAIM_SLOTS, PARAMS_DTYPE
 from gpuvm.device.programs import gemm_stream, nop_stream, stuck_stream
 from gpuvm.device.validate import check_records
 from gpuvm.device.warm import warm_bindings, warm_stream
@@ -180,9 +180,9 @@ def test_launch_parameters() -> None:
     for bad in (dict(mode="fast"), dict(watchdog_s=0.0)):
         with pytest.raises(ValueError):
             ld.params(0, **bad)  # type: ignore[attr-defined]
-    for depth in (0, 5):
+    for depth in (0, CLAIM_SLOTS + 1):
         ld.vm.claim_depth = depth  # type: ignore[attr-defined]
-        with pytest.raises(ValueError, match="claim_depth must be 1..4"):
+        with pytest.raises(ValueError, match=f"claim_depth must be 1..{CLAIM_SLOTS}"):
             ld.params(0)  # type: ignore[attr-defined]
     with pytest.raises(ProgramError, match="increasing stream order"):
         ld.set_static([[1, 0], [], [], []])  # type: ignore[attr-defined]

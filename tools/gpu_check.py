@@ -12,7 +12,7 @@ figure in JSON.
    (the floor's bandwidth), the VM's streaming GEMM (T 1 and 8, several
    instruction sizes, loader prefetch on and off, 2 and 4 groups, fewer GEMM
    k-steps in flight), empty instruction dispatch in dynamic and static mode
-   at claim depths 1, 2 and 4, stamps on vs off, the warmer on vs off from a
+   at claim depths 1, 2, 4 and 6, stamps on vs off, the warmer on vs off from a
    cold L2, the mixed stream at each claim depth, and the watchdog's time to stop.
 """
 from __future__ import annotations
@@ -159,7 +159,7 @@ def main() -> int:
     log("dispatch: empty instructions")
     disp = []
     for label, v in (("2 groups", vm), ("4 groups core", vm4)):
-        for depth in (1, 2, 4):
+        for depth in (1, 2, 4, 6):
             v.claim_depth = depth
             for mode in ("dynamic", "static"):
                 r = dispatch_overhead(v, mode, reps=args.reps)
@@ -167,7 +167,7 @@ def main() -> int:
                 disp.append(r)
                 log(f"  {label} depth {depth} {mode}: {r['us_per_instr_per_block']:.3f} us per instruction per block (raw {r['raw_us_per_instr_per_block']:.3f})")
                 table.append((f"dispatch {mode} ({label}, claim depth {depth})", f"{r['us_per_instr_per_block']:.3f} us/instr/block"))
-        v.claim_depth = 4
+        v.claim_depth = 6
     res["dispatch"] = disp
 
     log("stamps: the same streams with and without them")
@@ -193,12 +193,12 @@ def main() -> int:
     log("static vs dynamic on the mixed stream, at each claim depth (a deep queue can hold work back from idle blocks)")
     lm = vm.load(mixed, mbufs)
     sd: dict[str, float] = {}
-    for depth in (1, 2, 4):
+    for depth in (1, 2, 4, 6):
         vm.claim_depth = depth
         for mode in ("dynamic", "static"):
             sd[f"{mode}_depth{depth}"] = step_time(lm, mode, args.reps)["median_ms"]
         table.append((f"mixed stream dynamic / static, claim depth {depth}", f"{sd[f'dynamic_depth{depth}'] * 1e3:.1f} / {sd[f'static_depth{depth}'] * 1e3:.1f} us"))
-    vm.claim_depth = 4
+    vm.claim_depth = 6
     res["mixed_modes"] = sd
 
     log("watchdog: a wait that can never be met, bound 0.1 s")

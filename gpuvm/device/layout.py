@@ -32,7 +32,7 @@ PARAMS_DTYPE = np.dtype(
 MODES = {"dynamic": 0, "static": 1}
 
 #: claims a block's controller may hold ahead (runtime/params.cuh GVM_CLAIM_SLOTS); the build checks it
-CLAIM_SLOTS = 4
+CLAIM_SLOTS = 6
 
 _OFFSET_FIELDS = list(PARAMS_DTYPE.names)
 

@@ -76,7 +76,7 @@ def test_shallow_claim_queues_match_cpu(vm: VM, depth: int) -> None:
         _run_dag_steps(vm, _dag(2000, seed=10 + depth), "dynamic", steps=2, seed=depth)
         _run_dag_steps(vm, _dag(2000, seed=20 + depth), "static", steps=2, seed=depth)
     finally:
-        vm.claim_depth = 4
+        vm.claim_depth = 6
 
 
 def test_loader_prefetches_only_what_will_wait(vm: VM) -> None:
