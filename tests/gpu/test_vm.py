@@ -176,7 +176,7 @@ def test_gemm_streams_at_bandwidth(vm_plain: VM) -> None:
         assert ratio >= 0.90
 
 
-@pytest.mark.xfail(strict=True, reason="target of issue 3 not met yet: 0.85 us (dynamic) and 0.67 us (static) per empty instruction per block on the H200 at 8af91d644354")
+@pytest.mark.xfail(strict=True, reason="target of issue 3 not met yet: 0.85 us (dynamic) and 0.67 us (static) per empty instruction per block on the H200 at 2368a2474d60")
 @pytest.mark.parametrize("mode", ["dynamic", "static"])
 def test_dispatch_overhead(vm_plain: VM, mode: str) -> None:
     r = dispatch_overhead(vm_plain, mode)
