@@ -10,7 +10,7 @@ gpuvm/cpu (the oracle) and once in ops/ (the device).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, NamedTuple, Sequence
 
 from .isa import DTYPE_BYTES, HEAD_DIM, TOPK, DType, Op
 
@@ -42,8 +42,10 @@ class TensorSpec:
         return self.nbytes // self.shape[0] if self.shape and self.shape[0] else 0
 
 
-@dataclass(frozen=True)
-class Cost:
+class Cost(NamedTuple):
+    """Bytes of weights and activations an op moves and the flops it does
+    (a tuple: built for every op of a 500K-op step program)."""
+
     weight_bytes: int = 0
     act_bytes: int = 0
     flops: int = 0
@@ -60,10 +62,6 @@ class OpSpec:
     check: Callable[[Slots, Args], None]
     cost: Callable[[Slots, Args], Cost]
 
-
-def _need(cond: bool, msg: str) -> None:
-    if not cond:
-        raise ProgramError(msg)
 
 
 def _t(ts: Slots, i: int, name: str, dtypes: Sequence[DType], ndim: int | None = None) -> TensorSpec:
@@ -83,7 +81,8 @@ def _opt(ts: Slots, i: int) -> TensorSpec | None:
 
 
 def _range(a0: int, n: int, size: int, what: str) -> None:
-    _need(n >= 0 and a0 >= 0 and a0 + n <= size, f"{what} range [{a0}, {a0 + n}) outside [0, {size})")
+    if not (n >= 0 and a0 >= 0 and a0 + n <= size):
+        raise ProgramError(f"{what} range [{a0}, {a0 + n}) outside [0, {size})")
 
 
 def _numel(t: TensorSpec) -> int:
@@ -105,7 +104,8 @@ def _check_nop(ts: Slots, a: Args) -> None:
 
 
 def _check_sleep(ts: Slots, a: Args) -> None:
-    _need(len(a) >= 1 and 0 <= a[0] <= 1_000_000_000, "SLEEP needs a0 in [0, 1e9] nanoseconds")
+    if not (len(a) >= 1 and 0 <= a[0] <= 1_000_000_000):
+        raise ProgramError("SLEEP needs a0 in [0, 1e9] nanoseconds")
 
 
 def _check_copy(ts: Slots, a: Args) -> None:
@@ -127,11 +127,16 @@ def _check_gemm(ts: Slots, a: Args) -> None:
     out = _t(ts, 0, "out", (DType.BF16, DType.F32), 2)
     x = _t(ts, 1, "x", (DType.BF16, DType.F32), 2)
     w = _t(ts, 2, "W", (DType.BF16, DType.F32), 2)
-    _need(x.dtype == w.dtype, f"GEMM x '{x.name}' and W '{w.name}' must share a dtype")
-    _need(x.dtype == DType.BF16 or out.dtype == DType.F32, "an f32 GEMM writes f32")
-    _need(x.shape[1] == w.shape[1], f"GEMM K mismatch: x {x.shape} vs W {w.shape}")
-    _need(out.shape == (x.shape[0], w.shape[0]), f"GEMM out {out.shape} must be {(x.shape[0], w.shape[0])}")
-    _need(x.shape[1] % 8 == 0, "GEMM K must be a multiple of 8")
+    if not (x.dtype == w.dtype):
+        raise ProgramError(f"GEMM x '{x.name}' and W '{w.name}' must share a dtype")
+    if not (x.dtype == DType.BF16 or out.dtype == DType.F32):
+        raise ProgramError("an f32 GEMM writes f32")
+    if not (x.shape[1] == w.shape[1]):
+        raise ProgramError(f"GEMM K mismatch: x {x.shape} vs W {w.shape}")
+    if not (out.shape == (x.shape[0], w.shape[0])):
+        raise ProgramError(f"GEMM out {out.shape} must be {(x.shape[0], w.shape[0])}")
+    if not (x.shape[1] % 8 == 0):
+        raise ProgramError("GEMM K must be a multiple of 8")
     _range(a[0], a[1], w.shape[0], "GEMM column")
 
 
@@ -146,7 +151,8 @@ def _check_rmsnorm(ts: Slots, a: Args) -> None:
     out = _t(ts, 0, "out", (DType.BF16, DType.F32), 2)
     x = _t(ts, 1, "in", F, 2)
     w = _t(ts, 2, "w", F, 1)
-    _need(out.shape == x.shape and w.shape == (x.shape[1],), f"RMSNORM shapes out {out.shape} in {x.shape} w {w.shape}")
+    if not (out.shape == x.shape and w.shape == (x.shape[1],)):
+        raise ProgramError(f"RMSNORM shapes out {out.shape} in {x.shape} w {w.shape}")
     _range(a[0], a[1], x.shape[0], "RMSNORM row")
 
 
@@ -159,14 +165,17 @@ def _cost_rows(ts: Slots, a: Args) -> Cost:
 def _heads(qkvg: TensorSpec, q: TensorSpec) -> tuple[int, int]:
     hq = q.shape[1]
     width = qkvg.shape[1]
-    _need(width % HEAD_DIM == 0, f"qkvg width {width} is not a multiple of {HEAD_DIM}")
+    if not (width % HEAD_DIM == 0):
+        raise ProgramError(f"qkvg width {width} is not a multiple of {HEAD_DIM}")
     hkv2 = width // HEAD_DIM - 2 * hq
-    _need(hkv2 > 0 and hkv2 % 2 == 0 and hq % (hkv2 // 2) == 0, f"qkvg width {width} does not split into q|k|v|g for {hq} query heads")
+    if not (hkv2 > 0 and hkv2 % 2 == 0 and hq % (hkv2 // 2) == 0):
+        raise ProgramError(f"qkvg width {width} does not split into q|k|v|g for {hq} query heads")
     return hq, hkv2 // 2
 
 
 def _check_cache(c: TensorSpec, hkv: int, name: str) -> None:
-    _need(len(c.shape) == 4 and c.shape[2] == hkv and c.shape[3] == HEAD_DIM, f"{name} cache {c.shape} must be [C,S,{hkv},{HEAD_DIM}]")
+    if not (len(c.shape) == 4 and c.shape[2] == hkv and c.shape[3] == HEAD_DIM):
+        raise ProgramError(f"{name} cache {c.shape} must be [C,S,{hkv},{HEAD_DIM}]")
 
 
 def _check_qk_rope_kv(ts: Slots, a: Args) -> None:
@@ -177,12 +186,15 @@ def _check_qk_rope_kv(ts: Slots, a: Args) -> None:
     k, v = _t(ts, 4, "k cache", E4M3), _t(ts, 5, "v cache", E4M3)
     convs = _t(ts, 6, "convs", I32, 2)
     hq, hkv = _heads(qkvg, q)
-    _need(q.shape == (qkvg.shape[0], hq, HEAD_DIM), f"q {q.shape} must be [T,{hq},{HEAD_DIM}]")
+    if not (q.shape == (qkvg.shape[0], hq, HEAD_DIM)):
+        raise ProgramError(f"q {q.shape} must be [T,{hq},{HEAD_DIM}]")
     _check_cache(k, hkv, "k")
     _check_cache(v, hkv, "v")
-    _need(k.shape == v.shape and k.shape[0] == convs.shape[0] and convs.shape[1] == 4, "caches and convs disagree on conversations")
+    if not (k.shape == v.shape and k.shape[0] == convs.shape[0] and convs.shape[1] == 4):
+        raise ProgramError("caches and convs disagree on conversations")
     _range(a[0], 1, convs.shape[0], "conversation")
-    _need(a[1] in (0, 1), "QK_ROPE_KV a1 (rope) must be 0 or 1")
+    if not (a[1] in (0, 1)):
+        raise ProgramError("QK_ROPE_KV a1 (rope) must be 0 or 1")
 
 
 def _cost_qk(ts: Slots, a: Args) -> Cost:
@@ -198,18 +210,24 @@ def _check_attn_chunk(ts: Slots, a: Args) -> None:
     po = _t(ts, 4, "part_o", F, 4)
     pml = _t(ts, 5, "part_ml", F, 4)
     hq = q.shape[1]
-    _need(len(k.shape) == 4 and k.shape == v.shape, "k and v caches must match")
+    if not (len(k.shape) == 4 and k.shape == v.shape):
+        raise ProgramError("k and v caches must match")
     hkv = k.shape[2]
     _check_cache(k, hkv, "k")
-    _need(hq % hkv == 0, f"{hq} query heads do not group over {hkv} kv heads")
+    if not (hq % hkv == 0):
+        raise ProgramError(f"{hq} query heads do not group over {hkv} kv heads")
     nch = po.shape[2]
-    _need(po.shape == (q.shape[0], hq, nch, HEAD_DIM), f"part_o {po.shape} must be [T,{hq},NCH,{HEAD_DIM}]")
-    _need(pml.shape == (q.shape[0], hq, nch, 2), f"part_ml {pml.shape} must be [T,{hq},{nch},2]")
+    if not (po.shape == (q.shape[0], hq, nch, HEAD_DIM)):
+        raise ProgramError(f"part_o {po.shape} must be [T,{hq},NCH,{HEAD_DIM}]")
+    if not (pml.shape == (q.shape[0], hq, nch, 2)):
+        raise ProgramError(f"part_ml {pml.shape} must be [T,{hq},{nch},2]")
     _range(a[0], 1, convs.shape[0], "conversation")
     _range(a[1], 1, hkv, "kv head")
     _range(a[2], 1, nch, "chunk")
-    _need(a[3] > 0, "chunk length must be positive")
-    _need(a[4] >= 0, "window must be >= 0")
+    if not (a[3] > 0):
+        raise ProgramError("chunk length must be positive")
+    if not (a[4] >= 0):
+        raise ProgramError("window must be >= 0")
 
 
 def _cost_attn_chunk(ts: Slots, a: Args) -> Cost:
@@ -225,8 +243,10 @@ def _check_attn_merge(ts: Slots, a: Args) -> None:
     po = _t(ts, 1, "part_o", F, 4)
     _t(ts, 2, "part_ml", F, 4)
     qkvg = _t(ts, 3, "qkvg", BF, 2)
-    _need(o.shape == (po.shape[0], po.shape[1] * HEAD_DIM), f"o {o.shape} must be [T,{po.shape[1] * HEAD_DIM}]")
-    _need(qkvg.shape[0] == o.shape[0], "qkvg and o disagree on T")
+    if not (o.shape == (po.shape[0], po.shape[1] * HEAD_DIM)):
+        raise ProgramError(f"o {o.shape} must be [T,{po.shape[1] * HEAD_DIM}]")
+    if not (qkvg.shape[0] == o.shape[0]):
+        raise ProgramError("qkvg and o disagree on T")
     _range(a[0], a[1], o.shape[0], "ATTN_MERGE token")
 
 
@@ -242,17 +262,22 @@ def _check_residual(ts: Slots, a: Args) -> None:
     al = _t(ts, 2, "alpha", F, 1)
     be = _t(ts, 3, "beta", F, 1)
     d = s.shape[1]
-    _need(x.shape == s.shape and al.shape == (d,) and be.shape == (d,), "RESIDUAL shapes disagree")
+    if not (x.shape == s.shape and al.shape == (d,) and be.shape == (d,)):
+        raise ProgramError("RESIDUAL shapes disagree")
     w = _opt(ts, 4)
     if w is not None:
         _t(ts, 4, "w_next", F, 1)
-        _need(w.shape == (d,), "RESIDUAL w_next must be [D]")
+        if not (w.shape == (d,)):
+            raise ProgramError("RESIDUAL w_next must be [D]")
         outs = [_opt(ts, 5), _opt(ts, 6)]
-        _need(any(o is not None for o in outs), "RESIDUAL with w_next needs an output in t5 or t6")
+        if not (any(o is not None for o in outs)):
+            raise ProgramError("RESIDUAL with w_next needs an output in t5 or t6")
         if outs[0] is not None:
-            _need(_t(ts, 5, "out f32", F, 2).shape == s.shape, "RESIDUAL t5 shape")
+            if not (_t(ts, 5, "out f32", F, 2).shape == s.shape):
+                raise ProgramError("RESIDUAL t5 shape")
         if outs[1] is not None:
-            _need(_t(ts, 6, "out bf16", BF, 2).shape == s.shape, "RESIDUAL t6 shape")
+            if not (_t(ts, 6, "out bf16", BF, 2).shape == s.shape):
+                raise ProgramError("RESIDUAL t6 shape")
     _range(a[0], a[1], s.shape[0], "RESIDUAL row")
 
 
@@ -267,9 +292,12 @@ def _check_topk(ts: Slots, a: Args) -> None:
     meta = _t(ts, 1, "route_meta", I32, 2)
     route = _t(ts, 2, "route", I32, 2)
     t, ne = sc.shape
-    _need(ne >= TOPK, f"{ne} experts cannot give a top-{TOPK}")
-    _need(route.shape == (5, TOPK * t), f"route {route.shape} must be [5,{TOPK * t}]")
-    _need(meta.shape[0] == 2 and meta.shape[1] == a[1], f"route_meta {meta.shape} must be [2,{a[1]}]")
+    if not (ne >= TOPK):
+        raise ProgramError(f"{ne} experts cannot give a top-{TOPK}")
+    if not (route.shape == (5, TOPK * t)):
+        raise ProgramError(f"route {route.shape} must be [5,{TOPK * t}]")
+    if not (meta.shape[0] == 2 and meta.shape[1] == a[1]):
+        raise ProgramError(f"route_meta {meta.shape} must be [2,{a[1]}]")
     _range(a[0], a[1], ne, "local expert")
 
 
@@ -290,12 +318,18 @@ def _check_expert(ts: Slots, a: Args, up: bool) -> None:
     e, k = meta.shape[1], x.shape[1]
     n_out = codes.shape[-2]
     want = (e, 2, n_out, k // 2) if up else (e, n_out, k // 2)
-    _need(codes.shape == want, f"codes {codes.shape} must be {want}")
-    _need(scales.shape == want[:-1] + (k // 16,), f"scales {scales.shape} must be {want[:-1] + (k // 16,)}")
-    _need(tsc.shape == ((e, 2) if up else (e,)), f"tensor scales {tsc.shape} wrong")
-    _need(k % 32 == 0, "expert K must be a multiple of 32")
-    _need(out.shape == (route.shape[1], n_out), f"expert out {out.shape} must be [{route.shape[1]},{n_out}]")
-    _need(x.shape[0] in (route.shape[1] // TOPK, route.shape[1]), "expert input rows disagree with the routing table")
+    if not (codes.shape == want):
+        raise ProgramError(f"codes {codes.shape} must be {want}")
+    if not (scales.shape == want[:-1] + (k // 16,)):
+        raise ProgramError(f"scales {scales.shape} must be {want[:-1] + (k // 16,)}")
+    if not (tsc.shape == ((e, 2) if up else (e,))):
+        raise ProgramError(f"tensor scales {tsc.shape} wrong")
+    if not (k % 32 == 0):
+        raise ProgramError("expert K must be a multiple of 32")
+    if not (out.shape == (route.shape[1], n_out)):
+        raise ProgramError(f"expert out {out.shape} must be [{route.shape[1]},{n_out}]")
+    if not (x.shape[0] in (route.shape[1] // TOPK, route.shape[1])):
+        raise ProgramError("expert input rows disagree with the routing table")
     _range(a[0], 1, e, "expert")
     _range(a[1], a[2], n_out, "expert column")
 
@@ -311,7 +345,8 @@ def _check_combine(ts: Slots, a: Args) -> None:
     f = _t(ts, 0, "fsq", BF, 2)
     y = _t(ts, 1, "y", F, 2)
     route = _t(ts, 2, "route", I32, 2)
-    _need(y.shape == (route.shape[1], f.shape[1]) and route.shape[1] == TOPK * f.shape[0], "EXPERT_COMBINE shapes disagree")
+    if not (y.shape == (route.shape[1], f.shape[1]) and route.shape[1] == TOPK * f.shape[0]):
+        raise ProgramError("EXPERT_COMBINE shapes disagree")
     _range(a[0], a[1], f.shape[0], "EXPERT_COMBINE token")
 
 
@@ -326,9 +361,12 @@ def _check_embed(ts: Slots, a: Args) -> None:
     s = _t(ts, 0, "s", F, 2)
     table = _t(ts, 1, "table", BF, 2)
     tok = _t(ts, 2, "tokens", I32, 1)
-    _need(table.shape[1] == s.shape[1], f"EMBED table {table.shape} and s {s.shape} disagree on D")
-    _need(tok.shape == (s.shape[0],), f"EMBED tokens {tok.shape} must be [{s.shape[0]}]")
-    _need(s.shape[1] % 8 == 0, "EMBED D must be a multiple of 8")
+    if not (table.shape[1] == s.shape[1]):
+        raise ProgramError(f"EMBED table {table.shape} and s {s.shape} disagree on D")
+    if not (tok.shape == (s.shape[0],)):
+        raise ProgramError(f"EMBED tokens {tok.shape} must be [{s.shape[0]}]")
+    if not (s.shape[1] % 8 == 0):
+        raise ProgramError("EMBED D must be a multiple of 8")
     _range(a[0], a[1], s.shape[0], "EMBED row")
 
 
@@ -341,9 +379,11 @@ def _cost_embed(ts: Slots, a: Args) -> Cost:
 def _check_argmax(ts: Slots, a: Args) -> None:
     logits = _t(ts, 0, "logits", F, 2)
     tok = _t(ts, 1, "tokens", I32, 1)
-    _need(tok.shape == (logits.shape[0],), f"ARGMAX tokens {tok.shape} must be [{logits.shape[0]}]")
+    if not (tok.shape == (logits.shape[0],)):
+        raise ProgramError(f"ARGMAX tokens {tok.shape} must be [{logits.shape[0]}]")
     if _opt(ts, 2) is not None:
-        _need(_t(ts, 2, "margin", F, 1).shape == tok.shape, f"ARGMAX margin must be [{logits.shape[0]}]")
+        if not (_t(ts, 2, "margin", F, 1).shape == tok.shape):
+            raise ProgramError(f"ARGMAX margin must be [{logits.shape[0]}]")
     _range(a[0], a[1], logits.shape[0], "ARGMAX row")
 
 

@@ -107,39 +107,42 @@ class Program:
         """Add an op. waits: counters (wait for all their signallers) or (counter, count)."""
         opcode = Op(opcode)
         spec = SPECS[opcode]
-        where = f"op #{len(self.instrs)} {opcode.name}" + (f" '{label}'" if label else "")
+
+        def where() -> str:  # only on failure: this runs for every op of a 500K-op program
+            return f"op #{len(self.instrs)} {opcode.name}" + (f" '{label}'" if label else "")
+
         if len(tensors) > MAX_TENSORS or len(args) > MAX_ARGS:
-            raise ProgramError(f"{where}: at most {MAX_TENSORS} tensors and {MAX_ARGS} args")
+            raise ProgramError(f"{where()}: at most {MAX_TENSORS} tensors and {MAX_ARGS} args")
         for t in tensors:
             if t is not None and (t.index < 0 or t.index >= len(self.tensors) or self.tensors[t.index] is not t):
-                raise ProgramError(f"{where}: tensor '{t.name}' is not declared in this program")
+                raise ProgramError(f"{where()}: tensor '{t.name}' is not declared in this program")
         args_t = tuple(int(a) for a in args) + (0,) * (len(spec.args) - len(args))
         for a in args_t:
             if not -(2**31) <= a < 2**31:
-                raise ProgramError(f"{where}: argument {a} does not fit int32")
+                raise ProgramError(f"{where()}: argument {a} does not fit int32")
         try:
             spec.check(tensors, args_t)
         except ProgramError as e:
-            raise ProgramError(f"{where}: {e}") from None
+            raise ProgramError(f"{where()}: {e}") from None
         norm_waits: list[tuple[Counter, int | None]] = []
         for w in waits:
             c, n = (w, None) if isinstance(w, Counter) else (w[0], int(w[1]))
             if not isinstance(c, Counter) or c.id >= len(self.counters) or self.counters[c.id] is not c:
-                raise ProgramError(f"{where}: waits on a counter not declared in this program")
+                raise ProgramError(f"{where()}: waits on a counter not declared in this program")
             if n is not None and n < 1:
-                raise ProgramError(f"{where}: wait count {n} on '{c.name}' must be >= 1")
+                raise ProgramError(f"{where()}: wait count {n} on '{c.name}' must be >= 1")
             norm_waits.append((c, n))
         if len(norm_waits) > MAX_WAITS:
-            raise ProgramError(f"{where}: at most {MAX_WAITS} waits")
+            raise ProgramError(f"{where()}: at most {MAX_WAITS} waits")
         if signal is not None and (signal.id >= len(self.counters) or self.counters[signal.id] is not signal):
-            raise ProgramError(f"{where}: signals a counter not declared in this program")
+            raise ProgramError(f"{where()}: signals a counter not declared in this program")
         pf = None
         if prefetch is not None:
             pt, off, nb = prefetch
             if pt not in tensors:
-                raise ProgramError(f"{where}: prefetch tensor '{pt.name}' is not one of the op's tensors")
+                raise ProgramError(f"{where()}: prefetch tensor '{pt.name}' is not one of the op's tensors")
             if off < 0 or nb < 0 or off + nb > pt.nbytes or nb >= 2**32:
-                raise ProgramError(f"{where}: prefetch [{off}, {off + nb}) outside '{pt.name}' ({pt.nbytes} bytes)")
+                raise ProgramError(f"{where()}: prefetch [{off}, {off + nb}) outside '{pt.name}' ({pt.nbytes} bytes)")
             pf = (list(tensors).index(pt), int(off), int(nb))
         ins = Instr(len(self.instrs), opcode, tuple(tensors), args_t, tuple(norm_waits), signal, pf, label or opcode.name.lower(), spec.cost(tensors, args_t))
         self.instrs.append(ins)
