@@ -45,6 +45,9 @@ class Hardware:
     #: controller hands a decoded instruction to a free group (shared memory +
     #: mbarrier); estimate
     dispatch_ns: float = 50.0
+    #: instructions a block holds claimed and not yet handed to a group
+    #: (runtime/params.cuh GVM_CLAIM_SLOTS, the VM's default claim depth)
+    claim_depth: int = 6
     #: fixed cost of an op inside a group (descriptor reads, address set-up,
     #: pipeline fill and drain); estimate
     launch_ns: float = 400.0
@@ -57,7 +60,7 @@ class Hardware:
     signal_latency_ns: float = 750.0
 
     def __post_init__(self) -> None:
-        for name in ("n_blocks", "groups", "sms"):
+        for name in ("n_blocks", "groups", "sms", "claim_depth"):
             v = getattr(self, name)
             if not isinstance(v, int) or v < 1:
                 raise ProgramError(f"Hardware.{name} must be a positive int, not {v!r}")

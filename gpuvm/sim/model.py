@@ -4,8 +4,8 @@ Each block has a controller and `groups` compute warp groups. The controller
 claims the next instruction (dynamic: one atomic on the global head, which
 serialises claims; static: the next entry of its own list), reads the record,
 has the loader issue the instruction's prefetch, and hands it to a free group.
-It claims only while it holds nothing and one of its groups is free or past
-its waits (about to be free), so at most one claim is held ahead per block.
+Like the device's controller it keeps up to claim_depth instructions claimed
+and not yet handed out (runtime/controller.cuh), handed out in claim order.
 A group waits until every counter it needs reaches its target (a signal is
 seen signal_latency_ns after its release), loads what is left, computes and
 signals. Loads share HBM (or L2) in processor sharing, each capped at
@@ -13,14 +13,16 @@ load_bytes_per_s; math shares its SM's tensor cores among the busy groups.
 
 No deadlock for a valid stream: the earliest unfinished instruction m has all
 its dependencies done (they come earlier in the stream). It is claimed or
-next to be claimed (claims go in stream order); a block holds back only its
-latest claim, so if m is held, every instruction in that block's groups is
-earlier than m, hence finished, and a group is free for m. The same holds in
+next to be claimed (claims go in stream order); a block hands out its claims
+in order, so if m waits in a block's queue, the entries ahead of it and every
+instruction in that block's groups are earlier than m, hence finished and
+handed out, and a group comes free for m. The same holds in
 static mode because every list is in stream order (gpuvm/static.py).
 """
 from __future__ import annotations
 
 import heapq
+from collections import deque
 import math
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
@@ -87,9 +89,9 @@ class SimResult:
 @dataclass
 class _Block:
     free: list[int]  # free groups (heap)
-    busy: bool = False  # controller claiming, decoding or handing off
-    held: int | None = None  # decoded instruction waiting for a group
-    running: int = 0  # groups past their waits
+    pending: int = 0  # claims issued, not yet decoded
+    queue: deque = field(default_factory=deque)  # decoded, waiting for a group, in claim order
+    handing: bool = False  # the controller is handing one to a group
     exhausted: bool = False
     next_in_list: int = 0
 
@@ -153,26 +155,29 @@ class _Sim:
 
     # -- controller -----------------------------------------------------------
     def _try_claim(self, b: int, now: float) -> None:
+        """Issue claims until claim_depth are held (claimed, not handed out)."""
         blk = self.blocks[b]
-        if blk.busy or blk.held is not None or blk.exhausted or not (blk.free or blk.running):
-            return
-        blk.busy = True
-        if self.mode == "dynamic":
-            serve = max(now, self.head_free)
-            self.head_free = serve + self.hw.head_gap_ns
-            i = self.head
-            self.head += 1
-            self.at(serve + self.hw.claim_ns, self._claimed, b, i)
-        else:
-            lst = self.lists[b]
-            i = lst[blk.next_in_list] if blk.next_in_list < len(lst) else self.n
-            blk.next_in_list += 1
-            self._claimed(now, b, i)
+        while not blk.exhausted and blk.pending + len(blk.queue) + blk.handing < self.hw.claim_depth:
+            blk.pending += 1
+            if self.mode == "dynamic":
+                serve = max(now, self.head_free)
+                self.head_free = serve + self.hw.head_gap_ns
+                i = self.head
+                self.head += 1
+                self.at(serve + self.hw.claim_ns, self._claimed, b, i)
+            else:
+                lst = self.lists[b]
+                i = lst[blk.next_in_list] if blk.next_in_list < len(lst) else self.n
+                blk.next_in_list += 1
+                if i >= self.n:
+                    blk.exhausted = True
+                self.at(now, self._claimed, b, i)
 
     def _claimed(self, now: float, b: int, i: int) -> None:
         blk = self.blocks[b]
-        if i >= self.n:
-            blk.exhausted, blk.busy = True, False
+        if i >= self.n:  # past the end: so is every later claim
+            blk.exhausted = True
+            blk.pending -= 1
             return
         self.t["claim"][i] = now
         self.block[i] = b
@@ -185,24 +190,26 @@ class _Sim:
             self.left[i] += 1
             self._start(self.hbm, now, w.prefetch_bytes, lambda t, i=i: self._loaded(t, i))
         blk = self.blocks[b]
-        if blk.free:
-            self.at(now + self.hw.dispatch_ns, self._dispatched, b, heapq.heappop(blk.free), i)
-        else:
-            blk.held, blk.busy = i, False
+        blk.pending -= 1
+        blk.queue.append(i)
+        self._hand(b, now)
+
+    def _hand(self, b: int, now: float) -> None:
+        """Hand the oldest decoded claim to a free group, one at a time."""
+        blk = self.blocks[b]
+        if not blk.handing and blk.queue and blk.free:
+            blk.handing = True
+            self.at(now + self.hw.dispatch_ns, self._dispatched, b, heapq.heappop(blk.free), blk.queue.popleft())
 
     def _group_free(self, now: float, b: int, g: int) -> None:
         blk = self.blocks[b]
-        blk.running -= 1
-        if blk.held is not None:
-            i, blk.held, blk.busy = blk.held, None, True
-            self.at(now + self.hw.dispatch_ns, self._dispatched, b, g, i)
-        else:
-            heapq.heappush(blk.free, g)
-            self._try_claim(b, now)
+        heapq.heappush(blk.free, g)
+        self._hand(b, now)
+        self._try_claim(b, now)
 
     # -- group ------------------------------------------------------------------
     def _dispatched(self, now: float, b: int, g: int, i: int) -> None:
-        self.blocks[b].busy = False
+        self.blocks[b].handing = False
         self.t["dispatch"][i] = now
         self.group[i] = g
         for c, target in self.waits[i]:
@@ -211,12 +218,12 @@ class _Sim:
                 heapq.heappush(self.waiters[c], (target, i))
         if not self.unmet[i]:
             self._ready(now, i)
+        self._hand(b, now)
         self._try_claim(b, now)
 
     def _ready(self, now: float, i: int) -> None:
         self.t["ready"][i] = now
         b = int(self.block[i])
-        self.blocks[b].running += 1
         w = self.work[i]
         self.left[i] += 1 + bool(w.hbm_bytes) + bool(w.l2_bytes)
         if w.hbm_bytes:
@@ -270,7 +277,7 @@ class _Sim:
             if math.isnan(self.t["claim"][i]):
                 lines.append(f"  {where}: never claimed")
             elif math.isnan(self.t["dispatch"][i]):
-                lines.append(f"  {where}: held by block {self.block[i]}, no group ever came free")
+                lines.append(f"  {where}: queued in block {self.block[i]}, no group ever came free")
             else:
                 need = [f"'{counters[c].name}' at {self.value[c]} of {tg}" for c, tg in self.waits[i] if self.value[c] < tg]
                 lines.append(f"  {where}: block {self.block[i]} group {self.group[i]} waits on " + ", ".join(need))
