@@ -24,7 +24,7 @@ from ..program import Counter, Program, Stream
 from ..tensors import check_binding, torch_dtype
 from .config import MuseConfig
 from .state import DecodeState
-from .weights import LayerWeights
+from .weights import LayerWeights, layer_shapes
 
 __all__ = ["Tiles", "LayerHandles", "LayerProgram", "emit_layer", "lower_layer", "bind_layer", "poisoned", "n_chunks", "POISON_INT"]
 
@@ -112,30 +112,13 @@ def _check_shape(cfg: MuseConfig, kind: str, conversations: int, tokens_each: in
         raise ProgramError(f"config '{cfg.name}': local experts and expert widths (multiples of 32) do not fit")
 
 
+#: gpuvm dtype of each torch dtype of LayerWeights (its uint8 fields hold packed e2m1 codes)
+_WEIGHT_DTYPES = {torch.float32: DType.F32, torch.bfloat16: DType.BF16, torch.float8_e4m3fn: DType.E4M3, torch.uint8: DType.E2M1X2}
+
+
 def _weight_specs(cfg: MuseConfig) -> dict[str, tuple[tuple[int, ...], DType]]:
-    """LayerWeights fields that are tensors: shape and gpuvm dtype."""
-    d, hq, e, h, i = cfg.d, cfg.heads_q, cfg.local_experts, cfg.squeeze, cfg.expert_inter
-    return {
-        "w_attn": ((d,), DType.F32),
-        "Wqkvg": ((cfg.qkvg_width, d), DType.BF16),
-        "w_qn": ((HEAD_DIM,), DType.F32),
-        "w_kn": ((HEAD_DIM,), DType.F32),
-        "Wo": ((d, hq * HEAD_DIM), DType.BF16),
-        "alpha1": ((d,), DType.F32),
-        "beta1": ((d,), DType.F32),
-        "w_moe": ((d,), DType.F32),
-        "Wr": ((cfg.n_experts, d), DType.F32),
-        "Wsq": ((h, d), DType.BF16),
-        "gu_codes": ((e, 2, i, h // 2), DType.E2M1X2),
-        "gu_scales": ((e, 2, i, h // 16), DType.E4M3),
-        "gu_ts": ((e, 2), DType.F32),
-        "d_codes": ((e, h, i // 2), DType.E2M1X2),
-        "d_scales": ((e, h, i // 16), DType.E4M3),
-        "d_ts": ((e,), DType.F32),
-        "Wex": ((d, h), DType.BF16),
-        "alpha2": ((d,), DType.F32),
-        "beta2": ((d,), DType.F32),
-    }
+    """LayerWeights fields that are tensors: shape and gpuvm dtype (from weights.layer_shapes)."""
+    return {name: (shape, _WEIGHT_DTYPES[dt]) for name, (shape, dt) in layer_shapes(cfg).items()}
 
 
 def emit_layer(
