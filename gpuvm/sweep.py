@@ -18,7 +18,7 @@ import sys
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable, Iterable, Sequence
+from typing import Iterable, Sequence
 
 from .cli import UserError
 from .muse.cases import DECODE_CASES, DECODE_CONTEXT, Case, get_case
@@ -118,10 +118,9 @@ def progress(items: Sequence[Case], stream=sys.stderr) -> Iterable[Case]:
 # ---- CPU: check at small dims, model at shard size ------------------------------
 def cpu_case(case: Case, seed: int = 0) -> dict:
     """CPU backend vs reference at SMALL dims, and the model's shard prediction."""
-    import numpy as np
     import random
 
-    import torch
+    import numpy as np
 
     from .cpu import run_stream
     from .muse.cases import small_case
@@ -261,7 +260,6 @@ def sweep_main(argv: Sequence[str]) -> int:
 
     meta = machine()
     meta["backend"] = a.backend
-    run_case: Callable[[Case], dict]
     if a.backend == "cpu":
         print(
             "gpuvm sweep: no GPU on this machine. Running the CPU backend at small dims (d=256) against the "

@@ -340,7 +340,3 @@ def simulate(
     sim = _Sim(stream, hw, mode, lists, work)
     sim.run()
     return SimResult(stream, hw, mode, lists, sim.block, sim.group, finish_order=sim.order, **sim.t)
-
-
-# predict_layer builds on simulate; it lives in predict.py and is re-exported here
-from .predict import predict_layer  # noqa: E402
