@@ -42,8 +42,9 @@ __device__ __forceinline__ void gvm_group(const gvm_params& p, gvm_shared& sh, u
             failed = gvm_wait_counter(p.counters + ctr, ctr, target, idx, p.step, p.watchdog_ns, p.error,
                                       p.state + GVM_STATE_ABORT);
         }
-        __syncwarp();
-        if (gvm_group_any(c.bar_id, failed != 0)) {
+        // With no waits there is nothing to share (n_waits is the same in
+        // every thread): skip the barrier.
+        if (!warm && ins.n_waits != 0 && gvm_group_any(c.bar_id, failed != 0)) {
             if (c.tid == 0) gvm_mbar_arrive(&sh.empty[g]);
             continue;  // the error is recorded; the controller stops claiming
         }

@@ -12,6 +12,16 @@
 #include "../isa/gvm_isa.h"
 #include "../runtime/stamps.cuh"
 
+// Backoff of a counter poll: naps from GVM_WAIT_NAP_MIN ns doubling to
+// GVM_WAIT_NAP_MAX (a nap wakes late by the hardware's granularity, which the
+// dependency hop then pays; 0 makes the poll spin).
+#ifndef GVM_WAIT_NAP_MIN
+#define GVM_WAIT_NAP_MIN 32
+#endif
+#ifndef GVM_WAIT_NAP_MAX
+#define GVM_WAIT_NAP_MAX 256
+#endif
+
 __device__ __forceinline__ unsigned gvm_ld_acquire(const unsigned* p) {
     unsigned v;
     asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
@@ -59,10 +69,10 @@ __device__ __forceinline__ unsigned gvm_wait_counter(const unsigned* counter_ptr
     unsigned v = gvm_ld_acquire(counter_ptr);
     if (gvm_reached(v, target)) return GVM_ERR_NONE;
     const unsigned long long t0 = gvm_globaltimer();
-    unsigned backoff = 32;
+    unsigned backoff = GVM_WAIT_NAP_MIN;
     for (;;) {
-        gvm_nanosleep(backoff);
-        backoff = backoff < 256 ? backoff * 2 : 256;
+        if (backoff != 0) gvm_nanosleep(backoff);
+        backoff = backoff * 2 < GVM_WAIT_NAP_MAX ? backoff * 2 : GVM_WAIT_NAP_MAX;
         v = gvm_ld_acquire(counter_ptr);
         if (gvm_reached(v, target)) return GVM_ERR_NONE;
         if (gvm_ld_relaxed(abort_flag) != 0u) return GVM_ERR_ABORTED;

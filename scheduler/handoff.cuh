@@ -13,6 +13,11 @@
 #include "../isa/gvm_isa.h"
 #include "../runtime/stamps.cuh"
 
+// How long the controller naps between polls of busy groups (0: it spins).
+#ifndef GVM_HANDOFF_NAP_NS
+#define GVM_HANDOFF_NAP_NS 32
+#endif
+
 #define GVM_SLOT_EXIT 0xFFFFFFFFu   // slot.idx: leave the group loop
 #define GVM_SLOT_WARM 0x80000000u   // slot.idx bit: a warm instruction, index below the bit
 
@@ -121,7 +126,7 @@ __device__ __forceinline__ unsigned gvm_acquire_group(gvm_groups_view& v, unsign
         const unsigned long long now = __shfl_sync(0xffffffffu, gvm_globaltimer(), 0);  // one clock for the warp
         if (t0 == 0) t0 = now;
         else if (now - t0 > bound_ns) return GVM_NONE;
-        gvm_nanosleep(32);  // spare the issue slots the groups on this sub-partition need
+        if (GVM_HANDOFF_NAP_NS != 0) gvm_nanosleep(GVM_HANDOFF_NAP_NS);  // spare the groups' issue slots
     }
 }
 
