@@ -59,6 +59,7 @@ MAX_TABLE = int(DEFINES["GVM_MAX_TABLE"])
 RMS_EPS = float(DEFINES["GVM_RMS_EPS"])
 TOPK = int(DEFINES["GVM_TOPK"])
 HEAD_DIM = int(DEFINES["GVM_HEAD_DIM"])
+MAX_WORKLIST_EXPERTS = int(DEFINES["GVM_MAX_WORKLIST_EXPERTS"])
 
 Op = enum.IntEnum("Op", {k[len("GVM_OP_"):]: v for k, v in _enum("gvm_opcode").items() if not k.endswith("_")})
 DType = enum.IntEnum("DType", {k[len("GVM_DT_"):]: v for k, v in _enum("gvm_dtype").items()})

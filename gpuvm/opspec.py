@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, NamedTuple, Sequence
 
-from .isa import DTYPE_BYTES, HEAD_DIM, TOPK, DType, Op
+from .isa import DTYPE_BYTES, HEAD_DIM, MAX_WORKLIST_EXPERTS, TOPK, DType, Op
 
 
 class ProgramError(ValueError):
@@ -248,12 +248,23 @@ def _check_attn_merge(ts: Slots, a: Args) -> None:
     if not (qkvg.shape[0] == o.shape[0]):
         raise ProgramError("qkvg and o disagree on T")
     _range(a[0], a[1], o.shape[0], "ATTN_MERGE token")
+    hq = po.shape[1]
+    if not (0 <= a[2] <= hq and a[3] >= 0):
+        raise ProgramError(f"ATTN_MERGE head0 {a[2]} outside [0, {hq}] or heads {a[3]} < 0")
+    _range(a[2], _merge_heads(a, hq), hq, "ATTN_MERGE head")
+
+
+def _merge_heads(a: Args, hq: int) -> int:
+    """Heads of an ATTN_MERGE: a3, or every head from a2 on when a3 is 0."""
+    return a[3] or hq - a[2]
 
 
 def _cost_merge(ts: Slots, a: Args) -> Cost:
     po = ts[1]
     assert po
-    return Cost(act_bytes=a[1] * po.row_bytes, flops=a[1] * po.shape[1] * po.shape[2] * HEAD_DIM * 3)
+    pairs = a[1] * _merge_heads(a, po.shape[1])
+    head_bytes = po.row_bytes // po.shape[1] if po.shape[1] else 0
+    return Cost(act_bytes=pairs * head_bytes, flops=pairs * po.shape[2] * HEAD_DIM * 3)
 
 
 def _check_residual(ts: Slots, a: Args) -> None:
@@ -330,15 +341,28 @@ def _check_expert(ts: Slots, a: Args, up: bool) -> None:
         raise ProgramError(f"expert out {out.shape} must be [{route.shape[1]},{n_out}]")
     if not (x.shape[0] in (route.shape[1] // TOPK, route.shape[1])):
         raise ProgramError("expert input rows disagree with the routing table")
-    _range(a[0], 1, e, "expert")
-    _range(a[1], a[2], n_out, "expert column")
+    if not (e <= MAX_WORKLIST_EXPERTS):
+        raise ProgramError(f"an expert work list covers at most {MAX_WORKLIST_EXPERTS} local experts, not {e}")
+    if not (a[1] >= 1 and 0 <= a[0] < a[1]):
+        raise ProgramError(f"expert worker {a[0]} of {a[1]}: need 0 <= worker < workers")
+    if not (a[2] >= 1):
+        raise ProgramError(f"expert rows per item must be >= 1, not {a[2]}")
+
+
+def worker_items(n_items: int, worker: int, workers: int) -> int:
+    """Items worker takes of n_items dealt round-robin over workers."""
+    return max(0, -(-(n_items - worker) // workers))
 
 
 def _cost_expert(ts: Slots, a: Args, mats: int) -> Cost:
-    codes, x = ts[2], ts[1]
-    assert codes and x
-    k = x.shape[1]
-    return Cost(weight_bytes=mats * a[2] * (k // 2 + k // 16), act_bytes=a[2] * 8, flops=2 * mats * k * a[2])
+    """As if every local expert had one token (the model rescales it to the
+    tokens it assumes: gpuvm.sim.predict)."""
+    codes, x, meta = ts[2], ts[1], ts[5]
+    assert codes and x and meta
+    k, n_out = x.shape[1], codes.shape[-2]
+    per = -(-n_out // a[2])
+    rows = worker_items(meta.shape[1] * per, a[0], a[1]) * a[2]
+    return Cost(weight_bytes=mats * rows * (k // 2 + k // 16), act_bytes=rows * 8, flops=2 * mats * k * rows)
 
 
 def _check_combine(ts: Slots, a: Args) -> None:
@@ -402,11 +426,11 @@ SPECS: dict[Op, OpSpec] = {
     Op.RMSNORM: OpSpec(("out", "in", "w"), ("row0", "rows"), _check_rmsnorm, _cost_rows),
     Op.QK_ROPE_KV: OpSpec(("qkvg", "q", "w_qn", "w_kn", "k_cache", "v_cache", "convs"), ("conv", "rope", "f_kscale", "f_vscale"), _check_qk_rope_kv, _cost_qk),
     Op.ATTN_CHUNK: OpSpec(("q", "k_cache", "v_cache", "convs", "part_o", "part_ml"), ("conv", "kv_head", "chunk", "chunk_len", "window", "f_kscale", "f_vscale"), _check_attn_chunk, _cost_attn_chunk),
-    Op.ATTN_MERGE: OpSpec(("o", "part_o", "part_ml", "qkvg"), ("tok0", "tokens"), _check_attn_merge, _cost_merge),
+    Op.ATTN_MERGE: OpSpec(("o", "part_o", "part_ml", "qkvg"), ("tok0", "tokens", "head0", "heads"), _check_attn_merge, _cost_merge),
     Op.RESIDUAL: OpSpec(("s", "a", "alpha", "beta", "w_next", "out_f32", "out_bf16"), ("row0", "rows"), _check_residual, _cost_residual),
     Op.TOPK: OpSpec(("scores", "route_meta", "route"), ("first_local", "n_local"), _check_topk, _cost_topk),
-    Op.EXPERT_UP: OpSpec(("hbuf", "x", "codes", "scales", "tscales", "route_meta", "route"), ("expert", "n0", "n"), lambda ts, a: _check_expert(ts, a, True), lambda ts, a: _cost_expert(ts, a, 2)),
-    Op.EXPERT_DOWN: OpSpec(("y", "hbuf", "codes", "scales", "tscales", "route_meta", "route"), ("expert", "n0", "n"), lambda ts, a: _check_expert(ts, a, False), lambda ts, a: _cost_expert(ts, a, 1)),
+    Op.EXPERT_UP: OpSpec(("hbuf", "x", "codes", "scales", "tscales", "route_meta", "route"), ("worker", "workers", "rows"), lambda ts, a: _check_expert(ts, a, True), lambda ts, a: _cost_expert(ts, a, 2)),
+    Op.EXPERT_DOWN: OpSpec(("y", "hbuf", "codes", "scales", "tscales", "route_meta", "route"), ("worker", "workers", "rows"), lambda ts, a: _check_expert(ts, a, False), lambda ts, a: _cost_expert(ts, a, 1)),
     Op.EXPERT_COMBINE: OpSpec(("fsq", "y", "route"), ("tok0", "tokens"), _check_combine, _cost_combine),
     Op.EMBED: OpSpec(("s", "table", "tokens"), ("row0", "rows"), _check_embed, _cost_embed),
     Op.ARGMAX: OpSpec(("logits", "tokens", "margin"), ("row0", "rows"), _check_argmax, _cost_argmax),

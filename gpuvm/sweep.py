@@ -22,6 +22,7 @@ from typing import Iterable, Sequence
 
 from .cli import UserError
 from .muse.cases import DECODE_CASES, DECODE_CONTEXT, Case, get_case
+from .step_sweep import StepShape
 
 LIMITS = {"conversations": (1, 64), "tokens": (1, 16), "context": (0, 131_072)}
 MAX_TOKENS_PER_STEP = 256
@@ -35,6 +36,7 @@ class SweepArgs:
     out: Path
     plot: bool
     trace: bool
+    steps: tuple["StepShape", ...] = ()  # --step: whole decode steps instead of layers
 
 
 def _ints(text: str, what: str) -> list[int]:
@@ -63,6 +65,7 @@ def parse_args(argv: Sequence[str]) -> SweepArgs:
     ap.add_argument("--out", default="out/sweep", help="folder for sweep.json, sweep.csv, sweep.png (default ./out/sweep; results/ holds the committed runs)")
     ap.add_argument("--no-plot", action="store_true")
     ap.add_argument("--trace", action="store_true", help="also record one traced run per case (GPU)")
+    ap.add_argument("--step", action="store_true", help="whole decode steps (62 layers, LM head, argmax) for the --conversations x --tokens grid")
     try:
         a = ap.parse_args(list(argv))
     except SystemExit as e:  # argparse already printed its one-line error
@@ -73,7 +76,17 @@ def parse_args(argv: Sequence[str]) -> SweepArgs:
             raise UserError(f"--kind {k!r}: choose full or sliding")
     if a.cases and (a.conversations or a.tokens):
         raise UserError("give either --cases or a --conversations/--tokens grid, not both")
-    if a.cases:
+    steps: list[StepShape] = []
+    if a.step:
+        if a.cases or a.trace:
+            raise UserError("--step runs the --conversations x --tokens grid; --cases and --trace are for layers")
+        ctx = _ints(a.context, "context")
+        if len(ctx) != 1:
+            raise UserError("--step takes one --context")
+        steps = [StepShape(c, n, ctx[0]) for c in _ints(a.conversations or "1,16,32", "conversations") for n in _ints(a.tokens or "1,8", "tokens")]
+    if a.step:
+        cases = []
+    elif a.cases:
         try:
             cases = [get_case(n.strip()) for n in a.cases.split(",") if n.strip()]
         except ValueError as e:
@@ -85,7 +98,7 @@ def parse_args(argv: Sequence[str]) -> SweepArgs:
         cases = [Case(f"{k}-c{c}-t{n}" + (f"-k{x}" if x != DECODE_CONTEXT else ""), k, c, n, x) for k in kinds for c in convs for n in toks for x in ctx]
     else:
         cases = [c for c in DECODE_CASES if c.kind in kinds]
-    for c in cases:
+    for c in [*cases, *steps]:
         if c.tokens > MAX_TOKENS_PER_STEP:
             raise UserError(f"case {c.name}: {c.tokens} tokens per step is over the {MAX_TOKENS_PER_STEP} a decode step takes")
     if a.runs < 1 or a.runs > 10_000:
@@ -99,10 +112,10 @@ def parse_args(argv: Sequence[str]) -> SweepArgs:
         raise UserError("--backend gpu: no CUDA GPU is visible on this machine")
     if backend == "gpu" and a.runs < 20:
         raise UserError("--runs must be >= 20 on a GPU (MEASURE.md: median of >= 20 timed runs)")
-    return SweepArgs(tuple(cases), backend, a.runs, Path(a.out), not a.no_plot, a.trace)
+    return SweepArgs(tuple(cases), backend, a.runs, Path(a.out), not a.no_plot, a.trace, tuple(steps))
 
 
-def progress(items: Sequence[Case], stream=sys.stderr) -> Iterable[Case]:
+def progress(items: Sequence, stream=sys.stderr) -> Iterable:
     """Yield items while drawing a one-line progress bar with the current case."""
     n = len(items)
     t0 = time.monotonic()
@@ -254,12 +267,73 @@ def _plot(path: Path, meta: dict, rows: list[dict]) -> Path:
     return path
 
 
+def _plot_step(path: Path, meta: dict, rows: list[dict]) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rs = sorted((r for r in rows if r.get("dynamic_us") is not None), key=lambda r: r["tokens"])
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for key, label, style in (("dynamic_us", "gpuvm dynamic (one launch)", "o-"), ("static_us", "gpuvm static", "s--"),
+                              ("chain_us", "same ops, one launch each (graph)", "^-"), ("floor_us", "floor (bytes / measured BW)", "kx:")):
+        ax.plot([r["tokens"] for r in rs], [r[key] / 1e3 for r in rs], style, label=label)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("tokens per step (conversations x tokens each)")
+    ax.set_ylabel("ms per decode step")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.suptitle(f"whole step · {meta.get('device')} · commit {meta.get('commit')} · {meta.get('date')}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def step_sweep_main(a: SweepArgs, meta: dict) -> int:
+    from . import step_sweep as ss
+
+    if a.backend == "cpu":
+        print("gpuvm sweep --step: no GPU on this machine. Running the step at small dims (d=256) on the CPU backend against the "
+              "reference, and timing the build of the shard's step program. No GPU figure.", file=sys.stderr)
+        columns = ss.CPU_COLUMNS
+        rows = [ss.cpu_step(c) for c in progress(list(a.steps))]
+    else:
+        columns = ss.GPU_COLUMNS
+        gs = ss.GpuStepSweep(runs=a.runs)
+        meta.update(gs.meta())
+        rows = []
+        for c in progress(list(a.steps)):
+            try:
+                rows.append(gs.case(c))
+            except Exception as e:  # keep the other shapes; the row and the exit code say what failed
+                msg = f"{type(e).__name__}: {e}".splitlines()[0][:400]
+                print(f"\ngpuvm sweep: {c.name} failed: {msg}", file=sys.stderr)
+                rows.append({"case": c.name, "tokens": c.tokens, "ok": False, "error": msg})
+    meta["steps"] = [c.name for c in a.steps]
+    paths = write_outputs(a.out, meta, rows, columns, False)
+    if a.plot and a.backend == "gpu":
+        paths.append(_plot_step(a.out / "sweep.png", meta, rows))
+    print(table(rows, columns))
+    if a.backend == "gpu":
+        print(f"floor: every layer's bytes (its experts hit) + the LM head / {meta['read_bw_TBps']:.2f} TB/s streaming-read bandwidth measured in this run")
+    print("wrote " + ", ".join(str(p) for p in paths))
+    bad = [r["case"] for r in rows if not r.get("small_ok", r.get("ok", True))]
+    if bad:
+        print(f"gpuvm sweep: {len(bad)} step(s) failed: {', '.join(bad)}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def sweep_main(argv: Sequence[str]) -> int:
     a = parse_args(argv)
     from .env import machine
 
     meta = machine()
     meta["backend"] = a.backend
+    if a.steps:
+        return step_sweep_main(a, meta)
     if a.backend == "cpu":
         print(
             "gpuvm sweep: no GPU on this machine. Running the CPU backend at small dims (d=256) against the "

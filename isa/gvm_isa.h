@@ -49,6 +49,7 @@ typedef long long int64_t;
 #define GVM_TOPK 8
 #define GVM_HEAD_DIM 64
 #define GVM_GQA 8                /* query heads per kv head */
+#define GVM_MAX_WORKLIST_EXPERTS 32 /* local experts an EXPERT_UP/DOWN work list covers */
 
 /* ---- dtypes ------------------------------------------------------------ */
 enum gvm_dtype {
@@ -105,7 +106,8 @@ enum gvm_opcode {
      * o = sum exp(score - m) * v (unnormalised); none visible: m = -inf, l = 0, o = 0. */
     GVM_OP_ATTN_MERGE = 20,
     /* t0 o out [T,HQ*64] bf16, t1 part_o, t2 part_ml, t3 qkvg bf16;
-     * a0 token0, a1 tokens. Log-sum-exp merge of the NCH chunks of every head,
+     * a0 token0, a1 tokens, a2 head0, a3 heads (0: every head from a2 on).
+     * Log-sum-exp merge of the NCH chunks of each of those heads,
      * then o = rms_head(o) * sigmoid(g). */
     GVM_OP_RESIDUAL = 21,
     /* t0 s [T,D] f32 (in place), t1 a [T,D] f32, t2 alpha [D] f32, t3 beta [D] f32,
@@ -124,13 +126,18 @@ enum gvm_opcode {
     GVM_OP_EXPERT_UP = 23,
     /* t0 hbuf [8T,I] bf16, t1 x [T,H] bf16, t2 gu codes [E,2,I,H/2] e2m1x2,
      * t3 gu scales [E,2,I,H/16] e4m3, t4 gu tensor scales [E,2] f32,
-     * t5 route_meta, t6 route; a0 expert e, a1 n0, a2 n count.
-     * For each slot of e (token t): hbuf[slot, n] = bf16(silu(G x_t) * (U x_t))
-     * with G = gu[e,0], U = gu[e,1] dequantised: code * scale * tensor_scale. */
+     * t5 route_meta, t6 route; a0 worker w, a1 workers W, a2 rows R.
+     * Work list (E <= GVM_MAX_WORKLIST_EXPERTS): item i is row tile i % P
+     * (rows [R*(i%P), +R) of I, P = ceil(I/R)) of the (i/P)-th expert with
+     * tokens, in expert order; worker w does items w, w+W, ... For an item's
+     * expert e and each slot of e (token t): hbuf[slot, n] =
+     * bf16(silu(G x_t) * (U x_t)) with G = gu[e,0], U = gu[e,1] dequantised:
+     * code * scale * tensor_scale. */
     GVM_OP_EXPERT_DOWN = 24,
     /* t0 y [8T,H] f32, t1 hbuf [8T,I] bf16, t2 d codes [E,H,I/2], t3 d scales
      * [E,H,I/16], t4 d tensor scales [E] f32, t5 route_meta, t6 route;
-     * a0 expert e, a1 n0, a2 n count. y[slot, n] = sum_i D[n,i] hbuf[slot,i]. */
+     * a0 worker w, a1 workers W, a2 rows R: the work list of EXPERT_UP over the
+     * H rows. y[slot, n] = sum_i D[n,i] hbuf[slot,i]. */
     GVM_OP_EXPERT_COMBINE = 25,
     /* t0 fsq [T,H] bf16, t1 y [8T,H] f32, t2 route [5,8T] i32; a0 token0,
      * a1 tokens. fsq[t] = bf16(sum over local k of w_k * rms(y[slot_k])). */

@@ -382,15 +382,19 @@ __device__ int gvm_op_attn_chunk(const gvm_ctx& c) {
 }
 
 // ---- ATTN_MERGE -------------------------------------------------------------------------
-// One warp per (token, head) pair. Lane i owns dims 4(i % 16) .. +3 of the chunks
-// of parity i / 16, whose o (16 B) and m (4 B) it copies by cp.async into its own
-// slots of shared memory, GVM_MERGE_BATCH chunks at a time, so that a whole batch
-// is in flight and no lane reads another's bytes. While the first batch flies the
-// warp finds the head's max m and l = sum l_j exp(m_j - max) (each lane an online
-// merge over chunks lane, lane + 32, ..., then a butterfly). Then the weighted
-// sum, the two parities added by one shuffle, the per-head norm and the gate.
-#define GVM_MERGE_BATCH 16
-#define GVM_MERGE_SLOT (GVM_MERGE_BATCH * 20)  // bytes per thread: 16 x (float4 o + f32 m)
+// The (token, head) pairs of tokens [a0, a0 + a1) x heads [a2, a2 + n), n = a3,
+// or HQ - a2 when a3 is 0, one warp per pair. Lane i owns dims 4(i % 16) .. +3
+// of the chunks of parity i / 16 (its u-th chunk is 2u + parity), whose o
+// (16 B) it copies by cp.async into its own bytes of shared memory, so that no
+// lane reads another's bytes. The scratch is shared out among the warps that
+// have a pair: one warp alone holds 96 chunks a lane (192 a head) in flight at
+// once, four hold 24 a lane; a head with more chunks than that goes in batches
+// of that many, waited one by one. While the first batch flies the warp finds
+// the head's max m and l = sum l_j exp(m_j - max) (each lane an online merge
+// over chunks lane, lane + 32, ..., then a butterfly). Then the weighted sum
+// (m_j read again: the scan just brought it into L1), the two parities added by
+// one shuffle, the per-head norm and the gate. Within a lane the chunks add
+// in order 0, 1, 2, ...: the numbers are those of one batch of every chunk.
 
 // (m, l) merged with (m2, l2): the larger max, l rescaled to it; -inf m is empty.
 __device__ __forceinline__ void gvm_lse_merge(float& m, float& l, float m2, float l2) {
@@ -404,35 +408,39 @@ __device__ int gvm_op_attn_merge(const gvm_ctx& c) {
     const gvm_tensor& tpo = gvm_t(c, 1);
     const gvm_tensor& tml = gvm_t(c, 2);
     const gvm_tensor& tx = gvm_t(c, 3);
-    const int tok0 = c.ins->arg[0], ntok = c.ins->arg[1];
+    const int tok0 = c.ins->arg[0], ntok = c.ins->arg[1], head0 = c.ins->arg[2];
     const int nt = tpo.shape[0], hq = tpo.shape[1], nch = tpo.shape[2], width = tx.shape[1];
+    const int nh = c.ins->arg[3] != 0 ? c.ins->arg[3] : hq - max(head0, 0);  // 0: every head from head0 on
     const bool ok = gvm_is(to, GVM_DT_BF16, 2) && gvm_aligned(to, 2, 8) && to.shape[0] == nt && to.shape[1] == hq * 64 &&
                     gvm_is(tpo, GVM_DT_F32, 4) && gvm_aligned(tpo, 4, 16) && tpo.shape[3] == 64 &&
                     gvm_is(tml, GVM_DT_F32, 4) && gvm_aligned(tml, 4, 8) && tml.shape[0] == nt && tml.shape[1] == hq &&
                     tml.shape[2] == nch && tml.shape[3] == 2 && gvm_is(tx, GVM_DT_BF16, 2) && gvm_aligned(tx, 2, 8) &&
                     tx.shape[0] == nt && width % 64 == 0 && width > 2 * hq * 64 && tok0 >= 0 && ntok >= 0 &&
-                    tok0 + ntok <= nt && c.smem_bytes >= 128 * GVM_MERGE_SLOT;
+                    tok0 + ntok <= nt && head0 >= 0 && head0 <= hq && nh >= 0 && nh <= hq - head0 && c.smem_bytes >= 4 * 32 * 16;
     if (!ok) return GVM_ERR_BAD_ARGS;
+    const int pairs = ntok * nh;
+    if (pairs == 0) return GVM_ERR_NONE;
     const unsigned warp = c.tid >> 5, lane = c.tid & 31, q = lane & 15, par = lane >> 4;
-    const unsigned so = gvm_smem_addr(c.smem) + c.tid * GVM_MERGE_SLOT, sm = so + 16 * GVM_MERGE_BATCH;
+    const int busy = pairs < 4 ? pairs : 4;                        // warps with a pair
+    const int cap = (int)(c.smem_bytes / (unsigned)(busy * 32 * 16));  // chunks in flight per lane
+    const unsigned so = gvm_smem_addr(c.smem) + (warp * cap * 32 + lane) * 16;  // chunk u of the lane: so + 512 u
     const unsigned long long pol = gvm_policy_evict_first();  // chunk states are read once
-    const int gate0 = width - hq * 64;  // g is the last HQ x 64 columns of qkvg
-    const int per = (nch + 1) / 2;      // chunks of parity 0
-    for (int pair = warp; pair < ntok * hq; pair += 4) {
-        const int t = tok0 + pair / hq, head = pair % hq;
-        const long long po = t * tpo.stride[0] + head * tpo.stride[1] + 4 * q;
+    const int gate0 = width - hq * 64;                         // g is the last HQ x 64 columns of qkvg
+    const int per = (nch + 1) / 2;                             // chunks of parity 0: batches of the warp
+    const int mine = (nch + 1 - (int)par) / 2;                 // chunks of the lane's parity
+    for (int pair = warp; pair < pairs; pair += 4) {
+        const int t = tok0 + pair / nh, head = head0 + pair % nh;
+        const long long po = t * tpo.stride[0] + head * tpo.stride[1] + 4 * q + (long long)par * tpo.stride[2];
         const long long pm = t * tml.stride[0] + head * tml.stride[1];
+        const long long pmp = pm + (long long)par * tml.stride[2];
         const uint2 gw = *gvm_ptr<const uint2>(tx, t * tx.stride[0] + gate0 + head * 64 + 4 * q, 2);
         float mx = GVM_NEG_INF, l = 0.0f;
         float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        for (int n0 = 0; n0 < per; n0 += GVM_MERGE_BATCH) {
-#pragma unroll
-            for (int u = 0; u < GVM_MERGE_BATCH; ++u) {
-                const int ch = 2 * (n0 + u) + (int)par;
-                const bool live = ch < nch;  // a zero-fill reads nothing but still gets an address inside
-                gvm_cp_async16(so + 16 * u, gvm_ptr<const float4>(tpo, po + (live ? ch : 0) * tpo.stride[2], 4), live, pol);
-                gvm_cp_async4(sm + 4 * u, gvm_ptr<const float>(tml, pm + (live ? ch : 0) * tml.stride[2], 4), live, pol);
-            }
+        for (int n0 = 0; n0 < per; n0 += cap) {
+            const int nb = min(cap, mine - n0);  // the lane's chunks of this batch (<= 0: none)
+#pragma unroll 4
+            for (int u = 0; u < nb; ++u)
+                gvm_cp_async16(so + 512 * u, gvm_ptr<const float4>(tpo, po + 2ll * (n0 + u) * tpo.stride[2], 4), true, pol);
             gvm_cp_async_commit();
             if (n0 == 0) {
 #pragma unroll 4
@@ -447,13 +455,12 @@ __device__ int gvm_op_attn_merge(const gvm_ctx& c) {
                 }
             }
             gvm_cp_async_wait<0>();
-#pragma unroll
-            for (int u = 0; u < GVM_MERGE_BATCH; ++u) {
-                if (2 * (n0 + u) + (int)par >= nch) continue;
-                const float m = gvm_lds_f(sm + 4 * u);
+#pragma unroll 8
+            for (int u = 0; u < nb; ++u) {
+                const float m = *gvm_ptr<const float>(tml, pmp + 2ll * (n0 + u) * tml.stride[2], 4);
                 if (m == GVM_NEG_INF) continue;  // a chunk with no visible key
                 const float b = expf(m - mx);
-                const float4 v = gvm_lds_f4(so + 16 * u);
+                const float4 v = gvm_lds_f4(so + 512 * u);
                 o = make_float4(fmaf(b, v.x, o.x), fmaf(b, v.y, o.y), fmaf(b, v.z, o.z), fmaf(b, v.w, o.w));
             }
         }

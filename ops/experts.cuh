@@ -1,8 +1,13 @@
 // NVFP4 experts (isa/gvm_isa.h): EXPERT_UP, EXPERT_DOWN, EXPERT_COMBINE.
 //
 // EXPERT_UP / EXPERT_DOWN: out[slot, n] = sum_k x[row, k] * W[n, k] for the slots
-// of one expert (row: the slot's token for UP, the slot itself for DOWN), with
+// of an expert (row: the slot's token for UP, the slot itself for DOWN), with
 // W = e2m1 code * e4m3 block scale * f32 tensor scale.
+// Work list: which experts have tokens is known only on the GPU, so an
+// instruction is worker w of W (args w, W, R) over the items of this step: the
+// experts with tokens (in expert order) times their tiles of R rows, items
+// w, w + W, ... . An expert with no tokens costs no item, and a layer needs
+// W instructions however many experts are hit.
 // Tensor cores (mma m16n8k16, f16 in, f32 accumulate): M = 16 tokens, N = 8 weight
 // rows, K = 16. code * block scale has at most 5 significant bits, so it is exact
 // in f16; the tensor scale is applied to the f32 sums. x goes bf16 -> f16 (exact
@@ -23,6 +28,7 @@
 #define GVM_EXP_WSLOT 80     // bytes per thread per weight buffer: 2 x 32 codes, 2 x 4 scales, pad
 #define GVM_EXP_WBUF (2 * 128 * GVM_EXP_WSLOT)  // two K steps of weights
 #define GVM_F16X2_64 0x54005400u
+#define GVM_EXP_STATE 16     // smem at the end of the scratch: the work list's walk
 
 // Byte offset in a tile row of 8-value chunk w8 of thread t4 (swizzled).
 __device__ __forceinline__ unsigned gvm_exp_chunk(unsigned t4, unsigned w8) { return (8 * t4 + (w8 ^ t4)) * 16; }
@@ -146,7 +152,7 @@ __device__ __noinline__ bool gvm_expert_args_ok(const gvm_ctx& c) {
     const gvm_tensor& tts = gvm_t(c, 4);
     const gvm_tensor& tmeta = gvm_t(c, 5);
     const gvm_tensor& troute = gvm_t(c, 6);
-    const int e = c.ins->arg[0], n0 = c.ins->arg[1], nn = c.ins->arg[2];
+    const int w = c.ins->arg[0], n_w = c.ins->arg[1], rows = c.ins->arg[2];
     const int n_exp = tmeta.shape[1], kdim = tx.shape[1], nout = to.shape[1], slots = troute.shape[1];
     const int wd = UP ? 4 : 3;  // rank of codes / scales
     bool ok = gvm_is(to, UP ? GVM_DT_BF16 : GVM_DT_F32, 2) && to.shape[0] == slots &&
@@ -157,20 +163,19 @@ __device__ __noinline__ bool gvm_expert_args_ok(const gvm_ctx& c) {
               tsc.shape[wd - 2] == nout && tcd.shape[wd - 1] * 2 == kdim && tsc.shape[wd - 1] * 16 == kdim &&
               gvm_is(tts, GVM_DT_F32, UP ? 2 : 1) && tts.shape[0] == n_exp && gvm_is(tmeta, GVM_DT_I32, 2) &&
               tmeta.shape[0] == 2 && gvm_is(troute, GVM_DT_I32, 2) && troute.shape[0] == 5 && kdim % 64 == 0 &&
-              e >= 0 && e < n_exp && n0 >= 0 && nn >= 0 && n0 + nn <= nout &&
-              c.smem_bytes >= GVM_EXP_HEAD + GVM_EXP_WBUF + 16 * GVM_EXP_XROW;
+              n_exp <= GVM_MAX_WORKLIST_EXPERTS && gvm_aligned(tmeta, 4, 4) && n_w >= 1 && w >= 0 && w < n_w && rows >= 1 &&
+              c.smem_bytes >= GVM_EXP_STATE + GVM_EXP_HEAD + GVM_EXP_WBUF + 16 * GVM_EXP_XROW;
     // set 0 -> set 1 (the up matrix, or the next 8 rows) must fit an int of bytes
     ok = ok && (UP ? tcd.stride[1] : 8 * tcd.stride[1]) < (1ll << 31) && (UP ? tsc.stride[1] : 8 * tsc.stride[1]) < (1ll << 31);
     if (UP) ok = ok && tcd.shape[1] == 2 && tsc.shape[1] == 2 && tts.shape[1] == 2;
     return ok;
 }
 
-// UP: sets 0/1 are the gate and up rows of one 8-row block; DOWN: two 8-row blocks.
-// Descriptors are re-read where they are used (gvm_t), not held across the K loop.
+// Rows [n0, n0 + nn) of expert e for all its tokens. UP: sets 0/1 are the gate
+// and up rows of one 8-row block; DOWN: two 8-row blocks. Descriptors are
+// re-read where they are used (gvm_t), not held across the K loop.
 template <bool UP>
-__device__ int gvm_expert_matmul(const gvm_ctx& c) {
-    if (!gvm_expert_args_ok<UP>(c)) return GVM_ERR_BAD_ARGS;
-    const int e = c.ins->arg[0], n0 = c.ins->arg[1], nn = c.ins->arg[2];
+__device__ int gvm_expert_tile(const gvm_ctx& c, int e, int n0, int nn) {
     const int slots = gvm_t(c, 6).shape[1];
     const int count = gvm_ptr<const int>(gvm_t(c, 5), e, 4)[0];
     const int slot0 = gvm_ptr<const int>(gvm_t(c, 5), gvm_t(c, 5).stride[0] + e, 4)[0];
@@ -178,7 +183,7 @@ __device__ int gvm_expert_matmul(const gvm_ctx& c) {
     if (count < 0 || slot0 < 0 || slot0 + count > slots) return GVM_ERR_BAD_ARGS;
 
     const unsigned warp = c.tid >> 5, g = (c.tid & 31) >> 2, t4 = c.tid & 3;
-    const int max_tok = 16 * min(GVM_EXP_MAXMT, (int)((c.smem_bytes - GVM_EXP_HEAD - GVM_EXP_WBUF) / (16 * GVM_EXP_XROW)));
+    const int max_tok = 16 * min(GVM_EXP_MAXMT, (int)((c.smem_bytes - GVM_EXP_STATE - GVM_EXP_HEAD - GVM_EXP_WBUF) / (16 * GVM_EXP_XROW)));
     // smem: x row offsets [32], flag | weight buffers | x tile
     const unsigned s_rows = gvm_smem_addr(c.smem), s_flag = s_rows + 128, s_wbuf = s_rows + GVM_EXP_HEAD;
     const unsigned s_tile = s_wbuf + GVM_EXP_WBUF;
@@ -250,6 +255,50 @@ __device__ int gvm_expert_matmul(const gvm_ctx& c) {
         }
     }
     return GVM_ERR_NONE;
+}
+
+// Bit r (counting from 0) of the set bits of m, as a bit index.
+__device__ __forceinline__ int gvm_nth_bit(unsigned m, int r) {
+    for (; r > 0; --r) m &= m - 1;
+    return __ffs(m) - 1;
+}
+
+// This worker's items: item i is tile i % per of the (i / per)-th expert with
+// tokens. One item per call (GVM_AGAIN for the next). The walk's state (next
+// item, experts hit) waits in the scratch's last 16 bytes, two slots used in
+// turn: call k reads slot k & 1 and thread 0 writes slot (k + 1) & 1 before
+// the tile, so nothing of the walk stays in registers across the tile, and
+// no reader of a slot can meet its writer (the reads of call k - 1 are behind
+// the tile barriers of call k - 1; call k + 1 reads after a barrier).
+template <bool UP>
+__device__ int gvm_expert_matmul(const gvm_ctx& c) {
+    const unsigned st = gvm_smem_addr(c.smem) + c.smem_bytes - GVM_EXP_STATE;
+    int i;
+    unsigned hit;
+    if (c.again == 0) {
+        if (!gvm_expert_args_ok<UP>(c)) return GVM_ERR_BAD_ARGS;
+        // experts with tokens: lane e reads expert e's count, the warp ORs the bits
+        const unsigned lane = c.tid & 31;
+        hit = (int)lane < gvm_t(c, 5).shape[1] && gvm_ptr<const int>(gvm_t(c, 5), lane, 4)[0] != 0 ? 1u << lane : 0u;
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) hit |= __shfl_xor_sync(0xffffffffu, hit, o);
+        i = c.ins->arg[0];
+    } else {
+        gvm_group_sync(c);  // thread 0 wrote this call's slot during the last call
+        i = (int)gvm_lds_u(st + 8 * (c.again & 1));
+        hit = gvm_lds_u(st + 8 * (c.again & 1) + 4);
+    }
+    const int rows = c.ins->arg[2], nout = gvm_t(c, 0).shape[1], per = (nout + rows - 1) / rows;
+    const int items = __popc(hit) * per, next = i + c.ins->arg[1];
+    if (i >= items) return GVM_ERR_NONE;
+    const bool last = next >= items;
+    if (!last && c.tid == 0) {
+        gvm_sts(st + 8 * ((c.again + 1) & 1), (unsigned)next);
+        gvm_sts(st + 8 * ((c.again + 1) & 1) + 4, hit);
+    }
+    const int r = i / per, t = i - r * per;
+    const int rc = gvm_expert_tile<UP>(c, gvm_nth_bit(hit, r), t * rows, min(rows, nout - t * rows));
+    return rc != GVM_ERR_NONE || last ? rc : GVM_AGAIN;
 }
 
 __device__ int gvm_op_expert_up(const gvm_ctx& c) { return gvm_expert_matmul<true>(c); }

@@ -20,10 +20,8 @@
 #include "../runtime/params.cuh"
 
 #ifndef GVM_GEMM_STEPS          // k-steps of 32 held per thread: as many as the register budget allows
-#if GVM_MAX_GROUPS <= 2 && defined(GVM_TRACE)
-#define GVM_GEMM_STEPS 6           // the stamps hold registers too: 7 spills 8 B under NVRTC 13.0
-#elif GVM_MAX_GROUPS <= 2
-#define GVM_GEMM_STEPS 7           // 8 spills in the 2-group kernel (168 registers with the runtime around it)
+#if GVM_MAX_GROUPS <= 2
+#define GVM_GEMM_STEPS 6           // 7 spills 44 B (NVRTC 13.0 and 13.5) with the resumable group loop around it
 #else
 #define GVM_GEMM_STEPS 2           // 3 spills in the 4-group kernel (96 registers)
 #endif

@@ -6,8 +6,16 @@
 // must not wait on counters (the runtime did that before calling) and must not
 // signal (the runtime does that after it returns). It reports unusable input
 // by returning a gvm_error_code (GVM_ERR_BAD_ARGS), never by trapping.
+//
+// An op may do its work over several calls by returning GVM_AGAIN: the
+// runtime calls it again at once, on the same group, with c.again one higher
+// (0 on the first call) and its scratch as the last call left it. The loop
+// over calls is then the runtime's own instruction loop, not a loop of the op
+// around its body: that nesting cost the expert tiles registers (spills).
 #pragma once
 #include "../isa/gvm_isa.h"
+
+#define GVM_AGAIN (-1)
 
 struct gvm_ctx {
     const gvm_instr* ins;      // the instruction (in shared memory)
@@ -17,6 +25,7 @@ struct gvm_ctx {
     unsigned step;             // step index of this launch
     unsigned char* smem;       // this group's scratch
     unsigned smem_bytes;
+    unsigned again;            // calls of this instruction before this one (see GVM_AGAIN)
 };
 
 // Synchronise the 128 threads of the group (not the block).

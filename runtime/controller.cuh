@@ -48,12 +48,29 @@ struct gvm_cslot {
     unsigned state;  // GVM_CS_*, the same in every lane
     unsigned raw;    // the claim as issued (gvm_claim_issue)
     unsigned idx;    // the stream index
-    unsigned word;   // this lane's 32-bit word of the record
 };
 
-// Starts loading the claimed instruction's record (one word per lane).
-__device__ __forceinline__ unsigned gvm_load_record(const gvm_params& p, unsigned idx, unsigned lane) {
-    return __ldg(reinterpret_cast<const unsigned*>(p.instrs + idx) + lane);
+// Starts copying the claimed instruction's record into the slot's staging
+// area (lanes 0-7, 16 bytes each). A cp.async, not a load into registers: a
+// register load shares a scoreboard with the controller's other loads, and
+// the compiler then waits for the newest record at every visit (seen in the
+// SASS at 3e6785a); cp.async groups are waited for by count, exactly.
+__device__ __forceinline__ void gvm_stage_record(const gvm_params& p, unsigned* stage, unsigned idx, unsigned lane) {
+    if (lane < 8)
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(gvm_smem_u32(stage + 4 * lane)),
+                     "l"(reinterpret_cast<const uint4*>(p.instrs + idx) + lane)
+                     : "memory");
+}
+
+// One commit group per visit, even an empty one, so that a record staged A
+// visits ago is complete once at most A groups are pending.
+__device__ __forceinline__ void gvm_stage_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+
+// This lane's word of the record staged A visits ago.
+__device__ __forceinline__ unsigned gvm_staged_word(const unsigned* stage, unsigned lane) {
+    asm volatile("cp.async.wait_group %0;" ::"n"(GVM_CLAIM_AHEAD) : "memory");
+    __syncwarp();  // the word was copied by another lane
+    return stage[lane];
 }
 
 // Queues the weight range and the waits of an instruction about to be handed
@@ -103,11 +120,11 @@ __device__ __forceinline__ void gvm_queue_prefetch(const gvm_params& p, gvm_shar
 // Hands one instruction to a free group (waits for one; traps if the
 // hand-off is broken, see gvm_mbar_wait).
 __device__ __forceinline__ void gvm_hand_off(const gvm_params& p, gvm_shared& sh, gvm_groups_view& view,
-                                             unsigned& ring_head, const gvm_cslot& s, unsigned lane) {
-    gvm_queue_prefetch(p, sh, ring_head, s.idx, s.word, lane);
+                                             unsigned& ring_head, const gvm_cslot& s, unsigned word, unsigned lane) {
+    gvm_queue_prefetch(p, sh, ring_head, s.idx, word, lane);
     const unsigned g = gvm_acquire_group(view, sh.empty, p.groups, gvm_handoff_bound(p.watchdog_ns));
     if (g == GVM_NONE) gvm_handoff_trap();
-    reinterpret_cast<unsigned*>(&sh.slot[g].ins)[lane] = s.word;
+    reinterpret_cast<unsigned*>(&sh.slot[g].ins)[lane] = word;
     if (lane == 0) sh.slot[g].idx = s.idx;
     __syncwarp();
     if (lane == 0) gvm_mbar_arrive(&sh.full[g]);
@@ -124,16 +141,20 @@ __device__ __forceinline__ void gvm_controller(const gvm_params& p, gvm_shared& 
     gvm_claimer claimer = gvm_claimer_init(p);
     gvm_cslot s[GVM_CLAIM_SLOTS];
 #pragma unroll
-    for (unsigned j = 0; j < GVM_CLAIM_SLOTS; ++j) s[j] = gvm_cslot{GVM_CS_EMPTY, 0u, 0u, 0u};
+    for (unsigned j = 0; j < GVM_CLAIM_SLOTS; ++j) s[j] = gvm_cslot{GVM_CS_EMPTY, 0u, 0u};
     unsigned held = 0;         // slots not empty
     bool exhausted = false;    // a claim came back past the end: every later one will too
     bool aborted = false;      // a block failed: hand out nothing more
     unsigned ring_head = 0;
-    for (;;) {
-        const unsigned abort_word = lane == 0 ? gvm_ld_relaxed(abort_flag) : 0u;  // read once a ring turn
+    for (unsigned turn = 0;; ++turn) {
+        // Another block failed: read rarely (the groups watch it too, and a
+        // load here would stall the visits that follow it).
+        const bool check_abort = (turn & 15u) == 15u;
+        const unsigned abort_word = lane == 0 && check_abort ? gvm_ld_relaxed(abort_flag) : 0u;
 #pragma unroll
         for (unsigned j = 0; j < GVM_CLAIM_SLOTS; ++j) {
-            gvm_cslot& f = s[(j + GVM_CLAIM_AHEAD) % GVM_CLAIM_SLOTS];
+            const unsigned fj = (j + GVM_CLAIM_AHEAD) % GVM_CLAIM_SLOTS;
+            gvm_cslot& f = s[fj];
             if (f.state == GVM_CS_CLAIMED) {
                 f.idx = gvm_claim_finish(claimer, f.raw, n);
                 if (f.idx >= n || aborted) {
@@ -142,13 +163,14 @@ __device__ __forceinline__ void gvm_controller(const gvm_params& p, gvm_shared& 
                     --held;
                 } else {
                     if (lane == 0) GVM_STAMP(p.trace, f.idx, GVM_STAMP_CLAIM);
-                    f.word = gvm_load_record(p, f.idx, lane);
+                    gvm_stage_record(p, sh.stage[fj], f.idx, lane);
                     f.state = GVM_CS_LOADED;
                 }
             }
+            gvm_stage_commit();
             gvm_cslot& h = s[j];
             if (h.state == GVM_CS_LOADED) {
-                if (!aborted) gvm_hand_off(p, sh, view, ring_head, h, lane);
+                if (!aborted) gvm_hand_off(p, sh, view, ring_head, h, gvm_staged_word(sh.stage[j], lane), lane);
                 h.state = GVM_CS_EMPTY;
                 --held;
             }
@@ -158,7 +180,7 @@ __device__ __forceinline__ void gvm_controller(const gvm_params& p, gvm_shared& 
                 ++held;
             }
         }
-        aborted = aborted || __shfl_sync(0xffffffffu, abort_word, 0) != 0u;
+        if (check_abort) aborted = aborted || __shfl_sync(0xffffffffu, abort_word, 0) != 0u;
         if ((exhausted || aborted) && held == 0) break;
     }
     const unsigned long long bound = gvm_handoff_bound(p.watchdog_ns);

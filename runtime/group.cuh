@@ -27,32 +27,42 @@ __device__ __forceinline__ void gvm_group(const gvm_params& p, gvm_shared& sh, u
     c.smem = scratch;
     c.smem_bytes = GVM_GROUP_SMEM;
     unsigned parity = 0;
-    for (;;) {
-        if (!gvm_mbar_wait(&sh.full[g], parity, gvm_handoff_bound(p.watchdog_ns))) gvm_handoff_trap();
-        parity ^= 1u;
-        const unsigned idx = sh.slot[g].idx;
-        if (idx == GVM_SLOT_EXIT) break;
+    unsigned idx = 0;
+    bool warm = false;
+    c.again = 0;
+    for (;;) {  // one pass per call of an op: a GVM_AGAIN comes straight back here
         const gvm_instr& ins = sh.slot[g].ins;
-        const bool warm = (idx & GVM_SLOT_WARM) != 0;
-        c.tab = warm ? p.warm_table : p.table;
-        unsigned failed = 0;
-        if (!warm && c.tid < ins.n_waits && c.tid < GVM_MAX_WAITS) {
-            const unsigned ctr = ins.wait_counter[c.tid];
-            const unsigned target = ins.wait_base[c.tid] + p.step * ins.wait_step[c.tid];
-            failed = gvm_wait_counter(p.counters + ctr, ctr, target, idx, p.step, p.watchdog_ns, p.error,
-                                      p.state + GVM_STATE_ABORT);
-        }
-        // With no waits there is nothing to share (n_waits is the same in
-        // every thread): skip the barrier.
-        if (!warm && ins.n_waits != 0 && gvm_group_any(c.bar_id, failed != 0)) {
-            if (c.tid == 0) gvm_mbar_arrive(&sh.empty[g]);
-            continue;  // the error is recorded; the controller stops claiming
-        }
-        if (!warm && c.tid == 0) {
-            GVM_STAMP_WHERE(p.trace, idx, g);
-            GVM_STAMP(p.trace, idx, GVM_STAMP_READY);
+        if (c.again == 0) {
+            if (!gvm_mbar_wait(&sh.full[g], parity, gvm_handoff_bound(p.watchdog_ns))) gvm_handoff_trap();
+            parity ^= 1u;
+            idx = sh.slot[g].idx;
+            if (idx == GVM_SLOT_EXIT) break;
+            warm = (idx & GVM_SLOT_WARM) != 0;
+            c.tab = warm ? p.warm_table : p.table;
+            unsigned failed = 0;
+            if (!warm && c.tid < ins.n_waits && c.tid < GVM_MAX_WAITS) {
+                const unsigned ctr = ins.wait_counter[c.tid];
+                const unsigned target = ins.wait_base[c.tid] + p.step * ins.wait_step[c.tid];
+                failed = gvm_wait_counter(p.counters + ctr, ctr, target, idx, p.step, p.watchdog_ns, p.error,
+                                          p.state + GVM_STATE_ABORT);
+            }
+            // With no waits there is nothing to share (n_waits is the same in
+            // every thread): skip the barrier.
+            if (!warm && ins.n_waits != 0 && gvm_group_any(c.bar_id, failed != 0)) {
+                if (c.tid == 0) gvm_mbar_arrive(&sh.empty[g]);
+                continue;  // the error is recorded; the controller stops claiming
+            }
+            if (!warm && c.tid == 0) {
+                GVM_STAMP_WHERE(p.trace, idx, g);
+                GVM_STAMP(p.trace, idx, GVM_STAMP_READY);
+            }
         }
         const int rc = gvm_dispatch(c);
+        if (rc == GVM_AGAIN) {  // the same in every thread
+            ++c.again;
+            continue;
+        }
+        c.again = 0;
         __syncwarp();
         gvm_group_sync(c);
         if (c.tid == 0) {

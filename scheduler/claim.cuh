@@ -31,7 +31,13 @@ __device__ __forceinline__ unsigned gvm_claim_window(const gvm_claimer& c, unsig
 __device__ __forceinline__ gvm_claimer gvm_claimer_init(const gvm_params& p) {
     gvm_claimer c;
     c.mode = p.mode;
-    c.head = p.state + GVM_STATE_HEAD;
+    {   // the same address in every lane, through an identity shuffle: to
+        // the compiler a per-lane value (see gvm_claim_issue)
+        const unsigned long long h = reinterpret_cast<unsigned long long>(p.state + GVM_STATE_HEAD);
+        const unsigned lane = threadIdx.x & 31u;
+        const unsigned lo = __shfl_sync(0xffffffffu, (unsigned)h, lane), hi = __shfl_sync(0xffffffffu, (unsigned)(h >> 32), lane);
+        c.head = reinterpret_cast<unsigned*>((unsigned long long)hi << 32 | lo);
+    }
     c.indices = nullptr;
     c.pos = c.end = c.window = 0;
     c.cached = c.ahead = 0;
@@ -51,7 +57,15 @@ __device__ __forceinline__ gvm_claimer gvm_claimer_init(const gvm_params& p) {
 // for in finish()); finish() gives every lane the index, or n when none is left.
 __device__ __forceinline__ unsigned gvm_claim_issue(gvm_claimer& c) {
     const unsigned lane = threadIdx.x & 31u;
-    if (c.mode != GVM_MODE_STATIC) return lane == 0 ? atomicAdd(c.head, 1u) : 0u;
+    if (c.mode != GVM_MODE_STATIC) {
+        // ptxas makes an atomic on a warp-uniform address warp-aggregated,
+        // shuffling (and so waiting for) its result at once (SASS at
+        // 3e6785a); c.head is not provably uniform (see gvm_claimer_init),
+        // so this one's result is waited for only in finish().
+        unsigned v = 0;
+        if (lane == 0) asm volatile("atom.relaxed.gpu.global.add.u32 %0, [%1], 1;" : "=r"(v) : "l"(c.head) : "memory");
+        return v;
+    }
     if (c.pos >= c.end) return 0xffffffffu;
     if (c.pos - c.window >= 32u) {
         c.window += 32u;

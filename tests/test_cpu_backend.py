@@ -269,11 +269,10 @@ def test_expert_up_down_combine() -> None:
     gu_c, gu_s, gu_ts = _nvfp4(E, 2, I, H)
     d_c, d_s, d_ts = _nvfp4(E, H, I)
     hbuf, y = nan(8 * T, I, dtype=torch.bfloat16), nan(8 * T, H)
-    for e in range(E):
-        for n0 in (0, 16):
-            ops.expert_up([hbuf, x, gu_c, gu_s, gu_ts, meta, route], [e, n0, 16])
-    for e in range(E):
-        ops.expert_down([y, hbuf, d_c, d_s, d_ts, meta, route], [e, 0, H])
+    for w in range(4):  # work lists: 3 experts x 2 tiles of 16 rows over 4 workers
+        ops.expert_up([hbuf, x, gu_c, gu_s, gu_ts, meta, route], [w, 4, 16])
+    for w in range(2):
+        ops.expert_down([y, hbuf, d_c, d_s, d_ts, meta, route], [w, 2, H])
     used = int(meta[0].sum())
     assert used == 5 and hbuf[used:].isnan().all() and y[used:].isnan().all()
     for slot in range(used):
@@ -296,11 +295,18 @@ def test_expert_up_down_combine() -> None:
 
 
 def test_expert_with_no_tokens_touches_nothing() -> None:
+    """Only expert 0 has tokens: its 4 items of 8 rows are the whole list, and a
+    worker past them does nothing."""
     _, meta, route = _routing(2, 3, [[0], [0]])
     hbuf = nan(16, 32, dtype=torch.bfloat16)
     codes, scales, ts = _nvfp4(3, 2, 32, 32)
-    ops.expert_up([hbuf, randn(2, 32).bfloat16(), codes, scales, ts, meta, route], [1, 0, 32])
+    x = randn(2, 32).bfloat16()
+    assert ops.expert_items(meta, 32, [0, 3, 8]) == [(0, slice(0, 8)), (0, slice(24, 32))]
+    ops.expert_up([hbuf, x, codes, scales, ts, meta, route], [4, 5, 8])
     assert hbuf.isnan().all()
+    for w in range(3):
+        ops.expert_up([hbuf, x, codes, scales, ts, meta, route], [w, 3, 8])
+    assert not hbuf[:2].isnan().any() and hbuf[2:].isnan().all()
 
 
 # ---- run_stream -------------------------------------------------------------------------

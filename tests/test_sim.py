@@ -6,9 +6,11 @@ import random
 
 import numpy as np
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gpuvm.cpu.ops import expert_items
 from gpuvm.isa import DType, Op, Stamp
 from gpuvm.muse.cases import Case, floor_bytes, get_case, small_case
 from gpuvm.muse.config import SHARD, SMALL, MuseConfig
@@ -281,12 +283,18 @@ def test_layer_costs_follow_expert_tokens() -> None:
     s, case = _small_layer()
     toks = [3, 0, 1, 0]
     costs = layer_costs(s, toks)
+    meta = torch.tensor([toks, [0] * 4], dtype=torch.int32)
     for ins, c in zip(s.ops, costs):
         if ins.opcode in (Op.EXPERT_UP, Op.EXPERT_DOWN):
-            t = toks[ins.args[0]]
-            assert (c.weight_bytes, c.flops) == ((ins.cost.weight_bytes, t * ins.cost.flops) if t else (0, 0))
+            # the worker's items as the CPU backend walks them: weights per row, math per row and token
+            items = expert_items(meta, ins.tensors[2].shape[-2], ins.args[:3])
+            mats, k = (2 if ins.opcode == Op.EXPERT_UP else 1), ins.tensors[1].shape[1]
+            rows = sum(cols.stop - cols.start for _, cols in items)
+            assert c.weight_bytes == mats * rows * (k // 2 + k // 16)
+            assert c.flops == sum(toks[e] * 2 * mats * k * (cols.stop - cols.start) for e, cols in items)
         else:
             assert c == ins.cost
+    assert sum(c.weight_bytes for ins, c in zip(s.ops, costs) if ins.opcode == Op.EXPERT_DOWN) == 2 * SMALL.squeeze * (SMALL.expert_inter // 2 + SMALL.expert_inter // 16)
     with pytest.raises(ProgramError, match="expert_tokens"):
         layer_costs(s, [1, 1])
 
@@ -309,8 +317,9 @@ def test_shard_decode_layer_prediction() -> None:
     assert d["model_hbm_bytes"] >= fb["dense"] + fb["experts"] + fb["kv_read"]
     assert d["time_ns"] >= d["model_hbm_bytes"] / Hardware().hbm_bytes_per_s * 1e9
     assert 1.0 < d["ratio"] < 3.0 and d["ratio"] == pytest.approx(d["time_ns"] / d["floor_ns"])
-    slow = predict_layer(SHARD, case, Hardware(n_blocks=33))
-    assert slow["time_ns"] > d["time_ns"]
+    # a quarter of the SMs nearly keeps up (the layer is latency bound), an eighth cannot
+    slow = predict_layer(SHARD, case, Hardware(n_blocks=16))
+    assert slow["time_ns"] > 1.2 * d["time_ns"]
 
 
 def test_deep_claim_queues_hold_work_back_from_idle_blocks() -> None:

@@ -91,7 +91,11 @@ gvm_check_{name}(const gvm_instr* ins, const gvm_tensor* tab, int n, int* err, u
     for (int i = blockIdx.x * groups + group; i < n; i += gridDim.x * groups) {{
         if (c.tid < 32) reinterpret_cast<unsigned*>(mine)[c.tid] = reinterpret_cast<const unsigned*>(ins + i)[c.tid];
         gvm_group_sync(c);
-        const int e = gvm_op_{name}(c);
+        int e;
+        for (c.again = 0;; ++c.again) {{  // GVM_AGAIN: call again, scratch kept
+            e = gvm_op_{name}(c);
+            if (e != GVM_AGAIN) break;
+        }}
         if (c.tid == 0) err[i] = e;
         gvm_group_sync(c);
     }}
@@ -172,8 +176,9 @@ class Sizes:
     experts: int      # router width NE
     local: int        # local experts E
     hidden: int       # expert H = I
-    cols: int         # weight rows per expert instruction
+    cols: int         # weight rows per expert work item
     big_tokens: int   # T of the second TOPK case (prefill-like)
+    nch_deep: int = 53  # chunks per head of the ATTN_MERGE head-split case: past the 24 a lane of four busy warps
 
 
 SHARD = Sizes(
@@ -182,7 +187,7 @@ SHARD = Sizes(
     attn_sliding=tuple((1, 81920 + 7 * c) for c in range(16)),
     attn_odd=((1, 0), (5, 100), (37, 3000)),
     chunk=2048, odd_chunk=640, window=2048, ring=4096, nch_merge=41,
-    experts=256, local=32, hidden=4096, cols=256, big_tokens=3012,
+    experts=256, local=32, hidden=4096, cols=256, big_tokens=3012, nch_deep=81,
 )
 SMALL = Sizes(
     "small", d=256, tokens=48, rows=5, hq=16, hkv=2,
@@ -383,22 +388,51 @@ def cases_attn(sz: Sizes, gen: torch.Generator) -> list[Case]:
         _attn_case("attn_chunk ragged tokens, odd chunks", sz, gen, sz.attn_odd, sz.odd_chunk, 0, sz.ring),
         _attn_case("attn_chunk chunk past NCH -> BAD_ARGS", sz, gen, ((1, 3),), 16, 0, 16, nch=2, bad=_set_arg(2, 2)),
     ]
-    # ATTN_MERGE: chunk states with some chunks empty (m = -inf, l = 0, o = 0)
+    # ATTN_MERGE: every head (the two-argument form), then head ranges; outputs of
+    # the heads left out stay NaN on both sides, so a stray write fails
     b = _Build("attn_merge", Op.ATTN_MERGE, gen)
-    t, nch, width = sz.tokens, sz.nch_merge, (2 * sz.hq + 2 * sz.hkv) * 64
+    slots = _merge_inputs(b, sz, sz.tokens, sz.nch_merge)
+    for r, n in _row_blocks(sz.tokens, 3):
+        b.op_(slots, [r, n])
+    out.append(b.case())
+    mgen = torch.Generator().manual_seed(gen.initial_seed() + 20)  # the other cases' inputs stay as they were
+    for name, h0, nh in (("heads 3..7", 3, 5), ("heads 9.. (a3 = 0)", 9, 0)):
+        b = _Build(f"attn_merge {name}", Op.ATTN_MERGE, mgen)
+        slots = _merge_inputs(b, sz, sz.tokens, sz.nch_merge)
+        for r, n in _row_blocks(sz.tokens, 3):
+            b.op_(slots, [r, n, h0, nh])
+        out.append(b.case())
+    # many chunks, one token an instruction, its heads split as a decode step's
+    # merges are (--time times the first): four busy warps hold 24 chunks a lane,
+    # so past 48 chunks a head goes in batches; fewer busy warps hold more
+    for name, ranges in (("16 heads", ((0, sz.hq),)), ("4 heads", tuple((h, 4) for h in range(0, sz.hq, 4))),
+                         ("1 head", tuple((h, 1) for h in range(sz.hq))), ("heads 0 | 1..2 | 3..5 | 6..", ((0, 1), (1, 2), (3, 3), (6, 0)))):
+        b = _Build(f"attn_merge {sz.nch_deep} chunks, 1 token x {name}", Op.ATTN_MERGE, mgen)
+        slots = _merge_inputs(b, sz, 2, sz.nch_deep)
+        for t in range(2):
+            for h0, nh in ranges:
+                b.op_(slots, [t, 1, h0, nh])
+        out.append(b.case())
+    b = _Build("attn_merge heads past HQ -> BAD_ARGS", Op.ATTN_MERGE, mgen)
+    b.op_(_merge_inputs(b, sz, 2, 3, check=EXACT), [0, 2, 3, 5])
+    out.append(b.case(int(ErrorCode.BAD_ARGS), _set_arg(3, sz.hq - 2)))
+    return out
+
+
+def _merge_inputs(b: _Build, sz: Sizes, t: int, nch: int, check: Check = BF16) -> list[TensorSpec]:
+    """o, part_o, part_ml, qkvg of an ATTN_MERGE: chunk states with some chunks
+    empty (m = -inf, l = 0, o = 0), never the first."""
+    width = (2 * sz.hq + 2 * sz.hkv) * 64
     m = b.randn(t, sz.hq, nch, scale=2.0)
-    l = torch.rand((t, sz.hq, nch), generator=gen) * 50 + 0.5
-    empty = torch.rand((t, sz.hq, nch), generator=gen) < 0.25
+    l = torch.rand((t, sz.hq, nch), generator=b.gen) * 50 + 0.5
+    empty = torch.rand((t, sz.hq, nch), generator=b.gen) < 0.25
     empty[..., 0] = False
     m[empty], l[empty] = -math.inf, 0.0
-    o = b.out("o", DType.BF16, (t, sz.hq * 64), BF16)
+    o = b.out("o", DType.BF16, (t, sz.hq * 64), check)
     po = b.add("part_o", DType.F32, _tiny_rows(b.randn(t, sz.hq, nch, 64) * l[..., None]))
     pml = b.add("part_ml", DType.F32, torch.stack((m, l), -1))
     x = b.add("qkvg", DType.BF16, b.randn(t, width, scale=2.0).bfloat16())
-    for r, n in _row_blocks(t, 3):
-        b.op_([o, po, pml, x], [r, n])
-    out.append(b.case())
-    return out
+    return [o, po, pml, x]
 
 
 def _router(b: _Build, t: int, sz: Sizes, first: int, ties: bool) -> torch.Tensor:
@@ -434,13 +468,6 @@ def cases_route(sz: Sizes, gen: torch.Generator) -> list[Case]:
     return out
 
 
-def _expert_cols(n: int, per: int) -> list[tuple[int, int]]:
-    """Blocks of `per` rows, the last one split so that a block of 13 rows
-    (not a multiple of the 8-row unit) is covered too."""
-    blocks = _row_blocks(n - per, per)
-    return blocks + [(n - per, 13), (n - per + 13, per - 13)]
-
-
 def _nvfp4(b: _Build, *lead: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     codes = torch.randint(0, 256, (*lead, k // 2), generator=b.gen, dtype=torch.uint8)
     scales = to_e4m3(2.0 ** (torch.rand((*lead, k // 16), generator=b.gen) * 4 - 3)).view(torch.uint8)
@@ -468,9 +495,11 @@ def cases_experts(sz: Sizes, gen: torch.Generator) -> list[Case]:
         sc = b.add("scales", DType.E4M3, scales)
         mt = b.add("route_meta", DType.I32, meta)
         rt = b.add("route", DType.I32, route)
-        for ex in range(e):
-            for n0, n in _expert_cols(h, sz.cols):
-                b.op_([dst, x, cd, sc, ts, mt, rt], [ex, n0, n])
+        # work lists: 7 workers of sz.cols-row items, then 13-row items (not a
+        # multiple of the 8- or 16-row unit) dealt to more workers than items
+        for n_w, rows in ((7, sz.cols), (e * -(-h // 13) + 5, 13)):
+            for wk in range(n_w):
+                b.op_([dst, x, cd, sc, ts, mt, rt], [wk, n_w, rows])
         out.append(b.case())
     b = _Build("expert_combine", Op.EXPERT_COMBINE, gen)
     meta, route = _routing(b, t, sz)
@@ -479,17 +508,17 @@ def cases_experts(sz: Sizes, gen: torch.Generator) -> list[Case]:
     for r, n in _row_blocks(t, 7):
         b.op_([fsq, yy, rt], [r, n])
     out.append(b.case())
-    for what in ("expert past E", "a slot's token past x"):
+    for what in ("worker past the workers", "a slot's token past x"):
         b = _Build(f"expert_up {what} -> BAD_ARGS", Op.EXPERT_UP, gen)
         meta, route = _routing(b, 8, replace(sz, local=2))
-        if what != "expert past E":
+        if what != "worker past the workers":
             route[0, int(meta[1, 0])] = 8  # the first slot of expert 0 (the busy one)
         codes, scales = _nvfp4(b, 2, 2, 64, k=64)
         b.op_([b.out("hbuf", DType.BF16, (64, 64), EXACT), b.add("x", DType.BF16, b.randn(8, 64).bfloat16()),
                b.add("codes", DType.E2M1X2, codes), b.add("scales", DType.E4M3, scales),
                b.add("tscale", DType.F32, torch.ones(2, 2)), b.add("route_meta", DType.I32, meta),
-               b.add("route", DType.I32, route)], [0, 0, 64])
-        out.append(b.case(int(ErrorCode.BAD_ARGS), _set_arg(0, 2) if what == "expert past E" else None))
+               b.add("route", DType.I32, route)], [0, 1, 64])
+        out.append(b.case(int(ErrorCode.BAD_ARGS), _set_arg(0, 1) if what == "worker past the workers" else None))
     return out
 
 
@@ -585,27 +614,38 @@ class GpuRunner:
         """Microseconds per instruction of one instruction run reps times back to
         back by one warp group of one block (launch overhead amortised; its inputs
         stay warm in L2 as a step's do)."""
-        import time
-
         records = np.repeat(record[:1], reps)
-        self.run(op, records, table, 1, scratch, grid=1)  # warm-up: module load, caches
-        t0 = time.perf_counter()
-        self.run(op, records, table, 1, scratch, grid=1)
-        return (time.perf_counter() - t0) * 1e6 / reps
+        ins, tab, err = self._upload(records, table)
+        self._launch(op, ins, tab, err, 1, scratch, 1)  # warm-up: module load, caches
+        self.stream.sync()
+        ev = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
+        ts = torch.cuda.ExternalStream(int(self.stream.handle))
+        ev[0].record(ts)
+        self._launch(op, ins, tab, err, 1, scratch, 1)
+        ev[1].record(ts)
+        ev[1].synchronize()
+        return ev[0].elapsed_time(ev[1]) * 1e3 / reps
+
+    @staticmethod
+    def _upload(records: np.ndarray, table: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        ins = torch.from_numpy(records.view(np.uint8).copy()).cuda()
+        tab = torch.from_numpy(table.view(np.uint8).copy()).cuda()
+        err = torch.full((len(records),), -1, dtype=torch.int32, device="cuda")
+        torch.cuda.synchronize()
+        return ins, tab, err
+
+    def _launch(self, op: Op, ins: torch.Tensor, tab: torch.Tensor, err: torch.Tensor, groups: int, scratch: int, grid: int) -> None:
+        from cuda.core import LaunchConfig, launch
+
+        cfg = LaunchConfig(grid=grid, block=128 * groups, shmem_size=groups * (128 + scratch))
+        launch(self.stream, cfg, self.kernels[op], np.uint64(ins.data_ptr()), np.uint64(tab.data_ptr()), np.int32(len(err)),
+               np.uint64(err.data_ptr()), np.uint32(scratch))
 
     def run(self, op: Op, records: np.ndarray, table: np.ndarray, groups: int, scratch: int,
             grid: int | None = None) -> np.ndarray:
-        from cuda.core import LaunchConfig, launch
-
+        ins, tab, err = self._upload(records, table)
         n = len(records)
-        ins = torch.from_numpy(records.view(np.uint8).copy()).cuda()
-        tab = torch.from_numpy(table.view(np.uint8).copy()).cuda()
-        err = torch.full((n,), -1, dtype=torch.int32, device="cuda")
-        grid = grid or max(1, min((n + groups - 1) // groups, 4 * self.sms))
-        torch.cuda.synchronize()
-        cfg = LaunchConfig(grid=grid, block=128 * groups, shmem_size=groups * (128 + scratch))
-        launch(self.stream, cfg, self.kernels[op], np.uint64(ins.data_ptr()), np.uint64(tab.data_ptr()), np.int32(n),
-               np.uint64(err.data_ptr()), np.uint32(scratch))
+        self._launch(op, ins, tab, err, groups, scratch, grid or max(1, min((n + groups - 1) // groups, 4 * self.sms)))
         self.stream.sync()
         return err.cpu().numpy()
 
@@ -768,8 +808,10 @@ def time_cases(runner: GpuRunner, cases: list[Case], reps: int) -> int:
     for case in cases:
         if case.expect != ErrorCode.NONE:
             continue
-        records, table = encode(case, place(case.tensors, runner.device))
+        bufs = place(case.tensors, runner.device)  # kept alive while the kernel reads them
+        records, table = encode(case, bufs)
         print(f"{case.name[:44]:44} {runner.time(case.op, records, table, reps):9.2f}")
+        del bufs
     return 0
 
 

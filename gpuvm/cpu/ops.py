@@ -175,14 +175,18 @@ def attn_merge(ts: Slots, a: Args) -> None:
     assert o is not None and part_o is not None and part_ml is not None and qkvg is not None
     toks = slice(a[0], a[0] + a[1])
     n, hq = a[1], part_o.shape[1]
+    h0 = a[2] if len(a) > 2 else 0
+    nh = (a[3] if len(a) > 3 else 0) or hq - h0  # 0: every head from h0 on
+    heads, cols = slice(h0, h0 + nh), slice(h0 * HEAD_DIM, (h0 + nh) * HEAD_DIM)
     hkv = (qkvg.shape[1] // HEAD_DIM - 2 * hq) // 2
-    m, l = part_ml[toks, ..., 0], part_ml[toks, ..., 1]  # [n, HQ, NCH]
+    m, l = part_ml[toks, heads, :, 0], part_ml[toks, heads, :, 1]  # [n, nh, NCH]
     top = m.amax(-1, keepdim=True)
-    _need(not bool(torch.isinf(top).any()), f"ATTN_MERGE tokens [{a[0]}, {a[0] + a[1]}): a query saw no key at all")
+    _need(not bool(torch.isinf(top).any()), f"ATTN_MERGE tokens [{a[0]}, {a[0] + a[1]}) heads [{h0}, {h0 + nh}): a query saw no key at all")
     scale = torch.exp(m - top)
-    out = (part_o[toks] * scale[..., None]).sum(2) / (l * scale).sum(-1)[..., None]
-    gate = qkvg[toks, (hq + 2 * hkv) * HEAD_DIM :].float().reshape(n, hq, HEAD_DIM)
-    o[toks] = (_rms(out) * torch.sigmoid(gate)).reshape(n, hq * HEAD_DIM).to(o.dtype)
+    out = (part_o[toks, heads] * scale[..., None]).sum(2) / (l * scale).sum(-1)[..., None]
+    g0 = (hq + 2 * hkv) * HEAD_DIM
+    gate = qkvg[toks, g0 + cols.start : g0 + cols.stop].float().reshape(n, nh, HEAD_DIM)
+    o[toks, cols] = (_rms(out) * torch.sigmoid(gate)).reshape(n, nh * HEAD_DIM).to(o.dtype)
 
 
 def residual(ts: Slots, a: Args) -> None:
@@ -238,30 +242,36 @@ def _expert_slots(meta: torch.Tensor, route: torch.Tensor, e: int, tokens: int) 
     return slots
 
 
+def expert_items(meta: torch.Tensor, n_out: int, a: Args) -> list[tuple[int, slice]]:
+    """Worker a[0] of a[1], items of a[2] rows: (expert, rows) for each item
+    i = a[0], a[0] + a[1], ... of this step's list (the experts with tokens,
+    in expert order, times their row tiles), as ops/experts.cuh walks it."""
+    w, n_w, rows = a[0], a[1], a[2]
+    hit = [e for e in range(meta.shape[1]) if int(meta[0, e]) != 0]
+    per = -(-n_out // rows)
+    return [(hit[i // per], slice((i % per) * rows, min(n_out, (i % per + 1) * rows))) for i in range(w, len(hit) * per, n_w)]
+
+
 def expert_up(ts: Slots, a: Args) -> None:
     hbuf, x, codes, scales, tscales, meta, route = ts[:7]
     assert hbuf is not None and x is not None and codes is not None and scales is not None
     assert tscales is not None and meta is not None and route is not None
-    e, cols = a[0], slice(a[1], a[1] + a[2])
-    slots = _expert_slots(meta, route, e, x.shape[0])
-    if len(slots) == 0:
-        return
-    xs = x[route[0, slots].long()].float()
-    gu = dequantize_nvfp4(codes[e, :, cols], scales[e, :, cols], tscales[e])  # [2, n, H]
-    gate, up = xs @ gu[0].T, xs @ gu[1].T
-    hbuf[slots, cols] = (torch.nn.functional.silu(gate) * up).to(hbuf.dtype)
+    for e, cols in expert_items(meta, hbuf.shape[1], a):
+        slots = _expert_slots(meta, route, e, x.shape[0])
+        xs = x[route[0, slots].long()].float()
+        gu = dequantize_nvfp4(codes[e, :, cols], scales[e, :, cols], tscales[e])  # [2, n, H]
+        gate, up = xs @ gu[0].T, xs @ gu[1].T
+        hbuf[slots, cols] = (torch.nn.functional.silu(gate) * up).to(hbuf.dtype)
 
 
 def expert_down(ts: Slots, a: Args) -> None:
     y, hbuf, codes, scales, tscales, meta, route = ts[:7]
     assert y is not None and hbuf is not None and codes is not None and scales is not None
     assert tscales is not None and meta is not None and route is not None
-    e, cols = a[0], slice(a[1], a[1] + a[2])
-    slots = _expert_slots(meta, route, e, route.shape[1] // TOPK)
-    if len(slots) == 0:
-        return
-    down = dequantize_nvfp4(codes[e, cols], scales[e, cols], float(tscales[e]))  # [n, I]
-    y[slots, cols] = hbuf[slots].float() @ down.T
+    for e, cols in expert_items(meta, y.shape[1], a):
+        slots = _expert_slots(meta, route, e, route.shape[1] // TOPK)
+        down = dequantize_nvfp4(codes[e, cols], scales[e, cols], float(tscales[e]))  # [n, I]
+        y[slots, cols] = hbuf[slots].float() @ down.T
 
 
 def expert_combine(ts: Slots, a: Args) -> None:

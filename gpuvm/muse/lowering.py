@@ -8,9 +8,10 @@ f"{prefix}{LayerWeights field}"). The program is built for a fixed
 every step without a rebuild. Conversation c owns token rows
 [c * tokens_each, (c + 1) * tokens_each).
 
-Dependencies are as fine as is cheap: attention per conversation, expert down
-per expert, the q|k|v columns of Wqkvg apart from the g columns (only the
-merge needs g).
+Dependencies are as fine as is cheap: attention per conversation, the q|k|v
+columns of Wqkvg apart from the g columns (only the merge needs g). The
+experts run as work lists (one instruction per worker, not per expert tile),
+so an expert with no tokens costs no instruction; down waits for all of up.
 """
 from __future__ import annotations
 
@@ -38,12 +39,13 @@ class Tiles:
     """How a layer is cut into instructions."""
 
     gemm_bytes: int = 256 * 1024  # weight bytes per GEMM column tile (rounded down to 2^k rows)
-    expert_bytes: int = 256 * 1024  # weight bytes per expert column tile (same rounding)
+    expert_bytes: int = 256 * 1024  # weight bytes per expert work item (same rounding)
+    expert_workers: int = 264  # EXPERT_UP / EXPERT_DOWN instructions per layer (H200: 132 SMs x 2 groups)
     rows: int = 16  # token rows per RMSNORM / RESIDUAL / EXPERT_COMBINE op
     chunk: int = 1024  # cached keys per ATTN_CHUNK op
 
     def __post_init__(self) -> None:
-        for name in ("gemm_bytes", "expert_bytes", "rows", "chunk"):
+        for name in ("gemm_bytes", "expert_bytes", "expert_workers", "rows", "chunk"):
             v = getattr(self, name)
             if not isinstance(v, int) or v <= 0:
                 raise ProgramError(f"Tiles.{name} must be a positive int, not {v!r}")
@@ -224,6 +226,9 @@ def emit_layer(
     gemm(qkvg, h, w["Wqkvg"], 0, qkv_cols, h_ready, qkv_done, "Wqkvg")
     gemm(qkvg, h, w["Wqkvg"], qkv_cols, cfg.qkvg_width, h_ready, g_done, "Wqkvg")
     merged = ctr("o")
+    # a merge is latency bound, one warp per (token, head): few pairs per
+    # instruction, spread over SMs (two heads keep a one-token merge to one batch)
+    merge_heads = 2 if tokens_each == 1 and hq % 2 == 0 else 1
     window = cfg.window if sliding else 0
     for c in range(C):
         kv_c, attn_c = ctr(f"kv{c}"), ctr(f"attn{c}")
@@ -231,7 +236,8 @@ def emit_layer(
         for hh in range(hkv):
             for j in range(nch):
                 p.op(Op.ATTN_CHUNK, [q, kc, vc, convs, part_o, part_ml], [c, hh, j, tl.chunk, window, fk, fv], waits=[kv_c], signal=attn_c, label=f"{prefix}attn[{c},{hh},{j}]")
-        p.op(Op.ATTN_MERGE, [o, part_o, part_ml, qkvg], [c * tokens_each, tokens_each], waits=[attn_c, g_done], signal=merged, label=f"{prefix}attn_merge[{c}]")
+        for h0 in range(0, hq, merge_heads):
+            p.op(Op.ATTN_MERGE, [o, part_o, part_ml, qkvg], [c * tokens_each, tokens_each, h0, merge_heads], waits=[attn_c, g_done], signal=merged, label=f"{prefix}attn_merge[{c},{h0}]")
     wo_done = ctr("a")
     gemm(a, o, w["Wo"], 0, d, [merged], wo_done, "Wo")
     res1 = ctr("h2")
@@ -243,15 +249,16 @@ def emit_layer(
     gemm(scores, h2, w["Wr"], 0, cfg.n_experts, [res1], scored, "Wr")
     p.op(Op.TOPK, [scores, meta, route], [0, E], waits=[scored], signal=routed, label=f"{prefix}topk")
     gemm(x, h2b, w["Wsq"], 0, H, [res1], squeezed, "Wsq")
-    up_cols = _pow2_rows(I, 2 * (H // 2 + H // 16), tl.expert_bytes)
-    down_cols = _pow2_rows(H, I // 2 + I // 16, tl.expert_bytes)
-    down_done = ctr("y")
-    for e in range(E):
-        up_e = ctr(f"up{e}")
-        for c0, n in _tiles(0, I, up_cols):
-            p.op(Op.EXPERT_UP, [hbuf, x, w["gu_codes"], w["gu_scales"], w["gu_ts"], meta, route], [e, c0, n], waits=[routed, squeezed], signal=up_e, label=f"{prefix}expert_up[{e}][{c0}:{c0 + n}]")
-        for c0, n in _tiles(0, H, down_cols):
-            p.op(Op.EXPERT_DOWN, [y, hbuf, w["d_codes"], w["d_scales"], w["d_ts"], meta, route], [e, c0, n], waits=[up_e], signal=down_done, label=f"{prefix}expert_down[{e}][{c0}:{c0 + n}]")
+    # work lists: which experts have tokens is known only on the GPU (ops/experts.cuh)
+    up_rows = _pow2_rows(I, 2 * (H // 2 + H // 16), tl.expert_bytes)
+    down_rows = _pow2_rows(H, I // 2 + I // 16, tl.expert_bytes)
+    up_done, down_done = ctr("hbuf"), ctr("y")
+    up_workers = min(tl.expert_workers, E * -(-I // up_rows))
+    for wk in range(up_workers):
+        p.op(Op.EXPERT_UP, [hbuf, x, w["gu_codes"], w["gu_scales"], w["gu_ts"], meta, route], [wk, up_workers, up_rows], waits=[routed, squeezed], signal=up_done, label=f"{prefix}expert_up[{wk}/{up_workers}]")
+    down_workers = min(tl.expert_workers, E * -(-H // down_rows))
+    for wk in range(down_workers):
+        p.op(Op.EXPERT_DOWN, [y, hbuf, w["d_codes"], w["d_scales"], w["d_ts"], meta, route], [wk, down_workers, down_rows], waits=[up_done], signal=down_done, label=f"{prefix}expert_down[{wk}/{down_workers}]")
     combined = ctr("fsq")
     for r0, n in _tiles(0, T, tl.rows):
         p.op(Op.EXPERT_COMBINE, [fsq, y, route], [r0, n], waits=[down_done], signal=combined, label=f"{prefix}expert_combine[{r0}:{r0 + n}]")

@@ -58,19 +58,30 @@ def skewed_expert_tokens(cfg: MuseConfig, tokens: int, load: float = 2.0, zipf: 
 
 
 def layer_costs(stream: Stream, expert_tokens: Sequence[int]) -> list[Cost]:
-    """Each op's Cost with expert ops scaled to their expert's tokens:
-    no tokens, no bytes and no math; t tokens, t rows of math and activations
-    (the op's own cost is that of one token, plus one input row per token)."""
+    """Each op's Cost, an expert worker's from the items it gets when the
+    local experts have these tokens (ops/experts.cuh's work list): per item
+    of n rows of an expert with t tokens, n rows of weights, t rows of math
+    and activations, plus one input row per token."""
+    hit = [e for e, t in enumerate(expert_tokens) if t > 0]
     out: list[Cost] = []
     for ins in stream.ops:
         c = ins.cost
         if ins.opcode in EXPERT_OPS:
-            e = ins.args[0]
-            if not 0 <= e < len(expert_tokens):
-                raise ProgramError(f"'{ins.label}' is expert {e}; expert_tokens has {len(expert_tokens)} entries")
-            t = int(expert_tokens[e])
-            x = ins.tensors[1]
-            c = Cost(c.weight_bytes, t * (c.act_bytes + x.row_bytes), t * c.flops) if t else Cost()
+            x, codes, meta = ins.tensors[1], ins.tensors[2], ins.tensors[5]
+            assert x is not None and codes is not None and meta is not None
+            if len(expert_tokens) != meta.shape[1]:
+                raise ProgramError(f"'{ins.label}' covers {meta.shape[1]} experts; expert_tokens has {len(expert_tokens)} entries")
+            wk, n_w, rows = ins.args[0], ins.args[1], ins.args[2]
+            k, n_out = x.shape[1], codes.shape[-2]
+            mats = 2 if ins.opcode == Op.EXPERT_UP else 1
+            per = -(-n_out // rows)
+            wb = ab = fl = 0
+            for i in range(wk, len(hit) * per, n_w):
+                n, t = min(rows, n_out - (i % per) * rows), int(expert_tokens[hit[i // per]])
+                wb += mats * n * (k // 2 + k // 16)
+                ab += t * (n * 8 + x.row_bytes)
+                fl += t * 2 * mats * k * n
+            c = Cost(wb, ab, fl)
         out.append(c)
     return out
 

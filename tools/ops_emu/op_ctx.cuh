@@ -12,7 +12,10 @@ struct gvm_ctx {
     unsigned step;
     unsigned char* smem;
     unsigned smem_bytes;
+    unsigned again;
 };
+
+#define GVM_AGAIN (-1)
 
 inline void gvm_group_sync(const gvm_ctx& c) {
     if (c.bar_id < 1 || c.bar_id > 15) emu::fail("group barrier id outside 1..15");

@@ -37,8 +37,13 @@ Job* job = nullptr;
 void fiber_main() {
     emu::Machine* m = emu::machine();
     const int t = m->cur;
-    gvm_ctx c{job->ins, job->tab, (unsigned)t, 1u, 0u, m->smem, m->smem_bytes};
-    job->rc[t] = job->fn(c);
+    gvm_ctx c{job->ins, job->tab, (unsigned)t, 1u, 0u, m->smem, m->smem_bytes, 0u};
+    int rc;
+    for (;; ++c.again) {  // an op that returns GVM_AGAIN is called again, scratch kept
+        rc = job->fn(c);
+        if (rc != GVM_AGAIN) break;
+    }
+    job->rc[t] = rc;
     m->done[t] = true;
     ++m->progress;
 }  // returns to m->main through uc_link

@@ -35,6 +35,7 @@ inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; 
 inline unsigned __float_as_uint(float f) { unsigned u; std::memcpy(&u, &f, 4); return u; }
 inline int __float_as_int(float f) { int i; std::memcpy(&i, &f, 4); return i; }
 inline int __popc(unsigned v) { return __builtin_popcount(v); }
+inline int __ffs(unsigned v) { return __builtin_ffs((int)v); }
 
 // PRMT default mode: byte i of the result is byte sel[4i+3:4i] of {y, x}.
 inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {

@@ -1,0 +1,214 @@
+"""`gpuvm sweep --step`: the whole decode step (62 layers, LM head, argmax) for
+a grid of conversations x tokens, every figure of a row from the same run.
+
+GPU: the step as one stream, run by one launch (dynamic and static), against
+the same instructions run as one kernel launch per op under a CUDA graph
+(gpuvm.device.chain), and against the step's floor: every layer's weight bytes
+once (the local experts that got a token), the KV read, the LM head, at the
+streaming-read bandwidth measured at the start. The three runs must agree on
+the argmax tokens and the residual stream bit for bit: they run the same
+instructions. tools/step_check.py checks the step against the reference.
+Without a GPU: the step at small dims on the CPU backend against the
+formula-level reference (two steps, tokens fed back), and the time to build
+the shard's step program; no GPU figure.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+
+import torch
+
+from .muse.cases import Case, floor_bytes
+from .muse.config import SHARD, SMALL, MuseConfig
+from .muse.step import bind_step, layer_kind, lower_step, make_step_state
+
+SEED = 2026
+ROUTE_TIE = 1e-4  # a top-8 router margin below this may route either way
+
+
+@dataclass(frozen=True)
+class StepShape:
+    conversations: int
+    tokens_each: int
+    context: int
+
+    @property
+    def name(self) -> str:
+        return f"step-c{self.conversations}-t{self.tokens_each}"
+
+    @property
+    def tokens(self) -> int:
+        return self.conversations * self.tokens_each
+
+
+def step_floor_bytes(cfg: MuseConfig, shape: StepShape, experts_hit: list[int]) -> int:
+    """Bytes a step must move: each layer's floor (MUSE.md) with its experts hit, plus the LM head."""
+    total = 0
+    for i, hit in enumerate(experts_hit):
+        total += floor_bytes(cfg, Case(f"L{i}", layer_kind(cfg, i), shape.conversations, shape.tokens_each, shape.context), hit)["total"]
+    return total + cfg.vocab_shard * cfg.d * 2
+
+
+def _build(cfg: MuseConfig, shape: StepShape, capacity: int):  # type: ignore[no-untyped-def]
+    t0 = time.perf_counter()
+    sp = lower_step(cfg, shape.conversations, shape.tokens_each, capacity)
+    return sp, time.perf_counter() - t0
+
+
+# ---- CPU --------------------------------------------------------------------------
+def cpu_step(shape: StepShape) -> dict:
+    """Two steps at SMALL dims on the CPU backend against reference_step, and
+    the shard program's build time."""
+    from .cpu import run_stream
+    from .muse.reference import reference_step
+    from .muse.weights import make_model_weights
+
+    ctx = min(shape.context, 3 * SMALL.window)
+    w = make_model_weights(SMALL, SEED)
+    state = make_step_state(SMALL, shape.conversations, shape.tokens_each, ctx, SEED + 1, steps=2)
+    sp, _ = _build(SMALL, StepShape(shape.conversations, shape.tokens_each, ctx), state.context_capacity)
+    tokens = torch.randint(0, SMALL.vocab_shard, (shape.tokens,), generator=torch.Generator().manual_seed(SEED), dtype=torch.int32)
+    ref_state = state.clone()
+    bufs = bind_step(sp, w, state, tokens)
+    same = decided = 0
+    counters = None
+    for step in range(2):
+        ref = reference_step(SMALL, w, ref_state, tokens.clone())
+        counters = run_stream(sp.stream, bufs, step=step, counters=counters)
+        # judged where no layer routed near a tie and the top-2 logit margin
+        # is over twice the logits' own deviation (tests/test_step.py's rule)
+        clear = torch.ones(shape.tokens, dtype=torch.bool)
+        for lr in ref.layers:
+            clear &= lr.margin > ROUTE_TIE
+        clear &= ref.margin > 2 * (bufs["logits"] - ref.logits).abs().amax(1)
+        decided += int(clear.sum())
+        same += int((tokens.long() == ref.tokens)[clear].sum())
+        ref_state.write_caches([o.k_cache for o in ref.layers], [o.v_cache for o in ref.layers])
+        state.advance()
+        tokens.copy_(ref.tokens.to(torch.int32))  # both sides go on from the reference's choice
+    big, build_s = _build(SHARD, shape, shape.context + shape.tokens_each)
+    return {
+        "case": shape.name, "conversations": shape.conversations, "tokens_each": shape.tokens_each, "tokens": shape.tokens,
+        "context": shape.context, "small_context": ctx, "small_tokens_same": same, "small_tokens_decided": decided,
+        "small_tokens": 2 * shape.tokens, "small_ok": same == decided and 2 * decided >= 2 * shape.tokens,
+        "instructions": len(big.stream), "build_s": build_s,
+    }
+
+
+# ---- GPU --------------------------------------------------------------------------
+class GpuStepSweep:
+    """One model's weights on the GPU, then each shape timed three ways."""
+
+    def __init__(self, runs: int = 20) -> None:
+        from .device import VM
+        from .device.bench import StreamRead
+        from .muse.weights import make_model_weights
+
+        self.runs = runs
+        self.vm = VM(groups=2)
+        self.bw = StreamRead(self.vm).measure(reps=runs)["tb_s"] * 1e12
+        t0 = time.perf_counter()
+        self.weights = make_model_weights(SHARD, SEED, device="cuda")
+        torch.cuda.synchronize()
+        self.weights_s = time.perf_counter() - t0
+
+    def meta(self) -> dict:
+        return {"read_bw_TBps": self.bw / 1e12, "runs": self.runs, "weights_GB": self.weights.nbytes() / 1e9, "weights_s": self.weights_s}
+
+    def _median_us(self, launch, stream: torch.cuda.Stream) -> float:  # type: ignore[no-untyped-def]
+        times = []
+        with torch.cuda.stream(stream):
+            for r in range(self.runs + 2):
+                e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                e0.record(stream)
+                launch()
+                e1.record(stream)
+                times.append((e0, e1))
+        stream.synchronize()
+        return statistics.median(e0.elapsed_time(e1) for e0, e1 in times[2:]) * 1e3
+
+    def case(self, shape: StepShape) -> dict:
+        from .device.bench import timing_stream
+        from .device.chain import OpChain
+        from .muse.memory import check_step_fits
+
+        cfg = SHARD
+        check_step_fits(cfg, shape.conversations, shape.tokens_each, shape.context, 1)
+        state = make_step_state(cfg, shape.conversations, shape.tokens_each, shape.context, SEED + 1, device="cuda")
+        sp, build_s = _build(cfg, shape, state.context_capacity)
+        tokens0 = torch.randint(0, cfg.vocab_shard, (shape.tokens,), generator=torch.Generator().manual_seed(SEED), dtype=torch.int32).cuda()
+        row: dict = {"case": shape.name, "conversations": shape.conversations, "tokens_each": shape.tokens_each, "tokens": shape.tokens,
+                     "context": shape.context, "instructions": len(sp.stream), "build_s": build_s}
+        ts = timing_stream(self.vm)
+        # the same first step three ways, from the same state: tokens and
+        # residual must agree bit for bit (one state copy at a time besides
+        # the original: the KV caches of 32 conversations are 11 GB)
+        outs = {}
+        loaded, hit = None, []
+        for how in ("static", "dynamic", "chain"):
+            st, tok = (state, tokens0.clone()) if how == "chain" else (state.clone(), tokens0.clone())
+            bufs = bind_step(sp, self.weights, st, tok, device="cuda")
+            if how == "chain":
+                t0 = time.perf_counter()
+                chain = OpChain(self.vm, sp.stream, bufs)
+                row["chain_launches"], row["chain_load_s"] = len(chain), time.perf_counter() - t0
+                chain.run(0)
+            else:
+                ld = self.vm.load(sp.stream, bufs)
+                ld.run(0, how)
+            torch.cuda.synchronize()
+            outs[how] = (tok.clone(), bufs["s"].clone())
+            if how == "dynamic":
+                loaded, hit = ld, [int((bufs[f"L{i}.route_meta"][0] > 0).sum()) for i in range(sp.n_layers)]
+            del bufs, st
+        row["experts_hit_mean"] = sum(hit) / len(hit)
+        row["same_tokens"] = all(torch.equal(outs[h][0], outs["dynamic"][0]) for h in outs)
+        row["same_residual"] = all(torch.equal(outs[h][1], outs["dynamic"][1]) for h in outs)
+        row["ok"] = row["same_tokens"] and row["same_residual"] and bool(((outs["dynamic"][0] >= 0) & (outs["dynamic"][0] < cfg.vocab_shard)).all())
+        assert loaded is not None
+        for how in ("dynamic", "static"):  # the same loaded program, steps running on
+            row[f"{how}_us"] = self._median_us(lambda: loaded.run(loaded.next_step, how, check=False, stream=ts), ts)
+            loaded.check(ts)
+        loaded = None
+        g = chain.graph(1)
+        row["chain_us"] = self._median_us(g.replay, ts)
+        chain.check(ts)
+        fb = step_floor_bytes(cfg, shape, hit)
+        row["floor_bytes"] = fb
+        row["floor_us"] = fb / self.bw * 1e6
+        row["dyn_over_floor"] = row["dynamic_us"] / row["floor_us"]
+        row["chain_over_dyn"] = row["chain_us"] / row["dynamic_us"]
+        row["static_over_dyn"] = row["static_us"] / row["dynamic_us"]
+        row["tok_per_s_per_conv"] = shape.tokens_each / (row["dynamic_us"] * 1e-6)
+        row["tok_per_s"] = shape.tokens / (row["dynamic_us"] * 1e-6)
+        del outs, g, chain
+        torch.cuda.empty_cache()
+        return row
+
+
+CPU_COLUMNS = [
+    ("case", "case", "{}"),
+    ("tokens", "T", "{}"),
+    ("small_tokens_same", "argmax = ref @small", "{}"),
+    ("small_tokens_decided", "of (not ties)", "{}"),
+    ("small_tokens", "of all", "{}"),
+    ("instructions", "instructions (shard)", "{}"),
+    ("build_s", "build s", "{:.2f}"),
+]
+
+GPU_COLUMNS = [
+    ("case", "case", "{}"),
+    ("tokens", "T", "{}"),
+    ("ok", "3 ways agree", "{}"),
+    ("floor_us", "floor µs", "{:.0f}"),
+    ("dynamic_us", "gpuvm dyn µs", "{:.0f}"),
+    ("static_us", "gpuvm static µs", "{:.0f}"),
+    ("chain_us", "per-op launches µs", "{:.0f}"),
+    ("dyn_over_floor", "dyn/floor", "{:.2f}"),
+    ("chain_over_dyn", "chain/dyn", "{:.2f}"),
+    ("static_over_dyn", "static/dyn", "{:.2f}"),
+    ("tok_per_s", "tok/s", "{:.0f}"),
+    ("build_s", "build s", "{:.2f}"),
+]
