@@ -2,7 +2,7 @@
 # One call on the H200 (the device tool): the VM proofs and timings, the Muse
 # ops standalone, and the decode-case sweep, each under its own time limit,
 # logs and results under $OUT (at most 8 files come back: traces are tarred).
-#   GPUVM_COMMIT=<sha> bash tools/gpu_session.sh [check|ops|opstime|sweep|step|probe|vmtest ...]
+#   GPUVM_COMMIT=<sha> bash tools/gpu_session.sh [check|ops|opstime|sweep|step|stepsweep|probe|vmtest ...]
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 GPUVM_CACHE=/tmp/gpuvm-cache
@@ -19,6 +19,7 @@ for s in $steps; do
            (cd "$OUT" && ls trace-*.npz >/dev/null 2>&1 && tar czf traces.tgz trace-*.npz && rm -f trace-*.npz) ;;
     opstime) timeout ${T_OPSTIME:-90} python3 tools/ops_check.py --time 200 > "$OUT/ops_time.log" 2>&1; echo "ops_time rc=$?"; tail -30 "$OUT/ops_time.log" ;;
     step) timeout ${T_STEP:-400} python3 tools/step_check.py --out "$OUT/step.json" ${STEP_ARGS:-} > "$OUT/step.log" 2>&1; echo "step rc=$?"; tail -15 "$OUT/step.log" ;;
+    stepsweep) timeout ${T_STEPSWEEP:-500} python3 -m gpuvm sweep --step --out "$OUT/step" ${STEPSWEEP_ARGS:-} > "$OUT/step_sweep.log" 2>&1; echo "step sweep rc=$?"; tail -14 "$OUT/step_sweep.log" ;;
     probe) timeout ${T_PROBE:-270} python3 tools/dispatch_probe.py --out "$OUT/dispatch_probe.json" > "$OUT/dispatch_probe.log" 2>&1; echo "probe rc=$?"; tail -40 "$OUT/dispatch_probe.log" ;;
     vmtest) timeout ${T_VMTEST:-150} python3 -m pytest -q -x -p no:cacheprovider tests/gpu/test_vm.py > "$OUT/test_vm.log" 2>&1; echo "test_vm rc=$?"; tail -8 "$OUT/test_vm.log" ;;
     *) echo "unknown step $s"; exit 2 ;;
