@@ -310,6 +310,8 @@ def _check_topk(ts: Slots, a: Args) -> None:
     if not (meta.shape[0] == 2 and meta.shape[1] == a[1]):
         raise ProgramError(f"route_meta {meta.shape} must be [2,{a[1]}]")
     _range(a[0], a[1], ne, "local expert")
+    if _opt(ts, 3) is not None:
+        _t(ts, 3, "work", I32, 1)
 
 
 def _cost_topk(ts: Slots, a: Args) -> Cost:
@@ -343,25 +345,22 @@ def _check_expert(ts: Slots, a: Args, up: bool) -> None:
         raise ProgramError("expert input rows disagree with the routing table")
     if not (e <= MAX_WORKLIST_EXPERTS):
         raise ProgramError(f"an expert work list covers at most {MAX_WORKLIST_EXPERTS} local experts, not {e}")
-    if not (a[1] >= 1 and 0 <= a[0] < a[1]):
-        raise ProgramError(f"expert worker {a[0]} of {a[1]}: need 0 <= worker < workers")
+    work = _t(ts, 7, "work", I32, 1)
+    _range(a[0], 1, work.shape[0], "expert work counter")
+    if not (a[1] >= 1):
+        raise ProgramError(f"an expert work list needs >= 1 workers, not {a[1]}")
     if not (a[2] >= 1):
         raise ProgramError(f"expert rows per item must be >= 1, not {a[2]}")
 
 
-def worker_items(n_items: int, worker: int, workers: int) -> int:
-    """Items worker takes of n_items dealt round-robin over workers."""
-    return max(0, -(-(n_items - worker) // workers))
-
-
 def _cost_expert(ts: Slots, a: Args, mats: int) -> Cost:
-    """As if every local expert had one token (the model rescales it to the
-    tokens it assumes: gpuvm.sim.predict)."""
+    """A worker's even share of the items when every local expert has one
+    token (the model rescales it to the tokens it assumes: gpuvm.sim.predict)."""
     codes, x, meta = ts[2], ts[1], ts[5]
     assert codes and x and meta
     k, n_out = x.shape[1], codes.shape[-2]
     per = -(-n_out // a[2])
-    rows = worker_items(meta.shape[1] * per, a[0], a[1]) * a[2]
+    rows = -(-meta.shape[1] * per // a[1]) * a[2]
     return Cost(weight_bytes=mats * rows * (k // 2 + k // 16), act_bytes=rows * 8, flops=2 * mats * k * rows)
 
 
@@ -428,9 +427,9 @@ SPECS: dict[Op, OpSpec] = {
     Op.ATTN_CHUNK: OpSpec(("q", "k_cache", "v_cache", "convs", "part_o", "part_ml"), ("conv", "kv_head", "chunk", "chunk_len", "window", "f_kscale", "f_vscale"), _check_attn_chunk, _cost_attn_chunk),
     Op.ATTN_MERGE: OpSpec(("o", "part_o", "part_ml", "qkvg"), ("tok0", "tokens", "head0", "heads"), _check_attn_merge, _cost_merge),
     Op.RESIDUAL: OpSpec(("s", "a", "alpha", "beta", "w_next", "out_f32", "out_bf16"), ("row0", "rows"), _check_residual, _cost_residual),
-    Op.TOPK: OpSpec(("scores", "route_meta", "route"), ("first_local", "n_local"), _check_topk, _cost_topk),
-    Op.EXPERT_UP: OpSpec(("hbuf", "x", "codes", "scales", "tscales", "route_meta", "route"), ("worker", "workers", "rows"), lambda ts, a: _check_expert(ts, a, True), lambda ts, a: _cost_expert(ts, a, 2)),
-    Op.EXPERT_DOWN: OpSpec(("y", "hbuf", "codes", "scales", "tscales", "route_meta", "route"), ("worker", "workers", "rows"), lambda ts, a: _check_expert(ts, a, False), lambda ts, a: _cost_expert(ts, a, 1)),
+    Op.TOPK: OpSpec(("scores", "route_meta", "route", "work"), ("first_local", "n_local"), _check_topk, _cost_topk),
+    Op.EXPERT_UP: OpSpec(("hbuf", "x", "codes", "scales", "tscales", "route_meta", "route", "work"), ("counter", "workers", "rows"), lambda ts, a: _check_expert(ts, a, True), lambda ts, a: _cost_expert(ts, a, 2)),
+    Op.EXPERT_DOWN: OpSpec(("y", "hbuf", "codes", "scales", "tscales", "route_meta", "route", "work"), ("counter", "workers", "rows"), lambda ts, a: _check_expert(ts, a, False), lambda ts, a: _cost_expert(ts, a, 1)),
     Op.EXPERT_COMBINE: OpSpec(("fsq", "y", "route"), ("tok0", "tokens"), _check_combine, _cost_combine),
     Op.EMBED: OpSpec(("s", "table", "tokens"), ("row0", "rows"), _check_embed, _cost_embed),
     Op.ARGMAX: OpSpec(("logits", "tokens", "margin"), ("row0", "rows"), _check_argmax, _cost_argmax),

@@ -3,11 +3,12 @@
 // EXPERT_UP / EXPERT_DOWN: out[slot, n] = sum_k x[row, k] * W[n, k] for the slots
 // of an expert (row: the slot's token for UP, the slot itself for DOWN), with
 // W = e2m1 code * e4m3 block scale * f32 tensor scale.
-// Work list: which experts have tokens is known only on the GPU, so an
-// instruction is worker w of W (args w, W, R) over the items of this step: the
-// experts with tokens (in expert order) times their tiles of R rows, items
-// w, w + W, ... . An expert with no tokens costs no item, and a layer needs
-// W instructions however many experts are hit.
+// Work list: which experts have tokens is known only on the GPU, so the items
+// of a step are the experts with tokens (in expert order) times their tiles of
+// R rows, and the W instructions of a list take items one at a time from a
+// counter that TOPK zeroed (an atomic increment), until the list runs out. An
+// expert with no tokens costs no item; a worker that starts late (queued
+// behind a long op in its block) finds the list taken by the running ones.
 // Tensor cores (mma m16n8k16, f16 in, f32 accumulate): M = 16 tokens, N = 8 weight
 // rows, K = 16. code * block scale has at most 5 significant bits, so it is exact
 // in f16; the tensor scale is applied to the f32 sums. x goes bf16 -> f16 (exact
@@ -152,7 +153,8 @@ __device__ __noinline__ bool gvm_expert_args_ok(const gvm_ctx& c) {
     const gvm_tensor& tts = gvm_t(c, 4);
     const gvm_tensor& tmeta = gvm_t(c, 5);
     const gvm_tensor& troute = gvm_t(c, 6);
-    const int w = c.ins->arg[0], n_w = c.ins->arg[1], rows = c.ins->arg[2];
+    const gvm_tensor& twork = gvm_t(c, 7);
+    const int k = c.ins->arg[0], n_w = c.ins->arg[1], rows = c.ins->arg[2];
     const int n_exp = tmeta.shape[1], kdim = tx.shape[1], nout = to.shape[1], slots = troute.shape[1];
     const int wd = UP ? 4 : 3;  // rank of codes / scales
     bool ok = gvm_is(to, UP ? GVM_DT_BF16 : GVM_DT_F32, 2) && to.shape[0] == slots &&
@@ -163,7 +165,8 @@ __device__ __noinline__ bool gvm_expert_args_ok(const gvm_ctx& c) {
               tsc.shape[wd - 2] == nout && tcd.shape[wd - 1] * 2 == kdim && tsc.shape[wd - 1] * 16 == kdim &&
               gvm_is(tts, GVM_DT_F32, UP ? 2 : 1) && tts.shape[0] == n_exp && gvm_is(tmeta, GVM_DT_I32, 2) &&
               tmeta.shape[0] == 2 && gvm_is(troute, GVM_DT_I32, 2) && troute.shape[0] == 5 && kdim % 64 == 0 &&
-              n_exp <= GVM_MAX_WORKLIST_EXPERTS && gvm_aligned(tmeta, 4, 4) && n_w >= 1 && w >= 0 && w < n_w && rows >= 1 &&
+              n_exp <= GVM_MAX_WORKLIST_EXPERTS && gvm_aligned(tmeta, 4, 4) && n_w >= 1 && rows >= 1 &&
+              gvm_is(twork, GVM_DT_I32, 1) && k >= 0 && k < twork.shape[0] &&
               c.smem_bytes >= GVM_EXP_STATE + GVM_EXP_HEAD + GVM_EXP_WBUF + 16 * GVM_EXP_XROW;
     // set 0 -> set 1 (the up matrix, or the next 8 rows) must fit an int of bytes
     ok = ok && (UP ? tcd.stride[1] : 8 * tcd.stride[1]) < (1ll << 31) && (UP ? tsc.stride[1] : 8 * tsc.stride[1]) < (1ll << 31);
@@ -263,42 +266,35 @@ __device__ __forceinline__ int gvm_nth_bit(unsigned m, int r) {
     return __ffs(m) - 1;
 }
 
-// This worker's items: item i is tile i % per of the (i / per)-th expert with
-// tokens. One item per call (GVM_AGAIN for the next). The walk's state (next
-// item, experts hit) waits in the scratch's last 16 bytes, two slots used in
-// turn: call k reads slot k & 1 and thread 0 writes slot (k + 1) & 1 before
-// the tile, so nothing of the walk stays in registers across the tile, and
-// no reader of a slot can meet its writer (the reads of call k - 1 are behind
-// the tile barriers of call k - 1; call k + 1 reads after a barrier).
+// One item per call (GVM_AGAIN for the next): item i is tile i % per of the
+// (i / per)-th expert with tokens. Thread 0 takes i from the work counter and
+// passes it through the scratch's last 16 bytes: two slots used in turn (call
+// k writes and reads slot k & 1, whose last readers, of call k - 2, are behind
+// the barriers of call k - 1), then the experts hit, written once.
 template <bool UP>
 __device__ int gvm_expert_matmul(const gvm_ctx& c) {
     const unsigned st = gvm_smem_addr(c.smem) + c.smem_bytes - GVM_EXP_STATE;
-    int i;
-    unsigned hit;
     if (c.again == 0) {
         if (!gvm_expert_args_ok<UP>(c)) return GVM_ERR_BAD_ARGS;
         // experts with tokens: lane e reads expert e's count, the warp ORs the bits
         const unsigned lane = c.tid & 31;
-        hit = (int)lane < gvm_t(c, 5).shape[1] && gvm_ptr<const int>(gvm_t(c, 5), lane, 4)[0] != 0 ? 1u << lane : 0u;
+        unsigned hit = (int)lane < gvm_t(c, 5).shape[1] && gvm_ptr<const int>(gvm_t(c, 5), lane, 4)[0] != 0 ? 1u << lane : 0u;
 #pragma unroll
         for (int o = 16; o > 0; o >>= 1) hit |= __shfl_xor_sync(0xffffffffu, hit, o);
-        i = c.ins->arg[0];
-    } else {
-        gvm_group_sync(c);  // thread 0 wrote this call's slot during the last call
-        i = (int)gvm_lds_u(st + 8 * (c.again & 1));
-        hit = gvm_lds_u(st + 8 * (c.again & 1) + 4);
+        if (c.tid == 0) gvm_sts(st + 8, hit);
     }
+    if (c.tid == 0) {
+        const gvm_tensor& tw = gvm_t(c, 7);
+        gvm_sts(st + 4 * (c.again & 1), atomicAdd(gvm_ptr<unsigned>(tw, c.ins->arg[0] * tw.stride[0], 4), 1u));
+    }
+    gvm_group_sync(c);
+    const int i = (int)gvm_lds_u(st + 4 * (c.again & 1));
+    const unsigned hit = gvm_lds_u(st + 8);
     const int rows = c.ins->arg[2], nout = gvm_t(c, 0).shape[1], per = (nout + rows - 1) / rows;
-    const int items = __popc(hit) * per, next = i + c.ins->arg[1];
-    if (i >= items) return GVM_ERR_NONE;
-    const bool last = next >= items;
-    if (!last && c.tid == 0) {
-        gvm_sts(st + 8 * ((c.again + 1) & 1), (unsigned)next);
-        gvm_sts(st + 8 * ((c.again + 1) & 1) + 4, hit);
-    }
+    if (i >= __popc(hit) * per) return GVM_ERR_NONE;
     const int r = i / per, t = i - r * per;
     const int rc = gvm_expert_tile<UP>(c, gvm_nth_bit(hit, r), t * rows, min(rows, nout - t * rows));
-    return rc != GVM_ERR_NONE || last ? rc : GVM_AGAIN;
+    return rc != GVM_ERR_NONE ? rc : GVM_AGAIN;
 }
 
 __device__ int gvm_op_expert_up(const gvm_ctx& c) { return gvm_expert_matmul<true>(c); }

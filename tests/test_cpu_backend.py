@@ -269,10 +269,12 @@ def test_expert_up_down_combine() -> None:
     gu_c, gu_s, gu_ts = _nvfp4(E, 2, I, H)
     d_c, d_s, d_ts = _nvfp4(E, H, I)
     hbuf, y = nan(8 * T, I, dtype=torch.bfloat16), nan(8 * T, H)
-    for w in range(4):  # work lists: 3 experts x 2 tiles of 16 rows over 4 workers
-        ops.expert_up([hbuf, x, gu_c, gu_s, gu_ts, meta, route], [w, 4, 16])
-    for w in range(2):
-        ops.expert_down([y, hbuf, d_c, d_s, d_ts, meta, route], [w, 2, H])
+    work = torch.zeros(2, dtype=torch.int32)
+    for _ in range(4):  # work lists: 3 experts x 2 tiles of 16 rows, 4 workers on counter 0
+        ops.expert_up([hbuf, x, gu_c, gu_s, gu_ts, meta, route, work], [0, 4, 16])
+    for _ in range(2):
+        ops.expert_down([y, hbuf, d_c, d_s, d_ts, meta, route, work], [1, 2, H])
+    assert work.tolist() == [6 + 4, 3 + 2]  # items + workers: each worker's last take is past the end
     used = int(meta[0].sum())
     assert used == 5 and hbuf[used:].isnan().all() and y[used:].isnan().all()
     for slot in range(used):
@@ -301,12 +303,14 @@ def test_expert_with_no_tokens_touches_nothing() -> None:
     hbuf = nan(16, 32, dtype=torch.bfloat16)
     codes, scales, ts = _nvfp4(3, 2, 32, 32)
     x = randn(2, 32).bfloat16()
-    assert ops.expert_items(meta, 32, [0, 3, 8]) == [(0, slice(0, 8)), (0, slice(24, 32))]
-    ops.expert_up([hbuf, x, codes, scales, ts, meta, route], [4, 5, 8])
-    assert hbuf.isnan().all()
-    for w in range(3):
-        ops.expert_up([hbuf, x, codes, scales, ts, meta, route], [w, 3, 8])
-    assert not hbuf[:2].isnan().any() and hbuf[2:].isnan().all()
+    assert ops.list_items(meta, 32, 8) == [(0, slice(r, r + 8)) for r in (0, 8, 16, 24)]
+    work = torch.tensor([4], dtype=torch.int32)  # the list already taken
+    ops.expert_up([hbuf, x, codes, scales, ts, meta, route, work], [0, 5, 8])
+    assert hbuf.isnan().all() and int(work[0]) == 5
+    work.zero_()
+    for _ in range(3):
+        ops.expert_up([hbuf, x, codes, scales, ts, meta, route, work], [0, 3, 8])
+    assert not hbuf[:2].isnan().any() and hbuf[2:].isnan().all() and int(work[0]) == 4 + 3
 
 
 # ---- run_stream -------------------------------------------------------------------------

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from gpuvm.cpu import run_stream
-from gpuvm.cpu.ops import expert_items
+from gpuvm.cpu.ops import list_items
 from gpuvm.isa import NONE, DType, Op, i2f
 from gpuvm.muse.config import SHARD, SMALL
 from gpuvm.muse.lowering import POISON_INT, Tiles, bind_layer, emit_layer, lower_layer, n_chunks
@@ -95,16 +95,17 @@ def test_tiles_cover_every_output_once(kind: str) -> None:
     merges = _ops(s, Op.ATTN_MERGE)
     pairs = sorted((t, h) for o in merges for t in range(o.args[0], o.args[0] + o.args[1]) for h in range(o.args[2], o.args[2] + o.args[3]))
     assert pairs == [(t, h) for t in range(T) for h in range(cfg.heads_q)]
-    # expert work lists: workers 0..W-1 of W each, so that with every expert hit
-    # the items (expert, row tile) are dealt out exactly once
-    for opcode, n_out in ((Op.EXPERT_UP, cfg.expert_inter), (Op.EXPERT_DOWN, cfg.squeeze)):
+    # expert work lists: W workers share one counter per list (up 0, down 1),
+    # and with every expert hit the items (expert, row tile) cover each
+    # expert's rows once
+    for k, (opcode, n_out) in enumerate(((Op.EXPERT_UP, cfg.expert_inter), (Op.EXPERT_DOWN, cfg.squeeze))):
         ws = _ops(s, opcode)
-        n_w, rows = ws[0].args[1], ws[0].args[2]
-        assert sorted(o.args[0] for o in ws) == list(range(n_w)) and all(o.args[1:3] == (n_w, rows) for o in ws)
-        meta = torch.ones(2, cfg.local_experts, dtype=torch.int32)
-        items = [it for o in ws for it in expert_items(meta, n_out, o.args[:3])]
+        n_w, rows = len(ws), ws[0].args[2]
+        assert all(o.args[:3] == (k, n_w, rows) and o.tensors[7].name == "L0.work" for o in ws)
+        items = list_items(torch.ones(2, cfg.local_experts, dtype=torch.int32), n_out, rows)
         for e in range(cfg.local_experts):
             _cover([(c.start, c.stop - c.start) for x, c in items if x == e], n_out)
+    assert _ops(s, Op.TOPK)[0].tensors[3].name == "L0.work"
     nch = n_chunks(cfg, kind, 5, 100, tl.chunk)
     chunks = sorted(tuple(o.args[:3]) for o in _ops(s, Op.ATTN_CHUNK))
     assert chunks == [(c, h, j) for c in range(3) for h in range(cfg.heads_kv) for j in range(nch)]

@@ -10,7 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuvm.cpu.ops import expert_items
+from gpuvm.cpu.ops import list_items
 from gpuvm.isa import DType, Op, Stamp
 from gpuvm.muse.cases import Case, floor_bytes, get_case, small_case
 from gpuvm.muse.config import SHARD, SMALL, MuseConfig
@@ -284,10 +284,14 @@ def test_layer_costs_follow_expert_tokens() -> None:
     toks = [3, 0, 1, 0]
     costs = layer_costs(s, toks)
     meta = torch.tensor([toks, [0] * 4], dtype=torch.int32)
+    seen: dict[int, int] = {}
     for ins, c in zip(s.ops, costs):
         if ins.opcode in (Op.EXPERT_UP, Op.EXPERT_DOWN):
-            # the worker's items as the CPU backend walks them: weights per row, math per row and token
-            items = expert_items(meta, ins.tensors[2].shape[-2], ins.args[:3])
+            # the model deals the list round-robin over its workers in stream order:
+            # weights per row, math per row and token
+            j = seen.get(ins.args[0], 0)
+            seen[ins.args[0]] = j + 1
+            items = list_items(meta, ins.tensors[2].shape[-2], ins.args[2])[j :: ins.args[1]]
             mats, k = (2 if ins.opcode == Op.EXPERT_UP else 1), ins.tensors[1].shape[1]
             rows = sum(cols.stop - cols.start for _, cols in items)
             assert c.weight_bytes == mats * rows * (k // 2 + k // 16)

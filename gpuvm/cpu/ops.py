@@ -231,6 +231,8 @@ def topk(ts: Slots, a: Args) -> None:
     route[1, : len(picks)] = _bits(w.flatten()[picks])
     meta[0] = counts.to(torch.int32)
     meta[1] = starts.to(torch.int32)
+    if len(ts) > 3 and ts[3] is not None:
+        ts[3].zero_()  # the experts' work counters
 
 
 def _expert_slots(meta: torch.Tensor, route: torch.Tensor, e: int, tokens: int) -> torch.Tensor:
@@ -242,21 +244,33 @@ def _expert_slots(meta: torch.Tensor, route: torch.Tensor, e: int, tokens: int) 
     return slots
 
 
-def expert_items(meta: torch.Tensor, n_out: int, a: Args) -> list[tuple[int, slice]]:
-    """Worker a[0] of a[1], items of a[2] rows: (expert, rows) for each item
-    i = a[0], a[0] + a[1], ... of this step's list (the experts with tokens,
-    in expert order, times their row tiles), as ops/experts.cuh walks it."""
-    w, n_w, rows = a[0], a[1], a[2]
+def list_items(meta: torch.Tensor, n_out: int, rows: int) -> list[tuple[int, slice]]:
+    """A step's work list: (expert, rows) of item i = the experts with tokens,
+    in expert order, times their row tiles of `rows`."""
     hit = [e for e in range(meta.shape[1]) if int(meta[0, e]) != 0]
     per = -(-n_out // rows)
-    return [(hit[i // per], slice((i % per) * rows, min(n_out, (i % per + 1) * rows))) for i in range(w, len(hit) * per, n_w)]
+    return [(hit[i // per], slice((i % per) * rows, min(n_out, (i % per + 1) * rows))) for i in range(len(hit) * per)]
+
+
+def take_items(work: torch.Tensor, k: int, items: list[tuple[int, slice]]) -> list[tuple[int, slice]]:
+    """What one worker of counter k takes, as ops/experts.cuh does, one
+    increment per item and one past the end: run one at a time, the first
+    worker takes the whole list and the others none; work[k] ends at
+    len(items) + workers either way."""
+    got = []
+    while True:
+        i = int(work[k])
+        work[k] = i + 1
+        if i >= len(items):
+            return got
+        got.append(items[i])
 
 
 def expert_up(ts: Slots, a: Args) -> None:
-    hbuf, x, codes, scales, tscales, meta, route = ts[:7]
+    hbuf, x, codes, scales, tscales, meta, route, work = ts[:8]
     assert hbuf is not None and x is not None and codes is not None and scales is not None
-    assert tscales is not None and meta is not None and route is not None
-    for e, cols in expert_items(meta, hbuf.shape[1], a):
+    assert tscales is not None and meta is not None and route is not None and work is not None
+    for e, cols in take_items(work, a[0], list_items(meta, hbuf.shape[1], a[2])):
         slots = _expert_slots(meta, route, e, x.shape[0])
         xs = x[route[0, slots].long()].float()
         gu = dequantize_nvfp4(codes[e, :, cols], scales[e, :, cols], tscales[e])  # [2, n, H]
@@ -265,10 +279,10 @@ def expert_up(ts: Slots, a: Args) -> None:
 
 
 def expert_down(ts: Slots, a: Args) -> None:
-    y, hbuf, codes, scales, tscales, meta, route = ts[:7]
+    y, hbuf, codes, scales, tscales, meta, route, work = ts[:8]
     assert y is not None and hbuf is not None and codes is not None and scales is not None
-    assert tscales is not None and meta is not None and route is not None
-    for e, cols in expert_items(meta, y.shape[1], a):
+    assert tscales is not None and meta is not None and route is not None and work is not None
+    for e, cols in take_items(work, a[0], list_items(meta, y.shape[1], a[2])):
         slots = _expert_slots(meta, route, e, route.shape[1] // TOPK)
         down = dequantize_nvfp4(codes[e, cols], scales[e, cols], float(tscales[e]))  # [n, I]
         y[slots, cols] = hbuf[slots].float() @ down.T

@@ -247,18 +247,20 @@ def emit_layer(
     # mixture of experts
     scored, routed, squeezed = ctr("scores"), ctr("route"), ctr("x")
     gemm(scores, h2, w["Wr"], 0, cfg.n_experts, [res1], scored, "Wr")
-    p.op(Op.TOPK, [scores, meta, route], [0, E], waits=[scored], signal=routed, label=f"{prefix}topk")
+    work = act("work", (2,), DType.I32)  # the expert lists' counters (TOPK zeroes them)
+    p.op(Op.TOPK, [scores, meta, route, work], [0, E], waits=[scored], signal=routed, label=f"{prefix}topk")
     gemm(x, h2b, w["Wsq"], 0, H, [res1], squeezed, "Wsq")
-    # work lists: which experts have tokens is known only on the GPU (ops/experts.cuh)
+    # work lists: which experts have tokens is known only on the GPU; workers
+    # take items from a counter (ops/experts.cuh)
     up_rows = _pow2_rows(I, 2 * (H // 2 + H // 16), tl.expert_bytes)
     down_rows = _pow2_rows(H, I // 2 + I // 16, tl.expert_bytes)
     up_done, down_done = ctr("hbuf"), ctr("y")
     up_workers = min(tl.expert_workers, E * -(-I // up_rows))
     for wk in range(up_workers):
-        p.op(Op.EXPERT_UP, [hbuf, x, w["gu_codes"], w["gu_scales"], w["gu_ts"], meta, route], [wk, up_workers, up_rows], waits=[routed, squeezed], signal=up_done, label=f"{prefix}expert_up[{wk}/{up_workers}]")
+        p.op(Op.EXPERT_UP, [hbuf, x, w["gu_codes"], w["gu_scales"], w["gu_ts"], meta, route, work], [0, up_workers, up_rows], waits=[routed, squeezed], signal=up_done, label=f"{prefix}expert_up[{wk}/{up_workers}]")
     down_workers = min(tl.expert_workers, E * -(-H // down_rows))
     for wk in range(down_workers):
-        p.op(Op.EXPERT_DOWN, [y, hbuf, w["d_codes"], w["d_scales"], w["d_ts"], meta, route], [wk, down_workers, down_rows], waits=[up_done], signal=down_done, label=f"{prefix}expert_down[{wk}/{down_workers}]")
+        p.op(Op.EXPERT_DOWN, [y, hbuf, w["d_codes"], w["d_scales"], w["d_ts"], meta, route, work], [1, down_workers, down_rows], waits=[up_done], signal=down_done, label=f"{prefix}expert_down[{wk}/{down_workers}]")
     combined = ctr("fsq")
     for r0, n in _tiles(0, T, tl.rows):
         p.op(Op.EXPERT_COMBINE, [fsq, y, route], [r0, n], waits=[down_done], signal=combined, label=f"{prefix}expert_combine[{r0}:{r0 + n}]")

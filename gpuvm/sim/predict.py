@@ -59,19 +59,23 @@ def skewed_expert_tokens(cfg: MuseConfig, tokens: int, load: float = 2.0, zipf: 
 
 def layer_costs(stream: Stream, expert_tokens: Sequence[int]) -> list[Cost]:
     """Each op's Cost, an expert worker's from the items it gets when the
-    local experts have these tokens (ops/experts.cuh's work list): per item
+    local experts have these tokens (ops/experts.cuh's work list, dealt
+    round-robin over the list's workers in stream order): per item
     of n rows of an expert with t tokens, n rows of weights, t rows of math
     and activations, plus one input row per token."""
     hit = [e for e, t in enumerate(expert_tokens) if t > 0]
     out: list[Cost] = []
+    seen: dict[tuple[str, int], int] = {}  # workers of each list so far: the model deals items round-robin
     for ins in stream.ops:
         c = ins.cost
         if ins.opcode in EXPERT_OPS:
-            x, codes, meta = ins.tensors[1], ins.tensors[2], ins.tensors[5]
-            assert x is not None and codes is not None and meta is not None
+            x, codes, meta, work = ins.tensors[1], ins.tensors[2], ins.tensors[5], ins.tensors[7]
+            assert x is not None and codes is not None and meta is not None and work is not None
             if len(expert_tokens) != meta.shape[1]:
                 raise ProgramError(f"'{ins.label}' covers {meta.shape[1]} experts; expert_tokens has {len(expert_tokens)} entries")
-            wk, n_w, rows = ins.args[0], ins.args[1], ins.args[2]
+            key = (work.name, ins.args[0])
+            wk, n_w, rows = seen.get(key, 0), ins.args[1], ins.args[2]
+            seen[key] = wk + 1
             k, n_out = x.shape[1], codes.shape[-2]
             mats = 2 if ins.opcode == Op.EXPERT_UP else 1
             per = -(-n_out // rows)
