@@ -132,10 +132,15 @@ class GpuStepSweep:
     def case(self, shape: StepShape) -> dict:
         from .device.bench import timing_stream
         from .device.chain import OpChain
-        from .muse.memory import check_step_fits
+        from .muse.memory import OutOfDeviceMemory, step_memory
 
         cfg = SHARD
-        check_step_fits(cfg, shape.conversations, shape.tokens_each, shape.context, 1)
+        # the weights are resident; a row holds the state, a copy of it, and a
+        # transient second copy (the static check), with their scratch
+        mem = step_memory(cfg, shape.conversations, shape.tokens_each, shape.context, 1)
+        need, free = 3 * (mem.kv + mem.scratch) + mem.program, torch.cuda.mem_get_info()[0]
+        if need > free:
+            raise OutOfDeviceMemory(need, free, f"{shape.name}: three copies of the KV caches and scratch ({(mem.kv + mem.scratch) / 1e9:.1f} GB each)")
         state = make_step_state(cfg, shape.conversations, shape.tokens_each, shape.context, SEED + 1, device="cuda")
         sp, build_s = _build(cfg, shape, state.context_capacity)
         tokens0 = torch.randint(0, cfg.vocab_shard, (shape.tokens,), generator=torch.Generator().manual_seed(SEED), dtype=torch.int32).cuda()

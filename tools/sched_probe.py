@@ -1,0 +1,83 @@
+"""How the run-time scheduler's knobs move a latency-bound layer and the
+whole step on the GPU (issue 6): claim depth (claims a block holds ahead,
+a launch parameter) and the loader's prefetch bound per waiting instruction
+(a build switch), dynamic against static, in one run.
+
+    PYTHONPATH=. python3 tools/sched_probe.py --out out/sched_probe.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+
+import torch
+
+from gpuvm.device import VM
+from gpuvm.device.bench import L2Flush, time_ms, timing_stream
+from gpuvm.gpu_sweep import SEED
+from gpuvm.muse.cases import get_case
+from gpuvm.muse.config import SHARD
+from gpuvm.muse.lowering import bind_layer, lower_layer
+from gpuvm.muse.state import make_inputs, make_state
+from gpuvm.muse.step import bind_step, lower_step, make_step_state
+from gpuvm.muse.weights import make_layer_weights, make_model_weights
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", default="out/sched_probe.json")
+    ap.add_argument("--depths", default="1,2,3,6")
+    ap.add_argument("--prefetch", default="32768,262144", help="GVM_PF_MAX_BYTES values (one build each)")
+    ap.add_argument("--cases", default="full-c1-t1,sliding-c32-t8")
+    ap.add_argument("--step", default="1x1", help="step shapes, e.g. 1x1,1x8 ('' for none)")
+    a = ap.parse_args()
+    depths = [int(d) for d in a.depths.split(",")]
+    vms = {pf: VM(groups=2, defines=(("GVM_PF_MAX_BYTES", f"{pf}u"),)) for pf in (int(p) for p in a.prefetch.split(","))}
+    flush = L2Flush(torch.device("cuda", 0))
+    res: dict[str, float] = {}
+
+    def timed(tag: str, ld, reps: int, before) -> None:  # type: ignore[no-untyped-def]
+        ts = timing_stream(ld.vm)
+        for mode in ("dynamic", "static"):
+            for d in depths if mode == "dynamic" else [6]:
+                ld.vm.claim_depth = d
+                t = statistics.median(time_ms(lambda r: ld.run(ld.next_step, mode, check=False, stream=ts), ts, reps, before=before)) * 1e3
+                ld.check(ts)
+                key = f"{tag}/{mode}/d{d}"
+                res[key] = t
+                print(f"{key:44s} {t:10.1f} us", flush=True)
+        ld.vm.claim_depth = 6
+
+    for cname in a.cases.split(","):
+        case = get_case(cname)
+        w = make_layer_weights(SHARD, 1 if case.kind == "full" else 0, SEED, device="cuda")
+        state = make_state(SHARD, case.kind, case.conversations, case.tokens_each, case.context, SEED + 1, device="cuda")
+        s0 = make_inputs(SHARD, state, SEED)
+        lp = lower_layer(SHARD, case.kind, case.conversations, case.tokens_each, state.slots)
+        for pf, vm in vms.items():
+            ld = vm.load(lp.stream, bind_layer(lp, w, state.clone(), s0, device="cuda"))
+            timed(f"{cname}/pf{pf // 1024}K", ld, 20, flush)
+            del ld
+        del w, state
+        torch.cuda.empty_cache()
+    if a.step:
+        mw = make_model_weights(SHARD, SEED, device="cuda")
+        for shp in a.step.split(","):
+            C, n = (int(v) for v in shp.split("x"))
+            state = make_step_state(SHARD, C, n, 81_920, SEED + 1, device="cuda")
+            sp = lower_step(SHARD, C, n, state.context_capacity)
+            tokens = torch.randint(0, SHARD.vocab_shard, (C * n,), dtype=torch.int32, device="cuda")
+            bufs = bind_step(sp, mw, state, tokens, device="cuda")
+            for pf, vm in vms.items():
+                ld = vm.load(sp.stream, bufs)
+                timed(f"step{shp}/pf{pf // 1024}K", ld, 10, None)
+                del ld
+    with open(a.out, "w") as f:
+        json.dump(res, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
