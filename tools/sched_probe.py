@@ -1,7 +1,7 @@
 """How the run-time scheduler's knobs move a latency-bound layer and the
 whole step on the GPU (issue 6): claim depth (claims a block holds ahead,
-a launch parameter) and the loader's prefetch bound per waiting instruction
-(a build switch), dynamic against static, in one run.
+a launch parameter) and build variants (e.g. GVM_READY_FIRST, the loader's
+GVM_PF_MAX_BYTES), dynamic against static, in one run.
 
     PYTHONPATH=. python3 tools/sched_probe.py --out out/sched_probe.json
 """
@@ -29,12 +29,15 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default="out/sched_probe.json")
     ap.add_argument("--depths", default="1,2,3,6")
-    ap.add_argument("--prefetch", default="32768,262144", help="GVM_PF_MAX_BYTES values (one build each)")
+    ap.add_argument("--variants", default="ready:GVM_READY_FIRST=1,inorder:GVM_READY_FIRST=0", help="name:MACRO=value[+MACRO=value],... (one build each)")
     ap.add_argument("--cases", default="full-c1-t1,sliding-c32-t8")
     ap.add_argument("--step", default="1x1", help="step shapes, e.g. 1x1,1x8 ('' for none)")
     a = ap.parse_args()
     depths = [int(d) for d in a.depths.split(",")]
-    vms = {pf: VM(groups=2, defines=(("GVM_PF_MAX_BYTES", f"{pf}u"),)) for pf in (int(p) for p in a.prefetch.split(","))}
+    vms = {}
+    for v in a.variants.split(","):
+        name, _, defs = v.partition(":")
+        vms[name] = VM(groups=2, defines=tuple(tuple(d.split("=", 1)) for d in defs.split("+") if d))  # type: ignore[misc]
     flush = L2Flush(torch.device("cuda", 0))
     res: dict[str, float] = {}
 
@@ -56,9 +59,9 @@ def main() -> int:
         state = make_state(SHARD, case.kind, case.conversations, case.tokens_each, case.context, SEED + 1, device="cuda")
         s0 = make_inputs(SHARD, state, SEED)
         lp = lower_layer(SHARD, case.kind, case.conversations, case.tokens_each, state.slots)
-        for pf, vm in vms.items():
+        for name, vm in vms.items():
             ld = vm.load(lp.stream, bind_layer(lp, w, state.clone(), s0, device="cuda"))
-            timed(f"{cname}/pf{pf // 1024}K", ld, 20, flush)
+            timed(f"{cname}/{name}", ld, 20, flush)
             del ld
         del w, state
         torch.cuda.empty_cache()
@@ -70,9 +73,9 @@ def main() -> int:
             sp = lower_step(SHARD, C, n, state.context_capacity)
             tokens = torch.randint(0, SHARD.vocab_shard, (C * n,), dtype=torch.int32, device="cuda")
             bufs = bind_step(sp, mw, state, tokens, device="cuda")
-            for pf, vm in vms.items():
+            for name, vm in vms.items():
                 ld = vm.load(sp.stream, bufs)
-                timed(f"step{shp}/pf{pf // 1024}K", ld, 10, None)
+                timed(f"step{shp}/{name}", ld, 10, None)
                 del ld
     with open(a.out, "w") as f:
         json.dump(res, f, indent=1)

@@ -170,7 +170,8 @@ class Loaded:
         with nvtx_range("gpuvm upload"):
             self._records = _upload(stream.records, dev)
             self._table = _upload(table, dev)
-            self._counters = torch.zeros(max(1, len(stream.counters)), dtype=torch.int32, device=dev)
+            # whole 16-byte lines: the controller probes a counter by its line (runtime/controller.cuh)
+            self._counters = torch.zeros(-(-max(1, len(stream.counters)) // 4) * 4, dtype=torch.int32, device=dev)
             self._state = torch.zeros(vm.build.layout.state_words, dtype=torch.int32, device=dev)
             self._error = torch.zeros(ERROR_DTYPE.itemsize // 4, dtype=torch.int32, device=dev)
             self._trace = torch.zeros(len(stream) * TRACE_BYTES, dtype=torch.uint8, device=dev) if vm.trace else None
