@@ -14,9 +14,28 @@
 // T > 8 loops over token tiles and re-reads the instruction's weight rows
 // (from L2): correct at any T, fast for decode sizes.
 //
-// f32 path (x, W, out f32): one warp per row, float4 loads, CUDA-core FMAs.
+// f32 path (x, W, out f32; the router): CUDA-core FMAs, the group splits K.
+// Thread tid owns the 16-byte chunks tid, tid + 128, ... (one per step) of
+// every row and token of a register tile of RT rows x TT tokens: per step it
+// loads RT float4 of W (one per row) and TT of x (one per token), so one x
+// load serves RT rows and one W load TT tokens. The loads roll over S steps
+// as in the bf16 path, S as large as the register budget allows (see
+// gvm_gemm_f32_steps): at T = 1, 11 to 16 float4 of W in flight per thread in
+// the 2-group kernel, 7 or 8 in the 4-group one, whatever cnt is, since the
+// rows go in tiles of 8 (4 in the 4-group kernel), then 4, 2, 1 (cnt's binary
+// digits: no load wasted on a row past the end). T > 1 goes in tiles of 4
+// rows (the last one partial; one tile per call of the op, GVM_AGAIN) x 4
+// tokens (tokens past T are not loaded), W re-read from L2 for each token
+// tile. Each tile ends in a reduction over the 128 threads: a butterfly in
+// each warp that leaves one of the RT * TT sums per lane, then the 4 warps'
+// sums through the group's scratch (double-buffered: one group barrier per
+// tile), added in warp order, so the result is deterministic.
+//
+// Host build (tools/ops_emu, no __CUDA_ARCH__): the few PTX primitives below
+// have plain C++ versions, so that the emulator runs this header unchanged.
 #pragma once
 #include "op_ctx.cuh"
+#include "ptx.cuh"
 #include "../runtime/params.cuh"
 
 #ifndef GVM_GEMM_STEPS          // k-steps of 32 held per thread: as many as the register budget allows
@@ -28,6 +47,7 @@
 #endif
 #define GVM_GEMM_TILE_BYTES 512 // one partial 16 x 8 f32 tile
 
+#ifdef __CUDA_ARCH__
 __device__ __forceinline__ unsigned long long gvm_gemm_policy() {
     unsigned long long pol;
     asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
@@ -35,18 +55,32 @@ __device__ __forceinline__ unsigned long long gvm_gemm_policy() {
 }
 
 // Weights: read-only for the whole launch, so the non-coherent path is safe.
+// OFF: a constant byte offset, folded into the instruction (no address math;
+// the bf16 path keeps 0 and the plain form).
+template <int OFF = 0>
 __device__ __forceinline__ uint4 gvm_gemm_ld_w16(const void* p, unsigned long long pol) {
     uint4 v;
-    asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4], %5;"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(p), "l"(pol));
+    if (OFF == 0)
+        asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4], %5;"
+                     : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                     : "l"(p), "l"(pol));
+    else
+        asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4+%6], %5;"
+                     : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                     : "l"(p), "l"(pol), "n"(OFF));
     return v;
 }
 
 // Activations: may have been written earlier in this launch: coherent load.
+template <int OFF = 0>
 __device__ __forceinline__ uint4 gvm_gemm_ld_x16(const void* p) {
     uint4 v;
-    asm volatile("ld.global.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    if (OFF == 0)
+        asm volatile("ld.global.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    else
+        asm volatile("ld.global.v4.u32 {%0,%1,%2,%3}, [%4+%5];"
+                     : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                     : "l"(p), "n"(OFF));
     return v;
 }
 
@@ -62,6 +96,45 @@ __device__ __forceinline__ unsigned short gvm_gemm_bf16_bits(float f) {
     asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f));
     return h;
 }
+
+// v, as a value the compiler cannot see through (nor hoist what derives from it).
+__device__ __forceinline__ unsigned gvm_gemm_opaque(unsigned v) {
+    asm volatile("mov.u32 %0, %0;" : "+r"(v));
+    return v;
+}
+#else   // host (tools/ops_emu): the same semantics in plain C++
+inline unsigned long long gvm_gemm_policy() { return 0; }
+template <int OFF = 0> inline uint4 gvm_gemm_ld_w16(const void* p, unsigned long long) {
+    return gvm_emu_load<uint4>(static_cast<const char*>(p) + OFF);
+}
+template <int OFF = 0> inline uint4 gvm_gemm_ld_x16(const void* p) {
+    return gvm_emu_load<uint4>(static_cast<const char*>(p) + OFF);
+}
+inline unsigned short gvm_gemm_bf16_bits(float f) { return (unsigned short)(gvm_pack_bf16x2(f, 0.f) & 0xffffu); }
+inline unsigned gvm_gemm_opaque(unsigned v) { return v; }
+
+// D += A * B, m16n8k16 bf16 in the PTX fragment layout (as gvm_mma_f16 of tools/ops_emu/ptx.cuh).
+inline void gvm_gemm_mma(float (&d)[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0, unsigned b1) {
+    const unsigned mine[6] = {a0, a1, a2, a3, b0, b1};
+    const int l = emu::lane(), g = l >> 2, t = l & 3;
+    emu::exchange(mine, 6, [&](unsigned (*x)[12]) {
+        auto half = [](unsigned w, int k) {  // bf16 k & 1 of the pair w, exact
+            return __uint_as_float((k & 1 ? w >> 16 : w & 0xffffu) << 16);
+        };
+        for (int i = 0; i < 4; ++i) {
+            const int row = g + 8 * (i >> 1), col = 2 * t + (i & 1);
+            double acc = d[i];
+            for (int k = 0; k < 16; ++k) {
+                const double a = half(x[(row & 7) * 4 + (k & 7) / 2][(row >> 3) + 2 * (k >> 3)], k);
+                const double b = half(x[col * 4 + (k & 7) / 2][4 + (k >> 3)], k);
+                acc += a * b;
+            }
+            d[i] = (float)acc;
+        }
+        return 0;
+    });
+}
+#endif
 
 __device__ __forceinline__ void gvm_gemm_store(const gvm_tensor& out, long long off, float v) {
     if (out.dtype == GVM_DT_BF16)
@@ -181,56 +254,231 @@ __device__ __forceinline__ int gvm_gemm_bf16(const gvm_ctx& c, const gvm_tensor&
     return GVM_ERR_NONE;
 }
 
-__device__ __forceinline__ float4 gvm_gemm_ld_wf4(const float* p, unsigned long long pol) {
-    const uint4 v = gvm_gemm_ld_w16(p, pol);
+__device__ __forceinline__ float4 gvm_gemm_f4(uint4 v) {
     return make_float4(__uint_as_float(v.x), __uint_as_float(v.y), __uint_as_float(v.z), __uint_as_float(v.w));
 }
 
-__device__ __forceinline__ float4 gvm_gemm_ld_xf4(const float* p) {
-    const uint4 v = gvm_gemm_ld_x16(p);
-    return make_float4(__uint_as_float(v.x), __uint_as_float(v.y), __uint_as_float(v.z), __uint_as_float(v.w));
+// f32 tiles: registers of loads in flight plus accumulators (the 2-group
+// kernel spills at 112 under NVRTC 13.5 and 13.0, 104 still fits), and the
+// most float4 of W in flight per thread.
+#ifndef GVM_GEMM_F32_REGS
+#if GVM_MAX_GROUPS <= 2
+#define GVM_GEMM_F32_REGS 96
+#else
+#define GVM_GEMM_F32_REGS 64
+#endif
+#endif
+#ifndef GVM_GEMM_F32_W
+#if GVM_MAX_GROUPS <= 2
+#define GVM_GEMM_F32_W 16
+#else
+#define GVM_GEMM_F32_W 8
+#endif
+#endif
+#ifndef GVM_GEMM_F32_RT  // rows per tile at T = 1, at most (8, 4, 2 or 1)
+#if GVM_MAX_GROUPS <= 2
+#define GVM_GEMM_F32_RT 8
+#else
+#define GVM_GEMM_F32_RT 4
+#endif
+#endif
+#ifndef GVM_GEMM_F32_TT
+#define GVM_GEMM_F32_TT 4  // tokens per tile when T > 1
+#endif
+#ifndef GVM_GEMM_F32_RN
+#define GVM_GEMM_F32_RN 4  // rows per tile when T > 1
+#endif
+
+// Steps in flight S of an RT x TT tile: S * (RT + TT) float4 plus RT * TT
+// accumulators within GVM_GEMM_F32_REGS, S * RT within GVM_GEMM_F32_W.
+// T = 1: RT 1, 2, 4, 8 -> S 11, 7, 4, 2 (2 groups); RT 1, 2, 4 -> S 7, 4, 2
+// (4 groups: 72 spills in the core 4-group kernel with tracing).
+// T > 1: 4 x 4 -> S 2 (2 groups), 1 (4 groups).
+template <int RT, int TT>
+struct gvm_gemm_f32_steps {
+    static constexpr int by_regs = (GVM_GEMM_F32_REGS - RT * TT) / (4 * (RT + TT));
+    static constexpr int by_w = GVM_GEMM_F32_W / RT;
+    static constexpr int fit = by_regs < by_w ? by_regs : by_w;
+    static constexpr int value = fit < 1 ? 1 : fit;
+};
+
+// The loads of step U of a batch (chunk tid + 128 U past the row pointers: a
+// constant offset): W of RT rows, x of the first tt of TT tokens (zero past tt).
+template <int U, int RT, int TT>
+__device__ __forceinline__ void gvm_gemm_f32_load(float4 (&w)[RT], float4 (&x)[TT], const char* pw, unsigned w_row,
+                                                  int rv, const char* px, unsigned x_row, int tt,
+                                                  unsigned long long pol) {
+#pragma unroll
+    for (int r = 0; r < RT; ++r) w[r] = gvm_gemm_f4(gvm_gemm_ld_w16<2048 * U>(pw + (r < rv ? r : 0) * w_row, pol));
+#pragma unroll
+    for (int t = 0; t < TT; ++t)
+        x[t] = t < tt ? gvm_gemm_f4(gvm_gemm_ld_x16<2048 * U>(px + t * x_row)) : make_float4(0.f, 0.f, 0.f, 0.f);
 }
 
-// f32: warp per output row, lanes over K in float4 chunks, 8 tokens at a time.
-__device__ __forceinline__ int gvm_gemm_f32(const gvm_ctx& c, const gvm_tensor& out, const gvm_tensor& x,
-                                            const gvm_tensor& w, int n0, int cnt) {
-    const unsigned lane = c.tid & 31u, warp = c.tid >> 5;
-    const int T = x.shape[0], n4 = x.shape[1] / 4;
-    const unsigned long long pol = gvm_gemm_policy();
-    const float* xb = reinterpret_cast<const float*>(x.ptr);
-    float* ob = reinterpret_cast<float*>(out.ptr);
-#pragma unroll 1
-    for (int r = n0 + (int)warp; r < n0 + cnt; r += 4) {
-        const float* wr = reinterpret_cast<const float*>(w.ptr) + (long long)r * w.stride[0];
-#pragma unroll 1
-        for (int t0 = 0; t0 < T; t0 += 8) {
-            const int tt = T - t0 < 8 ? T - t0 : 8;
-            float acc[8];
+// Steps U..S-1 of a batch, one instance per U (the slots' indices and the
+// load offsets stay constants). A step is in K while 128 U < left (chunks of
+// this thread from the batch's start on).
+template <int U, int S, int RT, int TT>
+struct gvm_gemm_f32_steps_from {
+    // The first batch's loads.
+    __device__ __forceinline__ static void load(float4 (&W)[S][RT], float4 (&X)[S][TT], const char* pw, unsigned w_row,
+                                                int rv, const char* px, unsigned x_row, int tt, int left,
+                                                unsigned long long pol) {
+        if (128 * U < left) gvm_gemm_f32_load<U>(W[U], X[U], pw, w_row, rv, px, x_row, tt, pol);
+        gvm_gemm_f32_steps_from<U + 1, S, RT, TT>::load(W, X, pw, w_row, rv, px, x_row, tt, left, pol);
+    }
+    // Step U of the previous batch (done: its left) into the accumulators,
+    // then its registers refilled with step U of this one.
+    __device__ __forceinline__ static void roll(float (&acc)[RT * TT], float4 (&W)[S][RT], float4 (&X)[S][TT],
+                                                const char* pw, unsigned w_row, int rv, const char* px, unsigned x_row,
+                                                int tt, int done, int left, unsigned long long pol) {
+        if (128 * U < done) {
 #pragma unroll
-            for (int t = 0; t < 8; ++t) acc[t] = 0.f;
-#pragma unroll 1
-            for (int ch = lane; ch < n4; ch += 32) {
-                const float4 wv = gvm_gemm_ld_wf4(wr + 4 * ch, pol);
+            for (int r = 0; r < RT; ++r) {
 #pragma unroll
-                for (int t = 0; t < 8; ++t) {
-                    if (t < tt) {
-                        const float4 xv = gvm_gemm_ld_xf4(xb + (long long)(t0 + t) * x.stride[0] + 4 * ch);
-                        acc[t] = fmaf(wv.x, xv.x, acc[t]);
-                        acc[t] = fmaf(wv.y, xv.y, acc[t]);
-                        acc[t] = fmaf(wv.z, xv.z, acc[t]);
-                        acc[t] = fmaf(wv.w, xv.w, acc[t]);
-                    }
+                for (int t = 0; t < TT; ++t) {
+                    float a = acc[r * TT + t];
+                    a = fmaf(W[U][r].x, X[U][t].x, a);
+                    a = fmaf(W[U][r].y, X[U][t].y, a);
+                    a = fmaf(W[U][r].z, X[U][t].z, a);
+                    a = fmaf(W[U][r].w, X[U][t].w, a);
+                    acc[r * TT + t] = a;
                 }
             }
+        }
+        if (128 * U < left) gvm_gemm_f32_load<U>(W[U], X[U], pw, w_row, rv, px, x_row, tt, pol);
+        gvm_gemm_f32_steps_from<U + 1, S, RT, TT>::roll(acc, W, X, pw, w_row, rv, px, x_row, tt, done, left, pol);
+    }
+};
+template <int S, int RT, int TT>
+struct gvm_gemm_f32_steps_from<S, S, RT, TT> {
+    __device__ __forceinline__ static void load(float4 (&)[S][RT], float4 (&)[S][TT], const char*, unsigned, int,
+                                                const char*, unsigned, int, int, unsigned long long) {}
+    __device__ __forceinline__ static void roll(float (&)[RT * TT], float4 (&)[S][RT], float4 (&)[S][TT], const char*,
+                                                unsigned, int, const char*, unsigned, int, int, int,
+                                                unsigned long long) {}
+};
+
+// One tile: rows [r0, r0 + rv) x tokens [t0, t0 + tt) (rv <= RT, tt <= TT;
+// the rows past rv re-read row r0, the tokens past tt are not loaded, and
+// neither is stored) over all of K (n4 chunks of 4 floats). buf: the half of
+// the scratch the reduction goes through.
+template <int RT, int TT>
+__device__ __forceinline__ void gvm_gemm_f32_tile(const gvm_ctx& c, unsigned tid, float* ob, long long o_row,
+                                                  const float* xb, long long x_row, const float* wb, long long w_row,
+                                                  int r0, int rv, int t0, int tt, int n4, unsigned buf,
+                                                  unsigned long long pol) {
+    constexpr int S = gvm_gemm_f32_steps<RT, TT>::value;
+    constexpr int V = RT * TT;  // sums of the tile
+    constexpr int L = V >= 32 ? 5 : V >= 16 ? 4 : V >= 8 ? 3 : V >= 4 ? 2 : V >= 2 ? 1 : 0;
+    static_assert(V == 1 << L, "RT * TT: a power of two up to 32");
+    using steps = gvm_gemm_f32_steps_from<0, S, RT, TT>;
+    // Row r of the tile at pw + r * w_row bytes (rows past rv: r0's), token t at px + t * x_row.
+    const char* pw = reinterpret_cast<const char*>(wb + (long long)r0 * w_row + 4 * tid);
+    const char* px = reinterpret_cast<const char*>(xb + (long long)t0 * x_row + 4 * tid);
+    const unsigned wr = (unsigned)(w_row * 4), xr = (unsigned)(x_row * 4);
+    float acc[V];
 #pragma unroll
-            for (int t = 0; t < 8; ++t) {
+    for (int v = 0; v < V; ++v) acc[v] = 0.f;
+    // Set before the loads that may skip them: a register left unset would
+    // stay live around the persistent kernel's loop.
+    float4 W[S][RT], X[S][TT];
 #pragma unroll
-                for (int off = 16; off > 0; off >>= 1) acc[t] += __shfl_xor_sync(0xffffffffu, acc[t], off);
-                if (lane == (unsigned)t && t < tt) ob[(long long)(t0 + t) * out.stride[0] + r] = acc[t];
+    for (int u = 0; u < S; ++u) {
+#pragma unroll
+        for (int r = 0; r < RT; ++r) W[u][r] = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+        for (int t = 0; t < TT; ++t) X[u][t] = make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+    int left = n4 - (int)tid;
+    steps::load(W, X, pw, wr, rv, px, xr, tt, left, pol);
+    const int n_batches = (n4 + 128 * S - 1) / (128 * S);
+#pragma unroll 1
+    for (int b = 0; b < n_batches; ++b) {
+        pw += 2048 * S;
+        px += 2048 * S;
+        steps::roll(acc, W, X, pw, wr, rv, px, xr, tt, left, left - 128 * S, pol);
+        left -= 128 * S;
+    }
+    // Butterfly: at each level a lane keeps half of its sums (the upper half
+    // where its lane bit is set) and adds its partner's copy of that half;
+    // after L levels lane l holds sum l >> (5 - L), the remaining levels add
+    // it up over the warp.
+    const unsigned lane = tid & 31u;
+#pragma unroll
+    for (int l = 0; l < L; ++l) {
+        const int off = 16 >> l, h = V >> (l + 1);
+        const bool up = (lane & off) != 0;
+#pragma unroll
+        for (int i = 0; i < (V > 1 ? V / 2 : 1); ++i) {  // a constant trip count: constant indices
+            if (i < h) {
+                const float send = up ? acc[i] : acc[i + h];
+                const float keep = up ? acc[i + h] : acc[i];
+                acc[i] = keep + __shfl_xor_sync(0xffffffffu, send, off);
             }
         }
     }
-    return GVM_ERR_NONE;
+#pragma unroll
+    for (int off = 16 >> L; off > 0; off >>= 1) acc[0] += __shfl_xor_sync(0xffffffffu, acc[0], off);
+    // The 4 warps' sums through the scratch ([warp][lane]: every lane stores,
+    // sum v is in lane v << (5 - L)), added in warp order. Two buffers, used
+    // in turn: the next tile's barrier orders these reads before the buffer
+    // is written again.
+    const unsigned part = gvm_smem_addr(c.smem) + (buf & 1u) * (GVM_GROUP_THREADS * 4);
+    gvm_sts(part + tid * 4, acc[0]);
+    gvm_group_sync(c);
+    if (tid < (unsigned)V && (int)tid % TT < tt && (int)tid / TT < rv) {
+        const unsigned at = part + (tid << (5 - L)) * 4;
+        float sum = gvm_lds_f(at);
+#pragma unroll
+        for (int w = 1; w < 4; ++w) sum += gvm_lds_f(at + w * 32 * 4);
+        ob[(long long)(t0 + (int)tid % TT) * o_row + r0 + (int)tid / TT] = sum;
+    }
+}
+
+__device__ __forceinline__ int gvm_gemm_f32(const gvm_ctx& c, const gvm_tensor& out, const gvm_tensor& x,
+                                            const gvm_tensor& w, int n0, int cnt) {
+    const int T = x.shape[0], n4 = x.shape[1] / 4;
+    // Row offsets inside a tile are 32-bit byte counts: rows of up to 256 MB.
+    if (c.smem_bytes < 2 * GVM_GROUP_THREADS * 4 || w.stride[0] > (1ll << 26) || x.stride[0] > (1ll << 26))
+        return GVM_ERR_BAD_ARGS;
+    const unsigned long long pol = gvm_gemm_policy();
+    const float* xb = reinterpret_cast<const float*>(x.ptr);
+    const float* wb = reinterpret_cast<const float*>(w.ptr);
+    float* ob = reinterpret_cast<float*>(out.ptr);
+    const long long o_row = out.stride[0], x_row = x.stride[0], w_row = w.stride[0];
+    // What the tiles derive from the thread index (addresses, lane masks) is
+    // computed here rather than hoisted out of the persistent kernel's loop,
+    // where it would hold registers all along.
+    const unsigned tid = gvm_gemm_opaque(c.tid);
+    const int end = n0 + cnt;
+    if (T == 1) {  // W is the whole cost: tiles of GVM_GEMM_F32_RT rows, the rest in 4, 2, 1 (none partial)
+        constexpr int RT = GVM_GEMM_F32_RT;
+        unsigned buf = 0;
+        int r = n0;
+#pragma unroll 1
+        for (; r + RT <= end; r += RT, ++buf)
+            gvm_gemm_f32_tile<RT, 1>(c, tid, ob, o_row, xb, x_row, wb, w_row, r, RT, 0, 1, n4, buf, pol);
+        if (RT > 4 && (cnt & 4)) {
+            gvm_gemm_f32_tile<4, 1>(c, tid, ob, o_row, xb, x_row, wb, w_row, r, 4, 0, 1, n4, buf++, pol);
+            r += 4;
+        }
+        if (RT > 2 && (cnt & 2)) {
+            gvm_gemm_f32_tile<2, 1>(c, tid, ob, o_row, xb, x_row, wb, w_row, r, 2, 0, 1, n4, buf++, pol);
+            r += 2;
+        }
+        if (RT > 1 && (cnt & 1))
+            gvm_gemm_f32_tile<1, 1>(c, tid, ob, o_row, xb, x_row, wb, w_row, r, 1, 0, 1, n4, buf, pol);
+        return GVM_ERR_NONE;
+    }
+    // T > 1: tiles of RN rows (the last one partial) x TT tokens, one per call
+    // (GVM_AGAIN), the token tiles of a row tile in a row (its W from L2).
+    constexpr int RN = GVM_GEMM_F32_RN, TT = GVM_GEMM_F32_TT;
+    const unsigned n_tok = (unsigned)((T + TT - 1) / TT), k = c.again;
+    const int r = n0 + RN * (int)(k / n_tok), t0 = TT * (int)(k % n_tok);
+    gvm_gemm_f32_tile<RN, TT>(c, tid, ob, o_row, xb, x_row, wb, w_row, r, end - r < RN ? end - r : RN, t0,
+                              T - t0 < TT ? T - t0 : TT, n4, k, pol);
+    return r + RN < end || t0 + TT < T ? GVM_AGAIN : GVM_ERR_NONE;
 }
 
 __device__ __forceinline__ bool gvm_gemm_operand_ok(const gvm_tensor& t, int esize) {

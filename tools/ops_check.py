@@ -65,8 +65,9 @@ OPS: dict[Op, str] = {
     Op.EXPERT_UP: "expert_up",
     Op.EXPERT_DOWN: "expert_down",
     Op.EXPERT_COMBINE: "expert_combine",
+    Op.GEMM: "gemm",
 }
-HEADERS = ("ops/norm.cuh", "ops/attention.cuh", "ops/route.cuh", "ops/experts.cuh")
+HEADERS = ("ops/norm.cuh", "ops/attention.cuh", "ops/route.cuh", "ops/experts.cuh", "ops/gemm.cuh")
 SCRATCH = 49152  # shared scratch of a group (runtime/params.cuh GVM_GROUP_SMEM)
 GUARD = 4096     # guard bytes (0xFF: NaN as f32, bf16 and e4m3) on each side of every tensor
 POISON_I32 = 0x5A5A5A5A  # an int32 output before the run
@@ -527,7 +528,58 @@ def cases_experts(sz: Sizes, gen: torch.Generator) -> list[Case]:
     return out
 
 
-BUILDERS = (cases_norm, cases_qk, cases_attn, cases_route, cases_experts)
+GEMM_F32 = Check("float", rtol=1e-5, atol_max=1e-6, norm=1e-5)  # f32 sums in another order: a few ulp of max|ref|
+GEMM_BF16 = Check("float", rtol=2.0**-7, atol_max=2e-3, norm=5e-3)  # bf16 out; f32 out: exact products, sums reordered
+GEMM_CNTS = (13, 1, 8, 4, 2, 3, 16, 5, 7)  # rows per instruction, in turn
+
+
+def _gemm_cols(n: int, cnts: tuple[int, ...]) -> list[tuple[int, int]]:
+    """Column blocks [n0, n0 + cnt) covering n, cnt taken from cnts in turn (the last one cut)."""
+    out, c0, i = [], 0, 0
+    while c0 < n:
+        k = min(cnts[i % len(cnts)], n - c0)
+        out.append((c0, k))
+        c0, i = c0 + k, i + 1
+    return out
+
+
+def cases_gemm(sz: Sizes, gen: torch.Generator) -> list[Case]:
+    """GEMM out[T, n] = x[T, K] W[n, K]^T: the f32 router (W [experts, d]) at
+    T = 1 with one cnt per case (--time times a case's first instruction),
+    then at T = 1, 3, 20 and sz.tokens with every cnt of GEMM_CNTS, also at a
+    K whose 16-byte chunks do not split evenly over the 128 threads; then bf16
+    (bf16 and f32 out)."""
+    out = []
+    n, d = sz.experts, sz.d
+    k_odd = max(d, 1280) + 8
+    cases = [(1, d, (cnt,)) for cnt in (1, 2, 4, 8, 16)]
+    cases += [(t, k, GEMM_CNTS) for t in (1, 3, 20, sz.tokens) for k in ((d, k_odd) if t in (1, 20) else (d,))]
+    for t, k, cnts in cases:
+        what = f"cnt={cnts[0]}" if len(cnts) == 1 else "cnt " + ",".join(map(str, sorted(set(cnts))))
+        b = _Build(f"gemm f32 T={t} K={k} {what}", Op.GEMM, gen)
+        o = b.out("out", DType.F32, (t, n), GEMM_F32)
+        x = b.add("x", DType.F32, b.randn(t, k, scale=2.0))
+        w = b.add("w", DType.F32, b.randn(n, k, scale=0.05))
+        for c0, c in _gemm_cols(n, cnts):
+            b.op_([o, x, w], [c0, c])
+        out.append(b.case())
+    for t in (3, 20):
+        for dt in (DType.BF16, DType.F32):
+            b = _Build(f"gemm bf16 T={t} {dt.name.lower()} out", Op.GEMM, gen)
+            o = b.out("out", dt, (t, 2 * n), GEMM_BF16)
+            x = b.add("x", DType.BF16, b.randn(t, d, scale=2.0).bfloat16())
+            w = b.add("w", DType.BF16, b.randn(2 * n, d, scale=0.05).bfloat16())
+            for c0, c in _gemm_cols(2 * n, (40, 16, 13, 64)):
+                b.op_([o, x, w], [c0, c])
+            out.append(b.case())
+    b = _Build("gemm f32 cnt past W -> BAD_ARGS", Op.GEMM, gen)
+    b.op_([b.out("out", DType.F32, (2, 16), EXACT), b.add("x", DType.F32, b.randn(2, 64)),
+           b.add("w", DType.F32, b.randn(16, 64))], [8, 8])
+    out.append(b.case(int(ErrorCode.BAD_ARGS), _set_arg(1, 9)))
+    return out
+
+
+BUILDERS = (cases_norm, cases_qk, cases_attn, cases_route, cases_experts, cases_gemm)
 
 
 def build_cases(sz: Sizes, seed: int, only: set[Op] | None = None) -> list[Case]:
@@ -663,6 +715,7 @@ _EMU_FILES = {  # staged path -> source
     "ops/common.cuh": ROOT / "ops/common.cuh",
     "isa/gvm_isa.h": ROOT / "isa/gvm_isa.h",
     "run.cpp": EMU_DIR / "run.cpp",
+    "runtime/params.cuh": ROOT / "runtime/params.cuh",  # ops/gemm.cuh: GVM_MAX_GROUPS, GVM_GROUP_THREADS
     **{h: ROOT / h for h in HEADERS},
 }
 
@@ -825,6 +878,28 @@ def time_cases(runner: GpuRunner, cases: list[Case], reps: int) -> int:
 
 if (ROOT / "tools" / "ops_check_step.py").exists():  # EMBED and ARGMAX cases (the whole-step ops)
     __import__("tools.ops_check_step", fromlist=["extend"]).extend(sys.modules[__name__])
+
+
+def _gemm_run_cpp(folder: Path | None = None) -> Path:
+    """The emulator's run.cpp as staged so far (tools/ops_emu's, or the step
+    ops' copy) with GEMM dispatched too; that file itself where it already is."""
+    src_path = _EMU_FILES["run.cpp"]
+    src = src_path.read_text()
+    if "ops/gemm.cuh" in src:
+        return src_path
+    inc, case = '#include "ops/experts.cuh"\n', "        default: return nullptr;\n"
+    if src.count(inc) != 1 or src.count(case) != 1:
+        raise RuntimeError(f"{src_path} changed: cannot add GEMM to it")
+    src = src.replace(inc, inc + '#include "ops/gemm.cuh"\n').replace(case, "        case GVM_OP_GEMM: return gvm_op_gemm;\n" + case)
+    folder = folder or Path(tempfile.gettempdir()) / "gvm_ops_emu_gemm"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "run.cpp"
+    if not path.exists() or path.read_text() != src:
+        path.write_text(src)
+    return path
+
+
+_EMU_FILES["run.cpp"] = _gemm_run_cpp()
 
 
 def main(argv: list[str] | None = None) -> int:
