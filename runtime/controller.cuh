@@ -167,7 +167,7 @@ __device__ __forceinline__ void gvm_queue_prefetch(const gvm_params& p, gvm_shar
 // hand-off is broken, see gvm_mbar_wait).
 __device__ __forceinline__ void gvm_hand_off(const gvm_params& p, gvm_shared& sh, gvm_groups_view& view,
                                              unsigned& ring_head, const gvm_cslot& s, unsigned word, unsigned lane) {
-    gvm_queue_prefetch(p, sh, ring_head, s.idx, word, lane);
+    if (s.state != GVM_CS_WAITING) gvm_queue_prefetch(p, sh, ring_head, s.idx, word, lane);  // else queued when it began to wait
     const unsigned g = gvm_acquire_group(view, sh.empty, p.groups, gvm_handoff_bound(p.watchdog_ns));
     if (g == GVM_NONE) gvm_handoff_trap();
     reinterpret_cast<unsigned*>(&sh.slot[g].ins)[lane] = word;
@@ -226,7 +226,10 @@ __device__ __forceinline__ void gvm_controller(const gvm_params& p, gvm_shared& 
                                 (gvm_probe_met(sh.probe[j], ctr, target, lane) || now - h.since > GVM_READY_PATIENCE_NS));
                     if (!go) {
                         gvm_probe_issue(p, sh.probe[j], ctr, lane);  // in the next visit's commit group
-                        if (h.state == GVM_CS_LOADED) h.since = now;
+                        if (h.state == GVM_CS_LOADED) {  // its weights start loading now, before its waits are met
+                            gvm_queue_prefetch(p, sh, ring_head, h.idx, word, lane);
+                            h.since = now;
+                        }
                         h.state = GVM_CS_WAITING;
                     }
                 }

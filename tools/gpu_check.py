@@ -160,14 +160,12 @@ def main() -> int:
     disp = []
     for label, v in (("2 groups", vm), ("4 groups core", vm4)):
         for depth in (1, 2, 4, 6):
-            v.claim_depth = depth
             for mode in ("dynamic", "static"):
-                r = dispatch_overhead(v, mode, reps=args.reps)
+                r = dispatch_overhead(v, mode, reps=args.reps, claim_depth=depth)
                 r["kernel"] = label
                 disp.append(r)
                 log(f"  {label} depth {depth} {mode}: {r['us_per_instr_per_block']:.3f} us per instruction per block (raw {r['raw_us_per_instr_per_block']:.3f})")
                 table.append((f"dispatch {mode} ({label}, claim depth {depth})", f"{r['us_per_instr_per_block']:.3f} us/instr/block"))
-        v.claim_depth = 6
     res["dispatch"] = disp
 
     log("stamps: the same streams with and without them")
@@ -198,7 +196,7 @@ def main() -> int:
         for mode in ("dynamic", "static"):
             sd[f"{mode}_depth{depth}"] = step_time(lm, mode, args.reps)["median_ms"]
         table.append((f"mixed stream dynamic / static, claim depth {depth}", f"{sd[f'dynamic_depth{depth}'] * 1e3:.1f} / {sd[f'static_depth{depth}'] * 1e3:.1f} us"))
-    vm.claim_depth = 6
+    vm.claim_depth = 1
     res["mixed_modes"] = sd
 
     log("watchdog: a wait that can never be met, bound 0.1 s")

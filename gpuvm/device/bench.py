@@ -13,6 +13,7 @@ import torch
 
 from ..isa import DType, Op, Stamp
 from .build import compile_source
+from .layout import CLAIM_SLOTS
 from .programs import gemm_bindings, gemm_stream, nop_stream
 from .vm import VM, Loaded
 
@@ -134,15 +135,20 @@ def gemm_bandwidth(
     return {**t, "tokens": tokens, "rows_per_instr": rows, "prefetch": prefetch, "weight_bytes": wbytes, "instructions": len(stream), "tb_s": wbytes / (t["median_ms"] * 1e-3) / 1e12}
 
 
-def dispatch_overhead(vm: VM, mode: str, per_block: int = 1000, reps: int = 20) -> dict[str, float]:
+def dispatch_overhead(vm: VM, mode: str, per_block: int = 1000, reps: int = 20, claim_depth: int = CLAIM_SLOTS) -> dict[str, float]:
     """Empty instructions: step time of n_blocks * per_block NOPs, net of a
-    launch with one NOP per block, per instruction per block (us)."""
+    launch with one NOP per block, per instruction per block (us), with
+    claim_depth claims held ahead (the VM's own depth is restored after)."""
     ts = timing_stream(vm)
-    out: dict[str, float] = {"mode": mode, "per_block": per_block, "claim_depth": vm.claim_depth}  # type: ignore[dict-item]
-    for name, count in (("small", vm.n_blocks), ("big", vm.n_blocks * per_block)):
-        loaded = vm.load(nop_stream(count), {})
-        out[f"{name}_ms"] = _stats(time_ms(lambda r: loaded.run(loaded.next_step, mode, check=False, stream=ts), ts, reps))["median_ms"]
-        loaded.check(ts)
+    out: dict[str, float] = {"mode": mode, "per_block": per_block, "claim_depth": claim_depth}  # type: ignore[dict-item]
+    kept, vm.claim_depth = vm.claim_depth, claim_depth
+    try:
+        for name, count in (("small", vm.n_blocks), ("big", vm.n_blocks * per_block)):
+            loaded = vm.load(nop_stream(count), {})
+            out[f"{name}_ms"] = _stats(time_ms(lambda r: loaded.run(loaded.next_step, mode, check=False, stream=ts), ts, reps))["median_ms"]
+            loaded.check(ts)
+    finally:
+        vm.claim_depth = kept
     n = vm.n_blocks * (per_block - 1)
     out["us_per_instr_per_block"] = (out["big_ms"] - out["small_ms"]) * 1e3 * vm.n_blocks / n
     out["raw_us_per_instr_per_block"] = out["big_ms"] * 1e3 / per_block

@@ -46,8 +46,10 @@ class Hardware:
     #: mbarrier); estimate
     dispatch_ns: float = 50.0
     #: instructions a block holds claimed and not yet handed to a group
-    #: (runtime/params.cuh GVM_CLAIM_SLOTS, the VM's default claim depth)
-    claim_depth: int = 6
+    #: (the VM's default claim depth; up to runtime/params.cuh GVM_CLAIM_SLOTS).
+    #: The model hands them out in order; the device now hands out ready ones
+    #: first (runtime/controller.cuh), which the model does not follow yet
+    claim_depth: int = 1
     #: fixed cost of an op inside a group (descriptor reads, address set-up,
     #: pipeline fill and drain); estimate
     launch_ns: float = 400.0
