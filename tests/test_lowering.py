@@ -54,9 +54,10 @@ def test_full_size_op_counts_and_tiles(kind: str) -> None:
     count = Tally(o.opcode for o in s.ops)
     nch = -(-S // 1024) if kind == "full" else -(-(2048 + 8 - 1) // 1024)
     assert nch == n_chunks(SHARD, kind, n, S, 1024)
-    # 256 KB tiles: Wqkvg 16 rows of 16 KB, Wo 128 rows of 2 KB, Wr 8 rows of 32 KB,
-    # Wsq 16 rows of 16 KB, Wex 32 rows of 8 KB; experts: 264 workers each for up and down
-    gemm_tiles = 2304 // 16 + 8192 // 128 + 256 // 8 + 4096 // 16 + 8192 // 32
+    # 256 KB tiles: Wqkvg 16 rows of 16 KB, Wo 128 rows of 2 KB, Wsq 16 rows of
+    # 16 KB, Wex 32 rows of 8 KB; the router 64 KB: 2 rows of 32 KB; experts:
+    # 264 workers each for up and down
+    gemm_tiles = 2304 // 16 + 8192 // 128 + 256 // 2 + 4096 // 16 + 8192 // 32
     assert count == {
         Op.RMSNORM: 16, Op.GEMM: gemm_tiles, Op.QK_ROPE_KV: C, Op.ATTN_CHUNK: C * 2 * nch, Op.ATTN_MERGE: C * 16,
         Op.RESIDUAL: 32, Op.TOPK: 1, Op.EXPERT_UP: 264, Op.EXPERT_DOWN: 264, Op.EXPERT_COMBINE: 16,

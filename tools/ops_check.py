@@ -880,28 +880,6 @@ if (ROOT / "tools" / "ops_check_step.py").exists():  # EMBED and ARGMAX cases (t
     __import__("tools.ops_check_step", fromlist=["extend"]).extend(sys.modules[__name__])
 
 
-def _gemm_run_cpp(folder: Path | None = None) -> Path:
-    """The emulator's run.cpp as staged so far (tools/ops_emu's, or the step
-    ops' copy) with GEMM dispatched too; that file itself where it already is."""
-    src_path = _EMU_FILES["run.cpp"]
-    src = src_path.read_text()
-    if "ops/gemm.cuh" in src:
-        return src_path
-    inc, case = '#include "ops/experts.cuh"\n', "        default: return nullptr;\n"
-    if src.count(inc) != 1 or src.count(case) != 1:
-        raise RuntimeError(f"{src_path} changed: cannot add GEMM to it")
-    src = src.replace(inc, inc + '#include "ops/gemm.cuh"\n').replace(case, "        case GVM_OP_GEMM: return gvm_op_gemm;\n" + case)
-    folder = folder or Path(tempfile.gettempdir()) / "gvm_ops_emu_gemm"
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / "run.cpp"
-    if not path.exists() or path.read_text() != src:
-        path.write_text(src)
-    return path
-
-
-_EMU_FILES["run.cpp"] = _gemm_run_cpp()
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--emu", action="store_true", help="run on the host SIMT emulator at small sizes")

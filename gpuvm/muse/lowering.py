@@ -39,13 +39,14 @@ class Tiles:
     """How a layer is cut into instructions."""
 
     gemm_bytes: int = 256 * 1024  # weight bytes per GEMM column tile (rounded down to 2^k rows)
+    router_bytes: int = 64 * 1024  # the f32 router's tiles: latency bound, so smaller (2 rows of 32 KB)
     expert_bytes: int = 256 * 1024  # weight bytes per expert work item (same rounding)
     expert_workers: int = 264  # EXPERT_UP / EXPERT_DOWN instructions per layer (H200: 132 SMs x 2 groups)
     rows: int = 16  # token rows per RMSNORM / RESIDUAL / EXPERT_COMBINE op
     chunk: int = 1024  # cached keys per ATTN_CHUNK op
 
     def __post_init__(self) -> None:
-        for name in ("gemm_bytes", "expert_bytes", "expert_workers", "rows", "chunk"):
+        for name in ("gemm_bytes", "router_bytes", "expert_bytes", "expert_workers", "rows", "chunk"):
             v = getattr(self, name)
             if not isinstance(v, int) or v <= 0:
                 raise ProgramError(f"Tiles.{name} must be a positive int, not {v!r}")
@@ -205,8 +206,8 @@ def emit_layer(
     def ctr(name: str) -> Counter:
         return p.counter(prefix + name)
 
-    def gemm(out: TensorSpec, xin: TensorSpec, wt: TensorSpec, n0: int, n1: int, waits: list[Counter], sig: Counter, tag: str) -> None:
-        rows = _pow2_rows(n1 - n0, wt.row_bytes, tl.gemm_bytes)
+    def gemm(out: TensorSpec, xin: TensorSpec, wt: TensorSpec, n0: int, n1: int, waits: list[Counter], sig: Counter, tag: str, tile_bytes: int = tl.gemm_bytes) -> None:
+        rows = _pow2_rows(n1 - n0, wt.row_bytes, tile_bytes)
         for c0, n in _tiles(n0, n1, rows):
             p.op(Op.GEMM, [out, xin, wt], [c0, n], waits=waits, signal=sig, prefetch=(wt, c0 * wt.row_bytes, n * wt.row_bytes), label=f"{prefix}{tag}[{c0}:{c0 + n}]")
 
@@ -246,7 +247,7 @@ def emit_layer(
 
     # mixture of experts
     scored, routed, squeezed = ctr("scores"), ctr("route"), ctr("x")
-    gemm(scores, h2, w["Wr"], 0, cfg.n_experts, [res1], scored, "Wr")
+    gemm(scores, h2, w["Wr"], 0, cfg.n_experts, [res1], scored, "Wr", tl.router_bytes)
     work = act("work", (2,), DType.I32)  # the expert lists' counters (TOPK zeroes them)
     p.op(Op.TOPK, [scores, meta, route, work], [0, E], waits=[scored], signal=routed, label=f"{prefix}topk")
     gemm(x, h2b, w["Wsq"], 0, H, [res1], squeezed, "Wsq")

@@ -6,6 +6,7 @@
 #include "ops/attention.cuh"
 #include "ops/route.cuh"
 #include "ops/experts.cuh"
+#include "ops/gemm.cuh"
 
 namespace {
 
@@ -22,6 +23,7 @@ OpFn op_of(int opcode) {
         case GVM_OP_EXPERT_UP: return gvm_op_expert_up;
         case GVM_OP_EXPERT_DOWN: return gvm_op_expert_down;
         case GVM_OP_EXPERT_COMBINE: return gvm_op_expert_combine;
+        case GVM_OP_GEMM: return gvm_op_gemm;
         default: return nullptr;
     }
 }
