@@ -32,6 +32,7 @@ def main() -> int:
     ap.add_argument("--variants", default="ready:GVM_READY_FIRST=1,inorder:GVM_READY_FIRST=0", help="name:MACRO=value[+MACRO=value],... (one build each)")
     ap.add_argument("--cases", default="full-c1-t1,sliding-c32-t8")
     ap.add_argument("--step", default="1x1", help="step shapes, e.g. 1x1,1x8 ('' for none)")
+    ap.add_argument("--static-depths", action="store_true", help="static mode at every --depths too (default: depth 6 only)")
     a = ap.parse_args()
     depths = [int(d) for d in a.depths.split(",")]
     vms = {}
@@ -44,7 +45,7 @@ def main() -> int:
     def timed(tag: str, ld, reps: int, before) -> None:  # type: ignore[no-untyped-def]
         ts = timing_stream(ld.vm)
         for mode in ("dynamic", "static"):
-            for d in depths if mode == "dynamic" else [6]:
+            for d in depths if mode == "dynamic" or a.static_depths else [6]:
                 ld.vm.claim_depth = d
                 t = statistics.median(time_ms(lambda r: ld.run(ld.next_step, mode, check=False, stream=ts), ts, reps, before=before)) * 1e3
                 ld.check(ts)
