@@ -18,7 +18,7 @@ import sys
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 from .cli import UserError
 from .muse.cases import DECODE_CASES, DECODE_CONTEXT, Case, get_case
@@ -267,6 +267,21 @@ def _plot(path: Path, meta: dict, rows: list[dict]) -> Path:
     return path
 
 
+def run_rows(items: Sequence, run: Callable[[object], dict], head: Callable[[object], dict]) -> list[dict]:
+    """run(item) for each item under a progress bar; an item that raises gets
+    a row of head(item) with ok False and the error (the other items still
+    run, and the exit code says one failed)."""
+    rows = []
+    for c in progress(items):
+        try:
+            rows.append(run(c))
+        except Exception as e:
+            msg = f"{type(e).__name__}: {e}".splitlines()[0][:400]
+            print(f"\ngpuvm sweep: {c.name} failed: {msg}", file=sys.stderr)
+            rows.append({**head(c), "ok": False, "error": msg})
+    return rows
+
+
 def _plot_step(path: Path, meta: dict, rows: list[dict]) -> Path:
     import matplotlib
 
@@ -303,14 +318,7 @@ def step_sweep_main(a: SweepArgs, meta: dict) -> int:
         columns = ss.GPU_COLUMNS
         gs = ss.GpuStepSweep(runs=a.runs)
         meta.update(gs.meta())
-        rows = []
-        for c in progress(list(a.steps)):
-            try:
-                rows.append(gs.case(c))
-            except Exception as e:  # keep the other shapes; the row and the exit code say what failed
-                msg = f"{type(e).__name__}: {e}".splitlines()[0][:400]
-                print(f"\ngpuvm sweep: {c.name} failed: {msg}", file=sys.stderr)
-                rows.append({"case": c.name, "tokens": c.tokens, "ok": False, "error": msg})
+        rows = run_rows(list(a.steps), gs.case, lambda c: {"case": c.name, "tokens": c.tokens})
     meta["steps"] = [c.name for c in a.steps]
     paths = write_outputs(a.out, meta, rows, columns, False)
     if a.plot and a.backend == "gpu":
@@ -348,14 +356,7 @@ def sweep_main(argv: Sequence[str]) -> int:
         columns = GPU_COLUMNS
         gs = GpuSweep(runs=a.runs, trace_dir=a.out if a.trace else None)
         meta.update(gs.meta())
-        rows = []
-        for c in progress(list(a.cases)):
-            try:
-                rows.append(gs.case(c))
-            except Exception as e:  # keep the other cases; the row and the exit code say what failed
-                msg = f"{type(e).__name__}: {e}".splitlines()[0][:400]
-                print(f"\ngpuvm sweep: case {c.name} failed: {msg}", file=sys.stderr)
-                rows.append({"case": c.name, "kind": c.kind, "tokens": c.tokens, "ok": False, "error": msg})
+        rows = run_rows(list(a.cases), gs.case, lambda c: {"case": c.name, "kind": c.kind, "tokens": c.tokens})
         meta.update(gs.meta())
     meta["cases"] = [c.name for c in a.cases]
     paths = write_outputs(a.out, meta, rows, columns, a.plot)

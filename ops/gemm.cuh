@@ -84,13 +84,6 @@ __device__ __forceinline__ uint4 gvm_gemm_ld_x16(const void* p) {
     return v;
 }
 
-__device__ __forceinline__ void gvm_gemm_mma(float (&d)[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3,
-                                             unsigned b0, unsigned b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
 __device__ __forceinline__ unsigned short gvm_gemm_bf16_bits(float f) {
     unsigned short h;
     asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f));
@@ -112,28 +105,6 @@ template <int OFF = 0> inline uint4 gvm_gemm_ld_x16(const void* p) {
 }
 inline unsigned short gvm_gemm_bf16_bits(float f) { return (unsigned short)(gvm_pack_bf16x2(f, 0.f) & 0xffffu); }
 inline unsigned gvm_gemm_opaque(unsigned v) { return v; }
-
-// D += A * B, m16n8k16 bf16 in the PTX fragment layout (as gvm_mma_f16 of tools/ops_emu/ptx.cuh).
-inline void gvm_gemm_mma(float (&d)[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0, unsigned b1) {
-    const unsigned mine[6] = {a0, a1, a2, a3, b0, b1};
-    const int l = emu::lane(), g = l >> 2, t = l & 3;
-    emu::exchange(mine, 6, [&](unsigned (*x)[12]) {
-        auto half = [](unsigned w, int k) {  // bf16 k & 1 of the pair w, exact
-            return __uint_as_float((k & 1 ? w >> 16 : w & 0xffffu) << 16);
-        };
-        for (int i = 0; i < 4; ++i) {
-            const int row = g + 8 * (i >> 1), col = 2 * t + (i & 1);
-            double acc = d[i];
-            for (int k = 0; k < 16; ++k) {
-                const double a = half(x[(row & 7) * 4 + (k & 7) / 2][(row >> 3) + 2 * (k >> 3)], k);
-                const double b = half(x[col * 4 + (k & 7) / 2][4 + (k >> 3)], k);
-                acc += a * b;
-            }
-            d[i] = (float)acc;
-        }
-        return 0;
-    });
-}
 #endif
 
 __device__ __forceinline__ void gvm_gemm_store(const gvm_tensor& out, long long off, float v) {
@@ -189,8 +160,8 @@ __device__ __forceinline__ void gvm_gemm_bf16_unit(float (&acc)[4], const char* 
         left -= BATCH;  // now: chunks left from the next batch (<= 0 past the last)
 #pragma unroll
         for (int u = 0; u < GVM_GEMM_STEPS; ++u) {
-            gvm_gemm_mma(acc, A[u].x, B[u].x, A[u].y, B[u].y, X[u].x, X[u].y);
-            gvm_gemm_mma(acc, A[u].z, B[u].z, A[u].w, B[u].w, X[u].z, X[u].w);
+            gvm_mma_bf16(acc, A[u].x, B[u].x, A[u].y, B[u].y, X[u].x, X[u].y);
+            gvm_mma_bf16(acc, A[u].z, B[u].z, A[u].w, B[u].w, X[u].z, X[u].w);
             if (4 * u < left) {
                 A[u] = gvm_gemm_ld_w16(pa + 64 * u, pol);
                 B[u] = gvm_gemm_ld_w16(pb + 64 * u, pol);

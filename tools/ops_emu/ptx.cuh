@@ -130,11 +130,11 @@ inline uint4 gvm_lds_u4(unsigned a) { return gvm_emu_lds<uint4>(a); }
 // D += A * B with A 16x16 (a0: row g, k 2t..2t+1; a1: row g+8; a2, a3: k + 8),
 // B 16x8 (b0: k 2t..2t+1, col g; b1: k + 8), D (d0, d1: row g, cols 2t, 2t+1;
 // d2, d3: row g+8); g = lane / 4, t = lane % 4; the lower half is the lower index.
-inline void gvm_mma_f16(float (&d)[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0, unsigned b1) {
+template <class Half>
+inline void gvm_emu_mma(float (&d)[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0, unsigned b1, Half half) {
     const unsigned mine[6] = {a0, a1, a2, a3, b0, b1};
     const int l = emu::lane(), g = l >> 2, t = l & 3;
     emu::exchange(mine, 6, [&](unsigned (*x)[12]) {
-        auto half = [](unsigned w, int k) { return emu::f16_value((unsigned short)(k & 1 ? w >> 16 : w & 0xffff)); };
         for (int i = 0; i < 4; ++i) {
             const int row = g + 8 * (i >> 1), col = 2 * t + (i & 1);
             double acc = d[i];
@@ -147,4 +147,12 @@ inline void gvm_mma_f16(float (&d)[4], unsigned a0, unsigned a1, unsigned a2, un
         }
         return 0;
     });
+}
+inline void gvm_mma_f16(float (&d)[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0, unsigned b1) {
+    gvm_emu_mma(d, a0, a1, a2, a3, b0, b1,
+                [](unsigned w, int k) { return (double)emu::f16_value((unsigned short)(k & 1 ? w >> 16 : w & 0xffff)); });
+}
+inline void gvm_mma_bf16(float (&d)[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0, unsigned b1) {
+    gvm_emu_mma(d, a0, a1, a2, a3, b0, b1,  // a bf16 is the top half of an f32: exact
+                [](unsigned w, int k) { return (double)__uint_as_float((k & 1 ? w >> 16 : w & 0xffffu) << 16); });
 }
