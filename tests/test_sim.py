@@ -215,7 +215,28 @@ def test_share_serves_jobs_equally() -> None:
 def test_out_of_order_static_lists_deadlock_with_a_clear_error() -> None:
     s = _chain(2)
     with pytest.raises(DeadlockError, match=r"(?s)deadlock.*#0 'nop': queued in block 0, no group ever came free.*#1 'nop': block 0 group 0 waits on 'c0' at 0 of 1"):
+        simulate(s, Hardware(n_blocks=1, groups=1, ready_first=False, claim_depth=2), "static", lists=[[1, 0]])
+    # ready first, one claim held: #1 stays with the controller and #0 is never claimed
+    with pytest.raises(DeadlockError, match=r"(?s)deadlock.*#0 'nop': never claimed.*#1 'nop': held by block 0's controller, waits on 'c0' at 0 of 1"):
         simulate(s, Hardware(n_blocks=1, groups=1), "static", lists=[[1, 0]])
+
+
+def test_ready_first_lets_a_ready_claim_pass_a_waiting_one() -> None:
+    """One block, one group, two claims held: a slow op, a consumer of it, then
+    an independent op. In claim order the consumer holds the only group while
+    it waits; ready first, the independent op runs meanwhile."""
+    p = Program("pass")
+    c = p.counter("slow")
+    p.op(Op.SLEEP, [], [20_000], signal=c, label="slow")
+    p.op(Op.NOP, waits=[c], label="consumer")
+    p.op(Op.SLEEP, [], [5_000], label="independent")
+    s = p.build(order="given")
+    hw = dict(n_blocks=2, groups=1, claim_depth=2)
+    inorder = simulate(s, Hardware(ready_first=False, **hw), "static", lists=[[0], [1, 2]])
+    ready = simulate(s, Hardware(**hw), "static", lists=[[0], [1, 2]])
+    assert inorder.done[2] > inorder.done[1]  # the independent op waited behind the consumer
+    assert ready.done[2] < ready.done[1]
+    assert ready.makespan_ns < inorder.makespan_ns
 
 
 def test_trace_reads_like_a_gpu_trace(tmp_path) -> None:  # type: ignore[no-untyped-def]

@@ -46,10 +46,14 @@ class Hardware:
     #: mbarrier); estimate
     dispatch_ns: float = 50.0
     #: instructions a block holds claimed and not yet handed to a group
-    #: (the VM's default claim depth; up to runtime/params.cuh GVM_CLAIM_SLOTS).
-    #: The model hands them out in order; the device now hands out ready ones
-    #: first (runtime/controller.cuh), which the model does not follow yet
+    #: (the VM's default claim depth; up to runtime/params.cuh GVM_CLAIM_SLOTS)
     claim_depth: int = 1
+    #: hand out the held instructions whose waits are met first, as the
+    #: device's controller does (GVM_READY_FIRST); False: in claim order
+    ready_first: bool = True
+    #: ready first: from a wait met to the controller seeing it (its probe of
+    #: the counters runs once a ring turn); estimate
+    probe_ns: float = 500.0
     #: fixed cost of an op inside a group (descriptor reads, address set-up,
     #: pipeline fill and drain); estimate
     launch_ns: float = 400.0
@@ -71,7 +75,7 @@ class Hardware:
         for name in ("hbm_bytes_per_s", "l2_bytes_per_s", "load_bytes_per_s", "flops_per_s", "head_claims_per_s"):
             if not getattr(self, name) > 0:
                 raise ProgramError(f"Hardware.{name} must be > 0")
-        for name in ("claim_ns", "decode_ns", "dispatch_ns", "launch_ns", "mem_latency_ns", "signal_ns", "signal_latency_ns"):
+        for name in ("claim_ns", "decode_ns", "dispatch_ns", "launch_ns", "mem_latency_ns", "signal_ns", "signal_latency_ns", "probe_ns"):
             if not getattr(self, name) >= 0:
                 raise ProgramError(f"Hardware.{name} must be >= 0")
 

@@ -5,24 +5,26 @@ claims the next instruction (dynamic: one atomic on the global head, which
 serialises claims; static: the next entry of its own list), reads the record,
 has the loader issue the instruction's prefetch, and hands it to a free group.
 Like the device's controller it keeps up to claim_depth instructions claimed
-and not yet handed out (runtime/controller.cuh), handed out in claim order.
-A group waits until every counter it needs reaches its target (a signal is
-seen signal_latency_ns after its release), loads what is left, computes and
-signals. Loads share HBM (or L2) in processor sharing, each capped at
-load_bytes_per_s; math shares its SM's tensor cores among the busy groups.
+and not yet handed out (runtime/controller.cuh). With hw.ready_first (the
+device's default) it hands out the oldest held instruction whose waits were
+met at least probe_ns ago, else the oldest. A group waits until every counter
+it needs reaches its target (a signal is seen signal_latency_ns after its
+release), loads what is left, computes and signals. Loads share HBM (or L2)
+in processor sharing, each capped at load_bytes_per_s; math shares its SM's
+tensor cores among the busy groups.
 
 No deadlock for a valid stream: the earliest unfinished instruction m has all
 its dependencies done (they come earlier in the stream). It is claimed or
-next to be claimed (claims go in stream order); a block hands out its claims
-in order, so if m waits in a block's queue, the entries ahead of it and every
-instruction in that block's groups are earlier than m, hence finished and
-handed out, and a group comes free for m. The same holds in
-static mode because every list is in stream order (gpuvm/static.py).
+next to be claimed (claims go in stream order). In claim order: if m waits in
+a block's queue, the entries ahead of it and every instruction in that
+block's groups are earlier than m, hence finished and handed out, and a group
+comes free for m. Ready first: groups only get instructions whose waits are
+met, which finish, so a group comes free and m (ready) goes to it. The same
+holds in static mode because every list is in stream order (gpuvm/static.py).
 """
 from __future__ import annotations
 
 import heapq
-from collections import deque
 import math
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
@@ -90,7 +92,7 @@ class SimResult:
 class _Block:
     free: list[int]  # free groups (heap)
     pending: int = 0  # claims issued, not yet decoded
-    queue: deque = field(default_factory=deque)  # decoded, waiting for a group, in claim order
+    queue: list = field(default_factory=list)  # decoded, waiting for a group, in claim order
     handing: bool = False  # the controller is handing one to a group
     exhausted: bool = False
     next_in_list: int = 0
@@ -107,6 +109,8 @@ class _Sim:
         self.value = [0] * len(stream.counters)
         self.waiters: list[list[tuple[int, int]]] = [[] for _ in self.value]  # heap of (target, instr)
         self.unmet = [0] * n
+        self.seen_ready = np.full(n, np.inf)  # ready first: when the controller can see i's waits met
+        self.in_group = [False] * n
         self.left = [0] * n
         self.t = {k: np.full(n, np.nan) for k in ("claim", "load", "dispatch", "ready", "done", "signal")}
         self.block = np.full(n, -1, dtype=np.int64)
@@ -192,14 +196,27 @@ class _Sim:
         blk = self.blocks[b]
         blk.pending -= 1
         blk.queue.append(i)
+        for c, target in self.waits[i]:
+            if self.value[c] < target:
+                self.unmet[i] += 1
+                heapq.heappush(self.waiters[c], (target, i))
+        if not self.unmet[i]:
+            self.seen_ready[i] = now  # the record shows waits already met: no probe needed
         self._hand(b, now)
 
     def _hand(self, b: int, now: float) -> None:
-        """Hand the oldest decoded claim to a free group, one at a time."""
+        """Hand a decoded claim to a free group, one at a time: the oldest, or
+        (ready first) the oldest whose waits the controller has seen met."""
         blk = self.blocks[b]
-        if not blk.handing and blk.queue and blk.free:
-            blk.handing = True
-            self.at(now + self.hw.dispatch_ns, self._dispatched, b, heapq.heappop(blk.free), blk.queue.popleft())
+        if blk.handing or not blk.queue or not blk.free:
+            return
+        k = 0
+        if self.hw.ready_first:
+            k = next((k for k, i in enumerate(blk.queue) if self.seen_ready[i] <= now), -1)
+            if k < 0:
+                return  # _seen calls again when a held one's waits are met
+        blk.handing = True
+        self.at(now + self.hw.dispatch_ns, self._dispatched, b, heapq.heappop(blk.free), blk.queue.pop(k))
 
     def _group_free(self, now: float, b: int, g: int) -> None:
         blk = self.blocks[b]
@@ -212,10 +229,7 @@ class _Sim:
         self.blocks[b].handing = False
         self.t["dispatch"][i] = now
         self.group[i] = g
-        for c, target in self.waits[i]:
-            if self.value[c] < target:
-                self.unmet[i] += 1
-                heapq.heappush(self.waiters[c], (target, i))
+        self.in_group[i] = True
         if not self.unmet[i]:
             self._ready(now, i)
         self._hand(b, now)
@@ -263,8 +277,16 @@ class _Sim:
         while q and q[0][0] <= self.value[c]:
             _, i = heapq.heappop(q)
             self.unmet[i] -= 1
-            if not self.unmet[i]:
+            if self.unmet[i]:
+                continue
+            if self.in_group[i]:
                 self._ready(now, i)
+            else:  # still held by its controller, which sees it at its next probe
+                self.seen_ready[i] = now + self.hw.probe_ns
+                self.at(self.seen_ready[i], self._hand_later, int(self.block[i]))
+
+    def _hand_later(self, now: float, b: int) -> None:
+        self._hand(b, now)
 
     # -- failure ----------------------------------------------------------------
     def _deadlock_report(self) -> str:
@@ -276,11 +298,14 @@ class _Sim:
             where = f"#{i} '{self.ops[i].label}'"
             if math.isnan(self.t["claim"][i]):
                 lines.append(f"  {where}: never claimed")
-            elif math.isnan(self.t["dispatch"][i]):
-                lines.append(f"  {where}: queued in block {self.block[i]}, no group ever came free")
             else:
-                need = [f"'{counters[c].name}' at {self.value[c]} of {tg}" for c, tg in self.waits[i] if self.value[c] < tg]
-                lines.append(f"  {where}: block {self.block[i]} group {self.group[i]} waits on " + ", ".join(need))
+                need = ", ".join(f"'{counters[c].name}' at {self.value[c]} of {tg}" for c, tg in self.waits[i] if self.value[c] < tg)
+                if not math.isnan(self.t["dispatch"][i]):
+                    lines.append(f"  {where}: block {self.block[i]} group {self.group[i]} waits on {need}")
+                elif need and self.hw.ready_first:
+                    lines.append(f"  {where}: held by block {self.block[i]}'s controller, waits on {need}")
+                else:
+                    lines.append(f"  {where}: queued in block {self.block[i]}, no group ever came free")
             if len(lines) > 12:
                 lines.append("  ...")
                 break
