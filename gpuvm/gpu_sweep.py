@@ -18,6 +18,9 @@ from .muse.reference import RefOut, reference_layer
 from .muse.state import make_inputs, make_state
 from .muse.weights import LayerWeights, make_layer_weights
 from .peer import PeerLayer
+from .program import Stream
+from .sim.predict import EXPERT_OPS, layer_costs
+from .trace.format import Trace
 
 SEED = 2026
 TOL = 1e-2  # MEASURE.md: bf16 activations
@@ -49,6 +52,18 @@ def compare(out: torch.Tensor, route: torch.Tensor, scores: torch.Tensor, ref: "
         "max_flip_margin": float(margin[~same].max()) if bool((~same).any()) else 0.0,
         "max_score_dev": float(dev.max()),
     }
+
+
+def with_routed_bytes(trace: "Trace", stream: "Stream", expert_tokens: list[int]) -> None:
+    """The expert instructions' bytes as this run routed them (a stream's
+    static costs assume every local expert got a token): each op's total is
+    right; how a list's items fell to its workers is dealt round-robin, as
+    the model does (gpuvm.sim.predict.layer_costs)."""
+    costs = layer_costs(stream, expert_tokens)
+    for i, ins in enumerate(stream.ops):
+        if ins.opcode in EXPERT_OPS:
+            trace.weight_bytes[i], trace.act_bytes[i] = costs[i].weight_bytes, costs[i].act_bytes
+    trace.meta["expert_tokens"] = list(expert_tokens)
 
 
 @dataclass
@@ -142,6 +157,9 @@ class GpuSweep:
             ld.run(step=1, mode="dynamic")  # the second step, weights from HBM, is the one kept
             torch.cuda.synchronize()
             self.trace_dir.mkdir(parents=True, exist_ok=True)
-            ld.trace().save(self.trace_dir / f"trace-{case.name}.npz")
+            tr = ld.trace()
+            tr.meta["read_bw_TBps"] = self.bw / 1e12  # the per-op floors of the summary
+            with_routed_bytes(tr, lp.stream, b["L0.route_meta"][0].tolist())
+            tr.save(self.trace_dir / f"trace-{case.name}.npz")
         torch.cuda.empty_cache()
         return row

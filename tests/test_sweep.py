@@ -65,3 +65,28 @@ def test_example_runs(tmp_path: Path) -> None:
     assert "CPU backend vs reference" in p.stdout
     assert "step 3: tokens" in p.stdout  # the whole-step program decoded four steps
     assert (tmp_path / "model_full_t1.html").exists() and (tmp_path / "model_full_t1.perfetto.json").exists()
+
+
+def test_traces_carry_the_bytes_the_run_routed() -> None:
+    """A stream's expert costs assume every local expert got a token; a GPU
+    trace is given the bytes of the experts the run actually routed."""
+    import numpy as np
+
+    from gpuvm.gpu_sweep import with_routed_bytes
+    from gpuvm.isa import TRACE_DTYPE, Op
+    from gpuvm.muse.config import SMALL
+    from gpuvm.muse.lowering import lower_layer
+    from gpuvm.trace.format import Trace
+
+    s = lower_layer(SMALL, "sliding", 2, 1, 96).stream
+    tr = Trace.for_stream(s, np.zeros(len(s), dtype=TRACE_DTYPE))
+    before = tr.weight_bytes.copy()
+    with_routed_bytes(tr, s, [3, 0, 1, 0])
+    k = SMALL.squeeze
+    per_expert = {Op.EXPERT_UP: 2 * SMALL.expert_inter * (k // 2 + k // 16), Op.EXPERT_DOWN: SMALL.squeeze * (SMALL.expert_inter // 2 + SMALL.expert_inter // 16)}
+    for op, nbytes in per_expert.items():
+        idx = [i for i, o in enumerate(s.ops) if o.opcode == op]
+        assert int(tr.weight_bytes[idx].sum()) == 2 * nbytes  # two experts hit
+        assert int(before[idx].sum()) >= SMALL.local_experts * nbytes  # the static estimate: all of them
+    other = [i for i, o in enumerate(s.ops) if o.opcode not in per_expert]
+    assert np.array_equal(tr.weight_bytes[other], before[other]) and tr.meta["expert_tokens"] == [3, 0, 1, 0]

@@ -30,6 +30,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--perfetto", metavar="OUT.json", help="write a Chrome JSON trace for ui.perfetto.dev")
     p.add_argument("--html", metavar="OUT.html", help="write a self-contained per-op timeline page")
     p.add_argument("--summary", action="store_true", help="print the text summary (the default when no output is asked for)")
+    p.add_argument("--bw", type=float, metavar="TB/s", help="streaming-read bandwidth of the per-op floors (default: the trace's own, else 4.42)")
     return p
 
 
@@ -45,10 +46,10 @@ def trace_main(argv: list[str]) -> int:
             write_html(trace, args.html)
             print(f"wrote {args.html}", file=sys.stderr)
         if args.summary or not (args.perfetto or args.html):
-            sys.stdout.write(summarize(trace))
+            sys.stdout.write(summarize(trace, args.bw))
     except SystemExit as e:  # --help
         return int(e.code or 0)
-    except (_UsageError, TraceError) as e:
+    except (_UsageError, TraceError, ValueError) as e:
         return _fail(str(e))
     except OSError as e:
         return _fail(f"{e.filename or ''}: {e.strerror or e}".lstrip(": "))

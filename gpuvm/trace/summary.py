@@ -15,6 +15,11 @@ Definitions (times from the Timeline, ns):
   signals them.
 - the critical path walks back from the last signal, each time to the
   dependency whose signal was latest.
+- an op's floor = its bytes over the streaming-read bandwidth (the trace's
+  meta "read_bw_TBps", measured in the run that wrote it, else MUSE.md's
+  nominal 4.42 TB/s, or what the caller gives); "span / floor" is how far the
+  op, from its first start to its last done, is from moving its bytes at that
+  bandwidth.
 """
 from __future__ import annotations
 
@@ -26,6 +31,7 @@ from .format import Trace
 from .timeline import CLAIM, DONE, READY, SIGNAL, Timeline, build, members, op_order
 
 NO_DEP = "(no pending dependency)"
+NOMINAL_BW_TBPS = 4.42  # MUSE.md: streaming read on the H200
 
 
 @dataclass(frozen=True)
@@ -39,6 +45,7 @@ class OpStats:
     bytes: int
     gbps_median: float | None  # GB/s per instruction, median; None without bytes
     gbps_span: float | None
+    span: float  # ns, first start to last done
 
 
 @dataclass(frozen=True)
@@ -83,6 +90,7 @@ def op_stats(tl: Timeline) -> list[OpStats]:
                 bytes=total,
                 gbps_median=float(np.median(nbytes[ok] / moved[ok])) if ok.any() else None,
                 gbps_span=total / span if total and span > 0 else None,
+                span=span,
             )
         )
     return out
@@ -160,12 +168,18 @@ def _gbps(x: float | None) -> str:
     return "-" if x is None else f"{x:.1f}"
 
 
-def summarize(trace: Trace) -> str:
-    """The whole text summary of a trace."""
+def summarize(trace: Trace, read_bw_tbps: float | None = None) -> str:
+    """The whole text summary of a trace; read_bw_tbps: the bandwidth of the
+    ops' floors (default: the trace's own measurement, else nominal)."""
     tl = build(trace)
     n_ran = int(tl.ran.sum())
     blocks = block_idle(tl)
     meta = trace.meta
+    bw, bw_from = read_bw_tbps, "given"
+    if bw is None:
+        bw, bw_from = (float(meta["read_bw_TBps"]), "measured in the run") if "read_bw_TBps" in meta else (NOMINAL_BW_TBPS, "nominal, MUSE.md")
+    if not bw > 0:
+        raise ValueError(f"the read bandwidth must be > 0 TB/s, not {bw}")
     head = [
         f"trace: {meta.get('source', 'unknown')} source" + "".join(f", {k} {meta[k]}" for k in ("device", "mode", "step") if k in meta),
         f"times: {tl.clock}",
@@ -174,11 +188,12 @@ def summarize(trace: Trace) -> str:
     ]
 
     ops = op_stats(tl)
-    op_rows = [
-        [o.name, str(o.count), str(o.blocks), _us(o.wait_median), _us(o.run_median), _us(o.run_p90), f"{o.bytes / 1e6:.3f}", _gbps(o.gbps_median), _gbps(o.gbps_span)]
-        for o in ops
-    ]
-    op_table = _table(["op", "count", "blocks", "wait med us", "run med us", "run p90 us", "MB", "GB/s med", "GB/s span"], op_rows)
+    op_rows = []
+    for o in ops:
+        floor = o.bytes / (bw * 1e3)  # ns: bytes / (TB/s) = 1e-12 s per byte
+        op_rows.append([o.name, str(o.count), str(o.blocks), _us(o.wait_median), _us(o.run_median), _us(o.run_p90), f"{o.bytes / 1e6:.3f}",
+                        _gbps(o.gbps_median), _gbps(o.gbps_span), _us(o.span), _us(floor), f"{o.span / floor:.1f}" if floor > 0 else "-"])
+    op_table = _table(["op", "count", "blocks", "wait med us", "run med us", "run p90 us", "MB", "GB/s med", "GB/s span", "span us", "floor us", "span/floor"], op_rows)
 
     idle_rows = [[str(b.block), str(b.sm), str(b.count), _us(b.busy), _us(b.idle), f"{100 * b.idle / tl.span:.1f}" if tl.span > 0 else "-"] for b in blocks]
     mean_idle = sum(b.idle for b in blocks) / len(blocks)
@@ -203,7 +218,7 @@ def summarize(trace: Trace) -> str:
 
     return "\n".join(
         head
-        + ["", "per op (in order of first start):", op_table]
+        + ["", f"per op (in order of first start; floor at {bw:.2f} TB/s, {bw_from}):", op_table]
         + ["", f"idle per block (mean {_us(mean_idle)} us):", idle_table]
         + ["", "waiting per counter (claim to ready):", wait_table]
         + [
