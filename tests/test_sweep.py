@@ -90,3 +90,16 @@ def test_traces_carry_the_bytes_the_run_routed() -> None:
         assert int(before[idx].sum()) >= SMALL.local_experts * nbytes  # the static estimate: all of them
     other = [i for i, o in enumerate(s.ops) if o.opcode not in per_expert]
     assert np.array_equal(tr.weight_bytes[other], before[other]) and tr.meta["expert_tokens"] == [3, 0, 1, 0]
+
+
+def test_step_floor_counts_every_layer_and_the_lm_head() -> None:
+    from gpuvm.muse.cases import Case, floor_bytes
+    from gpuvm.muse.config import SHARD
+    from gpuvm.muse.step import layer_kind
+    from gpuvm.step_sweep import StepShape, step_floor_bytes
+
+    shape = StepShape(1, 1, 81_920)
+    fb = step_floor_bytes(SHARD, shape, [2] * SHARD.n_layers)
+    layers = sum(floor_bytes(SHARD, Case("x", layer_kind(SHARD, i), 1, 1, 81_920), 2)["total"] for i in range(SHARD.n_layers))
+    assert fb == layers + SHARD.vocab_shard * SHARD.d * 2
+    assert 16.0e9 < fb < 17.0e9  # issue 7: "about 16.5 GB at one token touching two local experts per layer"

@@ -29,13 +29,13 @@ sys.path.insert(0, str(ROOT))
 from gpuvm.device import VM  # noqa: E402
 from gpuvm.device.bench import StreamRead, timing_stream  # noqa: E402
 from gpuvm.env import machine  # noqa: E402
-from gpuvm.muse.cases import Case, floor_bytes  # noqa: E402
 from gpuvm.muse.config import SHARD  # noqa: E402
 from gpuvm.muse.memory import check_step_fits  # noqa: E402
 from gpuvm.gpu_sweep import compare  # noqa: E402
 from gpuvm.muse.reference import reference_layer, reference_step  # noqa: E402
 from gpuvm.muse.step import bind_step, layer_kind, layer_outputs, lower_step, make_step_state  # noqa: E402
 from gpuvm.muse.weights import make_model_weights  # noqa: E402
+from gpuvm.step_sweep import StepShape, step_floor_bytes  # noqa: E402
 
 SEED = 2026
 
@@ -136,10 +136,7 @@ def run_shape(vm: VM, mw, C: int, n: int, a: argparse.Namespace, bw_tbps: float,
     res["experts_hit"] = hit
 
     # floor of a step: every layer's bytes (its experts hit at step 0), plus the LM head
-    floor = 0
-    for i in range(sp.n_layers):
-        floor += floor_bytes(cfg, Case(f"L{i}", layer_kind(cfg, i), C, n, a.context), hit[i])["total"]
-    floor += cfg.vocab_shard * cfg.d * 2
+    floor = step_floor_bytes(cfg, StepShape(C, n, a.context), hit)
     res["floor_bytes"] = floor
     res["floor_us"] = floor / (bw_tbps * 1e12) * 1e6
 
