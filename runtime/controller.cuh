@@ -1,31 +1,31 @@
-// Warp 0: claims instructions in stream order and hands each to a free
-// compute group, with the claims' and records' latencies pipelined.
+// Warp 0: claims instructions in stream order and hands them to free compute
+// groups, ready ones first, with the claims' and records' latencies pipelined.
 //
 // The controller holds up to GVM_CLAIM_SLOTS claims in a ring of register
-// slots with fixed positions (the ring loop is unrolled, so every slot is
-// its own registers and reading one waits for that load alone). Visiting
-// slot j, it (1) reads the claim of slot j+A (A = GVM_CLAIM_AHEAD) and
-// starts loading that instruction's 128-byte record, (2) hands slot j's
-// instruction (its record loading for A visits) to a free group, (3) issues
-// the next claim into slot j. So a claim has S-A hand-offs to come back
-// (S = GVM_CLAIM_SLOTS) and a record A more to arrive, and the per-
-// instruction work on the critical path is a shared-memory copy and an
-// mbarrier arrive. At most p.claim_depth slots hold a claim (a claimed
+// slots with fixed positions (the ring loop is unrolled, so every slot is its
+// own registers). Visiting slot j, it (1) reads the claim of slot j+A
+// (A = GVM_CLAIM_AHEAD) and starts copying that instruction's 128-byte record
+// into the slot's staging area (cp.async; one commit group per visit, so a
+// record staged A visits ago is complete once at most A groups are pending),
+// (2) offers slot j's instruction to a free group (below: only when its waits
+// are met, unless GVM_READY_FIRST is 0), (3) issues the next claim into slot j
+// when it is empty. At most p.claim_depth slots hold a claim: a claimed
 // instruction waits for this block's groups even when another block has a
-// free one, so a deep queue costs balance on long ops).
+// free one, so a deep queue costs balance (measured: depth 1 is fastest on the
+// Muse layer and step with ready first).
 //
 // No deadlock, by construction, with a queue of any depth d. Every
-// instruction waits only on instructions earlier in the stream. A block's
+// instruction waits only on instructions earlier in the stream, and a block's
 // claims come in increasing stream order (one atomic head, or an increasing
-// static list) and it hands them out in the order it claimed them (ring
-// order), so every instruction its groups hold is earlier than every one in
-// its queue: a block never holds a claimed instruction while all its groups
-// are busy on later ones. Take the earliest instruction m not finished:
-// everything m waits on is finished, so if a group has m it completes.
-// Otherwise m sits in some block's queue; the entries ahead of it there are
-// earlier, hence finished, hence already handed out, so m is at the head;
-// every instruction that block's groups hold is earlier than m, hence
-// finished, so a group comes free and m is handed to it. In dynamic mode
+// static list). Take the earliest instruction m not finished: everything m
+// waits on is finished. If a group has m, it completes. If m is not claimed
+// yet, every claimed instruction is earlier than m (claims are in stream
+// order), hence finished and no longer held, so some block has room to claim
+// m. If m is held by a block: with ready first, that block's groups only get
+// instructions whose waits are met, which finish, so a group comes free and
+// m, being ready, goes to it; in claim order (GVM_READY_FIRST 0), the entries
+// ahead of m and every instruction in that block's groups are earlier than m,
+// hence finished, so m is at the head when a group comes free. In dynamic mode
 // this needs no co-residency (an unstarted block holds nothing); static mode
 // needs every block resident, which the launch checks.
 #pragma once
@@ -34,10 +34,9 @@
 #include "../scheduler/claim.cuh"
 #include "../scheduler/counters.cuh"
 
-// Visits between a slot's record load and its hand-off; the claim before it has
-// GVM_CLAIM_SLOTS - GVM_CLAIM_AHEAD visits to come back. With 4 slots and 2
-// ahead (H200, 8af91d644354) the controller still waited on each record: a
-// hand-off is ~100-200 cycles, an L2 load ~600, a contended atomic more.
+// Visits between a slot's record staging and its first offer to a group; the
+// claim before it has GVM_CLAIM_SLOTS - GVM_CLAIM_AHEAD visits to come back
+// (a hand-off is ~100-200 cycles, an L2 load ~600, a contended atomic more).
 #define GVM_CLAIM_AHEAD (GVM_CLAIM_SLOTS / 2)
 
 #define GVM_CS_EMPTY 0u    // slot holds nothing
@@ -49,13 +48,10 @@
 // controller, which probes its counters once a ring turn (cp.async of the
 // counters' 16-byte lines into the slot's probe area, read a turn later), and
 // goes to a group only when they are met, so that a group never sits on a
-// wait while a ready instruction queued behind it could run (measured on the
-// whole step: deeper claim queues were slower, 22.8 ms at depth 1 against 27.4
-// at depth 6, 0d13428). Out of order is still deadlock-free: a group only
-// gets instructions that will finish, and the earliest unfinished
-// instruction is ready, claimed by a block whose queue holds only later ones
-// or none (claims are in stream order), so it goes to the next free group.
-// After GVM_READY_PATIENCE_NS of waiting a slot goes to a group anyway, whose
+// wait while a ready instruction queued behind it could run (H200, 4233027:
+// step 1x1 19.5 ms against 22.6 in claim order, both at depth 1). Its weights'
+// prefetch is queued for the loader when it first waits. After
+// GVM_READY_PATIENCE_NS of waiting a slot goes to a group anyway, whose
 // counter wait then enforces the watchdog as before.
 #ifndef GVM_READY_FIRST
 #define GVM_READY_FIRST 1
