@@ -499,10 +499,11 @@ def cases_experts(sz: Sizes, gen: torch.Generator) -> list[Case]:
         mt = b.add("route_meta", DType.I32, meta)
         rt = b.add("route", DType.I32, route)
         wk = b.add("work", DType.I32, torch.zeros(2, dtype=torch.int32), EXACT)  # ends at items + workers
-        # work lists: 7 workers of sz.cols-row items on counter 0, then 13-row
-        # items (not a multiple of the 8- or 16-row unit) on counter 1, more
-        # workers than items
-        for k, (n_w, rows) in enumerate(((7, sz.cols), (e * -(-h // 13) + 5, 13))):
+        # work lists: 7 workers of sz.cols-row items on counter 0, then items of
+        # sz.cols - 3 rows (not a multiple of the 8- or 16-row unit) on counter
+        # 1, more workers than items
+        odd = sz.cols - 3
+        for k, (n_w, rows) in enumerate(((7, sz.cols), (e * -(-h // odd) + 5, odd))):
             for _ in range(n_w):
                 b.op_([dst, x, cd, sc, ts, mt, rt, wk], [k, n_w, rows])
         out.append(b.case())
