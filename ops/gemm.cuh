@@ -114,6 +114,19 @@ __device__ __forceinline__ void gvm_gemm_store(const gvm_tensor& out, long long 
         reinterpret_cast<float*>(out.ptr)[off] = v;
 }
 
+// K step u of a batch: rows a and b of W and the token's x, 16 bytes each at
+// 64 u past the batch's pointers, or zeros when this lane's chunks ran out.
+__device__ __forceinline__ void gvm_gemm_bf16_fill(uint4& a, uint4& b, uint4& x, const char* pa, const char* pb,
+                                                   const char* px, int u, int left, unsigned long long pol) {
+    if (4 * u < left) {
+        a = gvm_gemm_ld_w16(pa + 64 * u, pol);
+        b = gvm_gemm_ld_w16(pb + 64 * u, pol);
+        x = gvm_gemm_ld_x16(px + 64 * u);
+    } else {
+        a = b = x = make_uint4(0, 0, 0, 0);
+    }
+}
+
 // One unit: rows [row0, row0 + 16) (valid below row_end), token tile t0,
 // 16-byte chunks [c_beg, c_end) of K. Returns the 16 x 8 partial in the
 // C fragment (rows g, g+8; tokens 2q, 2q+1). Rows and tokens past the end
@@ -143,15 +156,7 @@ __device__ __forceinline__ void gvm_gemm_bf16_unit(float (&acc)[4], const char* 
     uint4 A[GVM_GEMM_STEPS], B[GVM_GEMM_STEPS], X[GVM_GEMM_STEPS];
     int left = c_end - c_beg - q;  // chunks this lane has left from the batch being loaded
 #pragma unroll
-    for (int u = 0; u < GVM_GEMM_STEPS; ++u) {
-        if (4 * u < left) {
-            A[u] = gvm_gemm_ld_w16(pa + 64 * u, pol);
-            B[u] = gvm_gemm_ld_w16(pb + 64 * u, pol);
-            X[u] = gvm_gemm_ld_x16(px + 64 * u);
-        } else {
-            A[u] = B[u] = X[u] = make_uint4(0, 0, 0, 0);
-        }
-    }
+    for (int u = 0; u < GVM_GEMM_STEPS; ++u) gvm_gemm_bf16_fill(A[u], B[u], X[u], pa, pb, px, u, left, pol);
 #pragma unroll 1
     for (int b = 0; b < n_batches; ++b) {
         pa += 64 * GVM_GEMM_STEPS;
@@ -162,13 +167,7 @@ __device__ __forceinline__ void gvm_gemm_bf16_unit(float (&acc)[4], const char* 
         for (int u = 0; u < GVM_GEMM_STEPS; ++u) {
             gvm_mma_bf16(acc, A[u].x, B[u].x, A[u].y, B[u].y, X[u].x, X[u].y);
             gvm_mma_bf16(acc, A[u].z, B[u].z, A[u].w, B[u].w, X[u].z, X[u].w);
-            if (4 * u < left) {
-                A[u] = gvm_gemm_ld_w16(pa + 64 * u, pol);
-                B[u] = gvm_gemm_ld_w16(pb + 64 * u, pol);
-                X[u] = gvm_gemm_ld_x16(px + 64 * u);
-            } else {
-                A[u] = B[u] = X[u] = make_uint4(0, 0, 0, 0);
-            }
+            gvm_gemm_bf16_fill(A[u], B[u], X[u], pa, pb, px, u, left, pol);
         }
     }
 }
