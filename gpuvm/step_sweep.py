@@ -118,6 +118,9 @@ class GpuStepSweep:
         return {"read_bw_TBps": self.bw / 1e12, "runs": self.runs, "weights_GB": self.weights.nbytes() / 1e9, "weights_s": self.weights_s}
 
     def _median_us(self, launch, stream: torch.cuda.Stream) -> float:  # type: ignore[no-untyped-def]
+        """Median µs of launch() over runs steps enqueued back to back, as a
+        decode loop runs them (not device.bench.time_ms, which waits for each
+        launch and starts the next from an idle GPU); the first two are warm-up."""
         times = []
         with torch.cuda.stream(stream):
             for r in range(self.runs + 2):

@@ -323,13 +323,19 @@ def step_sweep_main(a: SweepArgs, meta: dict) -> int:
     paths = write_outputs(a.out, meta, rows, columns, False)
     if a.plot and a.backend == "gpu":
         paths.append(_plot_step(a.out / "sweep.png", meta, rows))
+    note = None if a.backend == "cpu" else f"floor: every layer's bytes (its experts hit) + the LM head / {meta['read_bw_TBps']:.2f} TB/s streaming-read bandwidth measured in this run"
+    return report(rows, columns, paths, note, "step(s) failed")
+
+
+def report(rows: list[dict], columns: list[tuple[str, str, str]], paths: list[Path], note: str | None, failed: str) -> int:
+    """Print the table, the note under it and the files written; 1 if a row failed."""
     print(table(rows, columns))
-    if a.backend == "gpu":
-        print(f"floor: every layer's bytes (its experts hit) + the LM head / {meta['read_bw_TBps']:.2f} TB/s streaming-read bandwidth measured in this run")
+    if note:
+        print(note)
     print("wrote " + ", ".join(str(p) for p in paths))
     bad = [r["case"] for r in rows if not r.get("small_ok", r.get("ok", True))]
     if bad:
-        print(f"gpuvm sweep: {len(bad)} step(s) failed: {', '.join(bad)}", file=sys.stderr)
+        print(f"gpuvm sweep: {len(bad)} {failed}: {', '.join(bad)}", file=sys.stderr)
         return 1
     return 0
 
@@ -357,17 +363,8 @@ def sweep_main(argv: Sequence[str]) -> int:
         gs = GpuSweep(runs=a.runs, trace_dir=a.out if a.trace else None)
         meta.update(gs.meta())
         rows = run_rows(list(a.cases), gs.case, lambda c: {"case": c.name, "kind": c.kind, "tokens": c.tokens})
-        meta.update(gs.meta())
     meta["cases"] = [c.name for c in a.cases]
     paths = write_outputs(a.out, meta, rows, columns, a.plot)
-    print(table(rows, columns))
-    if a.backend == "cpu":
-        print("* floor at the nominal 4.42 TB/s of MUSE.md; err@small: CPU backend vs reference at d=256")
-    else:
-        print(f"floor: MUSE.md bytes / {meta['read_bw_TBps']:.2f} TB/s streaming-read bandwidth measured in this run")
-    print("wrote " + ", ".join(str(p) for p in paths))
-    bad = [r["case"] for r in rows if not r.get("small_ok", r.get("ok", True))]
-    if bad:
-        print(f"gpuvm sweep: {len(bad)} case(s) out of tolerance: {', '.join(bad)}", file=sys.stderr)
-        return 1
-    return 0
+    note = ("* floor at the nominal 4.42 TB/s of MUSE.md; err@small: CPU backend vs reference at d=256" if a.backend == "cpu"
+            else f"floor: MUSE.md bytes / {meta['read_bw_TBps']:.2f} TB/s streaming-read bandwidth measured in this run")
+    return report(rows, columns, paths, note, "case(s) out of tolerance")

@@ -7,6 +7,8 @@
 3. One traced run of empty instructions: per group, the time between the
    starts of consecutive instructions, and claim -> ready per instruction.
 
+Whole layers and steps on the same build variants: tools/sched_probe.py.
+
     PYTHONPATH=. python3 tools/dispatch_probe.py --out out/dispatch_probe.json
 """
 from __future__ import annotations
@@ -94,41 +96,6 @@ def trace_legs(vm: VM, n_per_block: int = 200) -> dict[str, float]:
     return out
 
 
-def layer_times(variants: list[str], cases: tuple[str, ...] = ("full-c1-t1", "sliding-c1-t1", "sliding-c32-t8")) -> dict[str, float]:
-    """Dynamic and static time of whole layers (L2 flushed) on each variant's full kernel."""
-    from gpuvm.device.bench import L2Flush, time_ms, timing_stream
-    from gpuvm.gpu_sweep import SEED
-    from gpuvm.muse.cases import get_case
-    from gpuvm.muse.config import SHARD
-    from gpuvm.muse.lowering import bind_layer, lower_layer
-    from gpuvm.muse.state import make_inputs, make_state
-    from gpuvm.muse.weights import make_layer_weights
-
-    vms = {name: VM(groups=2, defines=VARIANTS[name]) for name in variants}
-    flush = L2Flush(torch.device("cuda", 0))
-    out = {}
-    for kind in ("full", "sliding"):
-        w = make_layer_weights(SHARD, 1 if kind == "full" else 0, SEED, device="cuda")
-        for cname in cases:
-            case = get_case(cname)
-            if case.kind != kind:
-                continue
-            state = make_state(SHARD, kind, case.conversations, case.tokens_each, case.context, SEED + 1, device="cuda")
-            s0 = make_inputs(SHARD, state, SEED)
-            lp = lower_layer(SHARD, kind, case.conversations, case.tokens_each, state.slots)
-            for name, vm in vms.items():
-                ld = vm.load(lp.stream, bind_layer(lp, w, state.clone(), s0, device="cuda"))
-                ts = timing_stream(vm)
-                for mode in ("dynamic", "static"):
-                    t = time_ms(lambda r: ld.run(ld.next_step, mode, check=False, stream=ts), ts, 20, before=flush)
-                    ld.check(ts)
-                    out[f"{name}/{cname}/{mode}"] = float(np.median(t)) * 1e3
-                    print(f"{name:12s} {cname:16s} {mode:8s} {out[f'{name}/{cname}/{mode}']:8.1f} us", flush=True)
-        del w
-        torch.cuda.empty_cache()
-    return out
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="out/dispatch_probe.json")
@@ -148,7 +115,6 @@ def main() -> int:
         tvm = VM(groups=2, trace=True, muse_ops=False, defines=VARIANTS[name])
         disp[f"{name}/trace"] = trace_legs(tvm)
     res["dispatch"] = disp
-    res["layer_us"] = layer_times(a.variants.split(","))
     with open(a.out, "w") as f:
         json.dump(res, f, indent=1)
     return 0

@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from gpuvm.device import VM, WatchdogError, op_report  # noqa: E402
-from gpuvm.device.bench import StreamRead, dispatch_overhead, gemm_bandwidth, stamp_cost, step_time, warm_effect  # noqa: E402
+from gpuvm.device.bench import StreamRead, at_claim_depth, dispatch_overhead, gemm_bandwidth, stamp_cost, step_time, warm_effect  # noqa: E402
 from gpuvm.device.build import Build  # noqa: E402
 from gpuvm.device.programs import gemm_bindings, gemm_stream, nop_stream, stuck_stream  # noqa: E402
 from gpuvm.env import machine  # noqa: E402
@@ -192,11 +192,10 @@ def main() -> int:
     lm = vm.load(mixed, mbufs)
     sd: dict[str, float] = {}
     for depth in (1, 2, 4, 6):
-        vm.claim_depth = depth
-        for mode in ("dynamic", "static"):
-            sd[f"{mode}_depth{depth}"] = step_time(lm, mode, args.reps)["median_ms"]
+        with at_claim_depth(vm, depth):
+            for mode in ("dynamic", "static"):
+                sd[f"{mode}_depth{depth}"] = step_time(lm, mode, args.reps)["median_ms"]
         table.append((f"mixed stream dynamic / static, claim depth {depth}", f"{sd[f'dynamic_depth{depth}'] * 1e3:.1f} / {sd[f'static_depth{depth}'] * 1e3:.1f} us"))
-    vm.claim_depth = 1
     res["mixed_modes"] = sd
 
     log("watchdog: a wait that can never be met, bound 0.1 s")

@@ -15,7 +15,7 @@ import sys
 import torch
 
 from gpuvm.device import VM
-from gpuvm.device.bench import L2Flush, time_ms, timing_stream
+from gpuvm.device.bench import L2Flush, at_claim_depth, time_ms, timing_stream
 from gpuvm.gpu_sweep import SEED
 from gpuvm.muse.cases import get_case
 from gpuvm.muse.config import SHARD
@@ -46,13 +46,12 @@ def main() -> int:
         ts = timing_stream(ld.vm)
         for mode in ("dynamic", "static"):
             for d in depths if mode == "dynamic" or a.static_depths else [6]:
-                ld.vm.claim_depth = d
-                t = statistics.median(time_ms(lambda r: ld.run(ld.next_step, mode, check=False, stream=ts), ts, reps, before=before)) * 1e3
-                ld.check(ts)
+                with at_claim_depth(ld.vm, d):
+                    t = statistics.median(time_ms(lambda r: ld.run(ld.next_step, mode, check=False, stream=ts), ts, reps, before=before)) * 1e3
+                    ld.check(ts)
                 key = f"{tag}/{mode}/d{d}"
                 res[key] = t
                 print(f"{key:44s} {t:10.1f} us", flush=True)
-        ld.vm.claim_depth = 6
 
     for cname in a.cases.split(","):
         case = get_case(cname)

@@ -6,7 +6,8 @@ Median of `reps` timed runs after warm-up, with CUDA events."""
 from __future__ import annotations
 
 import statistics
-from typing import Callable
+from contextlib import contextmanager
+from typing import Callable, Iterator
 
 import numpy as np
 import torch
@@ -17,7 +18,7 @@ from .layout import CLAIM_SLOTS
 from .programs import gemm_bindings, gemm_stream, nop_stream
 from .vm import VM, Loaded
 
-__all__ = ["time_ms", "timing_stream", "StreamRead", "L2Flush", "gemm_bandwidth", "dispatch_overhead", "step_time", "stamp_cost", "first_use_us", "clock_ghz", "warm_effect"]
+__all__ = ["time_ms", "timing_stream", "at_claim_depth", "StreamRead", "L2Flush", "gemm_bandwidth", "dispatch_overhead", "step_time", "stamp_cost", "first_use_us", "clock_ghz", "warm_effect"]
 
 _STREAM_READ_SRC = r"""
 // Plain streaming read: 16-byte loads, a persistent grid, four loads in flight per thread.
@@ -120,6 +121,16 @@ class StreamRead:
         return {**t, "bytes": self.nbytes, "tb_s": self.nbytes / (t["median_ms"] * 1e-3) / 1e12, "grid": self.grid}
 
 
+@contextmanager
+def at_claim_depth(vm: VM, depth: int) -> Iterator[None]:
+    """The VM at this claim depth for the block, its own depth restored after."""
+    kept, vm.claim_depth = vm.claim_depth, depth
+    try:
+        yield
+    finally:
+        vm.claim_depth = kept
+
+
 def gemm_bandwidth(
     vm: VM, tokens: int, n: int = 131072, k: int = 4096, rows: int = 16, prefetch: bool = True, reps: int = 20,
     bufs: dict[str, torch.Tensor] | None = None, claim_depth: int | None = None,
@@ -133,15 +144,12 @@ def gemm_bandwidth(
     stream = gemm_stream(tokens, n, k, rows, DType.BF16, prefetch=prefetch)
     loaded = vm.load(stream, bufs if bufs is not None else gemm_bindings(stream, vm.torch_device))
     ts = timing_stream(vm)
-    kept = vm.claim_depth
-    vm.claim_depth = claim_depth or kept
-    try:
+    depth = claim_depth or vm.claim_depth
+    with at_claim_depth(vm, depth):
         t = _stats(time_ms(lambda r: loaded.run(loaded.next_step, check=False, stream=ts), ts, reps))
         loaded.check(ts)
-    finally:
-        vm.claim_depth = kept
     wbytes = n * k * 2
-    return {**t, "tokens": tokens, "rows_per_instr": rows, "prefetch": prefetch, "claim_depth": claim_depth or kept,
+    return {**t, "tokens": tokens, "rows_per_instr": rows, "prefetch": prefetch, "claim_depth": depth,
             "weight_bytes": wbytes, "instructions": len(stream), "tb_s": wbytes / (t["median_ms"] * 1e-3) / 1e12}
 
 
@@ -151,14 +159,11 @@ def dispatch_overhead(vm: VM, mode: str, per_block: int = 1000, reps: int = 20, 
     claim_depth claims held ahead (the VM's own depth is restored after)."""
     ts = timing_stream(vm)
     out: dict[str, float] = {"mode": mode, "per_block": per_block, "claim_depth": claim_depth}  # type: ignore[dict-item]
-    kept, vm.claim_depth = vm.claim_depth, claim_depth
-    try:
+    with at_claim_depth(vm, claim_depth):
         for name, count in (("small", vm.n_blocks), ("big", vm.n_blocks * per_block)):
             loaded = vm.load(nop_stream(count), {})
             out[f"{name}_ms"] = _stats(time_ms(lambda r: loaded.run(loaded.next_step, mode, check=False, stream=ts), ts, reps))["median_ms"]
             loaded.check(ts)
-    finally:
-        vm.claim_depth = kept
     n = vm.n_blocks * (per_block - 1)
     out["us_per_instr_per_block"] = (out["big_ms"] - out["small_ms"]) * 1e3 * vm.n_blocks / n
     out["raw_us_per_instr_per_block"] = out["big_ms"] * 1e3 / per_block

@@ -13,7 +13,7 @@ import torch
 
 from gpuvm.cpu import run_stream
 from gpuvm.device import VM, OpError, WatchdogError
-from gpuvm.device.bench import StreamRead, dispatch_overhead, gemm_bandwidth
+from gpuvm.device.bench import StreamRead, at_claim_depth, dispatch_overhead, gemm_bandwidth
 from gpuvm.device.programs import gemm_bindings, gemm_stream, nop_stream, stuck_stream, with_records
 from gpuvm.isa import DType, Op, Stamp
 from gpuvm.program import Program, Stream
@@ -71,12 +71,9 @@ def test_random_dag_matches_cpu_over_steps(vm: VM, mode: str) -> None:
 @pytest.mark.parametrize("depth", [2, 6])
 def test_deeper_claim_queues_match_cpu(vm: VM, depth: int) -> None:
     """The default holds 1 claim per block; 2 and 6 take the ring's other paths."""
-    vm.claim_depth = depth
-    try:
+    with at_claim_depth(vm, depth):
         _run_dag_steps(vm, _dag(2000, seed=10 + depth), "dynamic", steps=2, seed=depth)
         _run_dag_steps(vm, _dag(2000, seed=20 + depth), "static", steps=2, seed=depth)
-    finally:
-        vm.claim_depth = 1
 
 
 def test_loader_prefetches_only_what_will_wait(vm: VM) -> None:
