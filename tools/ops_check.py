@@ -47,6 +47,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from gpuvm.cpu.backend import run_stream  # noqa: E402
+from gpuvm.device.build import BuildOptions  # noqa: E402
 from gpuvm.cpu.ops import OPS as CPU_OPS  # noqa: E402
 from gpuvm.isa import TENSOR_DTYPE, DType, ErrorCode, Op, f2i  # noqa: E402
 from gpuvm.muse.formats import from_e4m3, to_e4m3  # noqa: E402
@@ -68,7 +69,8 @@ OPS: dict[Op, str] = {
     Op.GEMM: "gemm",
 }
 HEADERS = ("ops/norm.cuh", "ops/attention.cuh", "ops/route.cuh", "ops/experts.cuh", "ops/gemm.cuh")
-SCRATCH = 49152  # shared scratch of a group (runtime/params.cuh GVM_GROUP_SMEM)
+SCRATCH = 110592  # shared scratch of a group (runtime/params.cuh GVM_GROUP_SMEM, at most two groups)
+SCRATCH_4G = 49152  # the same with three or four groups
 GUARD = 4096     # guard bytes (0xFF: NaN as f32, bf16 and e4m3) on each side of every tensor
 POISON_I32 = 0x5A5A5A5A  # an int32 output before the run
 CUDA_INCLUDE = Path("/usr/local/cuda/include")
@@ -106,12 +108,14 @@ gvm_check_{name}(const gvm_instr* ins, const gvm_tensor* tab, int n, int* err, u
 
 def kernel_source(ops: list[Op] | None = None) -> str:
     """One test kernel per op, compiled under the persistent kernel's register
-    budget (__launch_bounds__(GVM_BLOCK_THREADS, 1) of runtime/params.cuh)."""
+    budget (__launch_bounds__(GVM_BLOCK_THREADS, 1) of runtime/params.cuh) at
+    the group count the Muse kernel is built for (BuildOptions.max_groups)."""
     lines = [
+        f"#define GVM_MAX_GROUPS {BuildOptions().max_groups}",
         '#if __has_include("runtime/params.cuh")',
         '#include "runtime/params.cuh"',
         "#else",
-        "#define GVM_BLOCK_THREADS 640",
+        f"#define GVM_BLOCK_THREADS {128 * (BuildOptions().max_groups + 1)}",
         "#endif",
     ]
     lines += [f'#include "{h}"' for h in HEADERS]
@@ -479,34 +483,41 @@ def _nvfp4(b: _Build, *lead: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 def cases_experts(sz: Sizes, gen: torch.Generator) -> list[Case]:
     out = []
-    t, e, h = sz.tokens, sz.local, sz.hidden
+    # (name, tokens, rows out, K): the layer's shapes, then few tokens over a K
+    # long enough that the weight ring wraps (and x is resident in a big scratch)
+    shapes = (("", sz.tokens, sz.hidden, sz.hidden), (" long K", 3, 40, 36 * 256 + 64))
     for up in (True, False):
-        op = Op.EXPERT_UP if up else Op.EXPERT_DOWN
-        b = _Build(op.name.lower(), op, gen)
-        meta, route = _routing(b, t, sz)
-        if up:
-            dst = b.out("hbuf", DType.BF16, (8 * t, h), Check("float", rtol=2.0**-7, atol_max=1e-3, norm=5e-3))
-            x = b.add("x", DType.BF16, b.randn(t, h).bfloat16())
-            codes, scales = _nvfp4(b, e, 2, h, k=h)
-            ts = b.add("gu_tscale", DType.F32, 0.01 + torch.rand((e, 2), generator=gen) * 0.01)
-        else:
-            dst = b.out("y", DType.F32, (8 * t, h), Check("float", rtol=1e-4, atol_max=1e-5, norm=1e-5))
-            x = b.add("hbuf", DType.BF16, b.randn(8 * t, h).bfloat16())
-            codes, scales = _nvfp4(b, e, h, k=h)
-            ts = b.add("d_tscale", DType.F32, 0.01 + torch.rand((e,), generator=gen) * 0.01)
-        cd = b.add("codes", DType.E2M1X2, codes)
-        sc = b.add("scales", DType.E4M3, scales)
-        mt = b.add("route_meta", DType.I32, meta)
-        rt = b.add("route", DType.I32, route)
-        wk = b.add("work", DType.I32, torch.zeros(2, dtype=torch.int32), EXACT)  # ends at items + workers
-        # work lists: 7 workers of sz.cols-row items on counter 0, then items of
-        # sz.cols - 3 rows (not a multiple of the 8- or 16-row unit) on counter
-        # 1, more workers than items
-        odd = sz.cols - 3
-        for k, (n_w, rows) in enumerate(((7, sz.cols), (e * -(-h // odd) + 5, odd))):
-            for _ in range(n_w):
-                b.op_([dst, x, cd, sc, ts, mt, rt, wk], [k, n_w, rows])
-        out.append(b.case())
+        for what, t, h, k in shapes:
+            op = Op.EXPERT_UP if up else Op.EXPERT_DOWN
+            b = _Build(op.name.lower() + what, op, gen)
+            meta, route = _routing(b, t, sz)
+            if up:
+                x = b.add("x", DType.BF16, b.randn(t, k).bfloat16())
+                codes, scales = _nvfp4(b, sz.local, 2, h, k=k)
+                ts = b.add("gu_tscale", DType.F32, 0.01 + torch.rand((sz.local, 2), generator=gen) * 0.01)
+            else:
+                x = b.add("hbuf", DType.BF16, b.randn(8 * t, k).bfloat16())
+                codes, scales = _nvfp4(b, sz.local, h, k=k)
+                ts = b.add("d_tscale", DType.F32, 0.01 + torch.rand((sz.local,), generator=gen) * 0.01)
+            cd = b.add("codes", DType.E2M1X2, codes)
+            sc = b.add("scales", DType.E4M3, scales)
+            mt = b.add("route_meta", DType.I32, meta)
+            rt = b.add("route", DType.I32, route)
+            wk = b.add("work", DType.I32, torch.zeros(4, dtype=torch.int32), EXACT)  # ends at items + workers
+            # work lists, each into its own output: 7 workers of sz.cols-row items
+            # on counter 0, then items of sz.cols - 3 rows (not a multiple of the
+            # 8- or 16-row unit) on counter 1, more workers than items; then
+            # items of 12 and 5 rows, fewer units than warps (the warps of a unit
+            # split K)
+            lists = [(7, sz.cols)] + [(sz.local * -(-h // r) + 5, r) for r in (sz.cols - 3, 12, 5)]
+            for kk, (n_w, rows) in enumerate(lists):
+                if up:
+                    dst = b.out(f"hbuf{kk}", DType.BF16, (8 * t, h), Check("float", rtol=2.0**-7, atol_max=1e-3, norm=5e-3))
+                else:
+                    dst = b.out(f"y{kk}", DType.F32, (8 * t, h), Check("float", rtol=1e-4, atol_max=1e-5, norm=1e-5))
+                for _ in range(n_w):
+                    b.op_([dst, x, cd, sc, ts, mt, rt, wk], [kk, n_w, rows])
+            out.append(b.case())
     b = _Build("expert_combine", Op.EXPERT_COMBINE, gen)
     meta, route = _routing(b, t, sz)
     y = _tiny_rows(b.randn(8 * t, h) * (0.5 + torch.rand((8 * t, 1), generator=gen) * 1.5))
@@ -848,6 +859,7 @@ def run_case(runner: Runner, case: Case, expected: dict[str, torch.Tensor], grou
     for name in names:  # (but a work counter: an expert takes an item before it finds the item broken)
         chk = case.checks.get(name, EXACT) if case.expect == ErrorCode.NONE or name == "work" else EXACT
         ok, mx, rel, bad, note = compare(placed.views[name].cpu(), expected[name], chk)
+        note = note if scratch == SCRATCH else f"{note} (scratch {scratch} B)".lstrip()
         out.append(Outcome(case.name, groups, name, ok, mx, rel, bad, expected[name].numel(), note))
     return out
 
@@ -914,9 +926,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'case':44} {'g':>1} {'output':12} {'max|err|':>10} {'rel':>9} {'bad':>12}  status")
     for case in cases:
         expected = reference(case)
-        for groups in ((1,) if a.emu else (1, 2)):
+        runs = [(g, SCRATCH) for g in ((1,) if a.emu else (1, 2))]
+        if case.op in (Op.EXPERT_UP, Op.EXPERT_DOWN):  # the scratch of a 3- or 4-group kernel: other plans
+            runs.append((1, SCRATCH_4G))
+        for groups, scratch in runs:
             try:
-                results = run_case(runner, case, expected, groups)
+                results = run_case(runner, case, expected, groups, scratch)
             except EmuError as e:
                 results = [Outcome(case.name, groups, "emulator", False, note=str(e))]
             for r in results:

@@ -1,7 +1,8 @@
 """How the run-time scheduler's knobs move a latency-bound layer and the
 whole step on the GPU (issue 6): claim depth (claims a block holds ahead,
-a launch parameter) and build variants (e.g. GVM_READY_FIRST, the loader's
-GVM_PF_MAX_BYTES), dynamic against static, in one run.
+a launch parameter), build variants (e.g. GVM_READY_FIRST, the loader's
+GVM_PF_MAX_BYTES) and tilings (lowering.Tiles fields), dynamic against
+static, in one run.
 
     PYTHONPATH=. python3 tools/sched_probe.py --out out/sched_probe.json
 """
@@ -19,7 +20,7 @@ from gpuvm.device.bench import L2Flush, at_claim_depth, time_ms, timing_stream
 from gpuvm.gpu_sweep import SEED
 from gpuvm.muse.cases import get_case
 from gpuvm.muse.config import SHARD
-from gpuvm.muse.lowering import bind_layer, lower_layer
+from gpuvm.muse.lowering import Tiles, bind_layer, lower_layer
 from gpuvm.muse.state import make_inputs, make_state
 from gpuvm.muse.step import bind_step, lower_step, make_step_state
 from gpuvm.muse.weights import make_layer_weights, make_model_weights
@@ -32,6 +33,7 @@ def main() -> int:
     ap.add_argument("--variants", default="ready:GVM_READY_FIRST=1,inorder:GVM_READY_FIRST=0", help="name:MACRO=value[+MACRO=value],... (one build each)")
     ap.add_argument("--cases", default="full-c1-t1,sliding-c32-t8")
     ap.add_argument("--step", default="1x1", help="step shapes, e.g. 1x1,1x8 ('' for none)")
+    ap.add_argument("--tiles", default="", help="name:field=value[+field=value],... of lowering.Tiles (default: Tiles())")
     ap.add_argument("--static-depths", action="store_true", help="static mode at every --depths too (default: depth 6 only)")
     a = ap.parse_args()
     depths = [int(d) for d in a.depths.split(",")]
@@ -39,6 +41,12 @@ def main() -> int:
     for v in a.variants.split(","):
         name, _, defs = v.partition(":")
         vms[name] = VM(groups=2, defines=tuple(tuple(d.split("=", 1)) for d in defs.split("+") if d))  # type: ignore[misc]
+    tilings = {"": Tiles()}
+    if a.tiles:
+        tilings = {}
+        for v in a.tiles.split(","):
+            name, _, defs = v.partition(":")
+            tilings[name] = Tiles(**{k: int(x) for k, x in (d.split("=", 1) for d in defs.split("+") if d)})
     flush = L2Flush(torch.device("cuda", 0))
     res: dict[str, float] = {}
 
@@ -58,11 +66,12 @@ def main() -> int:
         w = make_layer_weights(SHARD, 1 if case.kind == "full" else 0, SEED, device="cuda")
         state = make_state(SHARD, case.kind, case.conversations, case.tokens_each, case.context, SEED + 1, device="cuda")
         s0 = make_inputs(SHARD, state, SEED)
-        lp = lower_layer(SHARD, case.kind, case.conversations, case.tokens_each, state.slots)
-        for name, vm in vms.items():
-            ld = vm.load(lp.stream, bind_layer(lp, w, state.clone(), s0, device="cuda"))
-            timed(f"{cname}/{name}", ld, 20, flush)
-            del ld
+        for tname, tl in tilings.items():
+            lp = lower_layer(SHARD, case.kind, case.conversations, case.tokens_each, state.slots, tiles=tl)
+            for name, vm in vms.items():
+                ld = vm.load(lp.stream, bind_layer(lp, w, state.clone(), s0, device="cuda"))
+                timed(f"{cname}/{name}{tname}", ld, 20, flush)
+                del ld
         del w, state
         torch.cuda.empty_cache()
     if a.step:
@@ -70,13 +79,14 @@ def main() -> int:
         for shp in a.step.split(","):
             C, n = (int(v) for v in shp.split("x"))
             state = make_step_state(SHARD, C, n, 81_920, SEED + 1, device="cuda")
-            sp = lower_step(SHARD, C, n, state.context_capacity)
             tokens = torch.randint(0, SHARD.vocab_shard, (C * n,), dtype=torch.int32, device="cuda")
-            bufs = bind_step(sp, mw, state, tokens, device="cuda")
-            for name, vm in vms.items():
-                ld = vm.load(sp.stream, bufs)
-                timed(f"step{shp}/{name}", ld, 10, None)
-                del ld
+            for tname, tl in tilings.items():
+                sp = lower_step(SHARD, C, n, state.context_capacity, tiles=tl)
+                bufs = bind_step(sp, mw, state, tokens, device="cuda")
+                for name, vm in vms.items():
+                    ld = vm.load(sp.stream, bufs)
+                    timed(f"step{shp}/{name}{tname}", ld, 10, None)
+                    del ld
     with open(a.out, "w") as f:
         json.dump(res, f, indent=1)
     return 0
