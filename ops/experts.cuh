@@ -40,6 +40,9 @@
 #define GVM_EXP_WSTAGE (128 * GVM_EXP_WSLOT)  // one super step of weights for the group
 #define GVM_EXP_NSMAX 8      // ring stages at most
 #define GVM_EXP_XLOADS 8     // x loads in flight per thread while staging
+#ifndef GVM_EXP_SPLIT_K
+#define GVM_EXP_SPLIT_K 1    // 0: a unit's warps never split K (a probe switch)
+#endif
 #define GVM_F16X2_64 0x54005400u
 #define GVM_EXP_STATE 16     // smem at the end of the scratch: the work list's walk
 
@@ -58,7 +61,7 @@ struct gvm_exp_plan {
 // one warp per unit, 2 stages) is what gvm_expert_args_ok asks of the scratch.
 __device__ __forceinline__ gvm_exp_plan gvm_exp_make_plan(int left, int units, int steps, unsigned avail) {
     gvm_exp_plan p;
-    p.wpu = units >= 4 ? 1 : units == 2 ? 2 : units == 1 ? 4 : 1;
+    p.wpu = !GVM_EXP_SPLIT_K || units >= 4 ? 1 : units == 2 ? 2 : units == 1 ? 4 : 1;
     p.tm = min(left, GVM_EXP_MAXTOK);
     p.xw = (steps + p.wpu - 1) / p.wpu * p.wpu;
     p.rs = p.xw * GVM_EXP_XSTEP + GVM_EXP_XPAD;

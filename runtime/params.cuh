@@ -11,10 +11,12 @@
 #endif
 // Private scratch of each compute group, bytes: with at most two groups, all of
 // the SM's 227 KB but the control state (deep weight rings for the expert tiles).
+#ifndef GVM_GROUP_SMEM
 #if GVM_MAX_GROUPS <= 2
 #define GVM_GROUP_SMEM 110592
 #else
 #define GVM_GROUP_SMEM 49152
+#endif
 #endif
 #define GVM_CONTROL_THREADS 128   // warps 0-3: controller, loader, warmer, spare
 #define GVM_GROUP_THREADS 128
