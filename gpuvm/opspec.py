@@ -350,17 +350,26 @@ def _check_expert(ts: Slots, a: Args, up: bool) -> None:
     if not (a[1] >= 1):
         raise ProgramError(f"an expert work list needs >= 1 workers, not {a[1]}")
     if not (a[2] >= 1):
-        raise ProgramError(f"expert rows per item must be >= 1, not {a[2]}")
+        raise ProgramError(f"expert row grain must be >= 1, not {a[2]}")
+
+
+def expert_item_rows(n_out: int, hit: int, workers: int, grain: int) -> int:
+    """Rows of an expert work item (ops/experts.cuh): the list's workers
+    split among the `hit` experts with tokens, each expert's n_out rows cut
+    into at most that many tiles, rounded up to a multiple of grain. Every
+    worker then takes at most one item: a second round of items would double
+    the list's time."""
+    q = max(1, workers // max(1, hit))
+    return -(-(-(-n_out // q)) // grain) * grain
 
 
 def _cost_expert(ts: Slots, a: Args, mats: int) -> Cost:
-    """A worker's even share of the items when every local expert has one
-    token (the model rescales it to the tokens it assumes: gpuvm.sim.predict)."""
+    """A worker's item when every local expert has one token (the model
+    rescales it to the tokens it assumes: gpuvm.sim.predict)."""
     codes, x, meta = ts[2], ts[1], ts[5]
     assert codes and x and meta
     k, n_out = x.shape[1], codes.shape[-2]
-    per = -(-n_out // a[2])
-    rows = -(-meta.shape[1] * per // a[1]) * a[2]
+    rows = min(n_out, expert_item_rows(n_out, meta.shape[1], a[1], a[2]))
     return Cost(weight_bytes=mats * rows * (k // 2 + k // 16), act_bytes=rows * 8, flops=2 * mats * k * rows)
 
 

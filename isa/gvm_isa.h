@@ -128,9 +128,10 @@ enum gvm_opcode {
     /* t0 hbuf [8T,I] bf16, t1 x [T,H] bf16, t2 gu codes [E,2,I,H/2] e2m1x2,
      * t3 gu scales [E,2,I,H/16] e4m3, t4 gu tensor scales [E,2] f32,
      * t5 route_meta, t6 route, t7 work [K] i32; a0 counter k, a1 workers W,
-     * a2 rows R. Work list (E <= GVM_MAX_WORKLIST_EXPERTS): item i is row tile
-     * i % P (rows [R*(i%P), +R) of I, P = ceil(I/R)) of the (i/P)-th expert
-     * with tokens, in expert order. The W instructions of a list take items
+     * a2 row grain G. Work list (E <= GVM_MAX_WORKLIST_EXPERTS): with h experts
+     * with tokens, tiles have R = G * ceil(ceil(I / max(1, W / h)) / G) rows;
+     * item i is row tile i % P (rows [R*(i%P), +R) of I, P = ceil(I/R)) of the
+     * (i/P)-th expert with tokens, in expert order. The W instructions of a list take items
      * i = work[k]++ (atomic) until i is past the last item (so work[k] ends
      * at items + W). For an item's expert e and each slot of e (token t):
      * hbuf[slot, n] = bf16(silu(G x_t) * (U x_t)) with G = gu[e,0],
@@ -138,7 +139,7 @@ enum gvm_opcode {
     GVM_OP_EXPERT_DOWN = 24,
     /* t0 y [8T,H] f32, t1 hbuf [8T,I] bf16, t2 d codes [E,H,I/2], t3 d scales
      * [E,H,I/16], t4 d tensor scales [E] f32, t5 route_meta, t6 route,
-     * t7 work; a0 counter k, a1 workers W, a2 rows R: the work list of
+     * t7 work; a0 counter k, a1 workers W, a2 row grain G: the work list of
      * EXPERT_UP over the H rows. y[slot, n] = sum_i D[n,i] hbuf[slot,i]. */
     GVM_OP_EXPERT_COMBINE = 25,
     /* t0 fsq [T,H] bf16, t1 y [8T,H] f32, t2 route [5,8T] i32; a0 token0,

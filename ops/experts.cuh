@@ -4,104 +4,63 @@
 // of an expert (row: the slot's token for UP, the slot itself for DOWN), with
 // W = e2m1 code * e4m3 block scale * f32 tensor scale.
 // Work list: which experts have tokens is known only on the GPU, so the items
-// of a step are the experts with tokens (in expert order) times their tiles of
-// R rows, and the W instructions of a list take items one at a time from a
+// of a step are the experts with tokens (in expert order) times their row
+// tiles, and the W instructions of a list take items one at a time from a
 // counter that TOPK zeroed (an atomic increment), until the list runs out. An
 // expert with no tokens costs no item; a worker that starts late (queued
 // behind a long op in its block) finds the list taken by the running ones.
+// Tiles are sized on the GPU from the number of experts hit: W / hit tiles
+// per expert (rows rounded up to the grain a2), so a list is one round of
+// items, whatever the routing (a second round of items doubled the list's time).
 // Tensor cores (mma m16n8k16, f16 in, f32 accumulate): M = 16 tokens, N = 8 weight
 // rows, K = 16. code * block scale has at most 5 significant bits, so it is exact
 // in f16; the tensor scale is applied to the f32 sums. x goes bf16 -> f16 (exact
 // for |x| in [2^-14, 65504]) into a shared tile that all four warps read.
 //
-// A tile is cut into units of 8 weight rows (UP: 8 gate + 8 up rows) or 16 (DOWN:
-// two blocks of 8), one unit per warp; when a tile has fewer than 4 units, the
-// warps of a unit split K between them (wpu warps per unit, their sums added in
-// a fixed order), so that all four warps stream weights.
 // Each thread owns 64 consecutive codes (32 bytes, 4 scale blocks) of a weight row
-// per 256-wide K step. A super step is the wpu K steps a unit's warps do side by
-// side; its weights (10 KB for the group) go by cp.async into a ring of `ns`
-// stages of shared memory, ns - 1 super steps ahead, each thread reading back only
-// its own bytes (so the ring needs no barrier). x is staged once for the whole K
-// when the tokens' rows fit beside a ring of 4 stages (resident: one token takes
-// 16 KB for UP, 4 KB for DOWN), else one super step at a time.
-// The dot product is free to pair any k's, so a 32-bit word of 8 codes yields
-// f16 pairs (c0,c2), (c4,c6), (c1,c3), (c5,c7) and the x tile is stored in that
-// same order: x0 x2 x1 x3 x4 x6 x5 x7.
+// per 256-wide K step, fetched by cp.async one step ahead into its own slot of
+// shared memory, once per token chunk of up to 32 tokens. The dot product is free to pair any k's, so
+// a 32-bit word of 8 codes yields f16 pairs (c0,c2), (c4,c6), (c1,c3), (c5,c7)
+// and the x tile is stored in that same order: x0 x2 x1 x3 x4 x6 x5 x7.
 #pragma once
 #include "common.cuh"
 
 #define GVM_EXP_KSTEP 256    // K per step: 4 threads x 64 codes of a weight row
-#define GVM_EXP_XSTEP 512    // bytes of a staged x row per K step (256 f16)
-#define GVM_EXP_XPAD 64      // pad per staged x row: rows 64 B apart mod 128 keep lds.128 conflict-free
-#define GVM_EXP_MAXTOK 32    // tokens per chunk (two m-tiles of 16)
+#define GVM_EXP_XROW 576     // bytes per staged x row: 256 f16 + 64 pad (lds.128 conflict-free)
+#define GVM_EXP_MAXMT 2      // m-tiles of 16 tokens per token chunk
 #define GVM_EXP_HEAD 144     // smem before the x tile: x row byte offsets [32], bad-row flag
-#define GVM_EXP_WSLOT 80     // bytes per thread per stage: 2 x 32 codes, 2 x 4 scales, pad (lds.128 conflict-free)
-#define GVM_EXP_WSTAGE (128 * GVM_EXP_WSLOT)  // one super step of weights for the group
-#define GVM_EXP_NSMAX 8      // ring stages at most
-#define GVM_EXP_XLOADS 8     // x loads in flight per thread while staging
-#ifndef GVM_EXP_SPLIT_K
-#define GVM_EXP_SPLIT_K 1    // 0: a unit's warps never split K (a probe switch)
-#endif
+#define GVM_EXP_WSLOT 80     // bytes per thread per weight buffer: 2 x 32 codes, 2 x 4 scales, pad
+#define GVM_EXP_WBUF (2 * 128 * GVM_EXP_WSLOT)  // two K steps of weights
 #define GVM_F16X2_64 0x54005400u
 #define GVM_EXP_STATE 16     // smem at the end of the scratch: the work list's walk
 
 // Byte offset in a tile row of 8-value chunk w8 of thread t4 (swizzled).
 __device__ __forceinline__ unsigned gvm_exp_chunk(unsigned t4, unsigned w8) { return (8 * t4 + (w8 ^ t4)) * 16; }
 
-// How a token chunk is cut: tokens tm, warps per unit wpu, K steps xw held by the
-// x tile (rows rs bytes apart), ring stages ns, and whether x is resident.
-struct gvm_exp_plan {
-    int tm, wpu, xw, ns;
-    unsigned rs;
-    bool resident;
-};
-
-// avail: scratch bytes for the tile and the ring. The smallest plan (16 tokens,
-// one warp per unit, 2 stages) is what gvm_expert_args_ok asks of the scratch.
-__device__ __forceinline__ gvm_exp_plan gvm_exp_make_plan(int left, int units, int steps, unsigned avail) {
-    gvm_exp_plan p;
-    p.wpu = !GVM_EXP_SPLIT_K || units >= 4 ? 1 : units == 2 ? 2 : units == 1 ? 4 : 1;
-    p.tm = min(left, GVM_EXP_MAXTOK);
-    p.xw = (steps + p.wpu - 1) / p.wpu * p.wpu;
-    p.rs = p.xw * GVM_EXP_XSTEP + GVM_EXP_XPAD;
-    p.resident = (unsigned)p.tm * p.rs + 4 * GVM_EXP_WSTAGE <= avail;
-    if (!p.resident) {
-        for (;;) {
-            p.xw = p.wpu;
-            p.rs = p.xw * GVM_EXP_XSTEP + GVM_EXP_XPAD;
-            if ((unsigned)p.tm * p.rs + 3 * GVM_EXP_WSTAGE <= avail || (p.tm <= 16 && p.wpu == 1)) break;
-            if (p.tm > 16) p.tm = 16;
-            else p.wpu >>= 1;
-        }
-    }
-    p.ns = min(GVM_EXP_NSMAX, (int)((avail - (unsigned)p.tm * p.rs) / GVM_EXP_WSTAGE));
-    return p;
-}
-
-// x[rows of the chunk][k0 * 256, (k0 + xw) * 256) -> f16 tile in pair order, zero
-// past K. GVM_EXP_XLOADS loads go out per thread before any is converted.
+// x[rows of the chunk][ks * 256, + 256) -> f16 tile in pair order, zero past K.
+// Loads go out four per thread before any is converted, so that their latency
+// overlaps; a chunk of 16 tokens is a single round.
 __device__ __forceinline__ void gvm_exp_stage(const gvm_ctx& c, const unsigned char* x, unsigned s_rows,
-                                              unsigned s_tile, const gvm_exp_plan& p, int k0, int kdim) {
-    const int cpr = p.xw * 32, n = p.tm * cpr;  // 16-byte chunks of bf16 per row, in all
-    for (int i0 = c.tid; i0 < n; i0 += 128 * GVM_EXP_XLOADS) {
-        uint4 v[GVM_EXP_XLOADS];
+                                              unsigned s_tile, int tm, int ks, int kdim) {
+    const int n = tm * 32;  // 16-byte chunks of bf16
+    for (int i0 = c.tid; i0 < n; i0 += 512) {
+        uint4 v[4];
 #pragma unroll
-        for (int u = 0; u < GVM_EXP_XLOADS; ++u) {
-            const int i = i0 + 128 * u, r = i / cpr, ch = i - r * cpr, k = k0 * GVM_EXP_KSTEP + ch * 8;
+        for (int u = 0; u < 4; ++u) {
+            const int i = i0 + 128 * u, k = ks * GVM_EXP_KSTEP + (i & 31) * 8;
             v[u] = make_uint4(0, 0, 0, 0);
-            if (i < n && k < kdim) v[u] = *reinterpret_cast<const uint4*>(x + gvm_lds_u(s_rows + 4 * r) + 2 * k);
+            if (i < n && k < kdim)
+                v[u] = *reinterpret_cast<const uint4*>(x + gvm_lds_u(s_rows + 4 * (i >> 5)) + 2 * k);
         }
 #pragma unroll
-        for (int u = 0; u < GVM_EXP_XLOADS; ++u) {
-            const int i = i0 + 128 * u, r = i / cpr, ch = i - r * cpr;
+        for (int u = 0; u < 4; ++u) {
+            const int i = i0 + 128 * u, ch = i & 31;
             if (i >= n) break;
             const uint4 f = make_uint4(gvm_pack_f16x2(gvm_bf16_lo(v[u].x), gvm_bf16_lo(v[u].y)),
                                        gvm_pack_f16x2(gvm_bf16_hi(v[u].x), gvm_bf16_hi(v[u].y)),
                                        gvm_pack_f16x2(gvm_bf16_lo(v[u].z), gvm_bf16_lo(v[u].w)),
                                        gvm_pack_f16x2(gvm_bf16_hi(v[u].z), gvm_bf16_hi(v[u].w)));
-            const unsigned c32 = ch & 31;
-            gvm_sts(s_tile + r * p.rs + (ch >> 5) * GVM_EXP_XSTEP + gvm_exp_chunk(c32 >> 3, c32 & 7), f);
+            gvm_sts(s_tile + (i >> 5) * GVM_EXP_XROW + gvm_exp_chunk(ch >> 3, ch & 7), f);
         }
     }
 }
@@ -117,95 +76,69 @@ __device__ __forceinline__ void gvm_exp_decode(unsigned w, unsigned scale2, unsi
     p[3] = gvm_hmul2(gvm_e4m3x2_hi_to_f16x2(od), scale2);
 }
 
-// This thread's weights of K step ks into its slot of a ring stage: 32 code bytes
-// and 4 scale bytes of each set, zeros where the row or K ends. One commit group
-// per call, empty past K, so that groups count super steps.
+// This thread's weights of K step ks into its slot of weight buffer ks & 1:
+// 32 code bytes and 4 scale bytes of each set, zeros where the row or K ends.
 __device__ __forceinline__ void gvm_exp_fetch(unsigned slot, const unsigned char* cp, const unsigned char* sp, int cstep,
                                               int sstep, bool live0, bool live1, unsigned t4, int ks, int kdim,
                                               unsigned long long pol) {
-    if (ks * GVM_EXP_KSTEP < kdim) {
-        const bool in_k = ks * GVM_EXP_KSTEP + 64 * (int)t4 < kdim;
+    const bool in_k = ks * GVM_EXP_KSTEP + 64 * (int)t4 < kdim;
 #pragma unroll
-        for (int s = 0; s < 2; ++s) {
-            // a zero-fill reads nothing, but still gets an address inside the tensor (cp, sp)
-            const bool ok = (s ? live1 : live0) && in_k;
-            const unsigned char* c = ok ? cp + ks * 128 + s * cstep : cp;
-            gvm_cp_async16(slot + 32 * s, c, ok, pol);
-            gvm_cp_async16(slot + 32 * s + 16, ok ? c + 16 : cp, ok, pol);
-            gvm_cp_async4(slot + 64 + 4 * s, ok ? sp + ks * 16 + s * sstep : sp, ok, pol);
-        }
+    for (int s = 0; s < 2; ++s) {
+        // a zero-fill reads nothing, but still gets an address inside the tensor (cp, sp)
+        const bool ok = (s ? live1 : live0) && in_k;
+        const unsigned char* c = ok ? cp + ks * 128 + s * cstep : cp;
+        gvm_cp_async16(slot + 32 * s, c, ok, pol);
+        gvm_cp_async16(slot + 32 * s + 16, ok ? c + 16 : cp, ok, pol);
+        gvm_cp_async4(slot + 64 + 4 * s, ok ? sp + ks * 16 + s * sstep : sp, ok, pol);
     }
     gvm_cp_async_commit();
 }
 
 // One warp's two 8-row weight blocks (set 0 at cp/sp, set 1 cstep/sstep bytes on)
-// times the chunk's x, over the K steps sub, sub + wpu, ... (super steps j):
-// weights ns - 1 super steps ahead in the ring; x resident, or staged by all
-// four warps one super step at a time (two barriers a step).
-__device__ __forceinline__ void gvm_exp_mma(const gvm_ctx& c, float (&acc)[2][2][4], const gvm_exp_plan& p,
+// times the staged chunk, K step by K step. Weights stream through shared memory
+// (cp.async, one K step ahead, each thread reading back only its own bytes);
+// all four warps take part in staging x.
+__device__ __forceinline__ void gvm_exp_mma(const gvm_ctx& c, float (&acc)[GVM_EXP_MAXMT][2][4],
                                             const unsigned char* cp, const unsigned char* sp, int cstep, int sstep,
-                                            bool live0, bool live1, bool active, unsigned sub, const unsigned char* x,
-                                            unsigned s_rows, unsigned s_tile, unsigned s_ring, bool stage_x, int kdim) {
+                                            bool live0, bool live1, bool active, const unsigned char* x,
+                                            unsigned s_rows, unsigned s_tile, unsigned s_wbuf, int tm, int kdim) {
     const unsigned g = (c.tid & 31) >> 2, t4 = c.tid & 3;
-    const int mts = (p.tm + 15) / 16, sup = (kdim + p.wpu * GVM_EXP_KSTEP - 1) / (p.wpu * GVM_EXP_KSTEP);
+    const int mts = (tm + 15) / 16, steps = (kdim + GVM_EXP_KSTEP - 1) / GVM_EXP_KSTEP;
     const unsigned long long pol = gvm_policy_evict_first();
-    const unsigned slot0 = s_ring + c.tid * GVM_EXP_WSLOT;
-    // the tile rows of this thread's A fragments: rows past the chunk read its last row
-    unsigned xr[2][2];
-#pragma unroll
-    for (int m = 0; m < 2; ++m)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) xr[m][h] = s_tile + min(m * 16 + (int)g + 8 * h, p.tm - 1) * p.rs + 128 * t4;
-    for (int j = 0; j + 1 < p.ns; ++j)
-        gvm_exp_fetch(slot0 + j * GVM_EXP_WSTAGE, cp, sp, cstep, sstep, live0, live1, t4, j * p.wpu + sub, kdim, pol);
-    if (p.resident && stage_x) {
-        gvm_exp_stage(c, x, s_rows, s_tile, p, 0, kdim);
-        gvm_group_sync(c);
-    }
-    int st = 0;  // ring stage of super step j
+    const unsigned slot0 = s_wbuf + c.tid * GVM_EXP_WSLOT, slot1 = slot0 + 128 * GVM_EXP_WSLOT;
+    gvm_exp_fetch(slot0, cp, sp, cstep, sstep, live0, live1, t4, 0, kdim, pol);
 #pragma unroll 1
-    for (int j = 0; j < sup; ++j) {
-        const int ahead = j + p.ns - 1;
-        gvm_exp_fetch(slot0 + (st == 0 ? p.ns - 1 : st - 1) * GVM_EXP_WSTAGE, cp, sp, cstep, sstep, live0, live1, t4,
-                      ahead * p.wpu + sub, kdim, pol);
-        if (!p.resident) {
-            gvm_group_sync(c);  // every warp is done with the previous super step's tile
-            gvm_exp_stage(c, x, s_rows, s_tile, p, j * p.wpu, kdim);
-        }
-        gvm_cp_async_wait_n(p.ns - 1);  // super step j is in; the next ones may still fly
-        if (!p.resident) gvm_group_sync(c);
-        const unsigned slot = slot0 + st * GVM_EXP_WSTAGE;
-        st = st + 1 == p.ns ? 0 : st + 1;
-        if (!active || (j * p.wpu + (int)sub) * GVM_EXP_KSTEP >= kdim) continue;
-        const unsigned xcol = (p.resident ? j * p.wpu + sub : sub) * GVM_EXP_XSTEP;
-        uint4 w[2][2];
-#pragma unroll
-        for (int s = 0; s < 2; ++s) {
-            w[s][0] = gvm_lds_u4(slot + 32 * s);
-            w[s][1] = gvm_lds_u4(slot + 32 * s + 16);
-        }
-        const unsigned sc[2] = {gvm_lds_u(slot + 64), gvm_lds_u(slot + 68)};
+    for (int ks = 0; ks < steps; ++ks) {
+        const unsigned slot = ks & 1 ? slot1 : slot0;
+        if (ks + 1 < steps) gvm_exp_fetch(ks & 1 ? slot0 : slot1, cp, sp, cstep, sstep, live0, live1, t4, ks + 1, kdim, pol);
+        gvm_group_sync(c);  // every warp is done with the previous tile
+        gvm_exp_stage(c, x, s_rows, s_tile, tm, ks, kdim);
+        if (ks + 1 < steps)
+            gvm_cp_async_wait<1>();  // this step's weights are in; the next step's may still fly
+        else
+            gvm_cp_async_wait<0>();
+        gvm_group_sync(c);
+        if (!active) continue;
 #pragma unroll
         for (int w8 = 0; w8 < 8; ++w8) {
-            unsigned q[2][4];
+            unsigned p[2][4];
 #pragma unroll
             for (int s = 0; s < 2; ++s) {
                 // (64 * block scale) twice: the decode leaves codes at 2^-6 of their value
                 const unsigned b = w8 >> 1;
-                const unsigned scale2 = gvm_hmul2(gvm_e4m3x2_to_f16x2(__byte_perm(sc[s], 0, b | (b << 4))), GVM_F16X2_64);
-                const uint4& ww = w[s][w8 >> 2];
-                const unsigned word = (w8 & 3) == 0 ? ww.x : (w8 & 3) == 1 ? ww.y : (w8 & 3) == 2 ? ww.z : ww.w;
-                gvm_exp_decode(word, scale2, q[s]);
+                const unsigned scale2 =
+                    gvm_hmul2(gvm_e4m3x2_to_f16x2(__byte_perm(gvm_lds_u(slot + 64 + 4 * s), 0, b | (b << 4))), GVM_F16X2_64);
+                gvm_exp_decode(gvm_lds_u(slot + 32 * s + 4 * w8), scale2, p[s]);
             }
-            const unsigned off = xcol + (w8 ^ t4) * 16;  // with xr: gvm_exp_chunk(t4, w8)
 #pragma unroll
-            for (int m = 0; m < 2; ++m) {
+            for (int m = 0; m < GVM_EXP_MAXMT; ++m) {
                 if (m >= mts) break;
-                const uint4 x0 = gvm_lds_u4(xr[m][0] + off), x1 = gvm_lds_u4(xr[m][1] + off);
+                const unsigned ra = s_tile + (m * 16 + g) * GVM_EXP_XROW + gvm_exp_chunk(t4, w8);
+                const uint4 x0 = gvm_lds_u4(ra), x1 = gvm_lds_u4(ra + 8 * GVM_EXP_XROW);
 #pragma unroll
                 for (int s = 0; s < 2; ++s) {
-                    gvm_mma_f16(acc[m][s], x0.x, x1.x, x0.y, x1.y, q[s][0], q[s][2]);
-                    gvm_mma_f16(acc[m][s], x0.z, x1.z, x0.w, x1.w, q[s][1], q[s][3]);
+                    gvm_mma_f16(acc[m][s], x0.x, x1.x, x0.y, x1.y, p[s][0], p[s][2]);
+                    gvm_mma_f16(acc[m][s], x0.z, x1.z, x0.w, x1.w, p[s][1], p[s][3]);
                 }
             }
         }
@@ -237,7 +170,7 @@ __device__ __noinline__ bool gvm_expert_args_ok(const gvm_ctx& c) {
               tmeta.shape[0] == 2 && gvm_is(troute, GVM_DT_I32, 2) && troute.shape[0] == 5 && kdim % 64 == 0 &&
               n_exp <= GVM_MAX_WORKLIST_EXPERTS && gvm_aligned(tmeta, 4, 4) && n_w >= 1 && rows >= 1 &&
               gvm_is(twork, GVM_DT_I32, 1) && k >= 0 && k < twork.shape[0] &&
-              c.smem_bytes >= GVM_EXP_STATE + GVM_EXP_HEAD + 2 * GVM_EXP_WSTAGE + 16 * (GVM_EXP_XSTEP + GVM_EXP_XPAD);
+              c.smem_bytes >= GVM_EXP_STATE + GVM_EXP_HEAD + GVM_EXP_WBUF + 16 * GVM_EXP_XROW;
     // set 0 -> set 1 (the up matrix, or the next 8 rows) must fit an int of bytes
     ok = ok && (UP ? tcd.stride[1] : 8 * tcd.stride[1]) < (1ll << 31) && (UP ? tsc.stride[1] : 8 * tsc.stride[1]) < (1ll << 31);
     if (UP) ok = ok && tcd.shape[1] == 2 && tsc.shape[1] == 2 && tts.shape[1] == 2;
@@ -256,18 +189,17 @@ __device__ int gvm_expert_tile(const gvm_ctx& c, int e, int n0, int nn) {
     if (count < 0 || slot0 < 0 || slot0 + count > slots) return GVM_ERR_BAD_ARGS;
 
     const unsigned warp = c.tid >> 5, g = (c.tid & 31) >> 2, t4 = c.tid & 3;
-    const int kdim = gvm_t(c, 1).shape[1], steps = (kdim + GVM_EXP_KSTEP - 1) / GVM_EXP_KSTEP;
-    // smem: x row offsets [32], flag | x tile | weight ring | ... | work-list state
-    const unsigned s_rows = gvm_smem_addr(c.smem), s_flag = s_rows + 128, s_tile = s_rows + GVM_EXP_HEAD;
-    const unsigned avail = c.smem_bytes - GVM_EXP_STATE - GVM_EXP_HEAD;
+    const int max_tok = 16 * min(GVM_EXP_MAXMT, (int)((c.smem_bytes - GVM_EXP_STATE - GVM_EXP_HEAD - GVM_EXP_WBUF) / (16 * GVM_EXP_XROW)));
+    // smem: x row offsets [32], flag | weight buffers | x tile
+    const unsigned s_rows = gvm_smem_addr(c.smem), s_flag = s_rows + 128, s_wbuf = s_rows + GVM_EXP_HEAD;
+    const unsigned s_tile = s_wbuf + GVM_EXP_WBUF;
     const int unit_rows = UP ? 8 : 16, units = (nn + unit_rows - 1) / unit_rows;
 
     if (c.tid == 0) gvm_sts(s_flag, 0u);
-    for (int tc0 = 0; tc0 < count;) {
-        const gvm_exp_plan p = gvm_exp_make_plan(count - tc0, units, steps, avail);
-        const unsigned s_ring = s_tile + p.tm * p.rs;
+    for (int tc0 = 0; tc0 < count; tc0 += max_tok) {
+        const int tm = min(max_tok, count - tc0);
         gvm_group_sync(c);  // the previous chunk is done with the row offsets and the tile
-        if ((int)c.tid < p.tm) {
+        if ((int)c.tid < tm) {
             const gvm_tensor& tx = gvm_t(c, 1);
             const int slot = slot0 + tc0 + c.tid;
             const int xr = UP ? gvm_ptr<const int>(gvm_t(c, 6), slot, 4)[0] : slot;  // x_t, or hbuf[slot]
@@ -277,15 +209,12 @@ __device__ int gvm_expert_tile(const gvm_ctx& c, int e, int n0, int nn) {
         gvm_group_sync(c);
         if (gvm_lds_u(s_flag)) return GVM_ERR_BAD_ARGS;
 
-        const int per_pass = 4 / p.wpu, sub = (int)warp % p.wpu;
-        for (int pass = 0; pass * per_pass < units; ++pass) {
-            if (pass > 0) gvm_group_sync(c);  // the last pass is done with the ring (its sums)
-            const int unit = pass * per_pass + (int)warp / p.wpu, local = unit * unit_rows + g;
-            const bool active = unit < units && (int)warp < per_pass * p.wpu;
+        for (int pass = 0; pass * 4 < units; ++pass) {
+            const int unit = pass * 4 + warp, local = unit * unit_rows + g;
             const long long row = n0 + min(local, nn - 1);  // rows past the instruction point at its last
-            float acc[2][2][4];
+            float acc[GVM_EXP_MAXMT][2][4];
 #pragma unroll
-            for (int m = 0; m < 2; ++m)
+            for (int m = 0; m < GVM_EXP_MAXMT; ++m)
 #pragma unroll
                 for (int s = 0; s < 2; ++s) acc[m][s][0] = acc[m][s][1] = acc[m][s][2] = acc[m][s][3] = 0.0f;
             {
@@ -296,41 +225,23 @@ __device__ int gvm_expert_tile(const gvm_ctx& c, int e, int n0, int nn) {
                 const unsigned char* sp = gvm_ptr<const unsigned char>(tsc, e * tsc.stride[0] + row * tsc.stride[r] + 4 * t4, 1);
                 const int cstep = (int)(UP ? tcd.stride[1] : 8 * tcd.stride[1]);
                 const int sstep = (int)(UP ? tsc.stride[1] : 8 * tsc.stride[1]);
-                gvm_exp_mma(c, acc, p, cp, sp, cstep, sstep, active && local < nn, active && local + (UP ? 0 : 8) < nn,
-                            active, sub, reinterpret_cast<const unsigned char*>(gvm_t(c, 1).ptr), s_rows, s_tile,
-                            s_ring, pass == 0, kdim);
+                gvm_exp_mma(c, acc, cp, sp, cstep, sstep, unit < units && local < nn,
+                            unit < units && local + (UP ? 0 : 8) < nn, unit < units,
+                            reinterpret_cast<const unsigned char*>(gvm_t(c, 1).ptr), s_rows, s_tile, s_wbuf, tm,
+                            gvm_t(c, 1).shape[1]);
             }
-            if (p.wpu > 1) {  // a unit's partial sums meet in warp sub 0, added in sub order
-                gvm_group_sync(c);  // every warp is done with the ring
-                const unsigned red = s_ring + c.tid * 64;
-                if (sub != 0)
-#pragma unroll
-                    for (int m = 0; m < 2; ++m)
-#pragma unroll
-                        for (int s = 0; s < 2; ++s) gvm_sts(red + 32 * m + 16 * s, make_float4(acc[m][s][0], acc[m][s][1], acc[m][s][2], acc[m][s][3]));
-                gvm_group_sync(c);
-                if (sub != 0) continue;
-                for (int o = 1; o < p.wpu; ++o)
-#pragma unroll
-                    for (int m = 0; m < 2; ++m)
-#pragma unroll
-                        for (int s = 0; s < 2; ++s) {
-                            const float4 v = gvm_lds_f4(red + o * 32 * 64 + 32 * m + 16 * s);
-                            acc[m][s][0] += v.x, acc[m][s][1] += v.y, acc[m][s][2] += v.z, acc[m][s][3] += v.w;
-                        }
-            }
-            if (!active) continue;
+            if (unit >= units) continue;
             // acc[m][s][i]: token m*16 + g (+8 for i >= 2), weight row 2*t4 + (i & 1) of block s
             const gvm_tensor& to = gvm_t(c, 0);
             const gvm_tensor& tts = gvm_t(c, 4);
             const float ts0 = gvm_ptr<const float>(tts, e * tts.stride[0], 4)[0];
             const float ts1 = gvm_ptr<const float>(tts, e * tts.stride[0], 4)[UP ? 1 : 0];
 #pragma unroll
-            for (int m = 0; m < 2; ++m) {
+            for (int m = 0; m < GVM_EXP_MAXMT; ++m) {
 #pragma unroll
                 for (int i = 0; i < 4; ++i) {
                     const int tok = m * 16 + g + 8 * (i >> 1), col = 2 * t4 + (i & 1);
-                    if (tok >= p.tm) continue;
+                    if (tok >= tm) continue;
                     const long long orow = (long long)(slot0 + tc0 + tok) * to.stride[0] + n0;
                     if (UP) {
                         const int lc = unit * 8 + col;
@@ -348,7 +259,6 @@ __device__ int gvm_expert_tile(const gvm_ctx& c, int e, int n0, int nn) {
                 }
             }
         }
-        tc0 += p.tm;
     }
     return GVM_ERR_NONE;
 }
@@ -383,8 +293,13 @@ __device__ int gvm_expert_matmul(const gvm_ctx& c) {
     gvm_group_sync(c);
     const int i = (int)gvm_lds_u(st + 4 * (c.again & 1));
     const unsigned hit = gvm_lds_u(st + 8);
-    const int rows = c.ins->arg[2], nout = gvm_t(c, 0).shape[1], per = (nout + rows - 1) / rows;
-    if (i >= __popc(hit) * per) return GVM_ERR_NONE;
+    // rows of an item: the workers split among the experts hit, rounded up to
+    // the grain a2 (gpuvm/opspec.py expert_item_rows), so that no worker takes
+    // a second item
+    const int nout = gvm_t(c, 0).shape[1], nhit = __popc(hit), grain = c.ins->arg[2];
+    const int q = max(1, c.ins->arg[1] / max(1, nhit));
+    const int rows = ((nout + q - 1) / q + grain - 1) / grain * grain, per = (nout + rows - 1) / rows;
+    if (i >= nhit * per) return GVM_ERR_NONE;
     const int r = i / per, t = i - r * per;
     const int rc = gvm_expert_tile<UP>(c, gvm_nth_bit(hit, r), t * rows, min(rows, nout - t * rows));
     return rc != GVM_ERR_NONE ? rc : GVM_AGAIN;

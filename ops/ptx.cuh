@@ -84,19 +84,6 @@ template <int N>
 __device__ __forceinline__ void gvm_cp_async_wait() {
     asm volatile("cp.async.wait_group %0;" :: "n"(N) : "memory");
 }
-// The same with a run-time count (0..7): the group count is an immediate.
-__device__ __forceinline__ void gvm_cp_async_wait_n(int n) {
-    switch (n) {
-        case 0: gvm_cp_async_wait<0>(); break;
-        case 1: gvm_cp_async_wait<1>(); break;
-        case 2: gvm_cp_async_wait<2>(); break;
-        case 3: gvm_cp_async_wait<3>(); break;
-        case 4: gvm_cp_async_wait<4>(); break;
-        case 5: gvm_cp_async_wait<5>(); break;
-        case 6: gvm_cp_async_wait<6>(); break;
-        default: gvm_cp_async_wait<7>(); break;
-    }
-}
 
 // ---- shared memory by 32-bit address ------------------------------------------------
 __device__ __forceinline__ unsigned gvm_smem_addr(const void* p) {

@@ -9,15 +9,7 @@
 #ifndef GVM_MAX_GROUPS
 #define GVM_MAX_GROUPS 4          // compute warp groups a block may have (launch picks 1..this)
 #endif
-// Private scratch of each compute group, bytes: with at most two groups, all of
-// the SM's 227 KB but the control state (deep weight rings for the expert tiles).
-#ifndef GVM_GROUP_SMEM
-#if GVM_MAX_GROUPS <= 2
-#define GVM_GROUP_SMEM 110592
-#else
-#define GVM_GROUP_SMEM 49152
-#endif
-#endif
+#define GVM_GROUP_SMEM 49152      // private scratch of each compute group, bytes
 #define GVM_CONTROL_THREADS 128   // warps 0-3: controller, loader, warmer, spare
 #define GVM_GROUP_THREADS 128
 #define GVM_BLOCK_THREADS (GVM_CONTROL_THREADS + GVM_MAX_GROUPS * GVM_GROUP_THREADS)

@@ -270,11 +270,11 @@ def test_expert_up_down_combine() -> None:
     d_c, d_s, d_ts = _nvfp4(E, H, I)
     hbuf, y = nan(8 * T, I, dtype=torch.bfloat16), nan(8 * T, H)
     work = torch.zeros(2, dtype=torch.int32)
-    for _ in range(4):  # work lists: 3 experts x 2 tiles of 16 rows, 4 workers on counter 0
+    for _ in range(4):  # work lists: 4 workers over 3 experts hit, one tile of all 32 rows each
         ops.expert_up([hbuf, x, gu_c, gu_s, gu_ts, meta, route, work], [0, 4, 16])
     for _ in range(2):
         ops.expert_down([y, hbuf, d_c, d_s, d_ts, meta, route, work], [1, 2, H])
-    assert work.tolist() == [6 + 4, 3 + 2]  # items + workers: each worker's last take is past the end
+    assert work.tolist() == [3 + 4, 3 + 2]  # items + workers: each worker's last take is past the end
     used = int(meta[0].sum())
     assert used == 5 and hbuf[used:].isnan().all() and y[used:].isnan().all()
     for slot in range(used):
@@ -297,20 +297,22 @@ def test_expert_up_down_combine() -> None:
 
 
 def test_expert_with_no_tokens_touches_nothing() -> None:
-    """Only expert 0 has tokens: its 4 items of 8 rows are the whole list, and a
-    worker past them does nothing."""
+    """Only expert 0 has tokens: with 4 workers at a grain of 8 rows its 4
+    items of 8 rows are the whole list, and a worker past them does nothing."""
     _, meta, route = _routing(2, 3, [[0], [0]])
     hbuf = nan(16, 32, dtype=torch.bfloat16)
     codes, scales, ts = _nvfp4(3, 2, 32, 32)
     x = randn(2, 32).bfloat16()
-    assert ops.list_items(meta, 32, 8) == [(0, slice(r, r + 8)) for r in (0, 8, 16, 24)]
+    assert ops.list_items(meta, 32, 4, 8) == [(0, slice(r, r + 8)) for r in (0, 8, 16, 24)]
     work = torch.tensor([4], dtype=torch.int32)  # the list already taken
-    ops.expert_up([hbuf, x, codes, scales, ts, meta, route, work], [0, 5, 8])
+    ops.expert_up([hbuf, x, codes, scales, ts, meta, route, work], [0, 4, 8])
     assert hbuf.isnan().all() and int(work[0]) == 5
     work.zero_()
     for _ in range(3):
         ops.expert_up([hbuf, x, codes, scales, ts, meta, route, work], [0, 3, 8])
-    assert not hbuf[:2].isnan().any() and hbuf[2:].isnan().all() and int(work[0]) == 4 + 3
+    # 3 workers: 2 items of 16 rows (ceil(32 / 3) rounded up to the grain)
+    assert ops.list_items(meta, 32, 3, 8) == [(0, slice(0, 16)), (0, slice(16, 32))]
+    assert not hbuf[:2].isnan().any() and hbuf[2:].isnan().all() and int(work[0]) == 2 + 3
 
 
 # ---- run_stream -------------------------------------------------------------------------

@@ -67,13 +67,13 @@ def test_full_size_op_counts_and_tiles(kind: str) -> None:
         assert o.prefetch == (2, o.args[0] * w.row_bytes, o.args[1] * w.row_bytes)
         assert o.args[1] * w.row_bytes <= 256 * 1024
     assert all(o.prefetch is None for o in s.ops if o.opcode in (Op.EXPERT_UP, Op.EXPERT_DOWN))
-    # items: gate+up 32 rows of 4.5 KB, down 64 rows of 2.25 KB
-    assert {o.args[2] for o in _ops(s, Op.EXPERT_UP)} == {32} and {o.args[2] for o in _ops(s, Op.EXPERT_DOWN)} == {64}
+    # item rows in multiples of a warp's unit (sized on the GPU): 8 gate|up rows, 16 down rows
+    assert {o.args[2] for o in _ops(s, Op.EXPERT_UP)} == {8} and {o.args[2] for o in _ops(s, Op.EXPERT_DOWN)} == {16}
     assert len(s.counters) < 200 and len(s.tensors) < 50
 
 
 def _small(kind: str, C: int = 3, n: int = 5, S: int = 100, tiles: Tiles | None = None):  # type: ignore[no-untyped-def]
-    tiles = tiles or Tiles(gemm_bytes=8192, expert_bytes=2048, rows=4, chunk=23)
+    tiles = tiles or Tiles(gemm_bytes=8192, rows=4, chunk=23)
     return lower_layer(SMALL, kind, C, n, S, tiles=tiles), tiles
 
 
@@ -101,11 +101,14 @@ def test_tiles_cover_every_output_once(kind: str) -> None:
     # expert's rows once
     for k, (opcode, n_out) in enumerate(((Op.EXPERT_UP, cfg.expert_inter), (Op.EXPERT_DOWN, cfg.squeeze))):
         ws = _ops(s, opcode)
-        n_w, rows = len(ws), ws[0].args[2]
-        assert all(o.args[:3] == (k, n_w, rows) and o.tensors[7].name == "L0.work" for o in ws)
-        items = list_items(torch.ones(2, cfg.local_experts, dtype=torch.int32), n_out, rows)
-        for e in range(cfg.local_experts):
-            _cover([(c.start, c.stop - c.start) for x, c in items if x == e], n_out)
+        n_w, grain = len(ws), ws[0].args[2]
+        assert all(o.args[:3] == (k, n_w, grain) and o.tensors[7].name == "L0.work" for o in ws)
+        for hit in (1, 2, cfg.local_experts):  # however many experts have tokens, one item per worker at most
+            meta = torch.tensor([[1] * hit + [0] * (cfg.local_experts - hit), [0] * cfg.local_experts], dtype=torch.int32)
+            items = list_items(meta, n_out, n_w, grain)
+            assert len(items) <= n_w
+            for e in range(hit):
+                _cover([(c.start, c.stop - c.start) for x, c in items if x == e], n_out)
     assert _ops(s, Op.TOPK)[0].tensors[3].name == "L0.work"
     nch = n_chunks(cfg, kind, 5, 100, tl.chunk)
     chunks = sorted(tuple(o.args[:3]) for o in _ops(s, Op.ATTN_CHUNK))
@@ -236,7 +239,7 @@ def test_two_chained_layers_equal_two_single_layers(small_weights) -> None:  # t
     C, n, ctx = 2, 3, 9
     st = {k: make_state(SMALL, k, C, n, ctx, seed=6) for k in ("sliding", "full")}
     s0 = make_inputs(SMALL, st["sliding"], seed=7, weights_seed=21)
-    tiles = Tiles(gemm_bytes=8192, expert_bytes=4096, rows=4, chunk=16)
+    tiles = Tiles(gemm_bytes=8192, rows=4, chunk=16)
 
     p = Program("two layers")
     s = p.tensor("s", (C * n, SMALL.d), DType.F32)

@@ -40,13 +40,12 @@ class Tiles:
 
     gemm_bytes: int = 256 * 1024  # weight bytes per GEMM column tile (rounded down to 2^k rows)
     router_bytes: int = 64 * 1024  # the f32 router's tiles: latency bound, so smaller (2 rows of 32 KB)
-    expert_bytes: int = 256 * 1024  # weight bytes per expert work item (same rounding)
     expert_workers: int = 264  # EXPERT_UP / EXPERT_DOWN instructions per layer (H200: 132 SMs x 2 groups)
     rows: int = 16  # token rows per RMSNORM / RESIDUAL / EXPERT_COMBINE op
     chunk: int = 1024  # cached keys per ATTN_CHUNK op
 
     def __post_init__(self) -> None:
-        for name in ("gemm_bytes", "router_bytes", "expert_bytes", "expert_workers", "rows", "chunk"):
+        for name in ("gemm_bytes", "router_bytes", "expert_workers", "rows", "chunk"):
             v = getattr(self, name)
             if not isinstance(v, int) or v <= 0:
                 raise ProgramError(f"Tiles.{name} must be a positive int, not {v!r}")
@@ -253,15 +252,16 @@ def emit_layer(
     gemm(x, h2b, w["Wsq"], 0, H, [res1], squeezed, "Wsq")
     # work lists: which experts have tokens is known only on the GPU; workers
     # take items from a counter (ops/experts.cuh)
-    up_rows = _pow2_rows(I, 2 * (H // 2 + H // 16), tl.expert_bytes)
-    down_rows = _pow2_rows(H, I // 2 + I // 16, tl.expert_bytes)
+    # item rows are sized on the GPU (opspec.expert_item_rows) in multiples of
+    # a warp's unit: 8 gate|up rows, 16 down rows
+    up_grain, down_grain = 8, 16
     up_done, down_done = ctr("hbuf"), ctr("y")
-    up_workers = min(tl.expert_workers, E * -(-I // up_rows))
+    up_workers = min(tl.expert_workers, E * -(-I // up_grain))
     for wk in range(up_workers):
-        p.op(Op.EXPERT_UP, [hbuf, x, w["gu_codes"], w["gu_scales"], w["gu_ts"], meta, route, work], [0, up_workers, up_rows], waits=[routed, squeezed], signal=up_done, label=f"{prefix}expert_up[{wk}/{up_workers}]")
-    down_workers = min(tl.expert_workers, E * -(-H // down_rows))
+        p.op(Op.EXPERT_UP, [hbuf, x, w["gu_codes"], w["gu_scales"], w["gu_ts"], meta, route, work], [0, up_workers, up_grain], waits=[routed, squeezed], signal=up_done, label=f"{prefix}expert_up[{wk}/{up_workers}]")
+    down_workers = min(tl.expert_workers, E * -(-H // down_grain))
     for wk in range(down_workers):
-        p.op(Op.EXPERT_DOWN, [y, hbuf, w["d_codes"], w["d_scales"], w["d_ts"], meta, route, work], [1, down_workers, down_rows], waits=[up_done], signal=down_done, label=f"{prefix}expert_down[{wk}/{down_workers}]")
+        p.op(Op.EXPERT_DOWN, [y, hbuf, w["d_codes"], w["d_scales"], w["d_ts"], meta, route, work], [1, down_workers, down_grain], waits=[up_done], signal=down_done, label=f"{prefix}expert_down[{wk}/{down_workers}]")
     combined = ctr("fsq")
     for r0, n in _tiles(0, T, tl.rows):
         p.op(Op.EXPERT_COMBINE, [fsq, y, route], [r0, n], waits=[down_done], signal=combined, label=f"{prefix}expert_combine[{r0}:{r0 + n}]")

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Sequence
 
 from ..isa import Op
 from ..muse.config import MuseConfig
-from ..opspec import Cost, ProgramError
+from ..opspec import Cost, ProgramError, expert_item_rows
 from ..program import Stream
 from .hardware import Hardware
 from .model import simulate
@@ -74,10 +74,11 @@ def layer_costs(stream: Stream, expert_tokens: Sequence[int]) -> list[Cost]:
             if len(expert_tokens) != meta.shape[1]:
                 raise ProgramError(f"'{ins.label}' covers {meta.shape[1]} experts; expert_tokens has {len(expert_tokens)} entries")
             key = (work.name, ins.args[0])
-            wk, n_w, rows = seen.get(key, 0), ins.args[1], ins.args[2]
+            wk, n_w = seen.get(key, 0), ins.args[1]
             seen[key] = wk + 1
             k, n_out = x.shape[1], codes.shape[-2]
             mats = 2 if ins.opcode == Op.EXPERT_UP else 1
+            rows = expert_item_rows(n_out, len(hit), n_w, ins.args[2])
             per = -(-n_out // rows)
             wb = ab = fl = 0
             for i in range(wk, len(hit) * per, n_w):

@@ -106,7 +106,6 @@ inline void gvm_cp_async16(unsigned dst, const void* src, bool valid, unsigned l
 inline void gvm_cp_async4(unsigned dst, const void* src, bool valid, unsigned long long) { gvm_emu_cp_async(dst, src, valid, 4); }
 inline void gvm_cp_async_commit() {}
 template <int N> inline void gvm_cp_async_wait() {}
-inline void gvm_cp_async_wait_n(int) {}
 
 inline unsigned gvm_smem_addr(const void* p) {
     const long long off = (const unsigned char*)p - emu::machine()->smem;

@@ -1,0 +1,109 @@
+"""One expert work list alone on the whole GPU, outside the VM: the ops_check
+test kernel of EXPERT_UP / EXPERT_DOWN run by 132 blocks x 2 groups (one
+worker instruction each, as a layer's list is), at the shard's shapes and
+the lowering's row grains, L2 flushed, for a few counts of experts hit. It
+answers how fast the op streams its weights when nothing else runs (issue
+6); --define passes a probe switch to the op kernels.
+
+    PYTHONPATH=. python3 tools/expert_bench.py --out out/expert_bench.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+
+import torch
+
+from gpuvm.device.bench import L2Flush
+from gpuvm.isa import DType, Op
+from gpuvm.muse.config import SHARD
+from tools.ops_check import SCRATCH, GpuRunner, _Build, encode, place
+
+H, I, E, WORKERS = SHARD.squeeze, SHARD.expert_inter, SHARD.local_experts, 264
+GRAIN = {True: 8, False: 16}  # the lowering's row grains (gpuvm/muse/lowering.py)
+
+
+def weights(up: bool, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random codes and unit scales of the shard's 32 experts (gate|up or down)."""
+    n_out, k = (I, H) if up else (H, I)
+    lead = (E, 2, n_out) if up else (E, n_out)
+    codes = torch.randint(0, 256, (*lead, k // 2), generator=gen, dtype=torch.uint8)
+    return codes, torch.full((*lead, k // 16), 0x38, dtype=torch.uint8)  # e4m3 1.0
+
+
+def build_list(up: bool, grain: int, hit: int, tokens: int, w: tuple[torch.Tensor, torch.Tensor], gen: torch.Generator) -> tuple[object, int]:
+    """A work list over `hit` experts with `tokens` tokens each; the weight bytes it reads."""
+    op = Op.EXPERT_UP if up else Op.EXPERT_DOWN
+    b = _Build(op.name.lower(), op, gen)
+    slots = hit * tokens
+    meta = torch.zeros(2, E, dtype=torch.int32)
+    meta[0, :hit] = tokens
+    meta[1, :] = torch.arange(E, dtype=torch.int32).clamp(max=hit) * tokens
+    t = -(-slots // 8)  # tokens of the step: 8 picks each
+    route = torch.zeros(5, 8 * t, dtype=torch.int32)
+    route[0, :slots] = torch.arange(slots, dtype=torch.int32) % t
+    n_out, k = (I, H) if up else (H, I)
+    codes, scales = w
+    x = b.add("x", DType.BF16, (torch.randn(t if up else 8 * t, k, generator=gen) * 0.1).bfloat16())
+    dst = b.add("out", DType.BF16 if up else DType.F32, torch.zeros(8 * t, n_out, dtype=torch.bfloat16 if up else torch.float32))
+    cd = b.add("codes", DType.E2M1X2, codes)
+    sc = b.add("scales", DType.E4M3, scales)
+    ts = b.add("ts", DType.F32, torch.ones((E, 2) if up else (E,)))
+    mt = b.add("meta", DType.I32, meta)
+    rt = b.add("route", DType.I32, route)
+    wk = b.add("work", DType.I32, torch.zeros(2, dtype=torch.int32))
+    for _ in range(WORKERS):
+        b.op_([dst, x, cd, sc, ts, mt, rt, wk], [0, WORKERS, grain])
+    per_expert = (2 if up else 1) * n_out * (k // 2 + k // 16)
+    return b.case(), hit * per_expert
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", default="out/expert_bench.json")
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--define", action="append", default=[], help="MACRO=value for the op kernels (repeatable)")
+    ap.add_argument("--quick", action="store_true", help="1 and 3 experts hit only")
+    ap.add_argument("--bw", type=float, default=4.3, help="streaming-read TB/s for the floor column")
+    a = ap.parse_args()
+    gen = torch.Generator().manual_seed(0)
+    runner = GpuRunner(defines=tuple(tuple(d.split("=", 1)) for d in a.define))
+    flush = L2Flush(torch.device("cuda", 0))
+    ts = torch.cuda.ExternalStream(int(runner.stream.handle))
+    res = []
+    print(f"{'op':5} {'hit':>3} {'tok':>3} {'us':>8} {'MB':>7} {'GB/s':>7} {'floor us':>8}", flush=True)
+    for up in (True, False):
+        w = weights(up, gen)
+        for hit, tokens in ((1, 1), (3, 1)) if a.quick else ((1, 1), (3, 1), (8, 1), (32, 8)):
+            case, nbytes = build_list(up, GRAIN[up], hit, tokens, w, gen)
+            placed = place(case.tensors, "cuda")
+            records, table = encode(case, placed)
+            ins, tab, err = runner._upload(records, table)
+            times = []
+            for _ in range(a.reps):
+                with torch.cuda.stream(ts):  # on the timed stream: the flush ends before the start event
+                    placed.views["work"].zero_()
+                    flush()
+                ev = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
+                ev[0].record(ts)
+                runner._launch(case.op, ins, tab, err, 2, SCRATCH, WORKERS // 2)
+                ev[1].record(ts)
+                ev[1].synchronize()
+                times.append(ev[0].elapsed_time(ev[1]) * 1e3)
+            if int(err.min()) != 0 or int(err.max()) != 0:
+                raise SystemExit(f"error codes {sorted(set(err.tolist()))}")
+            us = statistics.median(times)
+            r = dict(op="up" if up else "down", grain=GRAIN[up], hit=hit, tokens=tokens, us=us, bytes=nbytes)
+            res.append(r)
+            print(f"{r['op']:5} {hit:3d} {tokens:3d} {us:8.1f} {nbytes / 1e6:7.1f} {nbytes / us / 1e3:7.0f} {nbytes / (a.bw * 1e6):8.1f}", flush=True)
+            del placed, ins, tab, err
+            torch.cuda.empty_cache()
+    with open(a.out, "w") as f:
+        json.dump(res, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
