@@ -349,18 +349,20 @@ def _check_expert(ts: Slots, a: Args, up: bool) -> None:
     _range(a[0], 1, work.shape[0], "expert work counter")
     if not (a[1] >= 1):
         raise ProgramError(f"an expert work list needs >= 1 workers, not {a[1]}")
-    if not (a[2] >= 1):
-        raise ProgramError(f"expert row grain must be >= 1, not {a[2]}")
+    if not (a[2] >= 1 and a[3] >= 1):
+        raise ProgramError(f"expert row grain and cap must be >= 1, not {a[2]} and {a[3]}")
 
 
-def expert_item_rows(n_out: int, hit: int, workers: int, grain: int) -> int:
+def expert_item_rows(n_out: int, hit: int, workers: int, grain: int, cap: int) -> int:
     """Rows of an expert work item (ops/experts.cuh): the list's workers
     split among the `hit` experts with tokens, each expert's n_out rows cut
-    into at most that many tiles, rounded up to a multiple of grain. Every
-    worker then takes at most one item: a second round of items would double
-    the list's time."""
+    into at most that many tiles, rounded up to a multiple of grain, and at
+    most cap. With few experts hit every worker then takes at most one item
+    (a second round of items doubled the list's time); with many, the cap
+    keeps items small enough for the workers to even out the experts'
+    unequal token counts."""
     q = max(1, workers // max(1, hit))
-    return -(-(-(-n_out // q)) // grain) * grain
+    return min(cap, -(-(-(-n_out // q)) // grain) * grain)
 
 
 def _cost_expert(ts: Slots, a: Args, mats: int) -> Cost:
@@ -369,7 +371,7 @@ def _cost_expert(ts: Slots, a: Args, mats: int) -> Cost:
     codes, x, meta = ts[2], ts[1], ts[5]
     assert codes and x and meta
     k, n_out = x.shape[1], codes.shape[-2]
-    rows = min(n_out, expert_item_rows(n_out, meta.shape[1], a[1], a[2]))
+    rows = min(n_out, expert_item_rows(n_out, meta.shape[1], a[1], a[2], a[3]))
     return Cost(weight_bytes=mats * rows * (k // 2 + k // 16), act_bytes=rows * 8, flops=2 * mats * k * rows)
 
 
@@ -437,8 +439,8 @@ SPECS: dict[Op, OpSpec] = {
     Op.ATTN_MERGE: OpSpec(("o", "part_o", "part_ml", "qkvg"), ("tok0", "tokens", "head0", "heads"), _check_attn_merge, _cost_merge),
     Op.RESIDUAL: OpSpec(("s", "a", "alpha", "beta", "w_next", "out_f32", "out_bf16"), ("row0", "rows"), _check_residual, _cost_residual),
     Op.TOPK: OpSpec(("scores", "route_meta", "route", "work"), ("first_local", "n_local"), _check_topk, _cost_topk),
-    Op.EXPERT_UP: OpSpec(("hbuf", "x", "codes", "scales", "tscales", "route_meta", "route", "work"), ("counter", "workers", "rows"), lambda ts, a: _check_expert(ts, a, True), lambda ts, a: _cost_expert(ts, a, 2)),
-    Op.EXPERT_DOWN: OpSpec(("y", "hbuf", "codes", "scales", "tscales", "route_meta", "route", "work"), ("counter", "workers", "rows"), lambda ts, a: _check_expert(ts, a, False), lambda ts, a: _cost_expert(ts, a, 1)),
+    Op.EXPERT_UP: OpSpec(("hbuf", "x", "codes", "scales", "tscales", "route_meta", "route", "work"), ("counter", "workers", "grain", "cap"), lambda ts, a: _check_expert(ts, a, True), lambda ts, a: _cost_expert(ts, a, 2)),
+    Op.EXPERT_DOWN: OpSpec(("y", "hbuf", "codes", "scales", "tscales", "route_meta", "route", "work"), ("counter", "workers", "grain", "cap"), lambda ts, a: _check_expert(ts, a, False), lambda ts, a: _cost_expert(ts, a, 1)),
     Op.EXPERT_COMBINE: OpSpec(("fsq", "y", "route"), ("tok0", "tokens"), _check_combine, _cost_combine),
     Op.EMBED: OpSpec(("s", "table", "tokens"), ("row0", "rows"), _check_embed, _cost_embed),
     Op.ARGMAX: OpSpec(("logits", "tokens", "margin"), ("row0", "rows"), _check_argmax, _cost_argmax),

@@ -128,8 +128,9 @@ enum gvm_opcode {
     /* t0 hbuf [8T,I] bf16, t1 x [T,H] bf16, t2 gu codes [E,2,I,H/2] e2m1x2,
      * t3 gu scales [E,2,I,H/16] e4m3, t4 gu tensor scales [E,2] f32,
      * t5 route_meta, t6 route, t7 work [K] i32; a0 counter k, a1 workers W,
-     * a2 row grain G. Work list (E <= GVM_MAX_WORKLIST_EXPERTS): with h experts
-     * with tokens, tiles have R = G * ceil(ceil(I / max(1, W / h)) / G) rows;
+     * a2 row grain G, a3 row cap C. Work list (E <= GVM_MAX_WORKLIST_EXPERTS):
+     * with h experts with tokens, tiles have
+     * R = min(C, G * ceil(ceil(I / max(1, W / h)) / G)) rows;
      * item i is row tile i % P (rows [R*(i%P), +R) of I, P = ceil(I/R)) of the
      * (i/P)-th expert with tokens, in expert order. The W instructions of a list take items
      * i = work[k]++ (atomic) until i is past the last item (so work[k] ends
@@ -139,7 +140,7 @@ enum gvm_opcode {
     GVM_OP_EXPERT_DOWN = 24,
     /* t0 y [8T,H] f32, t1 hbuf [8T,I] bf16, t2 d codes [E,H,I/2], t3 d scales
      * [E,H,I/16], t4 d tensor scales [E] f32, t5 route_meta, t6 route,
-     * t7 work; a0 counter k, a1 workers W, a2 row grain G: the work list of
+     * t7 work; a0 counter k, a1 workers W, a2 row grain G, a3 cap C: the work list of
      * EXPERT_UP over the H rows. y[slot, n] = sum_i D[n,i] hbuf[slot,i]. */
     GVM_OP_EXPERT_COMBINE = 25,
     /* t0 fsq [T,H] bf16, t1 y [8T,H] f32, t2 route [5,8T] i32; a0 token0,

@@ -10,8 +10,10 @@
 // expert with no tokens costs no item; a worker that starts late (queued
 // behind a long op in its block) finds the list taken by the running ones.
 // Tiles are sized on the GPU from the number of experts hit: W / hit tiles
-// per expert (rows rounded up to the grain a2), so a list is one round of
-// items, whatever the routing (a second round of items doubled the list's time).
+// per expert (rows rounded up to the grain a2), so that with few experts hit
+// a list is one round of items (a second round doubled the list's time), and
+// at most a3 rows, so that with many hit the workers still even out the
+// experts' unequal token counts.
 // Tensor cores (mma m16n8k16, f16 in, f32 accumulate): M = 16 tokens, N = 8 weight
 // rows, K = 16. code * block scale has at most 5 significant bits, so it is exact
 // in f16; the tensor scale is applied to the f32 sums. x goes bf16 -> f16 (exact
@@ -168,7 +170,7 @@ __device__ __noinline__ bool gvm_expert_args_ok(const gvm_ctx& c) {
               tsc.shape[wd - 2] == nout && tcd.shape[wd - 1] * 2 == kdim && tsc.shape[wd - 1] * 16 == kdim &&
               gvm_is(tts, GVM_DT_F32, UP ? 2 : 1) && tts.shape[0] == n_exp && gvm_is(tmeta, GVM_DT_I32, 2) &&
               tmeta.shape[0] == 2 && gvm_is(troute, GVM_DT_I32, 2) && troute.shape[0] == 5 && kdim % 64 == 0 &&
-              n_exp <= GVM_MAX_WORKLIST_EXPERTS && gvm_aligned(tmeta, 4, 4) && n_w >= 1 && rows >= 1 &&
+              n_exp <= GVM_MAX_WORKLIST_EXPERTS && gvm_aligned(tmeta, 4, 4) && n_w >= 1 && rows >= 1 && c.ins->arg[3] >= 1 &&
               gvm_is(twork, GVM_DT_I32, 1) && k >= 0 && k < twork.shape[0] &&
               c.smem_bytes >= GVM_EXP_STATE + GVM_EXP_HEAD + GVM_EXP_WBUF + 16 * GVM_EXP_XROW;
     // set 0 -> set 1 (the up matrix, or the next 8 rows) must fit an int of bytes
@@ -294,11 +296,10 @@ __device__ int gvm_expert_matmul(const gvm_ctx& c) {
     const int i = (int)gvm_lds_u(st + 4 * (c.again & 1));
     const unsigned hit = gvm_lds_u(st + 8);
     // rows of an item: the workers split among the experts hit, rounded up to
-    // the grain a2 (gpuvm/opspec.py expert_item_rows), so that no worker takes
-    // a second item
+    // the grain a2, at most a3 (gpuvm/opspec.py expert_item_rows)
     const int nout = gvm_t(c, 0).shape[1], nhit = __popc(hit), grain = c.ins->arg[2];
     const int q = max(1, c.ins->arg[1] / max(1, nhit));
-    const int rows = ((nout + q - 1) / q + grain - 1) / grain * grain, per = (nout + rows - 1) / rows;
+    const int rows = min(c.ins->arg[3], ((nout + q - 1) / q + grain - 1) / grain * grain), per = (nout + rows - 1) / rows;
     if (i >= nhit * per) return GVM_ERR_NONE;
     const int r = i / per, t = i - r * per;
     const int rc = gvm_expert_tile<UP>(c, gvm_nth_bit(hit, r), t * rows, min(rows, nout - t * rows));

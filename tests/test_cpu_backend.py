@@ -271,9 +271,9 @@ def test_expert_up_down_combine() -> None:
     hbuf, y = nan(8 * T, I, dtype=torch.bfloat16), nan(8 * T, H)
     work = torch.zeros(2, dtype=torch.int32)
     for _ in range(4):  # work lists: 4 workers over 3 experts hit, one tile of all 32 rows each
-        ops.expert_up([hbuf, x, gu_c, gu_s, gu_ts, meta, route, work], [0, 4, 16])
+        ops.expert_up([hbuf, x, gu_c, gu_s, gu_ts, meta, route, work], [0, 4, 16, 64])
     for _ in range(2):
-        ops.expert_down([y, hbuf, d_c, d_s, d_ts, meta, route, work], [1, 2, H])
+        ops.expert_down([y, hbuf, d_c, d_s, d_ts, meta, route, work], [1, 2, H, 64])
     assert work.tolist() == [3 + 4, 3 + 2]  # items + workers: each worker's last take is past the end
     used = int(meta[0].sum())
     assert used == 5 and hbuf[used:].isnan().all() and y[used:].isnan().all()
@@ -303,15 +303,16 @@ def test_expert_with_no_tokens_touches_nothing() -> None:
     hbuf = nan(16, 32, dtype=torch.bfloat16)
     codes, scales, ts = _nvfp4(3, 2, 32, 32)
     x = randn(2, 32).bfloat16()
-    assert ops.list_items(meta, 32, 4, 8) == [(0, slice(r, r + 8)) for r in (0, 8, 16, 24)]
+    assert ops.list_items(meta, 32, 4, 8, 64) == [(0, slice(r, r + 8)) for r in (0, 8, 16, 24)]
     work = torch.tensor([4], dtype=torch.int32)  # the list already taken
-    ops.expert_up([hbuf, x, codes, scales, ts, meta, route, work], [0, 4, 8])
+    ops.expert_up([hbuf, x, codes, scales, ts, meta, route, work], [0, 4, 8, 64])
     assert hbuf.isnan().all() and int(work[0]) == 5
     work.zero_()
     for _ in range(3):
-        ops.expert_up([hbuf, x, codes, scales, ts, meta, route, work], [0, 3, 8])
-    # 3 workers: 2 items of 16 rows (ceil(32 / 3) rounded up to the grain)
-    assert ops.list_items(meta, 32, 3, 8) == [(0, slice(0, 16)), (0, slice(16, 32))]
+        ops.expert_up([hbuf, x, codes, scales, ts, meta, route, work], [0, 3, 8, 64])
+    # 3 workers: 2 items of 16 rows (ceil(32 / 3) rounded up to the grain); a cap of 8: 4 items
+    assert ops.list_items(meta, 32, 3, 8, 64) == [(0, slice(0, 16)), (0, slice(16, 32))]
+    assert ops.list_items(meta, 32, 3, 8, 8) == [(0, slice(r, r + 8)) for r in (0, 8, 16, 24)]
     assert not hbuf[:2].isnan().any() and hbuf[2:].isnan().all() and int(work[0]) == 2 + 3
 
 

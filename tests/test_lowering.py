@@ -67,8 +67,8 @@ def test_full_size_op_counts_and_tiles(kind: str) -> None:
         assert o.prefetch == (2, o.args[0] * w.row_bytes, o.args[1] * w.row_bytes)
         assert o.args[1] * w.row_bytes <= 256 * 1024
     assert all(o.prefetch is None for o in s.ops if o.opcode in (Op.EXPERT_UP, Op.EXPERT_DOWN))
-    # item rows in multiples of a warp's unit (sized on the GPU): 8 gate|up rows, 16 down rows
-    assert {o.args[2] for o in _ops(s, Op.EXPERT_UP)} == {8} and {o.args[2] for o in _ops(s, Op.EXPERT_DOWN)} == {16}
+    # item rows in multiples of a warp's unit (sized on the GPU): 8 gate|up rows, 16 down rows, at most 64
+    assert {o.args[2:4] for o in _ops(s, Op.EXPERT_UP)} == {(8, 64)} and {o.args[2:4] for o in _ops(s, Op.EXPERT_DOWN)} == {(16, 64)}
     assert len(s.counters) < 200 and len(s.tensors) < 50
 
 
@@ -101,12 +101,12 @@ def test_tiles_cover_every_output_once(kind: str) -> None:
     # expert's rows once
     for k, (opcode, n_out) in enumerate(((Op.EXPERT_UP, cfg.expert_inter), (Op.EXPERT_DOWN, cfg.squeeze))):
         ws = _ops(s, opcode)
-        n_w, grain = len(ws), ws[0].args[2]
-        assert all(o.args[:3] == (k, n_w, grain) and o.tensors[7].name == "L0.work" for o in ws)
+        n_w, grain, cap = len(ws), ws[0].args[2], ws[0].args[3]
+        assert all(o.args[:4] == (k, n_w, grain, cap) and o.tensors[7].name == "L0.work" for o in ws)
         for hit in (1, 2, cfg.local_experts):  # however many experts have tokens, one item per worker at most
             meta = torch.tensor([[1] * hit + [0] * (cfg.local_experts - hit), [0] * cfg.local_experts], dtype=torch.int32)
-            items = list_items(meta, n_out, n_w, grain)
-            assert len(items) <= n_w
+            items = list_items(meta, n_out, n_w, grain, cap)
+            assert len(items) <= n_w or len(items) == hit * -(-n_out // cap)
             for e in range(hit):
                 _cover([(c.start, c.stop - c.start) for x, c in items if x == e], n_out)
     assert _ops(s, Op.TOPK)[0].tensors[3].name == "L0.work"

@@ -312,7 +312,7 @@ def test_layer_costs_follow_expert_tokens() -> None:
             # weights per row, math per row and token
             j = seen.get(ins.args[0], 0)
             seen[ins.args[0]] = j + 1
-            items = list_items(meta, ins.tensors[2].shape[-2], ins.args[1], ins.args[2])[j :: ins.args[1]]
+            items = list_items(meta, ins.tensors[2].shape[-2], ins.args[1], ins.args[2], ins.args[3])[j :: ins.args[1]]
             mats, k = (2 if ins.opcode == Op.EXPERT_UP else 1), ins.tensors[1].shape[1]
             rows = sum(cols.stop - cols.start for _, cols in items)
             assert c.weight_bytes == mats * rows * (k // 2 + k // 16)

@@ -505,18 +505,20 @@ def cases_experts(sz: Sizes, gen: torch.Generator) -> list[Case]:
             mt = b.add("route_meta", DType.I32, meta)
             rt = b.add("route", DType.I32, route)
             wk = b.add("work", DType.I32, torch.zeros(4, dtype=torch.int32), EXACT)  # ends at items + workers
-            # work lists, each into its own output: 7 workers of sz.cols-row items
-            # on counter 0, then items of sz.cols - 3 rows (not a multiple of the
-            # 8- or 16-row unit) on counter 1, more workers than items; then
-            # items of 12 and 5 rows, fewer rows than the four warps' units
-            lists = [(7, sz.cols)] + [(sz.local * -(-h // r) + 5, r) for r in (sz.cols - 3, 12, 5)]
-            for kk, (n_w, rows) in enumerate(lists):
+            # work lists (workers, row grain, row cap), each into its own
+            # output: 7 workers at a grain of sz.cols on counter 0, then a grain
+            # of sz.cols - 3 rows (not a multiple of the 8- or 16-row unit) on
+            # counter 1, more workers than items; then grains of 12 and 5 rows,
+            # fewer rows than the four warps' units, the last capped at 10
+            many = sz.local * -(-h // 5) + 5
+            lists = [(7, sz.cols, 1 << 20), (many, sz.cols - 3, 1 << 20), (many, 12, 1 << 20), (many, 5, 10)]
+            for kk, (n_w, grain, cap) in enumerate(lists):
                 if up:
                     dst = b.out(f"hbuf{kk}", DType.BF16, (8 * t, h), Check("float", rtol=2.0**-7, atol_max=1e-3, norm=5e-3))
                 else:
                     dst = b.out(f"y{kk}", DType.F32, (8 * t, h), Check("float", rtol=1e-4, atol_max=1e-5, norm=1e-5))
                 for _ in range(n_w):
-                    b.op_([dst, x, cd, sc, ts, mt, rt, wk], [kk, n_w, rows])
+                    b.op_([dst, x, cd, sc, ts, mt, rt, wk], [kk, n_w, grain, cap])
             out.append(b.case())
     b = _Build("expert_combine", Op.EXPERT_COMBINE, gen)
     meta, route = _routing(b, t, sz)
@@ -535,7 +537,7 @@ def cases_experts(sz: Sizes, gen: torch.Generator) -> list[Case]:
                b.add("codes", DType.E2M1X2, codes), b.add("scales", DType.E4M3, scales),
                b.add("tscale", DType.F32, torch.ones(2, 2)), b.add("route_meta", DType.I32, meta),
                b.add("route", DType.I32, route),
-               b.add("work", DType.I32, torch.zeros(1, dtype=torch.int32), Check("counter", atol=1))], [0, 1, 64])
+               b.add("work", DType.I32, torch.zeros(1, dtype=torch.int32), Check("counter", atol=1))], [0, 1, 64, 64])
         out.append(b.case(int(ErrorCode.BAD_ARGS), _set_arg(0, 1) if what == "counter past the work" else None))
     return out
 

@@ -245,11 +245,11 @@ def _expert_slots(meta: torch.Tensor, route: torch.Tensor, e: int, tokens: int) 
     return slots
 
 
-def list_items(meta: torch.Tensor, n_out: int, workers: int, grain: int) -> list[tuple[int, slice]]:
+def list_items(meta: torch.Tensor, n_out: int, workers: int, grain: int, cap: int) -> list[tuple[int, slice]]:
     """A step's work list: (expert, rows) of item i = the experts with tokens,
     in expert order, times their row tiles (opspec.expert_item_rows)."""
     hit = [e for e in range(meta.shape[1]) if int(meta[0, e]) != 0]
-    rows = expert_item_rows(n_out, len(hit), workers, grain)
+    rows = expert_item_rows(n_out, len(hit), workers, grain, cap)
     per = -(-n_out // rows)
     return [(hit[i // per], slice((i % per) * rows, min(n_out, (i % per + 1) * rows))) for i in range(len(hit) * per)]
 
@@ -272,7 +272,7 @@ def expert_up(ts: Slots, a: Args) -> None:
     hbuf, x, codes, scales, tscales, meta, route, work = ts[:8]
     assert hbuf is not None and x is not None and codes is not None and scales is not None
     assert tscales is not None and meta is not None and route is not None and work is not None
-    for e, cols in take_items(work, a[0], list_items(meta, hbuf.shape[1], a[1], a[2])):
+    for e, cols in take_items(work, a[0], list_items(meta, hbuf.shape[1], a[1], a[2], a[3])):
         slots = _expert_slots(meta, route, e, x.shape[0])
         xs = x[route[0, slots].long()].float()
         gu = dequantize_nvfp4(codes[e, :, cols], scales[e, :, cols], tscales[e])  # [2, n, H]
@@ -284,7 +284,7 @@ def expert_down(ts: Slots, a: Args) -> None:
     y, hbuf, codes, scales, tscales, meta, route, work = ts[:8]
     assert y is not None and hbuf is not None and codes is not None and scales is not None
     assert tscales is not None and meta is not None and route is not None and work is not None
-    for e, cols in take_items(work, a[0], list_items(meta, y.shape[1], a[1], a[2])):
+    for e, cols in take_items(work, a[0], list_items(meta, y.shape[1], a[1], a[2], a[3])):
         slots = _expert_slots(meta, route, e, route.shape[1] // TOPK)
         down = dequantize_nvfp4(codes[e, cols], scales[e, cols], float(tscales[e]))  # [n, I]
         y[slots, cols] = hbuf[slots].float() @ down.T

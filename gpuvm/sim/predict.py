@@ -78,7 +78,7 @@ def layer_costs(stream: Stream, expert_tokens: Sequence[int]) -> list[Cost]:
             seen[key] = wk + 1
             k, n_out = x.shape[1], codes.shape[-2]
             mats = 2 if ins.opcode == Op.EXPERT_UP else 1
-            rows = expert_item_rows(n_out, len(hit), n_w, ins.args[2])
+            rows = expert_item_rows(n_out, len(hit), n_w, ins.args[2], ins.args[3])
             per = -(-n_out // rows)
             wb = ab = fl = 0
             for i in range(wk, len(hit) * per, n_w):
