@@ -26,6 +26,11 @@
 // and the x tile is stored in that same order: x0 x2 x1 x3 x4 x6 x5 x7.
 #pragma once
 #include "common.cuh"
+#include "gemm.cuh"  // the weight loads of the register path (gvm_gemm_ld_w16, gvm_gemm_policy)
+
+#ifndef GVM_EXPERT_REG
+#define GVM_EXPERT_REG 0  // 1: experts with few tokens stream weights through registers (not yet measured)
+#endif
 
 #define GVM_EXP_KSTEP 256    // K per step: 4 threads x 64 codes of a weight row
 #define GVM_EXP_XROW 576     // bytes per staged x row: 256 f16 + 64 pad (lds.128 conflict-free)
@@ -179,6 +184,196 @@ __device__ __noinline__ bool gvm_expert_args_ok(const gvm_ctx& c) {
     return ok;
 }
 
+#if GVM_EXPERT_REG
+// ---- few tokens: weights streamed through registers (GVM_EXPERT_REG=1) ----------------
+// The tile above is bound by its own latency (one warp per SM sub-partition
+// and group, two barriers and an x staging per K step: tools/expert_bench.py).
+// For an expert with few tokens this one works like the bf16 GEMM: weight rows
+// are the mma's M (16 per unit), the tokens its N (8), and each thread streams
+// its own 16-byte chunks of codes (32 codes of rows g and g + 8) from global
+// into registers, several chunks ahead, with no barrier in the K loop.
+// x is converted once per item into shared memory (f16, the decode's pair
+// order), where the B fragments are read. Units go to the 4 warps; fewer than
+// 4 split K, their partial tiles summed in shared memory in a fixed order.
+#ifndef GVM_EXPR_LOADS
+#define GVM_EXPR_LOADS 6   // chunks of codes held per thread, over the sets
+#endif
+#define GVM_EXPR_PART 512  // one partial 16 x 8 f32 tile
+
+// Byte offset of word w (8 values) of 32-value chunk ch in an x row: chunk
+// pairs share a 128-byte line, words swizzled so that the 4 chunks a quad
+// reads at once and 2 rows 16 bytes apart mod 128 fall in distinct banks.
+__device__ __forceinline__ unsigned gvm_expr_xoff(unsigned ch, unsigned w) { return ch * 64 + 16 * (w ^ (((ch >> 1) & 1) * 2)); }
+
+// The x row pitch (bytes): 16 mod 128 (see gvm_expr_xoff).
+__device__ __forceinline__ unsigned gvm_expr_pitch(int kdim) { return (unsigned)kdim * 2 + 16; }
+
+// Can the register path take an expert with `count` tokens? x for all of them
+// and 4 partial tiles per set must fit beside the work list's state.
+__device__ __forceinline__ bool gvm_expr_fits(const gvm_ctx& c, int count, int kdim, int sets) {
+    return count <= 8 && (unsigned)count * gvm_expr_pitch(kdim) + 4 * sets * GVM_EXPR_PART + GVM_EXP_STATE <= c.smem_bytes;
+}
+
+// One set's loads of chunk j of this lane (rows a and b, codes and scales).
+__device__ __forceinline__ void gvm_expr_fill(uint4& ca, uint4& cb, unsigned& sc, const unsigned char* pa,
+                                              const unsigned char* pb, const unsigned char* sa, const unsigned char* sb,
+                                              int j, bool live, unsigned long long pol) {
+    if (live) {
+        ca = gvm_gemm_ld_w16(pa + 64 * j, pol);
+        cb = gvm_gemm_ld_w16(pb + 64 * j, pol);
+        sc = (unsigned)*reinterpret_cast<const unsigned short*>(sa + 8 * j) |
+             ((unsigned)*reinterpret_cast<const unsigned short*>(sb + 8 * j) << 16);
+    } else {
+        ca = cb = make_uint4(0, 0, 0, 0);
+        sc = 0;
+    }
+}
+
+// Chunk (ca, cb: rows g, g + 8; sc: their two scale bytes each) times the x
+// words of chunk ch into acc.
+__device__ __forceinline__ void gvm_expr_chunk(float (&acc)[4], const uint4& ca, const uint4& cb, unsigned sc,
+                                               unsigned xrow, unsigned ch) {
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+        const unsigned b = w >> 1;  // scale block of the word
+        const unsigned s2a = gvm_hmul2(gvm_e4m3x2_to_f16x2(__byte_perm(sc, 0, b | (b << 4))), GVM_F16X2_64);
+        const unsigned s2b = gvm_hmul2(gvm_e4m3x2_to_f16x2(__byte_perm(sc, 0, (b + 2) | ((b + 2) << 4))), GVM_F16X2_64);
+        unsigned pa[4], pb[4];
+        gvm_exp_decode(w == 0 ? ca.x : w == 1 ? ca.y : w == 2 ? ca.z : ca.w, s2a, pa);
+        gvm_exp_decode(w == 0 ? cb.x : w == 1 ? cb.y : w == 2 ? cb.z : cb.w, s2b, pb);
+        const uint4 x = gvm_lds_u4(xrow + gvm_expr_xoff(ch, w));  // (x0,x2) (x1,x3) (x4,x6) (x5,x7)
+        gvm_mma_f16(acc, pa[0], pb[0], pa[2], pb[2], x.x, x.y);
+        gvm_mma_f16(acc, pa[1], pb[1], pa[3], pb[3], x.z, x.w);
+    }
+}
+
+// x rows of the expert's tokens -> f16 in shared memory (gvm_expr_xoff order).
+template <bool UP>
+__device__ __forceinline__ void gvm_expr_stage_x(const gvm_ctx& c, unsigned s_x, int count, int slot0, int kdim) {
+    const gvm_tensor& tx = gvm_t(c, 1);
+    const int words = kdim / 8, n = count * words;
+    const unsigned pitch = gvm_expr_pitch(kdim);
+    for (int i = c.tid; i < n; i += 128) {
+        const int t = i / words, wd = i - t * words;
+        const int xr = UP ? gvm_ptr<const int>(gvm_t(c, 6), slot0 + t, 4)[0] : slot0 + t;
+        const uint4 v = *gvm_ptr<const uint4>(tx, (long long)xr * tx.stride[0] + 8 * wd, 2);
+        const uint4 f = make_uint4(gvm_pack_f16x2(gvm_bf16_lo(v.x), gvm_bf16_lo(v.y)),
+                                   gvm_pack_f16x2(gvm_bf16_hi(v.x), gvm_bf16_hi(v.y)),
+                                   gvm_pack_f16x2(gvm_bf16_lo(v.z), gvm_bf16_lo(v.w)),
+                                   gvm_pack_f16x2(gvm_bf16_hi(v.z), gvm_bf16_hi(v.w)));
+        gvm_sts(s_x + t * pitch + gvm_expr_xoff(wd >> 2, wd & 3), f);
+    }
+}
+
+// One warp's unit: rows [r0, r0 + 16) of the item (clamped to its last row
+// rl), K chunks [c_beg, c_end), all the expert's tokens (at most 8) -> the
+// 16 x 8 partial of each set in acc (rows g, g + 8; tokens 2q, 2q + 1).
+template <bool UP>
+__device__ __forceinline__ void gvm_expr_unit(const gvm_ctx& c, float (&acc)[2][4], int e, long long r0, long long rl,
+                                              int c_beg, int c_end, int nch, unsigned xrow, unsigned long long pol) {
+    constexpr int SETS = UP ? 2 : 1, STEPS = GVM_EXPR_LOADS / SETS;
+    const unsigned lane = c.tid & 31, g = lane >> 2, q = lane & 3;
+    const gvm_tensor& tcd = gvm_t(c, 2);
+    const gvm_tensor& tsc = gvm_t(c, 3);
+    const int rdim = UP ? 2 : 1;
+    const long long ra = min(r0 + g, rl), rb = min(r0 + g + 8, rl);
+    const unsigned char *pa[SETS], *pb[SETS], *sa[SETS], *sb[SETS];
+#pragma unroll
+    for (int s = 0; s < SETS; ++s) {
+        const long long cs = e * tcd.stride[0] + (UP ? s * tcd.stride[1] : 0) + 16 * (c_beg + (int)q);
+        const long long ss = e * tsc.stride[0] + (UP ? s * tsc.stride[1] : 0) + 2 * (c_beg + (int)q);
+        pa[s] = gvm_ptr<const unsigned char>(tcd, cs + ra * tcd.stride[rdim], 1);
+        pb[s] = gvm_ptr<const unsigned char>(tcd, cs + rb * tcd.stride[rdim], 1);
+        sa[s] = gvm_ptr<const unsigned char>(tsc, ss + ra * tsc.stride[rdim], 1);
+        sb[s] = gvm_ptr<const unsigned char>(tsc, ss + rb * tsc.stride[rdim], 1);
+    }
+#pragma unroll
+    for (int s = 0; s < SETS; ++s) acc[s][0] = acc[s][1] = acc[s][2] = acc[s][3] = 0.0f;
+    // chunk j of this lane is c_beg + q + 4 j; a batch is STEPS of them
+    const int mine = (c_end - c_beg - (int)q + 3) / 4;  // chunks of this lane
+    const int batches = (c_end - c_beg + 4 * STEPS - 1) / (4 * STEPS);  // uniform: mma.sync needs the warp
+    uint4 CA[SETS][STEPS], CB[SETS][STEPS];
+    unsigned SC[SETS][STEPS];
+#pragma unroll
+    for (int u = 0; u < STEPS; ++u)
+#pragma unroll
+        for (int s = 0; s < SETS; ++s) gvm_expr_fill(CA[s][u], CB[s][u], SC[s][u], pa[s], pb[s], sa[s], sb[s], u, u < mine, pol);
+#pragma unroll 1
+    for (int bt = 0; bt < batches; ++bt) {
+#pragma unroll
+        for (int u = 0; u < STEPS; ++u) {
+            const int j = bt * STEPS + u, jn = j + STEPS;
+            const unsigned ch = (unsigned)min(c_beg + (int)q + 4 * j, nch - 1);  // past the lane's end the codes are zeros
+#pragma unroll
+            for (int s = 0; s < SETS; ++s) {
+                gvm_expr_chunk(acc[s], CA[s][u], CB[s][u], SC[s][u], xrow, ch);
+                gvm_expr_fill(CA[s][u], CB[s][u], SC[s][u], pa[s], pb[s], sa[s], sb[s], jn, jn < mine, pol);
+            }
+        }
+    }
+}
+
+// Rows [n0, n0 + nn) of expert e (count tokens at slots slot0...) through
+// registers; gvm_expr_fits holds.
+template <bool UP>
+__device__ int gvm_expert_tile_reg(const gvm_ctx& c, int e, int n0, int nn, int count, int slot0) {
+    constexpr int SETS = UP ? 2 : 1;
+    const unsigned warp = c.tid >> 5, lane = c.tid & 31, g = lane >> 2, q = lane & 3;
+    const int kdim = gvm_t(c, 1).shape[1], nch = kdim / 32;
+    const unsigned s_x = gvm_smem_addr(c.smem), pitch = gvm_expr_pitch(kdim);
+    const unsigned s_part = s_x + (unsigned)count * pitch;
+    const unsigned long long pol = gvm_gemm_policy();
+    gvm_expr_stage_x<UP>(c, s_x, count, slot0, kdim);
+    gvm_group_sync(c);
+    const unsigned xrow = s_x + (unsigned)min((int)g, count - 1) * pitch;  // the B column of token g (a valid row past count)
+    const int units = (nn + 15) / 16;
+#pragma unroll 1
+    for (int u0 = 0; u0 < units; u0 += 4) {
+        const int nu = min(4, units - u0), S = nu == 1 ? 4 : nu == 2 ? 2 : 1;  // K splits: nu * S <= 4 pieces
+        const int cps = (nch + S - 1) / S;
+        const int piece = (int)warp, pu = piece / S, ps = piece - pu * S;
+        if (pu < nu) {
+            float acc[2][4];
+            const int c_beg = ps * cps, c_end = min(nch, c_beg + cps);
+            gvm_expr_unit<UP>(c, acc, e, n0 + (u0 + pu) * 16, n0 + nn - 1, c_beg, c_end, nch, xrow, pol);
+#pragma unroll
+            for (int s = 0; s < SETS; ++s) {  // [16 rows][8 tokens]
+                const unsigned t = s_part + (piece * SETS + s) * GVM_EXPR_PART;
+                gvm_sts(t + (g * 8 + 2 * q) * 4, acc[s][0]);
+                gvm_sts(t + (g * 8 + 2 * q + 1) * 4, acc[s][1]);
+                gvm_sts(t + ((g + 8) * 8 + 2 * q) * 4, acc[s][2]);
+                gvm_sts(t + ((g + 8) * 8 + 2 * q + 1) * 4, acc[s][3]);
+            }
+        }
+        gvm_group_sync(c);
+        // sum the K splits in order and store; consecutive threads take consecutive rows
+        const gvm_tensor& to = gvm_t(c, 0);
+        const gvm_tensor& tts = gvm_t(c, 4);
+        const float ts0 = gvm_ptr<const float>(tts, e * tts.stride[0], 4)[0];
+        const float ts1 = gvm_ptr<const float>(tts, e * tts.stride[0], 4)[UP ? 1 : 0];
+        for (int i = c.tid; i < nu * 128; i += 128) {
+            const int uu = i >> 7, tk = (i >> 4) & 7, r = i & 15, row = (u0 + uu) * 16 + r;
+            if (row >= nn || tk >= count) continue;
+            float v[SETS];
+#pragma unroll
+            for (int s = 0; s < SETS; ++s) {
+                v[s] = 0.0f;
+                for (int k = 0; k < S; ++k) v[s] += gvm_lds_f(s_part + ((uu * S + k) * SETS + s) * GVM_EXPR_PART + (r * 8 + tk) * 4);
+            }
+            const long long o = (long long)(slot0 + tk) * to.stride[0] + n0 + row;
+            if (UP) {
+                const float gv = v[0] * ts0, uv = v[SETS - 1] * ts1;
+                *gvm_ptr<unsigned short>(to, o, 2) = (unsigned short)gvm_pack_bf16x2(gv / (1.0f + expf(-gv)) * uv, 0.0f);
+            } else {
+                *gvm_ptr<float>(to, o, 4) = v[0] * ts0;
+            }
+        }
+        gvm_group_sync(c);
+    }
+    return GVM_ERR_NONE;
+}
+#endif
+
 // Rows [n0, n0 + nn) of expert e for all its tokens. UP: sets 0/1 are the gate
 // and up rows of one 8-row block; DOWN: two 8-row blocks. Descriptors are
 // re-read where they are used (gvm_t), not held across the K loop.
@@ -189,6 +384,19 @@ __device__ int gvm_expert_tile(const gvm_ctx& c, int e, int n0, int nn) {
     const int slot0 = gvm_ptr<const int>(gvm_t(c, 5), gvm_t(c, 5).stride[0] + e, 4)[0];
     if (count == 0 || nn == 0) return GVM_ERR_NONE;  // nothing routed here: load nothing
     if (count < 0 || slot0 < 0 || slot0 + count > slots) return GVM_ERR_BAD_ARGS;
+#if GVM_EXPERT_REG
+    if (gvm_expr_fits(c, count, gvm_t(c, 1).shape[1], UP ? 2 : 1)) {
+        if (UP) {  // the x rows of the slots' tokens, checked as below
+            bool bad = false;
+            for (int t = 0; t < count; ++t) {
+                const int xr = gvm_ptr<const int>(gvm_t(c, 6), slot0 + t, 4)[0];
+                bad = bad || xr < 0 || xr >= gvm_t(c, 1).shape[0];
+            }
+            if (bad) return GVM_ERR_BAD_ARGS;
+        }
+        return gvm_expert_tile_reg<UP>(c, e, n0, nn, count, slot0);
+    }
+#endif
 
     const unsigned warp = c.tid >> 5, g = (c.tid & 31) >> 2, t4 = c.tid & 3;
     const int max_tok = 16 * min(GVM_EXP_MAXMT, (int)((c.smem_bytes - GVM_EXP_STATE - GVM_EXP_HEAD - GVM_EXP_WBUF) / (16 * GVM_EXP_XROW)));

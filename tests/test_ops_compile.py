@@ -51,3 +51,14 @@ def test_report_parser_reads_spills() -> None:
     )
     k = ptxas_report(log)["gvm_check_x"]
     assert (k.registers, k.stack, k.spill_stores, k.spill_loads) == (96, 16, 24, 20)
+
+
+def test_register_expert_path_does_not_spill() -> None:
+    """The experts' register path (GVM_EXPERT_REG=1, to be measured on the H200)
+    compiles spill-free too."""
+    from gpuvm.isa import Op
+
+    _, log = compile_ops([Op.EXPERT_UP, Op.EXPERT_DOWN], defines=(("GVM_EXPERT_REG", "1"),))
+    for name in ("expert_up", "expert_down"):
+        k = ptxas_report(log)[f"gvm_check_{name}"]
+        assert (k.spill_stores, k.spill_loads, k.stack) == (0, 0, 0), f"{name}: {k}"

@@ -48,6 +48,14 @@ def test_op_matches_cpu_backend(runner: EmuRunner, op: Op) -> None:
     assert _failures(runner, {op}) == []
 
 
+@pytest.mark.parametrize("op", [Op.EXPERT_UP, Op.EXPERT_DOWN], ids=["expert_up", "expert_down"])
+def test_register_expert_path(tmp_path_factory: pytest.TempPathFactory, op: Op) -> None:
+    """GVM_EXPERT_REG=1: experts with few tokens stream their weights through
+    registers (the small cases' experts have at most 8 tokens but the busy one)."""
+    reg = EmuRunner(build_emulator(tmp_path_factory.mktemp("emu_reg"), defines=(("GVM_EXPERT_REG", "1"),)))
+    assert _failures(reg, {op}) == []
+
+
 def _mutant(tmp_path: Path, header: str, old: str, new: str) -> EmuRunner:
     src = (ROOT / header).read_text()
     assert src.count(old) == 1, f"{header} no longer has {old!r}"

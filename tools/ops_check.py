@@ -734,11 +734,13 @@ _EMU_FILES = {  # staged path -> source
 }
 
 
-def build_emulator(cache: Path | None = None, files: dict[str, Path] | None = None) -> Path:
+def build_emulator(cache: Path | None = None, files: dict[str, Path] | None = None,
+                   defines: tuple[tuple[str, str], ...] = ()) -> Path:
     """The op headers compiled for the host against tools/ops_emu (g++), cached
-    by the hash of every source. files: staged path -> source, default _EMU_FILES."""
+    by the hash of every source and define. files: staged path -> source,
+    default _EMU_FILES; defines: (MACRO, value) pairs."""
     files = files or _EMU_FILES
-    digest = hashlib.sha256()
+    digest = hashlib.sha256(repr(sorted(defines)).encode())
     for rel, src in sorted(files.items()):
         digest.update(rel.encode() + b"\0" + src.read_bytes())
     cache = cache or Path(tempfile.gettempdir()) / "gvm_ops_emu"
@@ -753,7 +755,7 @@ def build_emulator(cache: Path | None = None, files: dict[str, Path] | None = No
         cache.mkdir(parents=True, exist_ok=True)
         tmp = lib.with_suffix(f".{os.getpid()}.tmp")
         cmd = ["g++", "-std=c++17", "-O1", "-shared", "-fPIC", "-Wall", "-Wno-unknown-pragmas", "-I", str(stage),
-               str(stage / "run.cpp"), "-o", str(tmp)]
+               *(f"-D{k}={v}" for k, v in defines), str(stage / "run.cpp"), "-o", str(tmp)]
         r = subprocess.run(cmd, capture_output=True, text=True)
         if r.returncode != 0:
             raise RuntimeError(f"emulator build failed:\n{r.stderr}")
@@ -901,6 +903,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", default="", help="comma-separated ops, e.g. topk,attn_chunk")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--list", action="store_true", help="list the cases and exit")
+    ap.add_argument("--define", action="append", default=[], metavar="MACRO=VALUE",
+                    help="a build switch for the op headers, e.g. GVM_EXPERT_REG=1 (repeatable)")
     ap.add_argument("--time", type=int, default=0, metavar="N",
                     help="GPU: run each case's first instruction N times alone and print us per instruction")
     a = ap.parse_args(argv)
@@ -915,7 +919,8 @@ def main(argv: list[str] | None = None) -> int:
         for c in cases:
             print(f"{OPS[c.op]:15} {c.name}: {len(c.stream)} instructions")
         return 0
-    runner: Runner = EmuRunner() if a.emu else GpuRunner()
+    defines = tuple((d.partition("=")[0], d.partition("=")[2] or "1") for d in a.define)
+    runner: Runner = EmuRunner(build_emulator(defines=defines)) if a.emu else GpuRunner(defines=defines)
     if a.time:
         if not isinstance(runner, GpuRunner):
             ap.error("--time needs the GPU")
