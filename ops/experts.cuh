@@ -208,10 +208,10 @@ __device__ __forceinline__ unsigned gvm_expr_xoff(unsigned ch, unsigned w) { ret
 // The x row pitch (bytes): 16 mod 128 (see gvm_expr_xoff).
 __device__ __forceinline__ unsigned gvm_expr_pitch(int kdim) { return (unsigned)kdim * 2 + 16; }
 
-// Can the register path take an expert with `count` tokens? x for all of them
-// and 4 partial tiles per set must fit beside the work list's state.
+// Can the register path take an expert with `count` tokens? x for all of them,
+// 4 partial tiles per set and a flag must fit beside the work list's state.
 __device__ __forceinline__ bool gvm_expr_fits(const gvm_ctx& c, int count, int kdim, int sets) {
-    return count <= 8 && (unsigned)count * gvm_expr_pitch(kdim) + 4 * sets * GVM_EXPR_PART + GVM_EXP_STATE <= c.smem_bytes;
+    return count <= 8 && (unsigned)count * gvm_expr_pitch(kdim) + 4 * sets * GVM_EXPR_PART + 16 + GVM_EXP_STATE <= c.smem_bytes;
 }
 
 // One set's loads of chunk j of this lane (rows a and b, codes and scales).
@@ -247,15 +247,21 @@ __device__ __forceinline__ void gvm_expr_chunk(float (&acc)[4], const uint4& ca,
     }
 }
 
-// x rows of the expert's tokens -> f16 in shared memory (gvm_expr_xoff order).
+// x rows of the expert's tokens -> f16 in shared memory (gvm_expr_xoff order);
+// a token's row outside x sets the flag at s_flag (zeroed before a barrier).
 template <bool UP>
-__device__ __forceinline__ void gvm_expr_stage_x(const gvm_ctx& c, unsigned s_x, int count, int slot0, int kdim) {
+__device__ __forceinline__ void gvm_expr_stage_x(const gvm_ctx& c, unsigned s_x, unsigned char* flag, int count,
+                                                 int slot0, int kdim) {
     const gvm_tensor& tx = gvm_t(c, 1);
     const int words = kdim / 8, n = count * words;
     const unsigned pitch = gvm_expr_pitch(kdim);
     for (int i = c.tid; i < n; i += 128) {
         const int t = i / words, wd = i - t * words;
         const int xr = UP ? gvm_ptr<const int>(gvm_t(c, 6), slot0 + t, 4)[0] : slot0 + t;
+        if (xr < 0 || xr >= tx.shape[0]) {
+            atomicOr(reinterpret_cast<unsigned*>(flag), 1u);
+            continue;
+        }
         const uint4 v = *gvm_ptr<const uint4>(tx, (long long)xr * tx.stride[0] + 8 * wd, 2);
         const uint4 f = make_uint4(gvm_pack_f16x2(gvm_bf16_lo(v.x), gvm_bf16_lo(v.y)),
                                    gvm_pack_f16x2(gvm_bf16_hi(v.x), gvm_bf16_hi(v.y)),
@@ -321,10 +327,14 @@ __device__ int gvm_expert_tile_reg(const gvm_ctx& c, int e, int n0, int nn, int 
     const unsigned warp = c.tid >> 5, lane = c.tid & 31, g = lane >> 2, q = lane & 3;
     const int kdim = gvm_t(c, 1).shape[1], nch = kdim / 32;
     const unsigned s_x = gvm_smem_addr(c.smem), pitch = gvm_expr_pitch(kdim);
-    const unsigned s_part = s_x + (unsigned)count * pitch;
+    const unsigned s_part = s_x + (unsigned)count * pitch, s_flag = s_part + 4 * SETS * GVM_EXPR_PART;
+    unsigned char* flag = c.smem + (s_flag - s_x);
     const unsigned long long pol = gvm_gemm_policy();
-    gvm_expr_stage_x<UP>(c, s_x, count, slot0, kdim);
+    if (c.tid == 0) gvm_sts(s_flag, 0u);
     gvm_group_sync(c);
+    gvm_expr_stage_x<UP>(c, s_x, flag, count, slot0, kdim);
+    gvm_group_sync(c);
+    if (gvm_lds_u(s_flag)) return GVM_ERR_BAD_ARGS;
     const unsigned xrow = s_x + (unsigned)min((int)g, count - 1) * pitch;  // the B column of token g (a valid row past count)
     const int units = (nn + 15) / 16;
 #pragma unroll 1
@@ -385,17 +395,7 @@ __device__ int gvm_expert_tile(const gvm_ctx& c, int e, int n0, int nn) {
     if (count == 0 || nn == 0) return GVM_ERR_NONE;  // nothing routed here: load nothing
     if (count < 0 || slot0 < 0 || slot0 + count > slots) return GVM_ERR_BAD_ARGS;
 #if GVM_EXPERT_REG
-    if (gvm_expr_fits(c, count, gvm_t(c, 1).shape[1], UP ? 2 : 1)) {
-        if (UP) {  // the x rows of the slots' tokens, checked as below
-            bool bad = false;
-            for (int t = 0; t < count; ++t) {
-                const int xr = gvm_ptr<const int>(gvm_t(c, 6), slot0 + t, 4)[0];
-                bad = bad || xr < 0 || xr >= gvm_t(c, 1).shape[0];
-            }
-            if (bad) return GVM_ERR_BAD_ARGS;
-        }
-        return gvm_expert_tile_reg<UP>(c, e, n0, nn, count, slot0);
-    }
+    if (gvm_expr_fits(c, count, gvm_t(c, 1).shape[1], UP ? 2 : 1)) return gvm_expert_tile_reg<UP>(c, e, n0, nn, count, slot0);
 #endif
 
     const unsigned warp = c.tid >> 5, g = (c.tid & 31) >> 2, t4 = c.tid & 3;
