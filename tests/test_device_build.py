@@ -32,6 +32,7 @@ VARIANTS = {
     "trace": BuildOptions(trace=True),
     "core-4-groups": BuildOptions(max_groups=4, muse_ops=False),
     "core-4-groups-trace": BuildOptions(max_groups=4, muse_ops=False, trace=True),
+    "expert-register-path": BuildOptions(defines=(("GVM_EXPERT_REG", "1"),)),  # to be measured: must build clean
 }
 
 
