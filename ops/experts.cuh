@@ -164,7 +164,7 @@ __device__ __noinline__ bool gvm_expert_args_ok(const gvm_ctx& c) {
     const gvm_tensor& tmeta = gvm_t(c, 5);
     const gvm_tensor& troute = gvm_t(c, 6);
     const gvm_tensor& twork = gvm_t(c, 7);
-    const int k = c.ins->arg[0], n_w = c.ins->arg[1], rows = c.ins->arg[2];
+    const int k = c.ins->arg[0], n_w = c.ins->arg[1], grain = c.ins->arg[2], cap = c.ins->arg[3];
     const int n_exp = tmeta.shape[1], kdim = tx.shape[1], nout = to.shape[1], slots = troute.shape[1];
     const int wd = UP ? 4 : 3;  // rank of codes / scales
     bool ok = gvm_is(to, UP ? GVM_DT_BF16 : GVM_DT_F32, 2) && to.shape[0] == slots &&
@@ -175,7 +175,7 @@ __device__ __noinline__ bool gvm_expert_args_ok(const gvm_ctx& c) {
               tsc.shape[wd - 2] == nout && tcd.shape[wd - 1] * 2 == kdim && tsc.shape[wd - 1] * 16 == kdim &&
               gvm_is(tts, GVM_DT_F32, UP ? 2 : 1) && tts.shape[0] == n_exp && gvm_is(tmeta, GVM_DT_I32, 2) &&
               tmeta.shape[0] == 2 && gvm_is(troute, GVM_DT_I32, 2) && troute.shape[0] == 5 && kdim % 64 == 0 &&
-              n_exp <= GVM_MAX_WORKLIST_EXPERTS && gvm_aligned(tmeta, 4, 4) && n_w >= 1 && rows >= 1 && c.ins->arg[3] >= 1 &&
+              n_exp <= GVM_MAX_WORKLIST_EXPERTS && gvm_aligned(tmeta, 4, 4) && n_w >= 1 && grain >= 1 && cap >= 1 &&
               gvm_is(twork, GVM_DT_I32, 1) && k >= 0 && k < twork.shape[0] &&
               c.smem_bytes >= GVM_EXP_STATE + GVM_EXP_HEAD + GVM_EXP_WBUF + 16 * GVM_EXP_XROW;
     // set 0 -> set 1 (the up matrix, or the next 8 rows) must fit an int of bytes
@@ -186,8 +186,9 @@ __device__ __noinline__ bool gvm_expert_args_ok(const gvm_ctx& c) {
 
 #if GVM_EXPERT_REG
 // ---- few tokens: weights streamed through registers (GVM_EXPERT_REG=1) ----------------
-// The tile above is bound by its own latency (one warp per SM sub-partition
-// and group, two barriers and an x staging per K step: tools/expert_bench.py).
+// The shared-memory tile (gvm_expert_tile, below) is bound by its own latency
+// (one warp per SM sub-partition and group, two barriers and an x staging per
+// K step: tools/expert_bench.py).
 // For an expert with few tokens this one works like the bf16 GEMM: weight rows
 // are the mma's M (16 per unit), the tokens its N (8), and each thread streams
 // its own 16-byte chunks of codes (32 codes of rows g and g + 8) from global
