@@ -366,12 +366,13 @@ def expert_item_rows(n_out: int, hit: int, workers: int, grain: int, cap: int) -
 
 
 def _cost_expert(ts: Slots, a: Args, mats: int) -> Cost:
-    """A worker's item when every local expert has one token (the model
-    rescales it to the tokens it assumes: gpuvm.sim.predict)."""
+    """A worker's even share of the items when every local expert has one
+    token (the model rescales it to the tokens it assumes: gpuvm.sim.predict)."""
     codes, x, meta = ts[2], ts[1], ts[5]
     assert codes and x and meta
     k, n_out = x.shape[1], codes.shape[-2]
-    rows = min(n_out, expert_item_rows(n_out, meta.shape[1], a[1], a[2], a[3]))
+    item = min(n_out, expert_item_rows(n_out, meta.shape[1], a[1], a[2], a[3]))
+    rows = -(-meta.shape[1] * -(-n_out // item) // a[1]) * item
     return Cost(weight_bytes=mats * rows * (k // 2 + k // 16), act_bytes=rows * 8, flops=2 * mats * k * rows)
 
 
