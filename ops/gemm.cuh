@@ -12,7 +12,8 @@
 // warp streams the same bytes) and the partial tiles are summed in the group's
 // shared scratch.
 // T > 8 loops over token tiles and re-reads the instruction's weight rows
-// (from L2): correct at any T, fast for decode sizes.
+// (from L2) for each: correct at any T, fast for decode sizes. GVM_GEMM_TT = 4
+// (not yet measured) makes a pass over the weights serve 4 token tiles.
 //
 // f32 path (x, W, out f32; the router): CUDA-core FMAs, the group splits K.
 // Thread tid owns the 16-byte chunks tid, tid + 128, ... (one per step) of
@@ -114,70 +115,99 @@ __device__ __forceinline__ void gvm_gemm_store(const gvm_tensor& out, long long 
         reinterpret_cast<float*>(out.ptr)[off] = v;
 }
 
-// K step u of a batch: rows a and b of W and the token's x, 16 bytes each at
-// 64 u past the batch's pointers, or zeros when this lane's chunks ran out.
-__device__ __forceinline__ void gvm_gemm_bf16_fill(uint4& a, uint4& b, uint4& x, const char* pa, const char* pb,
-                                                   const char* px, int u, int left, unsigned long long pol) {
+// K step u of a batch: rows a and b of W and the TT tokens' x (tiles of 8
+// tokens apart), 16 bytes each at 64 u past the batch's pointers, or zeros
+// when this lane's chunks ran out.
+template <int TT>
+__device__ __forceinline__ void gvm_gemm_bf16_fill(uint4& a, uint4& b, uint4 (&x)[TT], const char* pa, const char* pb,
+                                                   const char* const (&px)[TT], int u, int left,
+                                                   unsigned long long pol) {
     if (4 * u < left) {
         a = gvm_gemm_ld_w16(pa + 64 * u, pol);
         b = gvm_gemm_ld_w16(pb + 64 * u, pol);
-        x = gvm_gemm_ld_x16(px + 64 * u);
+#pragma unroll
+        for (int j = 0; j < TT; ++j) x[j] = gvm_gemm_ld_x16(px[j] + 64 * u);
     } else {
-        a = b = x = make_uint4(0, 0, 0, 0);
+        a = b = make_uint4(0, 0, 0, 0);
+#pragma unroll
+        for (int j = 0; j < TT; ++j) x[j] = make_uint4(0, 0, 0, 0);
     }
 }
 
-// One unit: rows [row0, row0 + 16) (valid below row_end), token tile t0,
-// 16-byte chunks [c_beg, c_end) of K. Returns the 16 x 8 partial in the
-// C fragment (rows g, g+8; tokens 2q, 2q+1). Rows and tokens past the end
-// read a valid row instead (their results are never stored), so only the K
-// range needs a predicate.
+// One unit: rows [row0, row0 + 16) (valid below row_end), TT token tiles of
+// 8 from t0, 16-byte chunks [c_beg, c_end) of K. Returns each tile's 16 x 8
+// partial in the C fragment (rows g, g+8; tokens 2q, 2q+1). Rows and tokens
+// past the end read a valid row instead (their results are never stored), so
+// only the K range needs a predicate. With TT > 1 the weights loaded once
+// serve TT token tiles (each tile's sums in the same order as with TT = 1).
 //
-// The loads roll: GVM_GEMM_STEPS k-steps are held in registers, and each
-// step's registers are refilled with the step GVM_GEMM_STEPS ahead as soon
-// as its MMAs have consumed them, so about GVM_GEMM_STEPS - 1 steps of loads
-// stay in flight per thread all along (a batch that waited for all its loads
-// before issuing the next one averaged half of that).
-__device__ __forceinline__ void gvm_gemm_bf16_unit(float (&acc)[4], const char* w_base, long long w_row_bytes,
+// The loads roll: S k-steps are held in registers, and each step's registers
+// are refilled with the step S ahead as soon as its MMAs have consumed them,
+// so about S - 1 steps of loads stay in flight per thread all along (a batch
+// that waited for all its loads before issuing the next one averaged half of
+// that).
+template <int TT, int S>
+__device__ __forceinline__ void gvm_gemm_bf16_unit(float (&acc)[TT][4], const char* w_base, long long w_row_bytes,
                                                    const char* x_base, long long x_row_bytes, int row0, int row_end,
                                                    int t0, int T, int c_beg, int c_end, unsigned lane,
                                                    unsigned long long pol) {
     const int g = lane >> 2, q = lane & 3;
     const int ra = row0 + g < row_end ? row0 + g : row_end - 1;
     const int rb = row0 + g + 8 < row_end ? row0 + g + 8 : row_end - 1;
-    const int tx = t0 + g < T ? t0 + g : T - 1;
     const long long first = (long long)(c_beg + q) * 16;
     const char* pa = w_base + (long long)ra * w_row_bytes + first;
     const char* pb = w_base + (long long)rb * w_row_bytes + first;
-    const char* px = x_base + (long long)tx * x_row_bytes + first;
-    acc[0] = acc[1] = acc[2] = acc[3] = 0.f;
-    constexpr int BATCH = 4 * GVM_GEMM_STEPS;  // chunks per batch (4 quad members per step)
+    const char* px[TT];
+#pragma unroll
+    for (int j = 0; j < TT; ++j) {
+        const int tx = t0 + 8 * j + g < T ? t0 + 8 * j + g : T - 1;
+        px[j] = x_base + (long long)tx * x_row_bytes + first;
+        acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+    }
+    constexpr int BATCH = 4 * S;  // chunks per batch (4 quad members per step)
     const int n_batches = (c_end - c_beg + BATCH - 1) / BATCH;  // uniform: mma.sync needs the whole warp
-    uint4 A[GVM_GEMM_STEPS], B[GVM_GEMM_STEPS], X[GVM_GEMM_STEPS];
+    uint4 A[S], B[S], X[S][TT];
     int left = c_end - c_beg - q;  // chunks this lane has left from the batch being loaded
 #pragma unroll
-    for (int u = 0; u < GVM_GEMM_STEPS; ++u) gvm_gemm_bf16_fill(A[u], B[u], X[u], pa, pb, px, u, left, pol);
+    for (int u = 0; u < S; ++u) gvm_gemm_bf16_fill<TT>(A[u], B[u], X[u], pa, pb, px, u, left, pol);
 #pragma unroll 1
     for (int b = 0; b < n_batches; ++b) {
-        pa += 64 * GVM_GEMM_STEPS;
-        pb += 64 * GVM_GEMM_STEPS;
-        px += 64 * GVM_GEMM_STEPS;
+        pa += 64 * S;
+        pb += 64 * S;
+#pragma unroll
+        for (int j = 0; j < TT; ++j) px[j] += 64 * S;
         left -= BATCH;  // now: chunks left from the next batch (<= 0 past the last)
 #pragma unroll
-        for (int u = 0; u < GVM_GEMM_STEPS; ++u) {
-            gvm_mma_bf16(acc, A[u].x, B[u].x, A[u].y, B[u].y, X[u].x, X[u].y);
-            gvm_mma_bf16(acc, A[u].z, B[u].z, A[u].w, B[u].w, X[u].z, X[u].w);
-            gvm_gemm_bf16_fill(A[u], B[u], X[u], pa, pb, px, u, left, pol);
+        for (int u = 0; u < S; ++u) {
+#pragma unroll
+            for (int j = 0; j < TT; ++j) {
+                gvm_mma_bf16(acc[j], A[u].x, B[u].x, A[u].y, B[u].y, X[u][j].x, X[u][j].y);
+                gvm_mma_bf16(acc[j], A[u].z, B[u].z, A[u].w, B[u].w, X[u][j].z, X[u][j].w);
+            }
+            gvm_gemm_bf16_fill<TT>(A[u], B[u], X[u], pa, pb, px, u, left, pol);
         }
     }
 }
 
-__device__ __forceinline__ int gvm_gemm_bf16(const gvm_ctx& c, const gvm_tensor& out, const gvm_tensor& x,
-                                             const gvm_tensor& w, int n0, int cnt) {
+// Token tiles of 8 per pass over the weights when T > 8 (GVM_GEMM_TT; 1: every
+// token tile re-reads the weights from L2), and the k-steps held for them.
+#ifndef GVM_GEMM_TT
+#define GVM_GEMM_TT 1
+#endif
+#ifndef GVM_GEMM_TT_STEPS  // k-steps held with TT tiles: 2-group kernel, TT 2: 4, TT 4: 2 (more spill)
+#define GVM_GEMM_TT_STEPS (GVM_GEMM_STEPS * 4 / (3 * GVM_GEMM_TT) > 1 ? GVM_GEMM_STEPS * 4 / (3 * GVM_GEMM_TT) : 1)
+#endif
+
+// Token tiles [t0, t0 + 8 TT) x the instruction's rows, in passes of row
+// blocks, each unit's K split S ways; partial tiles summed in shared memory
+// in split order (deterministic) and stored.
+template <int TT, int STEPS>
+__device__ __forceinline__ int gvm_gemm_bf16_tiles(const gvm_ctx& c, const gvm_tensor& out, const gvm_tensor& x,
+                                                   const gvm_tensor& w, int n0, int cnt, int t0) {
     const unsigned lane = c.tid & 31u, warp = c.tid >> 5;
     const int T = x.shape[0], nch = x.shape[1] / 8;
     const int row_end = n0 + cnt, n_rb = (cnt + 15) / 16;
-    const int max_units = (int)(c.smem_bytes / GVM_GEMM_TILE_BYTES);
+    const int max_units = (int)(c.smem_bytes / (TT * GVM_GEMM_TILE_BYTES));
     const int per_pass = max_units / 4;  // row blocks per pass: room for 4 K splits each
     if (per_pass < 1) return GVM_ERR_BAD_ARGS;
     float* part = reinterpret_cast<float*>(c.smem);
@@ -186,40 +216,58 @@ __device__ __forceinline__ int gvm_gemm_bf16(const gvm_ctx& c, const gvm_tensor&
     const char* x_base = reinterpret_cast<const char*>(x.ptr);
     const long long w_row = w.stride[0] * 2, x_row = x.stride[0] * 2;
 #pragma unroll 1
-    for (int t0 = 0; t0 < T; t0 += 8) {
+    for (int rb0 = 0; rb0 < n_rb; rb0 += per_pass) {
+        const int nrb = n_rb - rb0 < per_pass ? n_rb - rb0 : per_pass;
+        const int S = nrb % 4 == 0 ? 1 : (nrb % 2 == 0 ? 2 : 4);  // K splits: nrb * S units, 4 per warp-round
+        const int cps = (nch + S - 1) / S;
 #pragma unroll 1
-        for (int rb0 = 0; rb0 < n_rb; rb0 += per_pass) {
-            const int nrb = n_rb - rb0 < per_pass ? n_rb - rb0 : per_pass;
-            const int S = nrb % 4 == 0 ? 1 : (nrb % 2 == 0 ? 2 : 4);  // K splits: nrb * S units, 4 per warp-round
-            const int cps = (nch + S - 1) / S;
-#pragma unroll 1
-            for (int u = warp; u < nrb * S; u += 4) {
-                const int rb = u / S, s = u - rb * S;
-                const int c_beg = s * cps, c_end = c_beg + cps < nch ? c_beg + cps : nch;
-                float acc[4];
-                gvm_gemm_bf16_unit(acc, w_base, w_row, x_base, x_row, n0 + (rb0 + rb) * 16, row_end, t0, T, c_beg,
-                                   c_end, lane, pol);
-                float* tile = part + u * 128;  // [16 rows][8 tokens]
-                const int g = lane >> 2, q = lane & 3;
-                tile[g * 8 + 2 * q] = acc[0];
-                tile[g * 8 + 2 * q + 1] = acc[1];
-                tile[(g + 8) * 8 + 2 * q] = acc[2];
-                tile[(g + 8) * 8 + 2 * q + 1] = acc[3];
+        for (int u = warp; u < nrb * S; u += 4) {
+            const int rb = u / S, s = u - rb * S;
+            const int c_beg = s * cps, c_end = c_beg + cps < nch ? c_beg + cps : nch;
+            float acc[TT][4];
+            gvm_gemm_bf16_unit<TT, STEPS>(acc, w_base, w_row, x_base, x_row, n0 + (rb0 + rb) * 16, row_end, t0, T,
+                                          c_beg, c_end, lane, pol);
+            const int g = lane >> 2, q = lane & 3;
+#pragma unroll
+            for (int j = 0; j < TT; ++j) {
+                float* tile = part + (u * TT + j) * 128;  // [16 rows][8 tokens]
+                tile[g * 8 + 2 * q] = acc[j][0];
+                tile[g * 8 + 2 * q + 1] = acc[j][1];
+                tile[(g + 8) * 8 + 2 * q] = acc[j][2];
+                tile[(g + 8) * 8 + 2 * q + 1] = acc[j][3];
             }
-            gvm_group_sync(c);
-            // Sum the K splits and store; consecutive threads write consecutive n.
-#pragma unroll 1
-            for (int e = c.tid; e < nrb * 128; e += GVM_GROUP_THREADS) {
-                const int rb = e >> 7, tk = (e >> 4) & 7, r = e & 15;
-                const int row = n0 + (rb0 + rb) * 16 + r, tok = t0 + tk;
-                if (row < row_end && tok < T) {
-                    float sum = 0.f;
-                    for (int s = 0; s < S; ++s) sum += part[(rb * S + s) * 128 + r * 8 + tk];
-                    gvm_gemm_store(out, (long long)tok * out.stride[0] + row, sum);
-                }
-            }
-            gvm_group_sync(c);
         }
+        gvm_group_sync(c);
+        // Sum the K splits and store; consecutive threads write consecutive n.
+#pragma unroll 1
+        for (int e = c.tid; e < nrb * TT * 128; e += GVM_GROUP_THREADS) {
+            const int rb = e / (TT * 128), j = (e >> 7) % TT, tk = (e >> 4) & 7, r = e & 15;
+            const int row = n0 + (rb0 + rb) * 16 + r, tok = t0 + 8 * j + tk;
+            if (row < row_end && tok < T) {
+                float sum = 0.f;
+                for (int s = 0; s < S; ++s) sum += part[((rb * S + s) * TT + j) * 128 + r * 8 + tk];
+                gvm_gemm_store(out, (long long)tok * out.stride[0] + row, sum);
+            }
+        }
+        gvm_group_sync(c);
+    }
+    return GVM_ERR_NONE;
+}
+
+__device__ __forceinline__ int gvm_gemm_bf16(const gvm_ctx& c, const gvm_tensor& out, const gvm_tensor& x,
+                                             const gvm_tensor& w, int n0, int cnt) {
+    const int T = x.shape[0];
+    int t0 = 0;
+#if GVM_GEMM_TT > 1
+    for (; t0 + 8 < T; t0 += 8 * GVM_GEMM_TT) {  // more than one tile left: TT tiles a pass
+        const int rc = gvm_gemm_bf16_tiles<GVM_GEMM_TT, GVM_GEMM_TT_STEPS>(c, out, x, w, n0, cnt, t0);
+        if (rc != GVM_ERR_NONE) return rc;
+    }
+#endif
+#pragma unroll 1
+    for (; t0 < T; t0 += 8) {
+        const int rc = gvm_gemm_bf16_tiles<1, GVM_GEMM_STEPS>(c, out, x, w, n0, cnt, t0);
+        if (rc != GVM_ERR_NONE) return rc;
     }
     return GVM_ERR_NONE;
 }

@@ -32,7 +32,10 @@ VARIANTS = {
     "trace": BuildOptions(trace=True),
     "core-4-groups": BuildOptions(max_groups=4, muse_ops=False),
     "core-4-groups-trace": BuildOptions(max_groups=4, muse_ops=False, trace=True),
-    "expert-register-path": BuildOptions(defines=(("GVM_EXPERT_REG", "1"),)),  # to be measured: must build clean
+    # switches still to be measured on the H200: they must build clean
+    "expert-register-path": BuildOptions(defines=(("GVM_EXPERT_REG", "1"),)),
+    "gemm-4-token-tiles-and-register-path": BuildOptions(trace=True, defines=(("GVM_GEMM_TT", "4"), ("GVM_EXPERT_REG", "1"))),
+    "gemm-2-token-tiles": BuildOptions(defines=(("GVM_GEMM_TT", "2"),)),
 }
 
 

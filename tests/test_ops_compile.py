@@ -53,12 +53,14 @@ def test_report_parser_reads_spills() -> None:
     assert (k.registers, k.stack, k.spill_stores, k.spill_loads) == (96, 16, 24, 20)
 
 
-def test_register_expert_path_does_not_spill() -> None:
-    """The experts' register path (GVM_EXPERT_REG=1, to be measured on the H200)
-    compiles spill-free too."""
+@pytest.mark.parametrize("define", ["GVM_EXPERT_REG=1", "GVM_GEMM_TT=2", "GVM_GEMM_TT=4"])
+def test_switches_to_measure_do_not_spill(define: str) -> None:
+    """Build switches still to be measured on the H200 (the experts' register
+    path, GEMM token tiles per pass) compile spill-free too."""
     from gpuvm.isa import Op
 
-    _, log = compile_ops([Op.EXPERT_UP, Op.EXPERT_DOWN], defines=(("GVM_EXPERT_REG", "1"),))
-    for name in ("expert_up", "expert_down"):
-        k = ptxas_report(log)[f"gvm_check_{name}"]
-        assert (k.spill_stores, k.spill_loads, k.stack) == (0, 0, 0), f"{name}: {k}"
+    ops = [Op.GEMM] if define.startswith("GVM_GEMM") else [Op.EXPERT_UP, Op.EXPERT_DOWN]
+    _, log = compile_ops(ops, defines=(tuple(define.split("=")),))
+    for op in ops:
+        k = ptxas_report(log)[f"gvm_check_{OPS[op]}"]
+        assert (k.spill_stores, k.spill_loads, k.stack) == (0, 0, 0), f"{define}: {k}"

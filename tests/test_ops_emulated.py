@@ -48,12 +48,14 @@ def test_op_matches_cpu_backend(runner: EmuRunner, op: Op) -> None:
     assert _failures(runner, {op}) == []
 
 
-@pytest.mark.parametrize("op", [Op.EXPERT_UP, Op.EXPERT_DOWN], ids=["expert_up", "expert_down"])
-def test_register_expert_path(tmp_path_factory: pytest.TempPathFactory, op: Op) -> None:
-    """GVM_EXPERT_REG=1: experts with few tokens stream their weights through
-    registers (the small cases' experts have at most 8 tokens but the busy one)."""
-    reg = EmuRunner(build_emulator(tmp_path_factory.mktemp("emu_reg"), defines=(("GVM_EXPERT_REG", "1"),)))
-    assert _failures(reg, {op}) == []
+@pytest.mark.parametrize(("op", "define"), [(Op.EXPERT_UP, "GVM_EXPERT_REG=1"), (Op.EXPERT_DOWN, "GVM_EXPERT_REG=1"), (Op.GEMM, "GVM_GEMM_TT=4")],
+                         ids=["expert_up-register-path", "expert_down-register-path", "gemm-4-token-tiles"])
+def test_switches_to_measure(tmp_path_factory: pytest.TempPathFactory, op: Op, define: str) -> None:
+    """Build switches still to be measured on the H200: GVM_EXPERT_REG=1
+    (experts with few tokens stream their weights through registers) and
+    GVM_GEMM_TT=4 (a pass over a GEMM's weights serves 4 token tiles)."""
+    lib = build_emulator(tmp_path_factory.mktemp("emu_switch"), defines=(tuple(define.split("=")),))
+    assert _failures(EmuRunner(lib), {op}) == []
 
 
 def _mutant(tmp_path: Path, header: str, old: str, new: str) -> EmuRunner:
