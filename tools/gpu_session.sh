@@ -25,7 +25,7 @@ for s in $steps; do
     experts) # the switches built but not yet measured (GVM_EXPERT_REG, GVM_GEMM_TT) against the default: alone, in layers and steps
            timeout ${T_EXPERTS:-100} python3 tools/ops_check.py --sizes small --only expert_up,expert_down,gemm --define GVM_EXPERT_REG=1 --define GVM_GEMM_TT=4 > "$OUT/experts_check.log" 2>&1; echo "switches check rc=$?"; tail -2 "$OUT/experts_check.log"
            for v in 0 1; do timeout 90 python3 tools/expert_bench.py --reps 10 --define GVM_EXPERT_REG=$v --out "$OUT/expert_bench_reg$v.json" > "$OUT/expert_bench_reg$v.log" 2>&1; echo "expert_bench reg=$v rc=$?"; tail -9 "$OUT/expert_bench_reg$v.log"; done
-           timeout ${T_EXPERTS_PROBE:-420} python3 tools/sched_probe.py --out "$OUT/experts_probe.json" --depths 1 --variants "base:,reg:GVM_EXPERT_REG=1,tt4:GVM_GEMM_TT=4,both:GVM_EXPERT_REG=1+GVM_GEMM_TT=4" --cases full-c1-t1,sliding-c1-t1,full-c32-t8 --step 1x1,32x8 > "$OUT/experts_probe.log" 2>&1; echo "experts probe rc=$?"; tail -20 "$OUT/experts_probe.log" ;;
+           timeout ${T_EXPERTS_PROBE:-420} python3 tools/sched_probe.py --out "$OUT/experts_probe.json" --depths 1 --variants "base:,reg:GVM_EXPERT_REG=1,tt4:GVM_GEMM_TT=4,r8:GVM_GEMM_F32_RN=2+GVM_GEMM_F32_TT=8,all:GVM_EXPERT_REG=1+GVM_GEMM_TT=4+GVM_GEMM_F32_RN=2+GVM_GEMM_F32_TT=8" --cases full-c1-t1,sliding-c1-t1,full-c32-t8 --step 1x1,32x8 > "$OUT/experts_probe.log" 2>&1; echo "experts probe rc=$?"; tail -20 "$OUT/experts_probe.log" ;;
     vmtest) timeout ${T_VMTEST:-150} python3 -m pytest -q -x -p no:cacheprovider tests/gpu/test_vm.py > "$OUT/test_vm.log" 2>&1; echo "test_vm rc=$?"; tail -8 "$OUT/test_vm.log" ;;
     *) echo "unknown step $s"; exit 2 ;;
   esac
