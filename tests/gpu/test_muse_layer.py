@@ -80,3 +80,22 @@ def test_shard_layer_matches_reference(vm_plain, case: Case, mode: str) -> None:
 @pytest.mark.parametrize("case", DECODE_CASES, ids=lambda c: c.name)
 def test_small_layer_matches_reference(vm_plain, case: Case) -> None:  # type: ignore[no-untyped-def]
     _check(_run_case(vm_plain, SMALL, small_case(case, SMALL), "dynamic"))
+
+
+#: build switches not yet measured on the H200 (ops/experts.cuh, ops/gemm.cuh):
+#: they must give the reference's answer before they are timed
+SWITCHES = ("GVM_EXPERT_REG=1", "GVM_GEMM_TT=4", "GVM_GEMM_F32_RN=2+GVM_GEMM_F32_TT=8")
+SWITCH_CASES = [c for c in DECODE_CASES if c.name in ("full-c1-t1", "sliding-c1-t8", "full-c32-t1", "full-c32-t8")]
+
+
+@pytest.fixture(scope="module")
+def vm_switches():  # type: ignore[no-untyped-def]
+    from gpuvm.device import VM
+
+    defines = tuple(tuple(d.split("=")) for s in SWITCHES for d in s.split("+"))
+    return VM(0, groups=2, trace=False, warm=True, defines=defines)
+
+
+@pytest.mark.parametrize("case", SWITCH_CASES, ids=lambda c: c.name)
+def test_shard_layer_with_switches_matches_reference(vm_switches, case: Case) -> None:  # type: ignore[no-untyped-def]
+    _check(_run_case(vm_switches, SHARD, case, "dynamic"))
