@@ -19,10 +19,11 @@ import torch
 from gpuvm.device.bench import L2Flush
 from gpuvm.isa import DType, Op
 from gpuvm.muse.config import SHARD
+from gpuvm.muse.lowering import EXPERT_CAP, EXPERT_GRAIN, Tiles
 from tools.ops_check import SCRATCH, GpuRunner, _Build, encode, place
 
-H, I, E, WORKERS = SHARD.squeeze, SHARD.expert_inter, SHARD.local_experts, 264
-GRAIN = {True: 8, False: 16}  # the lowering's row grains (gpuvm/muse/lowering.py)
+H, I, E, WORKERS = SHARD.squeeze, SHARD.expert_inter, SHARD.local_experts, Tiles().expert_workers
+GRAIN = {up: EXPERT_GRAIN[Op.EXPERT_UP if up else Op.EXPERT_DOWN] for up in (True, False)}
 
 
 def weights(up: bool, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
@@ -55,7 +56,7 @@ def build_list(up: bool, grain: int, hit: int, tokens: int, w: tuple[torch.Tenso
     rt = b.add("route", DType.I32, route)
     wk = b.add("work", DType.I32, torch.zeros(2, dtype=torch.int32))
     for _ in range(WORKERS):
-        b.op_([dst, x, cd, sc, ts, mt, rt, wk], [0, WORKERS, grain, 64])
+        b.op_([dst, x, cd, sc, ts, mt, rt, wk], [0, WORKERS, grain, EXPERT_CAP])
     per_expert = (2 if up else 1) * n_out * (k // 2 + k // 16)
     return b.case(), hit * per_expert
 

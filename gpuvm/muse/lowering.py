@@ -27,10 +27,15 @@ from .config import MuseConfig
 from .state import DecodeState
 from .weights import LayerWeights, layer_shapes
 
-__all__ = ["Tiles", "LayerHandles", "LayerProgram", "emit_layer", "lower_layer", "bind_layer", "poisoned", "n_chunks", "POISON_INT"]
+__all__ = ["Tiles", "LayerHandles", "LayerProgram", "emit_layer", "lower_layer", "bind_layer", "poisoned", "n_chunks", "POISON_INT", "EXPERT_GRAIN", "EXPERT_CAP"]
 
 #: what an int32 scratch buffer holds before a run, so an unwritten element shows
 POISON_INT = -7
+#: expert work items (sized on the GPU, opspec.expert_item_rows): rows in
+#: multiples of a warp's unit, 8 gate|up rows (EXPERT_UP) or 16 down rows, and
+#: at most EXPERT_CAP rows
+EXPERT_GRAIN = {Op.EXPERT_UP: 8, Op.EXPERT_DOWN: 16}
+EXPERT_CAP = 64
 KINDS = ("full", "sliding")
 
 
@@ -252,9 +257,7 @@ def emit_layer(
     gemm(x, h2b, w["Wsq"], 0, H, [res1], squeezed, "Wsq")
     # work lists: which experts have tokens is known only on the GPU; workers
     # take items from a counter (ops/experts.cuh)
-    # item rows are sized on the GPU (opspec.expert_item_rows) in multiples of
-    # a warp's unit (8 gate|up rows, 16 down rows), at most 64
-    up_grain, down_grain, cap = 8, 16, 64
+    up_grain, down_grain, cap = EXPERT_GRAIN[Op.EXPERT_UP], EXPERT_GRAIN[Op.EXPERT_DOWN], EXPERT_CAP
     up_done, down_done = ctr("hbuf"), ctr("y")
     up_workers = min(tl.expert_workers, E * -(-I // up_grain))
     for wk in range(up_workers):
