@@ -361,8 +361,9 @@ def expert_item_rows(n_out: int, hit: int, workers: int, grain: int, cap: int) -
     (a second round of items doubled the list's time); with many, the cap
     keeps items small enough for the workers to even out the experts'
     unequal token counts."""
-    q = max(1, workers // max(1, hit))
-    return min(cap, -(-(-(-n_out // q)) // grain) * grain)
+    q = max(1, workers // max(1, hit))  # tiles per expert, at most
+    rows = -(-n_out // q)
+    return min(cap, -(-rows // grain) * grain)
 
 
 def _cost_expert(ts: Slots, a: Args, mats: int) -> Cost:

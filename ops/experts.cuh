@@ -44,6 +44,12 @@
 // Byte offset in a tile row of 8-value chunk w8 of thread t4 (swizzled).
 __device__ __forceinline__ unsigned gvm_exp_chunk(unsigned t4, unsigned w8) { return (8 * t4 + (w8 ^ t4)) * 16; }
 
+// 8 bf16 x values x0..x7 as f16 in the decode's pair order: (x0,x2) (x1,x3) (x4,x6) (x5,x7).
+__device__ __forceinline__ uint4 gvm_exp_pairs(uint4 v) {
+    return make_uint4(gvm_pack_f16x2(gvm_bf16_lo(v.x), gvm_bf16_lo(v.y)), gvm_pack_f16x2(gvm_bf16_hi(v.x), gvm_bf16_hi(v.y)),
+                      gvm_pack_f16x2(gvm_bf16_lo(v.z), gvm_bf16_lo(v.w)), gvm_pack_f16x2(gvm_bf16_hi(v.z), gvm_bf16_hi(v.w)));
+}
+
 // x[rows of the chunk][ks * 256, + 256) -> f16 tile in pair order, zero past K.
 // Loads go out four per thread before any is converted, so that their latency
 // overlaps; a chunk of 16 tokens is a single round.
@@ -63,11 +69,7 @@ __device__ __forceinline__ void gvm_exp_stage(const gvm_ctx& c, const unsigned c
         for (int u = 0; u < 4; ++u) {
             const int i = i0 + 128 * u, ch = i & 31;
             if (i >= n) break;
-            const uint4 f = make_uint4(gvm_pack_f16x2(gvm_bf16_lo(v[u].x), gvm_bf16_lo(v[u].y)),
-                                       gvm_pack_f16x2(gvm_bf16_hi(v[u].x), gvm_bf16_hi(v[u].y)),
-                                       gvm_pack_f16x2(gvm_bf16_lo(v[u].z), gvm_bf16_lo(v[u].w)),
-                                       gvm_pack_f16x2(gvm_bf16_hi(v[u].z), gvm_bf16_hi(v[u].w)));
-            gvm_sts(s_tile + (i >> 5) * GVM_EXP_XROW + gvm_exp_chunk(ch >> 3, ch & 7), f);
+            gvm_sts(s_tile + (i >> 5) * GVM_EXP_XROW + gvm_exp_chunk(ch >> 3, ch & 7), gvm_exp_pairs(v[u]));
         }
     }
 }
@@ -264,11 +266,7 @@ __device__ __forceinline__ void gvm_expr_stage_x(const gvm_ctx& c, unsigned s_x,
             continue;
         }
         const uint4 v = *gvm_ptr<const uint4>(tx, (long long)xr * tx.stride[0] + 8 * wd, 2);
-        const uint4 f = make_uint4(gvm_pack_f16x2(gvm_bf16_lo(v.x), gvm_bf16_lo(v.y)),
-                                   gvm_pack_f16x2(gvm_bf16_hi(v.x), gvm_bf16_hi(v.y)),
-                                   gvm_pack_f16x2(gvm_bf16_lo(v.z), gvm_bf16_lo(v.w)),
-                                   gvm_pack_f16x2(gvm_bf16_hi(v.z), gvm_bf16_hi(v.w)));
-        gvm_sts(s_x + t * pitch + gvm_expr_xoff(wd >> 2, wd & 3), f);
+        gvm_sts(s_x + t * pitch + gvm_expr_xoff(wd >> 2, wd & 3), gvm_exp_pairs(v));
     }
 }
 
