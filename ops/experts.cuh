@@ -29,7 +29,7 @@
 #include "gemm.cuh"  // the weight loads of the register path (gvm_gemm_ld_w16, gvm_gemm_policy)
 
 #ifndef GVM_EXPERT_REG
-#define GVM_EXPERT_REG 0  // 1: experts with few tokens stream weights through registers (not yet measured)
+#define GVM_EXPERT_REG 1  // experts with few tokens stream weights through registers (0: always the shared tile)
 #endif
 
 #define GVM_EXP_KSTEP 256    // K per step: 4 threads x 64 codes of a weight row
@@ -187,7 +187,7 @@ __device__ __noinline__ bool gvm_expert_args_ok(const gvm_ctx& c) {
 }
 
 #if GVM_EXPERT_REG
-// ---- few tokens: weights streamed through registers (GVM_EXPERT_REG=1) ----------------
+// ---- few tokens: weights streamed through registers (GVM_EXPERT_REG) ----------------
 // The shared-memory tile (gvm_expert_tile, below) is bound by its own latency
 // (one warp per SM sub-partition and group, two barriers and an x staging per
 // K step: tools/expert_bench.py).

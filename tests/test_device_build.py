@@ -32,9 +32,9 @@ VARIANTS = {
     "trace": BuildOptions(trace=True),
     "core-4-groups": BuildOptions(max_groups=4, muse_ops=False),
     "core-4-groups-trace": BuildOptions(max_groups=4, muse_ops=False, trace=True),
-    # switches still to be measured on the H200: they must build clean
-    "expert-register-path": BuildOptions(defines=(("GVM_EXPERT_REG", "1"),)),
-    "gemm-4-token-tiles-and-register-path": BuildOptions(trace=True, defines=(("GVM_GEMM_TT", "4"), ("GVM_EXPERT_REG", "1"))),
+    # the switches' other settings, kept for A/B runs on the H200: they must build clean
+    "expert-shared-tile-only": BuildOptions(defines=(("GVM_EXPERT_REG", "0"),)),
+    "gemm-1-token-tile-router-4x4": BuildOptions(trace=True, defines=(("GVM_GEMM_TT", "1"), ("GVM_GEMM_F32_RN", "4"), ("GVM_GEMM_F32_TT", "4"))),
     "gemm-2-token-tiles": BuildOptions(defines=(("GVM_GEMM_TT", "2"),)),
 }
 

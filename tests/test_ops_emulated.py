@@ -48,13 +48,14 @@ def test_op_matches_cpu_backend(runner: EmuRunner, op: Op) -> None:
     assert _failures(runner, {op}) == []
 
 
-@pytest.mark.parametrize(("op", "define"), [(Op.EXPERT_UP, "GVM_EXPERT_REG=1"), (Op.EXPERT_DOWN, "GVM_EXPERT_REG=1"), (Op.GEMM, "GVM_GEMM_TT=4")],
-                         ids=["expert_up-register-path", "expert_down-register-path", "gemm-4-token-tiles"])
-def test_switches_to_measure(tmp_path_factory: pytest.TempPathFactory, op: Op, define: str) -> None:
-    """Build switches still to be measured on the H200: GVM_EXPERT_REG=1
-    (experts with few tokens stream their weights through registers) and
-    GVM_GEMM_TT=4 (a pass over a GEMM's weights serves 4 token tiles)."""
-    lib = build_emulator(tmp_path_factory.mktemp("emu_switch"), defines=(tuple(define.split("=")),))
+@pytest.mark.parametrize(("op", "define"), [(Op.EXPERT_UP, "GVM_EXPERT_REG=0"), (Op.EXPERT_DOWN, "GVM_EXPERT_REG=0"), (Op.GEMM, "GVM_GEMM_TT=1"),
+                                            (Op.GEMM, "GVM_GEMM_F32_RN=4+GVM_GEMM_F32_TT=4")],
+                         ids=["expert_up-shared-tile-only", "expert_down-shared-tile-only", "gemm-1-token-tile", "gemm-router-4x4"])
+def test_switch_alternatives(tmp_path_factory: pytest.TempPathFactory, op: Op, define: str) -> None:
+    """The build switches' other settings, kept for A/B runs on the H200:
+    GVM_EXPERT_REG=0 (every expert through the shared tile), GVM_GEMM_TT=1
+    (each token tile re-reads the weights), the router's old 4 x 4 tile."""
+    lib = build_emulator(tmp_path_factory.mktemp("emu_switch"), defines=tuple(tuple(d.split("=")) for d in define.split("+")))
     assert _failures(EmuRunner(lib), {op}) == []
 
 
@@ -75,3 +76,8 @@ def test_a_missing_barrier_is_a_race(tmp_path: Path) -> None:
 def test_a_wrong_fragment_fails(tmp_path: Path) -> None:
     broken = _mutant(tmp_path, "ops/experts.cuh", "p[s][0], p[s][2]);", "p[s][2], p[s][0]);")
     assert any("hbuf" in f for f in _failures(broken, {Op.EXPERT_UP}))
+
+
+def test_a_wrong_fragment_of_the_register_path_fails(tmp_path: Path) -> None:
+    broken = _mutant(tmp_path, "ops/experts.cuh", "pa[0], pb[0], pa[2], pb[2], x.x, x.y);", "pa[2], pb[0], pa[0], pb[2], x.x, x.y);")
+    assert _failures(broken, {Op.EXPERT_UP}) != []
