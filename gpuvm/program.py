@@ -185,7 +185,8 @@ class Program:
 
     def build(self, order: str = "priority", capacity: int | None = None) -> "Stream":
         """Validate and encode. order='priority' sorts topologically, longest path
-        first; order='given' keeps creation order and rejects a wait on a later op."""
+        (in bytes) first; order='depth' most ops to the end first, bytes breaking
+        ties; order='given' keeps creation order and rejects a wait on a later op."""
         if not self.instrs:
             raise ProgramError(f"program '{self.name}' has no ops")
         cap = MAX_INSTRS if capacity is None else min(capacity, MAX_INSTRS)
@@ -205,10 +206,10 @@ class Program:
                     j = min(late)
                     raise ProgramError(f"op #{i} '{self.instrs[i].label}' waits on op #{j} '{self.instrs[j].label}', which comes later in the stream")
             perm = list(range(n))
-        elif order == "priority":
-            perm = _priority_order(self.instrs, graph)
+        elif order in ("priority", "depth"):
+            perm = _priority_order(self.instrs, graph, by_depth=order == "depth")
         else:
-            raise ProgramError(f"order must be 'priority' or 'given', not {order!r}")
+            raise ProgramError(f"order must be 'priority', 'depth' or 'given', not {order!r}")
         return Stream(self, perm, graph)
 
 
@@ -242,7 +243,7 @@ class _Graph:
         return sorted(d)
 
 
-def _kahn(n: int, graph: "_Graph", member_of: list[list[int]], users: list[list[int]], key: Callable[[int], float]) -> list[int]:
+def _kahn(n: int, graph: "_Graph", member_of: list[list[int]], users: list[list[int]], key: Callable[[int], tuple[float, float]]) -> list[int]:
     """Ops in a topological order, the ready op with the smallest key first;
     ops on a cycle never become ready and are left out."""
     op_left = [len(gs) for gs in graph.op_groups]
@@ -263,30 +264,35 @@ def _kahn(n: int, graph: "_Graph", member_of: list[list[int]], users: list[list[
     return out
 
 
-def _priority_order(instrs: list[Instr], graph: _Graph) -> list[int]:
+def _priority_order(instrs: list[Instr], graph: _Graph, by_depth: bool = False) -> list[int]:
     n = len(instrs)
     member_of = graph.member_of(n)
     users = graph.group_users()
-    topo = _kahn(n, graph, member_of, users, key=lambda i: 0.0)
+    topo = _kahn(n, graph, member_of, users, key=lambda i: (0.0, 0.0))
     if len(topo) != n:
         done = set(topo)
         stuck = [i for i in range(n) if i not in done]
         names = ", ".join(f"#{i} '{instrs[i].label}'" for i in stuck[:6])
         raise ProgramError(f"the program has a dependency cycle through {len(stuck)} ops: {names}")
-    # longest path to the end, in time units of the op costs (bytes + a fixed step);
-    # in reverse topological order every user of a group is done before its members
-    path = [0.0] * n
-    gpath: list[float | None] = [None] * len(graph.members)
+    # longest path to the end, in time units of the op costs (bytes + a fixed step),
+    # or (by_depth) as (ops, bytes): at decode sizes an op's fixed latency (hand-off
+    # and a latency-bound pass, ~10 us on the H200) outweighs its bytes, and a
+    # short op that starts a longer chain (the router before its top-k) must not
+    # queue behind a wide one (the squeeze's 256 tiles fill every group).
+    # In reverse topological order every user of a group is done before its members.
+    path: list[tuple[float, float]] = [(0.0, 0.0)] * n
+    gpath: list[tuple[float, float] | None] = [None] * len(graph.members)
     for i in reversed(topo):
         c = instrs[i].cost
-        tail = 0.0
+        tail = (0.0, 0.0)
         for g in member_of[i]:
             gp = gpath[g]
             if gp is None:
-                gp = gpath[g] = max(path[u] for u in users[g]) if users[g] else 0.0
+                gp = gpath[g] = max(path[u] for u in users[g]) if users[g] else (0.0, 0.0)
             tail = max(tail, gp)
-        path[i] = 1.0 + (c.weight_bytes + c.act_bytes) / 4096.0 + tail
-    return _kahn(n, graph, member_of, users, key=lambda i: -path[i])
+        step = 1.0 + (c.weight_bytes + c.act_bytes) / 4096.0
+        path[i] = (tail[0] + 1.0, tail[1] + step) if by_depth else (0.0, tail[1] + step)
+    return _kahn(n, graph, member_of, users, key=lambda i: (-path[i][0], -path[i][1]))
 
 
 class Stream:

@@ -220,6 +220,21 @@ def test_longest_path_first() -> None:
     assert labels.index(short.label) > labels.index("long 1") and big.label == labels[0]
 
 
+def test_depth_order_puts_the_longer_chain_first() -> None:
+    p, x, y = _copy_prog(1 << 16)
+    done = p.counter("done")
+    big = p.op(Op.COPY, [x, y], [0, 1 << 16], signal=done, label="big")  # one op, many bytes
+    head = p.counter("head")
+    p.op(Op.COPY, [y, x], [0, 8], signal=head, label="head")  # two small ops before the same end
+    p.op(Op.COPY, [y, x], [0, 8], waits=[head], signal=done, label="tail")
+    p.op(Op.NOP, waits=[done], label="end")
+    assert p.build().labels[0] == big.label  # by bytes the big op is the longer path
+    assert p.build(order="depth").labels[:2] == ["head", "big"]  # by ops the chain is
+    s = random_program(random.Random(3), 60).build(order="depth")  # still topological
+    pos = {ins.id: k for k, ins in enumerate(s.ops)}
+    assert all(pos[sig.id] < k for k, ins in enumerate(s.ops) for i, (c, _) in enumerate(ins.waits) for sig in c.signallers[: ins.wait_count(i)])
+
+
 def test_given_order_keeps_creation_order() -> None:
     prog = random_program(random.Random(7), 40)
     s = prog.build(order="given")

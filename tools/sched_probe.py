@@ -2,13 +2,14 @@
 whole step on the GPU (issue 6): claim depth (claims a block holds ahead,
 a launch parameter), build variants (e.g. GVM_READY_FIRST, the loader's
 GVM_PF_MAX_BYTES) and tilings (lowering.Tiles fields), dynamic against
-static, in one run.
+static, and stream orders (Program.build), in one run.
 
     PYTHONPATH=. python3 tools/sched_probe.py --out out/sched_probe.json
 """
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import statistics
 import sys
@@ -35,6 +36,7 @@ def main() -> int:
     ap.add_argument("--step", default="1x1", help="step shapes, e.g. 1x1,1x8 ('' for none)")
     ap.add_argument("--tiles", default="", help="name:field=value[+field=value],... of lowering.Tiles (default: Tiles())")
     ap.add_argument("--static-depths", action="store_true", help="static mode at every --depths too (default: depth 6 only)")
+    ap.add_argument("--orders", default="priority", help="stream orders to compare (Program.build: priority, depth)")
     a = ap.parse_args()
     depths = [int(d) for d in a.depths.split(",")]
     vms = {}
@@ -47,6 +49,8 @@ def main() -> int:
         for v in a.tiles.split(","):
             name, _, defs = v.partition(":")
             tilings[name] = Tiles(**{k: int(x) for k, x in (d.split("=", 1) for d in defs.split("+") if d)})
+    orders = a.orders.split(",")
+    otag = {o: "" if o == "priority" else f"@{o}" for o in orders}  # the default order adds nothing to a row's name
     flush = L2Flush(torch.device("cuda", 0))
     res: dict[str, float] = {}
 
@@ -66,11 +70,11 @@ def main() -> int:
         w = make_layer_weights(SHARD, 1 if case.kind == "full" else 0, SEED, device="cuda")
         state = make_state(SHARD, case.kind, case.conversations, case.tokens_each, case.context, SEED + 1, device="cuda")
         s0 = make_inputs(SHARD, state, SEED)
-        for tname, tl in tilings.items():
-            lp = lower_layer(SHARD, case.kind, case.conversations, case.tokens_each, state.slots, tiles=tl)
+        for (tname, tl), order in itertools.product(tilings.items(), orders):
+            lp = lower_layer(SHARD, case.kind, case.conversations, case.tokens_each, state.slots, tiles=tl, order=order)
             for name, vm in vms.items():
                 ld = vm.load(lp.stream, bind_layer(lp, w, state.clone(), s0, device="cuda"))
-                timed(f"{cname}/{name}{tname}", ld, 20, flush)
+                timed(f"{cname}/{name}{tname}{otag[order]}", ld, 20, flush)
                 del ld
         del w, state
         torch.cuda.empty_cache()
@@ -80,12 +84,12 @@ def main() -> int:
             C, n = (int(v) for v in shp.split("x"))
             state = make_step_state(SHARD, C, n, 81_920, SEED + 1, device="cuda")
             tokens = torch.randint(0, SHARD.vocab_shard, (C * n,), dtype=torch.int32, device="cuda")
-            for tname, tl in tilings.items():
-                sp = lower_step(SHARD, C, n, state.context_capacity, tiles=tl)
+            for (tname, tl), order in itertools.product(tilings.items(), orders):
+                sp = lower_step(SHARD, C, n, state.context_capacity, tiles=tl, order=order)
                 bufs = bind_step(sp, mw, state, tokens, device="cuda")
                 for name, vm in vms.items():
                     ld = vm.load(sp.stream, bufs)
-                    timed(f"step{shp}/{name}{tname}", ld, 10, None)
+                    timed(f"step{shp}/{name}{tname}{otag[order]}", ld, 10, None)
                     del ld
     with open(a.out, "w") as f:
         json.dump(res, f, indent=1)
