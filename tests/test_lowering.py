@@ -59,8 +59,8 @@ def test_full_size_op_counts_and_tiles(kind: str) -> None:
     # 264 workers each for up and down
     gemm_tiles = 2304 // 16 + 8192 // 128 + 256 // 2 + 4096 // 16 + 8192 // 32
     assert count == {
-        Op.RMSNORM: 16, Op.GEMM: gemm_tiles, Op.QK_ROPE_KV: C, Op.ATTN_CHUNK: C * 2 * nch, Op.ATTN_MERGE: C * 16,
-        Op.RESIDUAL: 32, Op.TOPK: 1, Op.EXPERT_UP: 264, Op.EXPERT_DOWN: 264, Op.EXPERT_COMBINE: 16,
+        Op.RMSNORM: C * n, Op.GEMM: gemm_tiles, Op.QK_ROPE_KV: C, Op.ATTN_CHUNK: C * 2 * nch, Op.ATTN_MERGE: C * 16,
+        Op.RESIDUAL: 2 * C * n, Op.TOPK: 1, Op.EXPERT_UP: 264, Op.EXPERT_DOWN: 264, Op.EXPERT_COMBINE: C * n,  # a row each
     }
     for o in _ops(s, Op.GEMM):
         w = o.tensors[2]

@@ -74,7 +74,8 @@ def test_step_program_chains_the_layers() -> None:
 def test_capture_copies_s_after_every_layer() -> None:
     sp = lower_step(CFG, 1, 2, 10, capture_layers=True, layers=2)
     copies = [o for o in sp.stream.ops if o.opcode == Op.COPY]
-    assert sorted((o.tensors[0].name, o.args[:2]) for o in copies) == [("L0.s_out", (0, 2 * CFG.d)), ("L1.s_out", (0, 2 * CFG.d))]
+    # a copy per row block (Tiles.rows = 1: one token row of d each), together the whole s
+    assert sorted((o.tensors[0].name, o.args[:2]) for o in copies) == [(f"L{i}.s_out", (r * CFG.d, CFG.d)) for i in range(2) for r in range(2)]
     l1 = [o for o in sp.stream.ops if o.label.startswith("L1.Wqkvg")]
     assert all(o.waits[0][0].name == "L0.captured" for o in l1), "the next layer must not change s before the copy"
 

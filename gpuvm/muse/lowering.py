@@ -46,7 +46,7 @@ class Tiles:
     gemm_bytes: int = 256 * 1024  # weight bytes per GEMM column tile (rounded down to 2^k rows)
     router_bytes: int = 64 * 1024  # the f32 router's tiles: latency bound, so smaller (2 rows of 32 KB)
     expert_workers: int = 264  # EXPERT_UP / EXPERT_DOWN instructions per layer (H200: 132 SMs x 2 groups)
-    rows: int = 16  # token rows per RMSNORM / RESIDUAL / EXPERT_COMBINE op
+    rows: int = 1  # token rows per RMSNORM / RESIDUAL / EXPERT_COMBINE op (latency bound: one row each ran fastest)
     chunk: int = 1024  # cached keys per ATTN_CHUNK op
 
     def __post_init__(self) -> None:
@@ -287,7 +287,7 @@ def lower_layer(
     tiles: Tiles | None = None,
     k_scale: float = 1.0,
     v_scale: float = 1.0,
-    order: str = "priority",
+    order: str = "depth",
 ) -> LayerProgram:
     """A program of one layer (prefix "L0."), built; s is "s", convs is "convs"."""
     _check_shape(cfg, kind, conversations, tokens_each, cache_slots)

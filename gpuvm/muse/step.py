@@ -157,7 +157,7 @@ def lower_step(
     layers: int | None = None,
     tiles: Tiles | None = None,
     capture_layers: bool = False,
-    order: str = "priority",
+    order: str = "depth",
 ) -> StepProgram:
     """The whole step (first `layers` layers, default all) as one built program.
 
