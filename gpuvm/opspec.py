@@ -138,13 +138,24 @@ def _check_gemm(ts: Slots, a: Args) -> None:
     if not (x.shape[1] % 8 == 0):
         raise ProgramError("GEMM K must be a multiple of 8")
     _range(a[0], a[1], w.shape[0], "GEMM column")
+    if a[3] == 0 and a[2] != 0:
+        raise ProgramError(f"GEMM token count 0 means all {x.shape[0]} tokens, so t0 must be 0, not {a[2]}")
+    _range(a[2], a[3], x.shape[0], "GEMM token")
+    if a[3] and x.dtype != DType.F32:
+        raise ProgramError(f"GEMM token ranges are for f32 GEMMs (the router); a bf16 GEMM takes all {x.shape[0]} tokens")
+
+
+def gemm_tokens(x_rows: int, a: Args) -> int:
+    """Tokens a GEMM instruction computes: a3, or all of x's rows when a3 is 0."""
+    return a[3] or x_rows
 
 
 def _cost_gemm(ts: Slots, a: Args) -> Cost:
     out, x, w = ts[0], ts[1], ts[2]
     assert out and x and w
-    t, k = x.shape
-    return Cost(weight_bytes=a[1] * w.row_bytes, act_bytes=x.nbytes + t * a[1] * DTYPE_BYTES[out.dtype], flops=2 * t * k * a[1])
+    k = x.shape[1]
+    t = gemm_tokens(x.shape[0], a)
+    return Cost(weight_bytes=a[1] * w.row_bytes, act_bytes=t * x.row_bytes + t * a[1] * DTYPE_BYTES[out.dtype], flops=2 * t * k * a[1])
 
 
 def _check_rmsnorm(ts: Slots, a: Args) -> None:
@@ -434,7 +445,7 @@ SPECS: dict[Op, OpSpec] = {
     Op.SLEEP: OpSpec((), ("ns",), _check_sleep, lambda ts, a: Cost()),
     Op.COPY: OpSpec(("dst", "src"), ("i0", "n"), _check_copy, _cost_elementwise(2)),
     Op.SCALE_ADD: OpSpec(("dst", "x", "y"), ("i0", "n", "f_a", "f_b"), _check_scale_add, _cost_elementwise(3)),
-    Op.GEMM: OpSpec(("out", "x", "W"), ("n0", "n"), _check_gemm, _cost_gemm),
+    Op.GEMM: OpSpec(("out", "x", "W"), ("n0", "n", "t0", "t"), _check_gemm, _cost_gemm),
     Op.RMSNORM: OpSpec(("out", "in", "w"), ("row0", "rows"), _check_rmsnorm, _cost_rows),
     Op.QK_ROPE_KV: OpSpec(("qkvg", "q", "w_qn", "w_kn", "k_cache", "v_cache", "convs"), ("conv", "rope", "f_kscale", "f_vscale"), _check_qk_rope_kv, _cost_qk),
     Op.ATTN_CHUNK: OpSpec(("q", "k_cache", "v_cache", "convs", "part_o", "part_ml"), ("conv", "kv_head", "chunk", "chunk_len", "window", "f_kscale", "f_vscale"), _check_attn_chunk, _cost_attn_chunk),

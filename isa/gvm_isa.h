@@ -76,8 +76,11 @@ enum gvm_opcode {
 
     /* Muse ops */
     GVM_OP_GEMM = 16,
-    /* t0 out [T,N], t1 x [T,K], t2 W [N,K] (rows = outputs); a0 n0, a1 n count.
-     * out[t, n] = sum_k x[t,k] * W[n,k] for n in [n0, n0+a1), f32 accumulate.
+    /* t0 out [T,N], t1 x [T,K], t2 W [N,K] (rows = outputs); a0 n0, a1 n count,
+     * a2 t0, a3 t count (0: all T tokens, and a2 must be 0; f32 only: a bf16
+     * GEMM takes all its tokens).
+     * out[t, n] = sum_k x[t,k] * W[n,k] for n in [n0, n0+a1), t in [a2, a2+a3),
+     * f32 accumulate.
      * dtypes (x, W, out): (bf16, bf16, bf16|f32) or (f32, f32, f32). The weight
      * rows [n0, n0+a1) are what the loader prefetches. */
     GVM_OP_RMSNORM = 17,

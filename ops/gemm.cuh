@@ -16,6 +16,8 @@
 // over the weights serves 4 token tiles (measured: the 256-token layer 5.0 -> 4.2 ms).
 //
 // f32 path (x, W, out f32; the router): CUDA-core FMAs, the group splits K.
+// Only this path takes a token range (a2, a3): the router's tiles are split
+// over tokens at T > 1, since its 2-row tiles alone fill half the groups.
 // Thread tid owns the 16-byte chunks tid, tid + 128, ... (one per step) of
 // every row and token of a register tile of RT rows x TT tokens: per step it
 // loads RT float4 of W (one per row) and TT of x (one per token), so one x
@@ -457,17 +459,18 @@ __device__ __forceinline__ void gvm_gemm_f32_tile(const gvm_ctx& c, unsigned tid
     }
 }
 
+// Tokens [ta, ta + T) of x and out.
 __device__ __forceinline__ int gvm_gemm_f32(const gvm_ctx& c, const gvm_tensor& out, const gvm_tensor& x,
-                                            const gvm_tensor& w, int n0, int cnt) {
-    const int T = x.shape[0], n4 = x.shape[1] / 4;
+                                            const gvm_tensor& w, int n0, int cnt, int ta, int T) {
+    const int n4 = x.shape[1] / 4;
     // Row offsets inside a tile are 32-bit byte counts: rows of up to 256 MB.
     if (c.smem_bytes < 2 * GVM_GROUP_THREADS * 4 || w.stride[0] > (1ll << 26) || x.stride[0] > (1ll << 26))
         return GVM_ERR_BAD_ARGS;
     const unsigned long long pol = gvm_gemm_policy();
-    const float* xb = reinterpret_cast<const float*>(x.ptr);
-    const float* wb = reinterpret_cast<const float*>(w.ptr);
-    float* ob = reinterpret_cast<float*>(out.ptr);
     const long long o_row = out.stride[0], x_row = x.stride[0], w_row = w.stride[0];
+    const float* xb = reinterpret_cast<const float*>(x.ptr) + ta * x_row;
+    const float* wb = reinterpret_cast<const float*>(w.ptr);
+    float* ob = reinterpret_cast<float*>(out.ptr) + ta * o_row;
     // What the tiles derive from the thread index (addresses, lane masks) is
     // computed here rather than hoisted out of the persistent kernel's loop,
     // where it would hold registers all along.
@@ -513,14 +516,20 @@ __device__ __forceinline__ int gvm_op_gemm(const gvm_ctx& c) {
     const gvm_tensor& x = gvm_t(c, 1);
     const gvm_tensor& w = gvm_t(c, 2);
     const int n0 = in.arg[0], cnt = in.arg[1];
+#if GVM_MAX_GROUPS <= 2
+    const int t0 = in.arg[2], tn = in.arg[3] ? in.arg[3] : x.shape[0];
+#else  // the 4-group kernel (dispatch probes) has no register to spare for a range (it spilled): all tokens
+    const int t0 = 0, tn = (in.arg[2] | in.arg[3]) ? -1 : x.shape[0];
+#endif
     const bool bf = x.dtype == GVM_DT_BF16 && w.dtype == GVM_DT_BF16 &&
                     (out.dtype == GVM_DT_BF16 || out.dtype == GVM_DT_F32);
     const bool f32 = x.dtype == GVM_DT_F32 && w.dtype == GVM_DT_F32 && out.dtype == GVM_DT_F32;
     const int es = bf ? 2 : 4;
     if (!(bf || f32) || !gvm_gemm_operand_ok(x, es) || !gvm_gemm_operand_ok(w, es) || out.ndim != 2 ||
         out.stride[1] != 1 || x.shape[1] % 8 != 0 || w.shape[1] != x.shape[1] || out.shape[0] != x.shape[0] ||
-        out.shape[1] != w.shape[0] || n0 < 0 || cnt < 0 || n0 + cnt > w.shape[0])
+        out.shape[1] != w.shape[0] || n0 < 0 || cnt < 0 || n0 + cnt > w.shape[0] || t0 < 0 || tn < 0 ||
+        t0 + tn > x.shape[0] || (in.arg[3] == 0 && t0 != 0) || (bf && in.arg[3] != 0))
         return GVM_ERR_BAD_ARGS;
-    if (cnt == 0 || x.shape[0] == 0) return GVM_ERR_NONE;
-    return bf ? gvm_gemm_bf16(c, out, x, w, n0, cnt) : gvm_gemm_f32(c, out, x, w, n0, cnt);
+    if (cnt == 0 || tn == 0) return GVM_ERR_NONE;
+    return bf ? gvm_gemm_bf16(c, out, x, w, n0, cnt) : gvm_gemm_f32(c, out, x, w, n0, cnt, t0, tn);
 }

@@ -41,13 +41,17 @@ def bits(x: float) -> int:
 def test_gemm_writes_its_columns_only() -> None:
     x, w = randn(5, 32).bfloat16(), randn(12, 32).bfloat16()
     out = nan(5, 12, dtype=torch.bfloat16)
-    ops.gemm([out, x, w], [4, 5])
+    ops.gemm([out, x, w], [4, 5, 0, 0])
     want = torch.tensor([[sum(float(x[t, k]) * float(w[n, k]) for k in range(32)) for n in range(4, 9)] for t in range(5)])
     torch.testing.assert_close(out[:, 4:9].float(), want.bfloat16().float(), atol=0, rtol=8e-3)
     assert out[:, :4].isnan().all() and out[:, 9:].isnan().all()
     out32 = nan(5, 12)
-    ops.gemm([out32, x.float(), w.float()], [0, 12])
+    ops.gemm([out32, x.float(), w.float()], [0, 12, 0, 0])
     torch.testing.assert_close(out32, x.float() @ w.float().T)
+    part = nan(5, 12)  # tokens [1, 4) only
+    ops.gemm([part, x.float(), w.float()], [0, 12, 1, 3])
+    torch.testing.assert_close(part[1:4], (x.float() @ w.float().T)[1:4])
+    assert part[0].isnan().all() and part[4].isnan().all()
 
 
 def test_rmsnorm_rows() -> None:

@@ -65,6 +65,17 @@ def test_ops_missing_from_the_kernel_are_refused() -> None:
         check_records(s.records, tab, len(s.counters), {Op.COPY}, s.labels)
 
 
+def test_gemm_token_ranges_need_a_2_group_kernel() -> None:
+    p = Program("router")
+    x, w, out = p.tensor("x", (4, 64), DType.F32), p.tensor("w", (8, 64), DType.F32, role="weight"), p.tensor("out", (4, 8), DType.F32)
+    p.op(Op.GEMM, [out, x, w], [0, 8, 1, 2], label="wr")
+    s = p.build()
+    tab = s.table({t.name: empty(t) for t in s.tensors})
+    check_records(s.records, tab, len(s.counters), ALL, s.labels, max_groups=2)
+    with pytest.raises(ProgramError, match="instruction 0 'wr': a GEMM token range needs a kernel of at most 2 groups"):
+        check_records(s.records, tab, len(s.counters), ALL, s.labels, max_groups=4)
+
+
 def _error(**fields: int) -> np.void:
     rec = np.zeros(1, dtype=ERROR_DTYPE)
     for k, v in fields.items():

@@ -55,9 +55,9 @@ def test_full_size_op_counts_and_tiles(kind: str) -> None:
     nch = -(-S // 1024) if kind == "full" else -(-(2048 + 8 - 1) // 1024)
     assert nch == n_chunks(SHARD, kind, n, S, 1024)
     # 256 KB tiles: Wqkvg 16 rows of 16 KB, Wo 128 rows of 2 KB, Wsq 16 rows of
-    # 16 KB, Wex 32 rows of 8 KB; the router 64 KB: 2 rows of 32 KB; experts:
-    # 264 workers each for up and down
-    gemm_tiles = 2304 // 16 + 8192 // 128 + 256 // 2 + 4096 // 16 + 8192 // 32
+    # 16 KB, Wex 32 rows of 8 KB; the router 64 KB: 2 rows of 32 KB, each tile
+    # over two token halves; experts: 264 workers each for up and down
+    gemm_tiles = 2304 // 16 + 8192 // 128 + 2 * 256 // 2 + 4096 // 16 + 8192 // 32
     assert count == {
         Op.RMSNORM: C * n, Op.GEMM: gemm_tiles, Op.QK_ROPE_KV: C, Op.ATTN_CHUNK: C * 2 * nch, Op.ATTN_MERGE: C * 16,
         Op.RESIDUAL: 2 * C * n, Op.TOPK: 1, Op.EXPERT_UP: 264, Op.EXPERT_DOWN: 264, Op.EXPERT_COMBINE: C * n,  # a row each
@@ -81,13 +81,16 @@ def _small(kind: str, C: int = 3, n: int = 5, S: int = 100, tiles: Tiles | None 
 def test_tiles_cover_every_output_once(kind: str) -> None:
     lp, tl = _small(kind)
     s, cfg, T = lp.stream, SMALL, 15
-    by_out: dict[str, list[tuple[int, int]]] = {}
+    by_row: dict[tuple[str, int], list[tuple[int, int]]] = {}  # (out, token): column ranges
     for o in _ops(s, Op.GEMM):
-        by_out.setdefault(o.tensors[0].name, []).append((o.args[0], o.args[1]))
+        t0, tn = (o.args[2], o.args[3]) if o.args[3] else (0, T)  # a token count of 0: all T
+        for t in range(t0, t0 + tn):
+            by_row.setdefault((o.tensors[0].name, t), []).append((o.args[0], o.args[1]))
     widths = {"qkvg": cfg.qkvg_width, "a": cfg.d, "scores": cfg.n_experts, "x": cfg.squeeze, "f": cfg.d}
-    assert sorted(by_out) == sorted("L0." + k for k in widths)
-    for k, n in widths.items():
-        _cover(by_out["L0." + k], n)
+    assert sorted(by_row) == sorted(("L0." + k, t) for k in widths for t in range(T))
+    for (name, _), cols in by_row.items():
+        _cover(cols, widths[name[len("L0."):]])
+    assert {(o.args[2], o.args[3]) for o in _ops(s, Op.GEMM) if o.tensors[0].name == "L0.scores"} == {(0, 8), (8, 7)}  # the router: two token halves
     for opcode in (Op.RMSNORM, Op.EXPERT_COMBINE):
         _cover([(o.args[0], o.args[1]) for o in _ops(s, opcode)], T)
     res = _ops(s, Op.RESIDUAL)

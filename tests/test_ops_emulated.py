@@ -59,6 +59,15 @@ def test_switch_alternatives(tmp_path_factory: pytest.TempPathFactory, op: Op, d
     assert _failures(EmuRunner(lib), {op}) == []
 
 
+def test_the_4_group_kernels_gemm(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The 4-group kernel's GEMM defaults (one token tile a pass, the 4 x 4
+    router tile) give the same answers, but it refuses token ranges (BAD_ARGS:
+    it has no register to spare for them)."""
+    lib = build_emulator(tmp_path_factory.mktemp("emu_g4"), defines=(("GVM_MAX_GROUPS", "4"),))
+    bad = _failures(EmuRunner(lib), {Op.GEMM})
+    assert bad and all("token ranges" in b for b in bad), bad
+
+
 def _mutant(tmp_path: Path, header: str, old: str, new: str) -> EmuRunner:
     src = (ROOT / header).read_text()
     assert src.count(old) == 1, f"{header} no longer has {old!r}"

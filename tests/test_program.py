@@ -151,6 +151,7 @@ def _muse_tensors(p: Program) -> dict[str, TensorSpec]:
 MUSE_CASES = [
     (Op.GEMM, ["qkvg", "h", "W"], [0, 16], [(1, "s"), (2, "Wbad"), (0, "s_bf"), [QKVG - 8, 16]]),
     (Op.GEMM, ["sc", "s", "Wr"], [0, NE], [(0, "q"), (2, "W"), [1, NE]]),
+    (Op.GEMM, ["sc", "s", "Wr"], [0, NE, 1, T - 1], [[0, NE, 1, 0], [0, NE, 0, T + 1], [0, NE, T - 1, 2], [0, NE, -1, 1], [0, NE, 0, -1]]),
     (Op.RMSNORM, ["h", "s", "wD"], [0, T], [(1, "h"), (2, "w64"), (0, "q"), [1, T]]),
     (Op.QK_ROPE_KV, ["qkvg", "q", "w64", "w64", "kc", "vc", "convs"], [0, 1, f2i(1.0), f2i(1.0)], [(1, "o"), (4, "kc_bad"), (6, "meta"), (0, "s"), [C, 1], [0, 2]]),
     (Op.ATTN_CHUNK, ["q", "kc", "vc", "convs", "po", "pml"], [0, 1, 2, 16, 0, 0, 0], [(4, "po_bad"), (1, "s"), (5, "po"), [0, HKV, 0, 16, 0], [0, 0, NCH, 16, 0], [0, 0, 0, 0, 0], [0, 0, 0, 16, -1]]),

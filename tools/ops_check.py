@@ -562,7 +562,9 @@ def cases_gemm(sz: Sizes, gen: torch.Generator) -> list[Case]:
     T = 1 with one cnt per case (--time times a case's first instruction),
     then at T = 1, 3, 20 and sz.tokens with every cnt of GEMM_CNTS, also at a
     K whose 16-byte chunks do not split evenly over the 128 threads; then bf16
-    (bf16 and f32 out)."""
+    (bf16 and f32 out); then f32 with each column tile over token ranges
+    (a3 > 0) that start and end inside tiles of 8, a range past x, and a bf16
+    GEMM given a range (refused)."""
     out = []
     n, d = sz.experts, sz.d
     k_odd = max(d, 1280) + 8
@@ -586,6 +588,23 @@ def cases_gemm(sz: Sizes, gen: torch.Generator) -> list[Case]:
             for c0, c in _gemm_cols(2 * n, (40, 16, 13, 64)):
                 b.op_([o, x, w], [c0, c])
             out.append(b.case())
+    spans = ((0, 1), (1, 9), (10, 1), (11, 9))  # token ranges [t0, t0 + t) covering T = 20
+    b = _Build("gemm f32 T=20 token ranges", Op.GEMM, gen)
+    o = b.out("out", DType.F32, (20, 2 * n), GEMM_F32)
+    x = b.add("x", DType.F32, b.randn(20, d, scale=2.0))
+    w = b.add("w", DType.F32, b.randn(2 * n, d, scale=0.05))
+    for c0, c in _gemm_cols(2 * n, (2, 16, 5)):
+        for t0, t in spans:
+            b.op_([o, x, w], [c0, c, t0, t])
+    out.append(b.case())
+    b = _Build("gemm bf16 token range -> BAD_ARGS", Op.GEMM, gen)
+    b.op_([b.out("out", DType.F32, (4, 16), EXACT), b.add("x", DType.BF16, b.randn(4, 64).bfloat16()),
+           b.add("w", DType.BF16, b.randn(16, 64).bfloat16())], [0, 16, 0, 0])
+    out.append(b.case(int(ErrorCode.BAD_ARGS), _set_arg(3, 4)))
+    b = _Build("gemm f32 token range past x -> BAD_ARGS", Op.GEMM, gen)
+    b.op_([b.out("out", DType.F32, (4, 16), EXACT), b.add("x", DType.F32, b.randn(4, 64)),
+           b.add("w", DType.F32, b.randn(16, 64))], [0, 16, 2, 2])
+    out.append(b.case(int(ErrorCode.BAD_ARGS), _set_arg(3, 3)))
     b = _Build("gemm f32 cnt past W -> BAD_ARGS", Op.GEMM, gen)
     b.op_([b.out("out", DType.F32, (2, 16), EXACT), b.add("x", DType.F32, b.randn(2, 64)),
            b.add("w", DType.F32, b.randn(16, 64))], [8, 8])
@@ -738,8 +757,12 @@ def build_emulator(cache: Path | None = None, files: dict[str, Path] | None = No
                    defines: tuple[tuple[str, str], ...] = ()) -> Path:
     """The op headers compiled for the host against tools/ops_emu (g++), cached
     by the hash of every source and define. files: staged path -> source,
-    default _EMU_FILES; defines: (MACRO, value) pairs."""
+    default _EMU_FILES; defines: (MACRO, value) pairs. The group count is the
+    Muse kernel's (BuildOptions.max_groups) unless defines set GVM_MAX_GROUPS:
+    the ops' defaults (GEMM tiles) depend on it."""
     files = files or _EMU_FILES
+    if not any(k == "GVM_MAX_GROUPS" for k, _ in defines):
+        defines = (("GVM_MAX_GROUPS", str(BuildOptions().max_groups)), *defines)
     digest = hashlib.sha256(repr(sorted(defines)).encode())
     for rel, src in sorted(files.items()):
         digest.update(rel.encode() + b"\0" + src.read_bytes())

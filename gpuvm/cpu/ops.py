@@ -107,7 +107,8 @@ def gemm(ts: Slots, a: Args) -> None:
     out, x, w = ts[0], ts[1], ts[2]
     assert out is not None and x is not None and w is not None
     cols = slice(a[0], a[0] + a[1])
-    out[:, cols] = (x.float() @ w[cols].float().T).to(out.dtype)
+    rows = slice(a[2], a[2] + a[3]) if a[3] else slice(None)
+    out[rows, cols] = (x[rows].float() @ w[cols].float().T).to(out.dtype)
 
 
 def rmsnorm(ts: Slots, a: Args) -> None:

@@ -21,10 +21,12 @@ def _tensor_bytes(tab: np.ndarray) -> np.ndarray:
     return np.where(dims, tab["shape"].astype(np.int64), 1).prod(axis=1) * ebytes[tab["dtype"]]
 
 
-def check_records(records: np.ndarray, table: np.ndarray, n_counters: int, compiled: Collection[Op], labels: Sequence[str] | None = None) -> None:
+def check_records(records: np.ndarray, table: np.ndarray, n_counters: int, compiled: Collection[Op], labels: Sequence[str] | None = None,
+                  max_groups: int = 2) -> None:
     """Raise ProgramError at the first record with an opcode the kernel lacks,
-    a tensor slot outside the table, a counter outside the counter array, or a
-    prefetch range outside its tensor."""
+    a tensor slot outside the table, a counter outside the counter array, a
+    prefetch range outside its tensor, or a GEMM token range that a kernel of
+    max_groups groups does not take (ops/gemm.cuh: only up to 2 groups)."""
     if records.dtype != INSTR_DTYPE or table.dtype != TENSOR_DTYPE:
         raise ProgramError("records and table must have the gvm_instr / gvm_tensor layouts of gpuvm.isa")
     n = len(records)
@@ -46,6 +48,9 @@ def check_records(records: np.ndarray, table: np.ndarray, n_counters: int, compi
         code = int(ops[i])
         what = Op(code).name if code in Op._value2member_map_ else f"unknown opcode {code}"
         raise ProgramError(f"{name(i)}: {what} is not compiled into this kernel")
+    if max_groups > 2 and (i := first((ops == int(Op.GEMM)) & (records["arg"][:, 3] != 0))) is not None:
+        raise ProgramError(f"{name(i)}: a GEMM token range needs a kernel of at most 2 groups (this one is built for {max_groups}; "
+                           "it has no register to spare for one)")
     nw = records["n_waits"].astype(np.int64)
     if (i := first(nw > MAX_WAITS)) is not None:
         raise ProgramError(f"{name(i)}: {int(nw[i])} waits, at most {MAX_WAITS}")

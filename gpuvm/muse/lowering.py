@@ -15,6 +15,7 @@ so an expert with no tokens costs no instruction; down waits for all of up.
 """
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 
 import torch
@@ -45,12 +46,13 @@ class Tiles:
 
     gemm_bytes: int = 256 * 1024  # weight bytes per GEMM column tile (rounded down to 2^k rows)
     router_bytes: int = 64 * 1024  # the f32 router's tiles: latency bound, so smaller (2 rows of 32 KB)
+    router_splits: int = 2  # token ranges per router tile at T > 1: its 128 tiles would leave half the 264 groups idle
     expert_workers: int = 264  # EXPERT_UP / EXPERT_DOWN instructions per layer (H200: 132 SMs x 2 groups)
     rows: int = 1  # token rows per RMSNORM / RESIDUAL / EXPERT_COMBINE op (latency bound: one row each ran fastest)
     chunk: int = 1024  # cached keys per ATTN_CHUNK op
 
     def __post_init__(self) -> None:
-        for name in ("gemm_bytes", "router_bytes", "expert_workers", "rows", "chunk"):
+        for name in ("gemm_bytes", "router_bytes", "router_splits", "expert_workers", "rows", "chunk"):
             v = getattr(self, name)
             if not isinstance(v, int) or v <= 0:
                 raise ProgramError(f"Tiles.{name} must be a positive int, not {v!r}")
@@ -210,10 +212,14 @@ def emit_layer(
     def ctr(name: str) -> Counter:
         return p.counter(prefix + name)
 
-    def gemm(out: TensorSpec, xin: TensorSpec, wt: TensorSpec, n0: int, n1: int, waits: list[Counter], sig: Counter, tag: str, tile_bytes: int = tl.gemm_bytes) -> None:
+    def gemm(out: TensorSpec, xin: TensorSpec, wt: TensorSpec, n0: int, n1: int, waits: list[Counter], sig: Counter, tag: str,
+             tile_bytes: int = tl.gemm_bytes, token_splits: int = 1) -> None:
         rows = _pow2_rows(n1 - n0, wt.row_bytes, tile_bytes)
-        for c0, n in _tiles(n0, n1, rows):
-            p.op(Op.GEMM, [out, xin, wt], [c0, n], waits=waits, signal=sig, prefetch=(wt, c0 * wt.row_bytes, n * wt.row_bytes), label=f"{prefix}{tag}[{c0}:{c0 + n}]")
+        # each column tile over all T tokens (args t0 = t = 0), or over token_splits ranges of them
+        spans = [(0, 0)] if token_splits == 1 or T == 1 else _tiles(0, T, -(-T // token_splits))
+        for (c0, n), (t0, tn) in itertools.product(_tiles(n0, n1, rows), spans):
+            where = f"{c0}:{c0 + n}" + (f"|t{t0}:{t0 + tn}" if tn else "")
+            p.op(Op.GEMM, [out, xin, wt], [c0, n, t0, tn], waits=waits, signal=sig, prefetch=(wt, c0 * wt.row_bytes, n * wt.row_bytes), label=f"{prefix}{tag}[{where}]")
 
     row_blocks = _tiles(0, T, tl.rows)
     start = [after] if after is not None else []
@@ -251,7 +257,7 @@ def emit_layer(
 
     # mixture of experts
     scored, routed, squeezed = ctr("scores"), ctr("route"), ctr("x")
-    gemm(scores, h2, w["Wr"], 0, cfg.n_experts, [res1], scored, "Wr", tl.router_bytes)
+    gemm(scores, h2, w["Wr"], 0, cfg.n_experts, [res1], scored, "Wr", tl.router_bytes, tl.router_splits)
     work = act("work", (2,), DType.I32)  # the expert lists' counters (TOPK zeroes them)
     p.op(Op.TOPK, [scores, meta, route, work], [0, E], waits=[scored], signal=routed, label=f"{prefix}topk")
     gemm(x, h2b, w["Wsq"], 0, H, [res1], squeezed, "Wsq")
