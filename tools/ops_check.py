@@ -485,8 +485,9 @@ def _nvfp4(b: _Build, *lead: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
 def cases_experts(sz: Sizes, gen: torch.Generator) -> list[Case]:
     out = []
     # (name, tokens, rows out, K): the layer's shapes, then few tokens over a
-    # K of 36 steps and a tail
-    shapes = (("", sz.tokens, sz.hidden, sz.hidden), (" long K", 3, 40, 36 * 256 + 64))
+    # K of 36 steps and a tail, then the shard's K with an expert of 7 tokens
+    # (x in two K ranges with GVM_EXPR_KPASSES=2)
+    shapes = (("", sz.tokens, sz.hidden, sz.hidden), (" long K", 3, 40, 36 * 256 + 64), (" K 4096", 8, 24, 4096))
     for up in (True, False):
         for what, t, h, k in shapes:
             op = Op.EXPERT_UP if up else Op.EXPERT_DOWN
