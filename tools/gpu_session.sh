@@ -2,7 +2,7 @@
 # One call on the H200 (the device tool): the VM proofs and timings, the Muse
 # ops standalone, and the decode-case sweep, each under its own time limit,
 # logs and results under $OUT (at most 8 files come back: traces are tarred).
-#   GPUVM_COMMIT=<sha> bash tools/gpu_session.sh [check|ops|opstime|sweep|step|stepsweep|probe|experts|vmtest ...]
+#   GPUVM_COMMIT=<sha> bash tools/gpu_session.sh [check|ops|opstime|sweep|step|stepsweep|probe|experts|router|vmtest ...]
 # (set GPUVM_COMMIT when running a snapshot without .git: else the results name the enclosing checkout)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -27,6 +27,8 @@ for s in $steps; do
            timeout ${T_SWITCH_LAYERS:-200} python3 -m pytest -q -p no:cacheprovider tests/gpu/test_muse_layer.py -k switches > "$OUT/switch_layers.log" 2>&1; echo "switch layers rc=$?"; tail -3 "$OUT/switch_layers.log"
            for v in 0 1; do timeout 90 python3 tools/expert_bench.py --reps 10 --define GVM_EXPERT_REG=$v --out "$OUT/expert_bench_reg$v.json" > "$OUT/expert_bench_reg$v.log" 2>&1; echo "expert_bench reg=$v rc=$?"; tail -9 "$OUT/expert_bench_reg$v.log"; done
            timeout ${T_EXPERTS_PROBE:-420} python3 tools/sched_probe.py --out "$OUT/experts_probe.json" --depths 1 --variants "base:,noreg:GVM_EXPERT_REG=0,tt1:GVM_GEMM_TT=1,r4:GVM_GEMM_F32_RN=4+GVM_GEMM_F32_TT=4,none:GVM_EXPERT_REG=0+GVM_GEMM_TT=1+GVM_GEMM_F32_RN=4+GVM_GEMM_F32_TT=4" --cases full-c1-t1,sliding-c1-t1,full-c32-t8 --step 1x1,32x8 > "$OUT/experts_probe.log" 2>&1; echo "experts probe rc=$?"; tail -20 "$OUT/experts_probe.log" ;;
+    router) # the router over token halves (Tiles.router_splits 2, the default) against whole-token tiles (1)
+           timeout ${T_ROUTER:-420} python3 tools/sched_probe.py --out "$OUT/router_probe.json" --depths 1 --variants base: --orders depth --tiles "rs2:,rs1:router_splits=1" --cases full-c1-t1,full-c1-t8,full-c32-t1,full-c16-t8,full-c32-t8,sliding-c32-t8 --step 1x8,32x8 > "$OUT/router_probe.log" 2>&1; echo "router probe rc=$?"; grep -v static "$OUT/router_probe.log" | tail -16 ;;
     vmtest) timeout ${T_VMTEST:-150} python3 -m pytest -q -x -p no:cacheprovider tests/gpu/test_vm.py > "$OUT/test_vm.log" 2>&1; echo "test_vm rc=$?"; tail -8 "$OUT/test_vm.log" ;;
     *) echo "unknown step $s"; exit 2 ;;
   esac
