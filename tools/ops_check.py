@@ -486,7 +486,7 @@ def cases_experts(sz: Sizes, gen: torch.Generator) -> list[Case]:
     out = []
     # (name, tokens, rows out, K): the layer's shapes, then few tokens over a
     # K of 36 steps and a tail, then the shard's K with an expert of 7 tokens
-    # (x in two K ranges with GVM_EXPR_KPASSES=2)
+    # (more than one staging of x holds on the register path: the shared tile's)
     shapes = (("", sz.tokens, sz.hidden, sz.hidden), (" long K", 3, 40, 36 * 256 + 64), (" K 4096", 8, 24, 4096))
     for up in (True, False):
         for what, t, h, k in shapes:
@@ -928,7 +928,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--list", action="store_true", help="list the cases and exit")
     ap.add_argument("--define", action="append", default=[], metavar="MACRO=VALUE",
-                    help="a build switch for the op headers, e.g. GVM_EXPERT_REG=1 (repeatable)")
+                    help="a build switch for the op headers, e.g. GVM_EXPERT_REG=0 (repeatable)")
     ap.add_argument("--time", type=int, default=0, metavar="N",
                     help="GPU: run each case's first instruction N times alone and print us per instruction")
     a = ap.parse_args(argv)

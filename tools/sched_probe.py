@@ -36,7 +36,7 @@ def main() -> int:
     ap.add_argument("--step", default="1x1", help="step shapes, e.g. 1x1,1x8 ('' for none)")
     ap.add_argument("--tiles", default="", help="name:field=value[+field=value],... of lowering.Tiles (default: Tiles())")
     ap.add_argument("--static-depths", action="store_true", help="static mode at every --depths too (default: depth 6 only)")
-    ap.add_argument("--orders", default="priority", help="stream orders to compare (Program.build: priority, depth)")
+    ap.add_argument("--orders", default="depth", help="stream orders to compare (Program.build: depth, the lowering's default, or priority)")
     a = ap.parse_args()
     depths = [int(d) for d in a.depths.split(",")]
     vms = {}
@@ -50,7 +50,7 @@ def main() -> int:
             name, _, defs = v.partition(":")
             tilings[name] = Tiles(**{k: int(x) for k, x in (d.split("=", 1) for d in defs.split("+") if d)})
     orders = a.orders.split(",")
-    otag = {o: "" if o == "priority" else f"@{o}" for o in orders}  # the default order adds nothing to a row's name
+    otag = {o: "" if o == "depth" else f"@{o}" for o in orders}  # the lowering's order adds nothing to a row's name
     flush = L2Flush(torch.device("cuda", 0))
     res: dict[str, float] = {}
 
