@@ -31,6 +31,7 @@
 #pragma once
 #include "shared.cuh"
 #include "stamps.cuh"
+#include "ctrl_prof.cuh"
 #include "../scheduler/claim.cuh"
 #include "../scheduler/counters.cuh"
 
@@ -162,15 +163,20 @@ __device__ __forceinline__ void gvm_queue_prefetch(const gvm_params& p, gvm_shar
 // Hands one instruction to a free group (waits for one; traps if the
 // hand-off is broken, see gvm_mbar_wait).
 __device__ __forceinline__ void gvm_hand_off(const gvm_params& p, gvm_shared& sh, gvm_groups_view& view,
-                                             unsigned& ring_head, const gvm_cslot& s, unsigned word, unsigned lane) {
+                                             unsigned& ring_head, const gvm_cslot& s, unsigned word, unsigned lane,
+                                             gvm_prof& pr) {
     if (s.state != GVM_CS_WAITING) gvm_queue_prefetch(p, sh, ring_head, s.idx, word, lane);  // else queued when it began to wait
+    gvm_prof_mark(pr, GVM_LEG_QUEUE);
     const unsigned g = gvm_acquire_group(view, sh.empty, p.groups, gvm_handoff_bound(p.watchdog_ns));
     if (g == GVM_NONE) gvm_handoff_trap();
+    gvm_prof_mark(pr, GVM_LEG_ACQUIRE);
     reinterpret_cast<unsigned*>(&sh.slot[g].ins)[lane] = word;
     if (lane == 0) sh.slot[g].idx = s.idx;
     __syncwarp();
     if (lane == 0) gvm_mbar_arrive(&sh.full[g]);
     gvm_mark_busy(view, g);
+    gvm_prof_mark(pr, GVM_LEG_SLOT);
+    gvm_prof_count(pr);
 }
 
 __device__ __forceinline__ void gvm_controller(const gvm_params& p, gvm_shared& sh) {
@@ -188,6 +194,8 @@ __device__ __forceinline__ void gvm_controller(const gvm_params& p, gvm_shared& 
     bool exhausted = false;    // a claim came back past the end: every later one will too
     bool aborted = false;      // a block failed: hand out nothing more
     unsigned ring_head = 0;
+    gvm_prof pr;
+    gvm_prof_init(pr);
     for (unsigned turn = 0;; ++turn) {
         // Another block failed: read rarely (the groups watch it too, and a
         // load here would stall the visits that follow it).
@@ -210,9 +218,11 @@ __device__ __forceinline__ void gvm_controller(const gvm_params& p, gvm_shared& 
                 }
             }
             gvm_stage_commit();
+            gvm_prof_mark(pr, GVM_LEG_CLAIM);
             gvm_cslot& h = s[j];
             if (h.state == GVM_CS_LOADED || h.state == GVM_CS_WAITING) {
                 const unsigned word = gvm_staged_word(sh.stage[j], lane);  // also completes the probe of a turn ago
+                gvm_prof_mark(pr, GVM_LEG_RECORD);
                 bool go = !GVM_READY_FIRST || aborted;
                 if (!go) {
                     unsigned ctr, target;
@@ -229,8 +239,9 @@ __device__ __forceinline__ void gvm_controller(const gvm_params& p, gvm_shared& 
                         h.state = GVM_CS_WAITING;
                     }
                 }
+                gvm_prof_mark(pr, GVM_LEG_DECIDE);
                 if (go) {
-                    if (!aborted) gvm_hand_off(p, sh, view, ring_head, h, word, lane);
+                    if (!aborted) gvm_hand_off(p, sh, view, ring_head, h, word, lane, pr);
                     h.state = GVM_CS_EMPTY;
                     --held;
                 }
@@ -240,10 +251,12 @@ __device__ __forceinline__ void gvm_controller(const gvm_params& p, gvm_shared& 
                 h.state = GVM_CS_CLAIMED;
                 ++held;
             }
+            gvm_prof_mark(pr, GVM_LEG_ISSUE);
         }
         if (check_abort) aborted = aborted || __shfl_sync(0xffffffffu, abort_word, 0) != 0u;
         if ((exhausted || aborted) && held == 0) break;
     }
+    gvm_prof_flush(pr, lane);
     const unsigned long long bound = gvm_handoff_bound(p.watchdog_ns);
     for (unsigned g = 0; g < p.groups; ++g) {
         if (!gvm_drain_group(view, sh.empty, g, bound)) gvm_handoff_trap();

@@ -6,6 +6,9 @@
    variants built with different nap settings, groups and modes.
 3. One traced run of empty instructions: per group, the time between the
    starts of consecutive instructions, and claim -> ready per instruction.
+4. The controller's legs (--legs): a build with GVM_CTRL_PROF sums the
+   clock64 cycles of each leg of the controller's visits per block
+   (runtime/ctrl_prof.cuh); printed per instruction handed out.
 
 Whole layers and steps on the same build variants: tools/sched_probe.py.
 
@@ -96,12 +99,46 @@ def trace_legs(vm: VM, n_per_block: int = 200) -> dict[str, float]:
     return out
 
 
+LEGS = ("claim", "record", "decide", "queue", "acquire", "slot", "issue")
+
+
+def controller_legs(defines: tuple[tuple[str, str], ...] = (), per_block: int = 1000) -> dict[str, dict[str, float]]:
+    """Cycles per hand-off in each leg of the controller (median over blocks)."""
+    from cuda.bindings import driver
+
+    vm = VM(groups=2, muse_ops=False, defines=(("GVM_CTRL_PROF", "1"),) + tuple(defines))
+    out: dict[str, dict[str, float]] = {}
+    for mode in ("dynamic", "static"):
+        r = dispatch_overhead(vm, mode, per_block=per_block)
+        err, ptr, size = driver.cuLibraryGetGlobal(vm._obj.handle, b"gvm_ctrl_prof")
+        if err != driver.CUresult.CUDA_SUCCESS:
+            raise RuntimeError(f"cuLibraryGetGlobal: {err}")
+        raw = np.zeros(size // 4, dtype=np.uint32)
+        (err,) = driver.cuMemcpyDtoH(raw.ctypes.data, ptr, size)
+        acc = raw.reshape(-1, len(LEGS) + 1)[: vm.n_blocks].astype(np.float64)
+        per = acc[:, : len(LEGS)] / np.maximum(acc[:, len(LEGS):], 1)
+        legs = {name: float(np.median(per[:, k])) for k, name in enumerate(LEGS)}
+        legs["total"] = float(np.median(per.sum(axis=1)))
+        legs["handoffs_median"] = float(np.median(acc[:, len(LEGS)]))
+        legs["us_per_instr_per_block"] = r["us_per_instr_per_block"]
+        out[mode] = legs
+        print(f"legs {mode:8s} " + " ".join(f"{k}={v:.0f}" for k, v in legs.items() if k != "us_per_instr_per_block")
+              + f"  ({r['us_per_instr_per_block']:.3f} us)", flush=True)
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="out/dispatch_probe.json")
     ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--legs", action="store_true", help="only the controller's legs (a GVM_CTRL_PROF build)")
     a = ap.parse_args()
     res: dict[str, object] = {"device": torch.cuda.get_device_name(0)}
+    if a.legs:
+        res["legs"] = {name: controller_legs(VARIANTS[name]) for name in a.variants.split(",")}
+        with open(a.out, "w") as f:
+            json.dump(res, f, indent=1)
+        return 0
     res["nap"] = nap_lengths()
     disp: dict[str, object] = {}
     for name in a.variants.split(","):
