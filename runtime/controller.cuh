@@ -67,16 +67,14 @@ struct gvm_cslot {
 };
 
 // Lane w < n_waits: wait w of the record (one word per lane) as counter and
-// this step's target; other lanes get GVM_NONE. Returns n_waits.
-__device__ __forceinline__ unsigned gvm_wait_of(const gvm_params& p, unsigned word, unsigned lane, unsigned& ctr,
-                                                unsigned& target) {
+// this step's target; other lanes get GVM_NONE.
+__device__ __forceinline__ void gvm_wait_of(const gvm_params& p, unsigned word, unsigned n_waits, unsigned lane,
+                                            unsigned& ctr, unsigned& target) {
     const unsigned w = lane & 3u;
-    const unsigned n_waits = __shfl_sync(0xffffffffu, word, 1) >> 16;
     const unsigned cword = __shfl_sync(0xffffffffu, word, 2 + (w >> 1));
     const unsigned base = __shfl_sync(0xffffffffu, word, 4 + w), per_step = __shfl_sync(0xffffffffu, word, 8 + w);
     ctr = lane < n_waits && lane < GVM_MAX_WAITS ? (w & 1u ? cword >> 16 : cword & 0xffffu) : GVM_NONE;
     target = base + p.step * per_step;
-    return n_waits;
 }
 
 // Starts copying the 16-byte line of this lane's counter into the probe area.
@@ -116,12 +114,13 @@ __device__ __forceinline__ unsigned gvm_staged_word(const unsigned* stage, unsig
     return stage[lane];
 }
 
-// Queues the weight range and the waits of an instruction about to be handed
-// out (its record in `word`, one 32-bit word per lane) for the loader, or
-// stamps LOAD = CLAIM if it has none. Never waits for the loader: with the
-// ring full the prefetch is skipped (it is only a hint).
+// Queues the weight range and the waits (from gvm_wait_of) of an instruction
+// that has waits for the loader, or stamps LOAD = CLAIM if it has nothing to
+// prefetch. Never waits for the loader: with the ring full the prefetch is
+// skipped (it is only a hint).
 __device__ __forceinline__ void gvm_queue_prefetch(const gvm_params& p, gvm_shared& sh, unsigned& ring_head,
-                                                   unsigned idx, unsigned word, unsigned lane) {
+                                                   unsigned idx, unsigned word, unsigned lane, unsigned n_waits,
+                                                   unsigned ctr, unsigned target) {
     // words: 1 signal | n_waits << 16, 2-3 wait_counter[4], 4-7 wait_base, 8-11 wait_step,
     // 12-15 tensor[8], 16-17 pf_offset, 18 pf_bytes, 19 pf_slot | reserved << 16
     const unsigned pf_slot = __shfl_sync(0xffffffffu, word, 19) & 0xffffu;
@@ -135,15 +134,10 @@ __device__ __forceinline__ void gvm_queue_prefetch(const gvm_params& p, gvm_shar
         if (lane == 0) GVM_STAMP_COPY(p.trace, idx, GVM_STAMP_LOAD, GVM_STAMP_CLAIM);
         return;
     }
-    const unsigned w = lane & 3u;  // lanes 0-3: wait w
-    const unsigned n_waits = __shfl_sync(0xffffffffu, word, 1) >> 16;
-    const unsigned cword = __shfl_sync(0xffffffffu, word, 2 + (w >> 1));
-    const unsigned base = __shfl_sync(0xffffffffu, word, 4 + w);
-    const unsigned per_step = __shfl_sync(0xffffffffu, word, 8 + w);
     gvm_pf_entry& e = sh.ring[ring_head % GVM_PF_RING];
     if (lane < GVM_MAX_WAITS) {
-        e.counter[lane] = w & 1u ? cword >> 16 : cword & 0xffffu;
-        e.target[lane] = base + p.step * per_step;
+        e.counter[lane] = ctr;
+        e.target[lane] = target;
     }
     if (lane == 0) {
         e.idx = idx;
@@ -163,11 +157,22 @@ __device__ __forceinline__ void gvm_queue_prefetch(const gvm_params& p, gvm_shar
 // Hands one instruction to a free group (waits for one; traps if the
 // hand-off is broken, see gvm_mbar_wait).
 __device__ __forceinline__ void gvm_hand_off(const gvm_params& p, gvm_shared& sh, gvm_groups_view& view,
-                                             unsigned& ring_head, const gvm_cslot& s, unsigned word, unsigned lane,
-                                             gvm_prof& pr) {
-    if (s.state != GVM_CS_WAITING) gvm_queue_prefetch(p, sh, ring_head, s.idx, word, lane);  // else queued when it began to wait
+                                             unsigned& ring_head, const gvm_cslot& s, unsigned word, unsigned n_waits,
+                                             bool group_done, unsigned lane, gvm_prof& pr) {
+    // A waiting instruction's prefetch was queued when it began to wait. Ready
+    // first hands out any other only when it has no waits: the loader would
+    // not prefetch for it, so nothing is queued.
+    if (s.state != GVM_CS_WAITING) {
+        if (GVM_READY_FIRST) {
+            if (lane == 0) GVM_STAMP_COPY(p.trace, s.idx, GVM_STAMP_LOAD, GVM_STAMP_CLAIM);
+        } else {
+            unsigned ctr, target;
+            gvm_wait_of(p, word, n_waits, lane, ctr, target);
+            gvm_queue_prefetch(p, sh, ring_head, s.idx, word, lane, n_waits, ctr, target);
+        }
+    }
     gvm_prof_mark(pr, GVM_LEG_QUEUE);
-    const unsigned g = gvm_acquire_group(view, sh.empty, p.groups, gvm_handoff_bound(p.watchdog_ns));
+    const unsigned g = gvm_acquire_group(view, sh.empty, p.groups, gvm_handoff_bound(p.watchdog_ns), group_done);
     if (g == GVM_NONE) gvm_handoff_trap();
     gvm_prof_mark(pr, GVM_LEG_ACQUIRE);
     reinterpret_cast<unsigned*>(&sh.slot[g].ins)[lane] = word;
@@ -204,6 +209,8 @@ __device__ __forceinline__ void gvm_controller(const gvm_params& p, gvm_shared& 
 #pragma unroll
         for (unsigned j = 0; j < GVM_CLAIM_SLOTS; ++j) {
             const unsigned fj = (j + GVM_CLAIM_AHEAD) % GVM_CLAIM_SLOTS;
+            // the groups' state, tested now and used at the hand-off below
+            const bool group_done = gvm_test_group(view, sh.empty, p.groups);
             gvm_cslot& f = s[fj];
             if (f.state == GVM_CS_CLAIMED) {
                 f.idx = gvm_claim_finish(claimer, f.raw, n);
@@ -222,18 +229,19 @@ __device__ __forceinline__ void gvm_controller(const gvm_params& p, gvm_shared& 
             gvm_cslot& h = s[j];
             if (h.state == GVM_CS_LOADED || h.state == GVM_CS_WAITING) {
                 const unsigned word = gvm_staged_word(sh.stage[j], lane);  // also completes the probe of a turn ago
+                const unsigned n_waits = sh.stage[j][1] >> 16;  // read at once, not shuffled out of word
                 gvm_prof_mark(pr, GVM_LEG_RECORD);
-                bool go = !GVM_READY_FIRST || aborted;
+                bool go = !GVM_READY_FIRST || aborted || n_waits == 0;
                 if (!go) {
                     unsigned ctr, target;
-                    go = gvm_wait_of(p, word, lane, ctr, target) == 0;
-                    const unsigned now = go ? 0u : (unsigned)__shfl_sync(0xffffffffu, lane == 0 ? gvm_globaltimer() : 0ull, 0);
-                    go = go || (h.state == GVM_CS_WAITING &&
-                                (gvm_probe_met(sh.probe[j], ctr, target, lane) || now - h.since > GVM_READY_PATIENCE_NS));
+                    gvm_wait_of(p, word, n_waits, lane, ctr, target);
+                    const unsigned now = (unsigned)__shfl_sync(0xffffffffu, lane == 0 ? gvm_globaltimer() : 0ull, 0);
+                    go = h.state == GVM_CS_WAITING &&
+                         (gvm_probe_met(sh.probe[j], ctr, target, lane) || now - h.since > GVM_READY_PATIENCE_NS);
                     if (!go) {
                         gvm_probe_issue(p, sh.probe[j], ctr, lane);  // in the next visit's commit group
                         if (h.state == GVM_CS_LOADED) {  // its weights start loading now, before its waits are met
-                            gvm_queue_prefetch(p, sh, ring_head, h.idx, word, lane);
+                            gvm_queue_prefetch(p, sh, ring_head, h.idx, word, lane, n_waits, ctr, target);
                             h.since = now;
                         }
                         h.state = GVM_CS_WAITING;
@@ -241,7 +249,7 @@ __device__ __forceinline__ void gvm_controller(const gvm_params& p, gvm_shared& 
                 }
                 gvm_prof_mark(pr, GVM_LEG_DECIDE);
                 if (go) {
-                    if (!aborted) gvm_hand_off(p, sh, view, ring_head, h, word, lane, pr);
+                    if (!aborted) gvm_hand_off(p, sh, view, ring_head, h, word, n_waits, group_done, lane, pr);
                     h.state = GVM_CS_EMPTY;
                     --held;
                 }
@@ -259,7 +267,7 @@ __device__ __forceinline__ void gvm_controller(const gvm_params& p, gvm_shared& 
     gvm_prof_flush(pr, lane);
     const unsigned long long bound = gvm_handoff_bound(p.watchdog_ns);
     for (unsigned g = 0; g < p.groups; ++g) {
-        if (!gvm_drain_group(view, sh.empty, g, bound)) gvm_handoff_trap();
+        if (!gvm_drain_group(view, sh.empty, p.groups, g, bound)) gvm_handoff_trap();
         if (lane == 0) {
             sh.slot[g].idx = GVM_SLOT_EXIT;
             gvm_mbar_arrive(&sh.full[g]);

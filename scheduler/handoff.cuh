@@ -96,48 +96,57 @@ struct gvm_groups_view {
 
 __device__ __forceinline__ void gvm_mark_busy(gvm_groups_view& v, unsigned g) { v.busy |= 1u << g; }
 
-// Refreshes group g's busy bit from its empty barrier; true if it is free.
-// Lane 0 tests and broadcasts, so every lane keeps the same view.
-__device__ __forceinline__ bool gvm_poll_group(gvm_groups_view& v, unsigned long long* empty, unsigned g) {
-    const unsigned bit = 1u << g;
-    if (!(v.busy & bit)) return true;
-    const bool done = (threadIdx.x & 31u) == 0 && gvm_mbar_test(&empty[g], (v.empty_parity >> g) & 1u);
-    if (!__shfl_sync(0xffffffffu, done, 0)) return false;
-    v.busy &= ~bit;
-    v.empty_parity ^= bit;
-    return true;
+// Lane g < groups: has busy group g finished (its empty phase completed)?
+// One test per lane, all groups at once. The answer is only consumed by
+// gvm_retire_groups, so a test issued early overlaps whatever comes between.
+__device__ __forceinline__ bool gvm_test_group(const gvm_groups_view& v, unsigned long long* empty, unsigned groups) {
+    const unsigned lane = threadIdx.x & 31u;
+    return lane < groups && ((v.busy >> lane) & 1u) && gvm_mbar_test(&empty[lane], (v.empty_parity >> lane) & 1u);
 }
 
-// Blocks until some group is free and returns it, searching round-robin so
-// that consecutive instructions go to different groups. Past bound_ns it
-// returns GVM_NONE (see gvm_mbar_wait: a broken hand-off).
+// Marks the groups whose lanes saw them finished as free (the view stays the
+// same in every lane: it changes only by the ballot).
+__device__ __forceinline__ void gvm_retire_groups(gvm_groups_view& v, bool done) {
+    const unsigned m = __ballot_sync(0xffffffffu, done) & v.busy;
+    v.busy &= ~m;
+    v.empty_parity ^= m;
+}
+
+// Returns a free group, the first at or after v.next (round-robin, so that
+// consecutive instructions go to different groups), after retiring the groups
+// that `done` (gvm_test_group, issued earlier) saw finish; polls while none is
+// free. Past bound_ns it returns GVM_NONE (see gvm_mbar_wait: a broken hand-off).
 __device__ __forceinline__ unsigned gvm_acquire_group(gvm_groups_view& v, unsigned long long* empty, unsigned groups,
-                                                      unsigned long long bound_ns) {
+                                                      unsigned long long bound_ns, bool done) {
+    const unsigned all = (1u << groups) - 1u;
     unsigned long long t0 = 0;
+    gvm_retire_groups(v, done);
     for (;;) {
-        for (unsigned k = 0; k < groups; ++k) {
-            unsigned g = v.next + k;
+        const unsigned f = ~v.busy & all;
+        if (f != 0u) {
+            const unsigned r = ((f >> v.next) | (f << (groups - v.next))) & all;  // free groups from v.next on
+            unsigned g = v.next + __ffs(r) - 1u;
             g = g >= groups ? g - groups : g;
-            if (gvm_poll_group(v, empty, g)) {
-                v.next = g + 1 >= groups ? 0 : g + 1;
-                return g;
-            }
+            v.next = g + 1 >= groups ? 0 : g + 1;
+            return g;
         }
         const unsigned long long now = __shfl_sync(0xffffffffu, gvm_globaltimer(), 0);  // one clock for the warp
         if (t0 == 0) t0 = now;
         else if (now - t0 > bound_ns) return GVM_NONE;
         if (GVM_HANDOFF_NAP_NS != 0) gvm_nanosleep(GVM_HANDOFF_NAP_NS);  // spare the groups' issue slots
+        gvm_retire_groups(v, gvm_test_group(v, empty, groups));
     }
 }
 
 // Blocks until group g is free (before it is told to exit); false past bound_ns.
-__device__ __forceinline__ bool gvm_drain_group(gvm_groups_view& v, unsigned long long* empty, unsigned g,
-                                                unsigned long long bound_ns) {
+__device__ __forceinline__ bool gvm_drain_group(gvm_groups_view& v, unsigned long long* empty, unsigned groups,
+                                                unsigned g, unsigned long long bound_ns) {
     unsigned long long t0 = 0;
-    while (!gvm_poll_group(v, empty, g)) {
+    for (;;) {
+        gvm_retire_groups(v, gvm_test_group(v, empty, groups));
+        if (!((v.busy >> g) & 1u)) return true;
         const unsigned long long now = __shfl_sync(0xffffffffu, gvm_globaltimer(), 0);
         if (t0 == 0) t0 = now;
         else if (now - t0 > bound_ns) return false;
     }
-    return true;
 }

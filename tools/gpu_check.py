@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from gpuvm.device import VM, WatchdogError, op_report  # noqa: E402
-from gpuvm.device.bench import StreamRead, at_claim_depth, dispatch_overhead, gemm_bandwidth, stamp_cost, step_time, warm_effect  # noqa: E402
+from gpuvm.device.bench import StreamRead, at_claim_depth, dispatch_overhead, gemm_bandwidth, stamp_cost, step_time, warm_effect, weight_rows  # noqa: E402
 from gpuvm.device.build import Build  # noqa: E402
 from gpuvm.device.programs import gemm_bindings, gemm_stream, nop_stream, stuck_stream  # noqa: E402
 from gpuvm.env import machine  # noqa: E402
@@ -140,7 +140,7 @@ def main() -> int:
     log("VM streaming GEMM, 1 GiB of bf16 weights")
     gem: list[dict[str, object]] = []
     for tokens in (1, 8):
-        bufs = gemm_bindings(gemm_stream(tokens, 131072, 4096, 16), vm.torch_device)
+        bufs = gemm_bindings(gemm_stream(tokens, weight_rows(4096), 4096, 16), vm.torch_device)
         for label, v in (("2 groups", vm), ("2 groups core", vm2c), ("2 groups core, 5 k-steps", vm2s), ("4 groups core", vm4)):
             for rows in (16, 32, 64):
                 for pf in (True, False):

@@ -18,7 +18,7 @@ from .layout import CLAIM_SLOTS
 from .programs import gemm_bindings, gemm_stream, nop_stream
 from .vm import VM, Loaded
 
-__all__ = ["time_ms", "timing_stream", "at_claim_depth", "StreamRead", "L2Flush", "gemm_bandwidth", "dispatch_overhead", "step_time", "stamp_cost", "first_use_us", "clock_ghz", "warm_effect"]
+__all__ = ["time_ms", "timing_stream", "at_claim_depth", "STREAM_BYTES", "weight_rows", "StreamRead", "L2Flush", "gemm_bandwidth", "dispatch_overhead", "step_time", "stamp_cost", "first_use_us", "clock_ghz", "warm_effect"]
 
 _STREAM_READ_SRC = r"""
 // Plain streaming read: 16-byte loads, a persistent grid, four loads in flight per thread.
@@ -93,10 +93,20 @@ class L2Flush:
         self.buf.fill_(self.k)
 
 
+STREAM_BYTES = 2 << 30  # what the streaming read and the GEMM stream each read (far more than L2)
+
+
+def weight_rows(k: int) -> int:
+    """Rows of a bf16 W of K columns holding STREAM_BYTES: a GEMM stream that
+    reads as many bytes as the streaming read it is compared with (a launch's
+    fixed costs and its last wave weigh the same on both)."""
+    return STREAM_BYTES // (2 * k)
+
+
 class StreamRead:
     """The floor's bandwidth B: a plain streaming-read kernel over `nbytes`."""
 
-    def __init__(self, vm: VM, nbytes: int = 2 << 30) -> None:
+    def __init__(self, vm: VM, nbytes: int = STREAM_BYTES) -> None:
         from cuda.core import ObjectCode
 
         cubin, _ = compile_source(_STREAM_READ_SRC, "gvm_stream_read.cu", [], [])
@@ -132,15 +142,16 @@ def at_claim_depth(vm: VM, depth: int) -> Iterator[None]:
 
 
 def gemm_bandwidth(
-    vm: VM, tokens: int, n: int = 131072, k: int = 4096, rows: int = 16, prefetch: bool = True, reps: int = 20,
+    vm: VM, tokens: int, n: int | None = None, k: int = 4096, rows: int = 16, prefetch: bool = True, reps: int = 20,
     bufs: dict[str, torch.Tensor] | None = None, claim_depth: int | None = None,
 ) -> dict[str, float]:
-    """Weight bytes / step time of a stream of GEMMs over one big bf16 W (1 GiB
-    by default: far more than L2, so every byte comes from HBM). bufs: reuse
-    buffers of an earlier call with the same tokens, n and k. claim_depth: for
-    this measurement (default the VM's); independent instructions stream best
-    with a claim in flight (H200, fbb625c: 89.5% of the read at depth 1, 92.4%
-    at 2 and 6)."""
+    """Weight bytes / step time of a stream of GEMMs over one big bf16 W of n
+    rows (default weight_rows(k): as many bytes as StreamRead reads, far more
+    than L2, so every byte comes from HBM). bufs: reuse buffers of an earlier
+    call with the same tokens, n and k. claim_depth: for this measurement
+    (default the VM's); independent instructions stream best with a claim in
+    flight (H200, fbb625c: 89.5% of the read at depth 1, 92.4% at 2 and 6)."""
+    n = weight_rows(k) if n is None else n
     stream = gemm_stream(tokens, n, k, rows, DType.BF16, prefetch=prefetch)
     loaded = vm.load(stream, bufs if bufs is not None else gemm_bindings(stream, vm.torch_device))
     ts = timing_stream(vm)
