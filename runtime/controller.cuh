@@ -38,7 +38,9 @@
 // Visits between a slot's record staging and its first offer to a group; the
 // claim before it has GVM_CLAIM_SLOTS - GVM_CLAIM_AHEAD visits to come back
 // (a hand-off is ~100-200 cycles, an L2 load ~600, a contended atomic more).
+#ifndef GVM_CLAIM_AHEAD
 #define GVM_CLAIM_AHEAD (GVM_CLAIM_SLOTS / 2)
+#endif
 
 #define GVM_CS_EMPTY 0u    // slot holds nothing
 #define GVM_CS_CLAIMED 1u  // claim issued, its index not read yet
@@ -96,10 +98,11 @@ __device__ __forceinline__ bool gvm_probe_met(const unsigned* probe, unsigned ct
 // register load shares a scoreboard with the controller's other loads, and
 // the compiler then waits for the newest record at every visit (seen in the
 // SASS at 3e6785a); cp.async groups are waited for by count, exactly.
-__device__ __forceinline__ void gvm_stage_record(const gvm_params& p, unsigned* stage, unsigned idx, unsigned lane) {
+// stage: the area's shared-memory address.
+__device__ __forceinline__ void gvm_stage_record(const gvm_instr* instrs, unsigned stage, unsigned idx, unsigned lane) {
     if (lane < 8)
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(gvm_smem_u32(stage + 4 * lane)),
-                     "l"(reinterpret_cast<const uint4*>(p.instrs + idx) + lane)
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(stage + 16u * lane),
+                     "l"(reinterpret_cast<const uint4*>(instrs + idx) + lane)
                      : "memory");
 }
 
@@ -107,11 +110,19 @@ __device__ __forceinline__ void gvm_stage_record(const gvm_params& p, unsigned* 
 // visits ago is complete once at most A groups are pending.
 __device__ __forceinline__ void gvm_stage_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 
-// This lane's word of the record staged A visits ago.
-__device__ __forceinline__ unsigned gvm_staged_word(const unsigned* stage, unsigned lane) {
+__device__ __forceinline__ unsigned gvm_lds(unsigned addr) {
+    unsigned v;
+    asm volatile("ld.shared.u32 %0, [%1];" : "=r"(v) : "r"(addr) : "memory");
+    return v;
+}
+
+// This lane's word of the record staged A visits ago at shared address
+// `stage`, and its n_waits (read at once, not shuffled out of the word).
+__device__ __forceinline__ unsigned gvm_staged_word(unsigned stage, unsigned lane, unsigned& n_waits) {
     asm volatile("cp.async.wait_group %0;" ::"n"(GVM_CLAIM_AHEAD) : "memory");
     __syncwarp();  // the word was copied by another lane
-    return stage[lane];
+    n_waits = gvm_lds(stage + 4u) >> 16;
+    return gvm_lds(stage + 4u * lane);
 }
 
 // Queues the weight range and the waits (from gvm_wait_of) of an instruction
@@ -158,7 +169,7 @@ __device__ __forceinline__ void gvm_queue_prefetch(const gvm_params& p, gvm_shar
 // hand-off is broken, see gvm_mbar_wait).
 __device__ __forceinline__ void gvm_hand_off(const gvm_params& p, gvm_shared& sh, gvm_groups_view& view,
                                              unsigned& ring_head, const gvm_cslot& s, unsigned word, unsigned n_waits,
-                                             bool group_done, unsigned lane, gvm_prof& pr) {
+                                             unsigned groups, bool group_done, unsigned lane, gvm_prof& pr) {
     // A waiting instruction's prefetch was queued when it began to wait. Ready
     // first hands out any other only when it has no waits: the loader would
     // not prefetch for it, so nothing is queued.
@@ -172,7 +183,7 @@ __device__ __forceinline__ void gvm_hand_off(const gvm_params& p, gvm_shared& sh
         }
     }
     gvm_prof_mark(pr, GVM_LEG_QUEUE);
-    const unsigned g = gvm_acquire_group(view, sh.empty, p.groups, gvm_handoff_bound(p.watchdog_ns), group_done);
+    const unsigned g = gvm_acquire_group(view, sh.empty, groups, gvm_handoff_bound(p.watchdog_ns), group_done);
     if (g == GVM_NONE) gvm_handoff_trap();
     gvm_prof_mark(pr, GVM_LEG_ACQUIRE);
     reinterpret_cast<unsigned*>(&sh.slot[g].ins)[lane] = word;
@@ -186,7 +197,10 @@ __device__ __forceinline__ void gvm_hand_off(const gvm_params& p, gvm_shared& sh
 
 __device__ __forceinline__ void gvm_controller(const gvm_params& p, gvm_shared& sh) {
     const unsigned lane = threadIdx.x & 31u;
-    const unsigned n = p.n_instrs;
+    // launch constants and shared addresses the visits use, in registers
+    const unsigned n = gvm_reg(p.n_instrs), groups = gvm_reg(p.groups);
+    const gvm_instr* instrs = reinterpret_cast<const gvm_instr*>(gvm_reg(reinterpret_cast<unsigned long long>(p.instrs)));
+    const unsigned stage0 = gvm_reg(gvm_smem_u32(&sh.stage[0][0]));
     const unsigned depth = p.claim_depth == 0u || p.claim_depth > GVM_CLAIM_SLOTS ? GVM_CLAIM_SLOTS : p.claim_depth;
     const unsigned* abort_flag = p.state + GVM_STATE_ABORT;
     gvm_groups_view view{0u, 0u, 0u};
@@ -210,7 +224,7 @@ __device__ __forceinline__ void gvm_controller(const gvm_params& p, gvm_shared& 
         for (unsigned j = 0; j < GVM_CLAIM_SLOTS; ++j) {
             const unsigned fj = (j + GVM_CLAIM_AHEAD) % GVM_CLAIM_SLOTS;
             // the groups' state, tested now and used at the hand-off below
-            const bool group_done = gvm_test_group(view, sh.empty, p.groups);
+            const bool group_done = gvm_test_group(view, sh.empty, groups);
             gvm_cslot& f = s[fj];
             if (f.state == GVM_CS_CLAIMED) {
                 f.idx = gvm_claim_finish(claimer, f.raw, n);
@@ -220,7 +234,7 @@ __device__ __forceinline__ void gvm_controller(const gvm_params& p, gvm_shared& 
                     --held;
                 } else {
                     if (lane == 0) GVM_STAMP(p.trace, f.idx, GVM_STAMP_CLAIM);
-                    gvm_stage_record(p, sh.stage[fj], f.idx, lane);
+                    gvm_stage_record(instrs, stage0 + fj * 128u, f.idx, lane);
                     f.state = GVM_CS_LOADED;
                 }
             }
@@ -228,8 +242,8 @@ __device__ __forceinline__ void gvm_controller(const gvm_params& p, gvm_shared& 
             gvm_prof_mark(pr, GVM_LEG_CLAIM);
             gvm_cslot& h = s[j];
             if (h.state == GVM_CS_LOADED || h.state == GVM_CS_WAITING) {
-                const unsigned word = gvm_staged_word(sh.stage[j], lane);  // also completes the probe of a turn ago
-                const unsigned n_waits = sh.stage[j][1] >> 16;  // read at once, not shuffled out of word
+                unsigned n_waits;
+                const unsigned word = gvm_staged_word(stage0 + j * 128u, lane, n_waits);  // also completes the probe of a turn ago
                 gvm_prof_mark(pr, GVM_LEG_RECORD);
                 bool go = !GVM_READY_FIRST || aborted || n_waits == 0;
                 if (!go) {
@@ -249,7 +263,7 @@ __device__ __forceinline__ void gvm_controller(const gvm_params& p, gvm_shared& 
                 }
                 gvm_prof_mark(pr, GVM_LEG_DECIDE);
                 if (go) {
-                    if (!aborted) gvm_hand_off(p, sh, view, ring_head, h, word, n_waits, group_done, lane, pr);
+                    if (!aborted) gvm_hand_off(p, sh, view, ring_head, h, word, n_waits, groups, group_done, lane, pr);
                     h.state = GVM_CS_EMPTY;
                     --held;
                 }

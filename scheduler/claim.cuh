@@ -12,6 +12,18 @@
 #pragma once
 #include "../runtime/params.cuh"
 
+// v, kept in a register by the controller warp (all 32 lanes): left alone,
+// the compiler reloads a launch constant from the constant bank at every use,
+// each reload a dependent step on the per-instruction path. An identity
+// shuffle is opaque to ptxas (a plain register move is not).
+__device__ __forceinline__ unsigned gvm_reg(unsigned v) {
+    return __shfl_sync(0xffffffffu, v, threadIdx.x & 31u);
+}
+
+__device__ __forceinline__ unsigned long long gvm_reg(unsigned long long v) {
+    return (unsigned long long)gvm_reg((unsigned)(v >> 32)) << 32 | gvm_reg((unsigned)v);
+}
+
 struct gvm_claimer {
     unsigned mode;
     unsigned* head;        // dynamic: global head
@@ -30,14 +42,10 @@ __device__ __forceinline__ unsigned gvm_claim_window(const gvm_claimer& c, unsig
 
 __device__ __forceinline__ gvm_claimer gvm_claimer_init(const gvm_params& p) {
     gvm_claimer c;
-    c.mode = p.mode;
-    {   // the same address in every lane, through an identity shuffle: to
-        // the compiler a per-lane value (see gvm_claim_issue)
-        const unsigned long long h = reinterpret_cast<unsigned long long>(p.state + GVM_STATE_HEAD);
-        const unsigned lane = threadIdx.x & 31u;
-        const unsigned lo = __shfl_sync(0xffffffffu, (unsigned)h, lane), hi = __shfl_sync(0xffffffffu, (unsigned)(h >> 32), lane);
-        c.head = reinterpret_cast<unsigned*>((unsigned long long)hi << 32 | lo);
-    }
+    c.mode = gvm_reg(p.mode);
+    // the same address in every lane, through an identity shuffle: to the
+    // compiler a per-lane value (see gvm_claim_issue)
+    c.head = reinterpret_cast<unsigned*>(gvm_reg(reinterpret_cast<unsigned long long>(p.state + GVM_STATE_HEAD)));
     c.indices = nullptr;
     c.pos = c.end = c.window = 0;
     c.cached = c.ahead = 0;

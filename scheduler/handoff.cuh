@@ -124,9 +124,12 @@ __device__ __forceinline__ unsigned gvm_acquire_group(gvm_groups_view& v, unsign
     for (;;) {
         const unsigned f = ~v.busy & all;
         if (f != 0u) {
-            const unsigned r = ((f >> v.next) | (f << (groups - v.next))) & all;  // free groups from v.next on
-            unsigned g = v.next + __ffs(r) - 1u;
-            g = g >= groups ? g - groups : g;
+            unsigned g = v.next;
+            if (!((f >> g) & 1u)) {
+                const unsigned r = ((f >> g) | (f << (groups - g))) & all;  // free groups from v.next on
+                g += __ffs(r) - 1u;
+                g = g >= groups ? g - groups : g;
+            }
             v.next = g + 1 >= groups ? 0 : g + 1;
             return g;
         }
