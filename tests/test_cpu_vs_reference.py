@@ -42,12 +42,13 @@ def _tiles(kind: str, tokens_each: int, slots: int) -> Tiles:
     """Small tiles, so every GEMM, expert and row range spans several ops.
     Attention: about five chunks of an odd length in full layers, the last one
     partial; in sliding layers with several new tokens, 16 keys, so the window's
-    chunks alone fall one chunk short of the keys a step sees."""
+    chunks alone fall one chunk short of the keys a step sees. The router's
+    tiles split over two token ranges (a GEMM token range, f32 path)."""
     if kind == "full":
         chunk = max(7, -(-slots // 5)) | 1
     else:
         chunk = 16 if tokens_each > 1 else 13
-    return Tiles(gemm_bytes=16 * 1024, rows=8, chunk=chunk)
+    return Tiles(gemm_bytes=16 * 1024, rows=8, chunk=chunk, router_splits=2)
 
 
 def _rel(out: torch.Tensor, ref: torch.Tensor) -> float:

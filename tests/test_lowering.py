@@ -55,9 +55,9 @@ def test_full_size_op_counts_and_tiles(kind: str) -> None:
     nch = -(-S // 1024) if kind == "full" else -(-(2048 + 8 - 1) // 1024)
     assert nch == n_chunks(SHARD, kind, n, S, 1024)
     # 256 KB tiles: Wqkvg 16 rows of 16 KB, Wo 128 rows of 2 KB, Wsq 16 rows of
-    # 16 KB, Wex 32 rows of 8 KB; the router 64 KB: 2 rows of 32 KB, each tile
-    # over two token halves; experts: 264 workers each for up and down
-    gemm_tiles = 2304 // 16 + 8192 // 128 + 2 * 256 // 2 + 4096 // 16 + 8192 // 32
+    # 16 KB, Wex 32 rows of 8 KB; the router 64 KB: 2 rows of 32 KB over all
+    # tokens; experts: 264 workers each for up and down
+    gemm_tiles = 2304 // 16 + 8192 // 128 + 256 // 2 + 4096 // 16 + 8192 // 32
     assert count == {
         Op.RMSNORM: C * n, Op.GEMM: gemm_tiles, Op.QK_ROPE_KV: C, Op.ATTN_CHUNK: C * 2 * nch, Op.ATTN_MERGE: C * 16,
         Op.RESIDUAL: 2 * C * n, Op.TOPK: 1, Op.EXPERT_UP: 264, Op.EXPERT_DOWN: 264, Op.EXPERT_COMBINE: C * n,  # a row each
@@ -79,7 +79,7 @@ def _small(kind: str, C: int = 3, n: int = 5, S: int = 100, tiles: Tiles | None 
 
 @pytest.mark.parametrize("kind", ["full", "sliding"])
 def test_tiles_cover_every_output_once(kind: str) -> None:
-    lp, tl = _small(kind)
+    lp, tl = _small(kind, tiles=Tiles(gemm_bytes=8192, rows=4, chunk=23, router_splits=2))
     s, cfg, T = lp.stream, SMALL, 15
     by_row: dict[tuple[str, int], list[tuple[int, int]]] = {}  # (out, token): column ranges
     for o in _ops(s, Op.GEMM):

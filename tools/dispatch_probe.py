@@ -69,7 +69,7 @@ VARIANTS = {
     "nap32": (),  # the default build
     "spin": (("GVM_HANDOFF_NAP_NS", "0"),),
     "spin_wait0": (("GVM_HANDOFF_NAP_NS", "0"), ("GVM_WAIT_NAP_MIN", "0"), ("GVM_WAIT_NAP_MAX", "0")),
-    "ahead2": (("GVM_CLAIM_AHEAD", "2"),),  # claims finished 4 visits after issue, records 2 visits ahead
+    "ahead3": (("GVM_CLAIM_AHEAD", "3"),),  # claims finished 3 visits after issue, records 3 visits ahead (before efc2077)
 }
 
 

@@ -46,7 +46,7 @@ class Tiles:
 
     gemm_bytes: int = 256 * 1024  # weight bytes per GEMM column tile (rounded down to 2^k rows)
     router_bytes: int = 64 * 1024  # the f32 router's tiles: latency bound, so smaller (2 rows of 32 KB)
-    router_splits: int = 2  # token ranges per router tile at T > 1: its 128 tiles would leave half the 264 groups idle
+    router_splits: int = 1  # token ranges per router tile at T > 1 (2 measured no faster on the H200: NOTES.md session 5)
     expert_workers: int = 264  # EXPERT_UP / EXPERT_DOWN instructions per layer (H200: 132 SMs x 2 groups)
     rows: int = 1  # token rows per RMSNORM / RESIDUAL / EXPERT_COMBINE op (latency bound: one row each ran fastest)
     chunk: int = 1024  # cached keys per ATTN_CHUNK op
