@@ -69,7 +69,7 @@ VARIANTS = {
     "nap32": (),  # the default build
     "spin": (("GVM_HANDOFF_NAP_NS", "0"),),
     "spin_wait0": (("GVM_HANDOFF_NAP_NS", "0"), ("GVM_WAIT_NAP_MIN", "0"), ("GVM_WAIT_NAP_MAX", "0")),
-    "ahead3": (("GVM_CLAIM_AHEAD", "3"),),  # claims finished 3 visits after issue, records 3 visits ahead (before efc2077)
+    "ahead3": (("GVM_CLAIM_AHEAD", "3"),),  # claims finished 3 visits after issue, records 3 visits ahead (the default before e29d1d1)
 }
 
 
