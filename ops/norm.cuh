@@ -13,19 +13,6 @@
 #define GVM_ROW_BATCH 8   // independent 16-byte loads in flight per thread
 #define GVM_RES_BATCH 4   // indices per batch of RESIDUAL's s, alpha, beta pass: 12 loads in flight
 #define GVM_ROW_STASH 32  // scratch bytes before the stashed row (group-sum buffer)
-#ifndef GVM_ROW_PREFETCH
-#define GVM_ROW_PREFETCH 1  // rows and vectors read after the first pass go to L2 at the op's start
-#endif
-
-// A quarter of the group (32 threads, 8 KB each: up to 256 KB) starts
-// bringing the f32 vector v[0, d) into L2; q picks the quarter.
-__device__ __forceinline__ void gvm_row_prefetch(const float* v, int d, unsigned tid, unsigned q) {
-    if (!GVM_ROW_PREFETCH || v == nullptr || (tid >> 5) != q) return;
-    const unsigned off = (tid & 31u) * GVM_L2_PREFETCH_CHUNK, bytes = 4u * (unsigned)d;
-    if (off < bytes)
-        gvm_prefetch_l2(reinterpret_cast<const char*>(v) + off,
-                        bytes - off < GVM_L2_PREFETCH_CHUNK ? bytes - off : GVM_L2_PREFETCH_CHUNK);
-}
 
 __device__ __forceinline__ float gvm_sumsq4(float4 v, float s) {
     return fmaf(v.w, v.w, fmaf(v.z, v.z, fmaf(v.y, v.y, fmaf(v.x, v.x, s))));
@@ -138,7 +125,6 @@ __device__ int gvm_op_rmsnorm(const gvm_ctx& c) {
     const bool obf = to.dtype == GVM_DT_BF16;
     const float4* w = reinterpret_cast<const float4*>(tw.ptr);
     const int n4 = d / 4;
-    gvm_row_prefetch(reinterpret_cast<const float*>(tw.ptr), d, c.tid, 0);  // read after the first pass
     for (int r = row0; r < row0 + rows; ++r) {
         const float4* x = reinterpret_cast<const float4*>(gvm_row_addr(ti, r));
         const float inv = gvm_rms_inv(gsum(c, gvm_row_sumsq(x, n4, c.tid, stash)), d);
@@ -181,12 +167,6 @@ __device__ int gvm_op_residual(const gvm_ctx& c) {
     const float4* beta = reinterpret_cast<const float4*>(tbe.ptr);
     const int n4 = d / 4;
     constexpr int B = GVM_RES_BATCH;
-    // what the passes after the first read: alpha, beta, w_next (weights,
-    // cold) and the first row of s, all while a's sum of squares goes on
-    gvm_row_prefetch(reinterpret_cast<const float*>(tal.ptr), d, c.tid, 0);
-    gvm_row_prefetch(reinterpret_cast<const float*>(tbe.ptr), d, c.tid, 1);
-    gvm_row_prefetch(has_w ? reinterpret_cast<const float*>(gvm_t(c, 4).ptr) : nullptr, d, c.tid, 2);
-    gvm_row_prefetch(rows > 0 ? reinterpret_cast<const float*>(gvm_row_addr(ts, row0)) : nullptr, d, c.tid, 3);
     for (int r = row0; r < row0 + rows; ++r) {
         float4* s = reinterpret_cast<float4*>(gvm_row_addr(ts, r));
         const float4* a = reinterpret_cast<const float4*>(gvm_row_addr(ta, r));

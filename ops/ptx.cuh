@@ -67,13 +67,6 @@ __device__ __forceinline__ uint2 gvm_ld_stream8(const void* p) {
     return r;
 }
 
-// Starts bringing [p, p + bytes) into L2 (bytes a multiple of 16, at most
-// GVM_L2_PREFETCH_CHUNK); nothing waits for it.
-#define GVM_L2_PREFETCH_CHUNK 8192u
-__device__ __forceinline__ void gvm_prefetch_l2(const void* p, unsigned bytes) {
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
-}
-
 // ---- asynchronous copies global -> shared --------------------------------------------
 // 16 bytes (L2 only) or 4 bytes, with an L2 policy; !valid reads nothing and
 // zero-fills the destination. Complete after gvm_cp_async_wait<N> once at most

@@ -102,8 +102,6 @@ inline void gvm_emu_cp_async(unsigned dst, const void* src, bool valid, unsigned
     else
         std::memset(d, 0, bytes);
 }
-#define GVM_L2_PREFETCH_CHUNK 8192u
-inline void gvm_prefetch_l2(const void*, unsigned) {}  // a hint: nothing to emulate
 inline void gvm_cp_async16(unsigned dst, const void* src, bool valid, unsigned long long) { gvm_emu_cp_async(dst, src, valid, 16); }
 inline void gvm_cp_async4(unsigned dst, const void* src, bool valid, unsigned long long) { gvm_emu_cp_async(dst, src, valid, 4); }
 inline void gvm_cp_async_commit() {}
