@@ -9,6 +9,10 @@
 4. The controller's legs (--legs): a build with GVM_CTRL_PROF sums the
    clock64 cycles of each leg of the controller's visits per block
    (runtime/ctrl_prof.cuh); printed per instruction handed out.
+5. A dependent chain (--chain): NOPs each waiting on the one before, the
+   hand-off a 1-token layer pays at every step of its critical path: us per
+   link, per variant, mode and claim depth, and from a traced run the link's
+   legs (signal -> ready, ready -> done, done -> signal).
 
 Whole layers and steps on the same build variants: tools/sched_probe.py.
 
@@ -24,9 +28,10 @@ import numpy as np
 import torch
 
 from gpuvm.device import VM
-from gpuvm.device.bench import dispatch_overhead
+from gpuvm.device.bench import at_claim_depth, dispatch_overhead, step_time
 from gpuvm.device.programs import nop_stream
-from gpuvm.isa import Stamp
+from gpuvm.isa import Op, Stamp
+from gpuvm.program import Program, Stream
 
 NAP_SRC = r"""
 extern "C" __global__ void nap(unsigned ns, unsigned reps, unsigned long long* out) {
@@ -69,6 +74,7 @@ VARIANTS = {
     "nap32": (),  # the default build
     "spin": (("GVM_HANDOFF_NAP_NS", "0"),),
     "spin_wait0": (("GVM_HANDOFF_NAP_NS", "0"), ("GVM_WAIT_NAP_MIN", "0"), ("GVM_WAIT_NAP_MAX", "0")),
+    "inorder": (("GVM_READY_FIRST", "0"),),  # hand-off in claim order: the group waits on the counters itself
     "ahead3": (("GVM_CLAIM_AHEAD", "3"),),  # claims finished 3 visits after issue, records 3 visits ahead (the default before e29d1d1)
 }
 
@@ -128,13 +134,62 @@ def controller_legs(defines: tuple[tuple[str, str], ...] = (), per_block: int = 
     return out
 
 
+def chain_stream(n: int) -> Stream:
+    """n NOPs, each waiting on the one before it (one counter, counts 1..n-1)."""
+    p = Program(f"nop chain x{n}")
+    c = p.counter("chain")
+    p.op(Op.NOP, signal=c)
+    for i in range(1, n):
+        p.op(Op.NOP, waits=[(c, i)], signal=c)
+    return p.build(order="given")
+
+
+def chain_links(names: list[str], n: int = 2000) -> dict[str, object]:
+    """us per link of a dependent chain, per variant, mode and claim depth;
+    the first variant also traced."""
+    out: dict[str, object] = {}
+    long, short = chain_stream(n), chain_stream(1)
+    for name in names:
+        vm = VM(groups=2, muse_ops=False, defines=VARIANTS[name])
+        for depth in (1, 6):
+            with at_claim_depth(vm, depth):
+                for mode in ("dynamic", "static"):
+                    t_long = step_time(vm.load(long, {}), mode)["median_ms"]
+                    t_short = step_time(vm.load(short, {}), mode)["median_ms"]
+                    us = (t_long - t_short) * 1e3 / (n - 1)
+                    out[f"{name}/d{depth}/{mode}"] = us
+                    print(f"chain {name:10s} depth {depth} {mode:8s} {us:.3f} us per link", flush=True)
+        if name != names[0]:
+            continue
+        tvm = VM(groups=2, trace=True, muse_ops=False, defines=VARIANTS[name])
+        loaded = tvm.load(long, {})
+        loaded.run(0)
+        loaded.run(1)
+        gt = loaded.trace().records["globaltimer"].astype(np.int64)
+        legs = {
+            "signal_to_ready_us": float(np.median(gt[1:, int(Stamp.READY)] - gt[:-1, int(Stamp.SIGNAL)])) / 1e3,
+            "ready_to_done_us": float(np.median(gt[:, int(Stamp.DONE)] - gt[:, int(Stamp.READY)])) / 1e3,
+            "done_to_signal_us": float(np.median(gt[:, int(Stamp.SIGNAL)] - gt[:, int(Stamp.DONE)])) / 1e3,
+            "claim_to_ready_us": float(np.median(gt[:, int(Stamp.READY)] - gt[:, int(Stamp.CLAIM)])) / 1e3,
+        }
+        out[f"{name}/trace"] = legs
+        print(f"chain {name:10s} traced (depth {tvm.claim_depth}): " + " ".join(f"{k}={v:.3f}" for k, v in legs.items()), flush=True)
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="out/dispatch_probe.json")
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--legs", action="store_true", help="only the controller's legs (a GVM_CTRL_PROF build)")
+    ap.add_argument("--chain", action="store_true", help="only a dependent chain's links")
     a = ap.parse_args()
     res: dict[str, object] = {"device": torch.cuda.get_device_name(0)}
+    if a.chain:
+        res["chain"] = chain_links(a.variants.split(","))
+        with open(a.out, "w") as f:
+            json.dump(res, f, indent=1)
+        return 0
     if a.legs:
         res["legs"] = {name: controller_legs(VARIANTS[name]) for name in a.variants.split(",")}
         with open(a.out, "w") as f:
