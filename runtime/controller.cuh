@@ -21,9 +21,10 @@
 // waits on is finished. If a group has m, it completes. If m is not claimed
 // yet, every claimed instruction is earlier than m (claims are in stream
 // order), hence finished and no longer held, so some block has room to claim
-// m. If m is held by a block: with ready first, that block's groups only get
-// instructions whose waits are met, which finish, so a group comes free and
-// m, being ready, goes to it; in claim order (GVM_READY_FIRST 0), the entries
+// m. If m is held by a block: with ready first, one of that block's groups
+// only ever gets instructions whose waits were seen met (parking, below,
+// leaves one group unparked), which finish, so it comes free and m, being
+// ready, goes to it; in claim order (GVM_READY_FIRST 0), the entries
 // ahead of m and every instruction in that block's groups are earlier than m,
 // hence finished, so m is at the head when a group comes free. In dynamic mode
 // this needs no co-residency (an unstarted block holds nothing); static mode
@@ -64,6 +65,16 @@
 #define GVM_READY_FIRST 1
 #endif
 #define GVM_READY_PATIENCE_NS 20000000u  // 20 ms
+
+// Parking: an instruction whose waits are not met still goes to a group when
+// one is free and another stays free of such instructions (gvm_can_park): the
+// group then waits on the counters itself, which sees a signal sooner than
+// the controller's probe a turn later (H200, b8a60d7, a chain of dependent
+// empty instructions at depth 1: 1.02 us per link when the groups wait, 2.30
+// when the controller probes).
+#ifndef GVM_PARK
+#define GVM_PARK 1
+#endif
 
 struct gvm_cslot {
     unsigned state;  // GVM_CS_*, the same in every lane
@@ -173,11 +184,11 @@ __device__ __forceinline__ void gvm_queue_prefetch(const gvm_params& p, gvm_shar
 // hand-off is broken, see gvm_mbar_wait).
 __device__ __forceinline__ void gvm_hand_off(const gvm_params& p, gvm_shared& sh, gvm_groups_view& view,
                                              unsigned& ring_head, const gvm_cslot& s, unsigned word, unsigned n_waits,
-                                             unsigned groups, bool group_done, unsigned lane, gvm_prof& pr) {
-    // A waiting instruction's prefetch was queued when it began to wait. Ready
-    // first hands out any other only when it has no waits: the loader would
-    // not prefetch for it, so nothing is queued.
-    if (s.state != GVM_CS_WAITING) {
+                                             unsigned groups, bool parked, unsigned lane, gvm_prof& pr) {
+    // A waiting or parked instruction's prefetch was queued by the caller.
+    // Ready first hands out any other only when it has no waits: the loader
+    // would not prefetch for it, so nothing is queued.
+    if (s.state != GVM_CS_WAITING && !parked) {
         if (GVM_READY_FIRST) {
             if (lane == 0) GVM_STAMP_COPY(p.trace, s.idx, GVM_STAMP_LOAD, GVM_STAMP_CLAIM);
         } else {
@@ -187,14 +198,14 @@ __device__ __forceinline__ void gvm_hand_off(const gvm_params& p, gvm_shared& sh
         }
     }
     gvm_prof_mark(pr, GVM_LEG_QUEUE);
-    const unsigned g = gvm_acquire_group(view, sh.empty, groups, gvm_handoff_bound(p.watchdog_ns), group_done);
+    const unsigned g = gvm_acquire_group(view, sh.empty, groups, gvm_handoff_bound(p.watchdog_ns));
     if (g == GVM_NONE) gvm_handoff_trap();
     gvm_prof_mark(pr, GVM_LEG_ACQUIRE);
     reinterpret_cast<unsigned*>(&sh.slot[g].ins)[lane] = word;
     if (lane == 0) sh.slot[g].idx = s.idx;
     __syncwarp();
     if (lane == 0) gvm_mbar_arrive(&sh.full[g]);
-    gvm_mark_busy(view, g);
+    gvm_mark_busy(view, g, parked);
     gvm_prof_mark(pr, GVM_LEG_SLOT);
     gvm_prof_count(pr);
 }
@@ -207,7 +218,7 @@ __device__ __forceinline__ void gvm_controller(const gvm_params& p, gvm_shared& 
     const unsigned stage0 = gvm_reg(gvm_smem_u32(&sh.stage[0][0]));
     const unsigned depth = p.claim_depth == 0u || p.claim_depth > GVM_CLAIM_SLOTS ? GVM_CLAIM_SLOTS : p.claim_depth;
     const unsigned* abort_flag = p.state + GVM_STATE_ABORT;
-    gvm_groups_view view{0u, 0u, 0u};
+    gvm_groups_view view{0u, 0u, 0u, 0u};
     if (p.n_warm != 0) gvm_mark_busy(view, 0);  // the warmer handed group 0 its warm instruction
     gvm_claimer claimer = gvm_claimer_init(p);
     gvm_cslot s[GVM_CLAIM_SLOTS];
@@ -248,14 +259,21 @@ __device__ __forceinline__ void gvm_controller(const gvm_params& p, gvm_shared& 
             if (h.state == GVM_CS_LOADED || h.state == GVM_CS_WAITING) {
                 unsigned n_waits;
                 const unsigned word = gvm_staged_word(stage0 + j * 128u, lane, n_waits);  // also completes the probe of a turn ago
+                gvm_retire_groups(view, group_done);
                 gvm_prof_mark(pr, GVM_LEG_RECORD);
                 bool go = !GVM_READY_FIRST || aborted || n_waits == 0;
+                bool park = false;
                 if (!go) {
                     unsigned ctr, target;
                     gvm_wait_of(p, word, n_waits, lane, ctr, target);
                     const unsigned now = (unsigned)__shfl_sync(0xffffffffu, lane == 0 ? gvm_globaltimer() : 0ull, 0);
                     go = h.state == GVM_CS_WAITING &&
                          (gvm_probe_met(sh.probe[j], ctr, target, lane) || now - h.since > GVM_READY_PATIENCE_NS);
+                    if (!go && GVM_PARK && gvm_can_park(view, groups)) {
+                        if (h.state == GVM_CS_LOADED)  // its weights start loading now, as it waits in the group
+                            gvm_queue_prefetch(p, sh, ring_head, h.idx, word, lane, n_waits, ctr, target);
+                        go = park = true;
+                    }
                     if (!go) {
                         gvm_probe_issue(p, sh.probe[j], ctr, lane);  // in the next visit's commit group
                         if (h.state == GVM_CS_LOADED) {  // its weights start loading now, before its waits are met
@@ -267,7 +285,7 @@ __device__ __forceinline__ void gvm_controller(const gvm_params& p, gvm_shared& 
                 }
                 gvm_prof_mark(pr, GVM_LEG_DECIDE);
                 if (go) {
-                    if (!aborted) gvm_hand_off(p, sh, view, ring_head, h, word, n_waits, groups, group_done, lane, pr);
+                    if (!aborted) gvm_hand_off(p, sh, view, ring_head, h, word, n_waits, groups, park, lane, pr);
                     h.state = GVM_CS_EMPTY;
                     --held;
                 }

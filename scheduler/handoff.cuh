@@ -92,9 +92,21 @@ struct gvm_groups_view {
     unsigned busy;           // bit g: group g holds an instruction
     unsigned empty_parity;   // bit g: parity to wait for on empty[g]
     unsigned next;           // where the search for a free group starts
+    unsigned parked;         // bit g: group g holds an instruction whose waits were not seen met
 };
 
-__device__ __forceinline__ void gvm_mark_busy(gvm_groups_view& v, unsigned g) { v.busy |= 1u << g; }
+__device__ __forceinline__ void gvm_mark_busy(gvm_groups_view& v, unsigned g, bool parked = false) {
+    v.busy |= 1u << g;
+    v.parked = parked ? v.parked | 1u << g : v.parked & ~(1u << g);
+}
+
+// May an instruction whose waits are not met yet go to a free group, to wait
+// on its counters there? Only while another group stays free of such waits
+// (the deadlock argument in runtime/controller.cuh needs one per block).
+__device__ __forceinline__ bool gvm_can_park(const gvm_groups_view& v, unsigned groups) {
+    const unsigned all = (1u << groups) - 1u;
+    return (~v.busy & all) != 0u && (unsigned)__popc(v.parked) + 2u <= groups;
+}
 
 // Lane g < groups: has busy group g finished (its empty phase completed)?
 // One test per lane, all groups at once. The answer is only consumed by
@@ -109,18 +121,17 @@ __device__ __forceinline__ bool gvm_test_group(const gvm_groups_view& v, unsigne
 __device__ __forceinline__ void gvm_retire_groups(gvm_groups_view& v, bool done) {
     const unsigned m = __ballot_sync(0xffffffffu, done) & v.busy;
     v.busy &= ~m;
+    v.parked &= ~m;
     v.empty_parity ^= m;
 }
 
 // Returns a free group, the first at or after v.next (round-robin, so that
-// consecutive instructions go to different groups), after retiring the groups
-// that `done` (gvm_test_group, issued earlier) saw finish; polls while none is
-// free. Past bound_ns it returns GVM_NONE (see gvm_mbar_wait: a broken hand-off).
+// consecutive instructions go to different groups); polls while none is free.
+// Past bound_ns it returns GVM_NONE (see gvm_mbar_wait: a broken hand-off).
 __device__ __forceinline__ unsigned gvm_acquire_group(gvm_groups_view& v, unsigned long long* empty, unsigned groups,
-                                                      unsigned long long bound_ns, bool done) {
+                                                      unsigned long long bound_ns) {
     const unsigned all = (1u << groups) - 1u;
     unsigned long long t0 = 0;
-    gvm_retire_groups(v, done);
     for (;;) {
         const unsigned f = ~v.busy & all;
         if (f != 0u) {

@@ -74,7 +74,8 @@ VARIANTS = {
     "nap32": (),  # the default build
     "spin": (("GVM_HANDOFF_NAP_NS", "0"),),
     "spin_wait0": (("GVM_HANDOFF_NAP_NS", "0"), ("GVM_WAIT_NAP_MIN", "0"), ("GVM_WAIT_NAP_MAX", "0")),
-    "inorder": (("GVM_READY_FIRST", "0"),),  # hand-off in claim order: the group waits on the counters itself
+    "inorder": (("GVM_READY_FIRST", "0"),),
+    "nopark": (("GVM_PARK", "0"),),  # ready first without parking (before session 5's last change)  # hand-off in claim order: the group waits on the counters itself
     "ahead3": (("GVM_CLAIM_AHEAD", "3"),),  # claims finished 3 visits after issue, records 3 visits ahead (the default before e29d1d1)
 }
 
@@ -144,9 +145,9 @@ def chain_stream(n: int) -> Stream:
     return p.build(order="given")
 
 
-def chain_links(names: list[str], n: int = 2000) -> dict[str, object]:
+def chain_links(names: list[str], n: int = 2000, trace: bool = True) -> dict[str, object]:
     """us per link of a dependent chain, per variant, mode and claim depth;
-    the first variant also traced."""
+    the first variant also traced (unless trace is False)."""
     out: dict[str, object] = {}
     long, short = chain_stream(n), chain_stream(1)
     for name in names:
@@ -159,7 +160,7 @@ def chain_links(names: list[str], n: int = 2000) -> dict[str, object]:
                     us = (t_long - t_short) * 1e3 / (n - 1)
                     out[f"{name}/d{depth}/{mode}"] = us
                     print(f"chain {name:10s} depth {depth} {mode:8s} {us:.3f} us per link", flush=True)
-        if name != names[0]:
+        if not trace or name != names[0]:
             continue
         tvm = VM(groups=2, trace=True, muse_ops=False, defines=VARIANTS[name])
         loaded = tvm.load(long, {})
@@ -183,10 +184,11 @@ def main() -> int:
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--legs", action="store_true", help="only the controller's legs (a GVM_CTRL_PROF build)")
     ap.add_argument("--chain", action="store_true", help="only a dependent chain's links")
+    ap.add_argument("--no-trace", action="store_true", help="with --chain: no traced run")
     a = ap.parse_args()
     res: dict[str, object] = {"device": torch.cuda.get_device_name(0)}
     if a.chain:
-        res["chain"] = chain_links(a.variants.split(","))
+        res["chain"] = chain_links(a.variants.split(","), trace=not a.no_trace)
         with open(a.out, "w") as f:
             json.dump(res, f, indent=1)
         return 0
