@@ -239,6 +239,29 @@ def test_ready_first_lets_a_ready_claim_pass_a_waiting_one() -> None:
     assert ready.makespan_ns < inorder.makespan_ns
 
 
+def test_parking_hands_a_waiting_claim_to_an_idle_group() -> None:
+    """One block, two groups, one claim held: a slow op and its consumer. With
+    parking the consumer goes to the idle group before the slow op ends and is
+    ready as soon as the signal is seen; without, it waits in the controller
+    for the probe. One group never parks: a third op waiting on the slow one
+    stays held while the consumer is parked."""
+    p = Program("park")
+    c = p.counter("slow")
+    p.op(Op.SLEEP, [], [20_000], signal=c, label="slow")
+    p.op(Op.NOP, waits=[c], label="consumer")
+    p.op(Op.NOP, waits=[c], label="second")
+    s = p.build(order="given")
+    hw = dict(n_blocks=1, groups=2, claim_depth=2)
+    parked = simulate(s, Hardware(**hw), "static", lists=[[0, 1, 2]])
+    held = simulate(s, Hardware(park=False, **hw), "static", lists=[[0, 1, 2]])
+    assert parked.dispatch[1] < parked.done[0] and held.dispatch[1] > held.done[0]
+    assert parked.dispatch[2] > parked.done[0], "the second could only park on the group running the slow op"
+    h = Hardware(**hw)
+    assert parked.ready[1] == pytest.approx(parked.signal[0] + h.signal_latency_ns)
+    assert held.ready[1] >= held.signal[0] + h.signal_latency_ns + h.probe_ns
+    assert parked.done[1] < held.done[1]
+
+
 def test_trace_reads_like_a_gpu_trace(tmp_path) -> None:  # type: ignore[no-untyped-def]
     s = random_program(random.Random(5), 25).build()
     r = simulate(s, Hardware(n_blocks=3), "static")

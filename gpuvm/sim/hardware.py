@@ -54,6 +54,10 @@ class Hardware:
     #: ready first: from a wait met to the controller seeing it (its probe of
     #: the counters runs once a ring turn); estimate
     probe_ns: float = 500.0
+    #: ready first: with no held instruction seen ready, the oldest goes to a
+    #: free group anyway and waits there, while another group of the block
+    #: stays unparked, as the device does (GVM_PARK)
+    park: bool = True
     #: fixed cost of an op inside a group (descriptor reads, address set-up,
     #: pipeline fill and drain); estimate
     launch_ns: float = 400.0

@@ -7,7 +7,9 @@ has the loader issue the instruction's prefetch, and hands it to a free group.
 Like the device's controller it keeps up to claim_depth instructions claimed
 and not yet handed out (runtime/controller.cuh). With hw.ready_first (the
 device's default) it hands out the oldest held instruction whose waits were
-met at least probe_ns ago, else the oldest. A group waits until every counter
+met at least probe_ns ago; with none such, and hw.park, the oldest goes to a
+free group as long as another group of the block is not parked on an unmet
+wait (else it stays held). Claim order hands out the oldest. A group waits until every counter
 it needs reaches its target (a signal is seen signal_latency_ns after its
 release), loads what is left, computes and signals. Loads share HBM (or L2)
 in processor sharing, each capped at load_bytes_per_s; math shares its SM's
@@ -18,8 +20,9 @@ its dependencies done (they come earlier in the stream). It is claimed or
 next to be claimed (claims go in stream order). In claim order: if m waits in
 a block's queue, the entries ahead of it and every instruction in that
 block's groups are earlier than m, hence finished and handed out, and a group
-comes free for m. Ready first: groups only get instructions whose waits are
-met, which finish, so a group comes free and m (ready) goes to it. The same
+comes free for m. Ready first: one group of the block only gets instructions
+whose waits are met (parking leaves it), which finish, so it comes free and
+m (ready) goes to it. The same
 holds in static mode because every list is in stream order (gpuvm/static.py).
 """
 from __future__ import annotations
@@ -94,6 +97,7 @@ class _Block:
     pending: int = 0  # claims issued, not yet decoded
     queue: list = field(default_factory=list)  # decoded, waiting for a group, in claim order
     handing: bool = False  # the controller is handing one to a group
+    parked: set = field(default_factory=set)  # groups handed an instruction whose waits were not seen met
     exhausted: bool = False
     next_in_list: int = 0
 
@@ -211,15 +215,22 @@ class _Sim:
         if blk.handing or not blk.queue or not blk.free:
             return
         k = 0
+        park = False
         if self.hw.ready_first:
             k = next((k for k, i in enumerate(blk.queue) if self.seen_ready[i] <= now), -1)
             if k < 0:
-                return  # _seen calls again when a held one's waits are met
+                if not (self.hw.park and len(blk.parked) + 2 <= self.hw.groups):
+                    return  # _seen calls again when a held one's waits are met
+                k, park = 0, True
         blk.handing = True
-        self.at(now + self.hw.dispatch_ns, self._dispatched, b, heapq.heappop(blk.free), blk.queue.pop(k))
+        g = heapq.heappop(blk.free)
+        if park:
+            blk.parked.add(g)
+        self.at(now + self.hw.dispatch_ns, self._dispatched, b, g, blk.queue.pop(k))
 
     def _group_free(self, now: float, b: int, g: int) -> None:
         blk = self.blocks[b]
+        blk.parked.discard(g)
         heapq.heappush(blk.free, g)
         self._hand(b, now)
         self._try_claim(b, now)
