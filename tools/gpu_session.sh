@@ -2,7 +2,7 @@
 # One call on the H200 (the device tool): the VM proofs and timings, the Muse
 # ops standalone, and the decode-case sweep, each under its own time limit,
 # logs and results under $OUT (at most 8 files come back: traces are tarred).
-#   GPUVM_COMMIT=<sha> bash tools/gpu_session.sh [check|ops|opstime|sweep|step|stepsweep|probe|experts|router|vmtest ...]
+#   GPUVM_COMMIT=<sha> bash tools/gpu_session.sh [check|ops|opstime|sweep|step|stepsweep|probe|experts|router|park|vmtest ...]
 # (set GPUVM_COMMIT when running a snapshot without .git: else the results name the enclosing checkout)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -29,6 +29,9 @@ for s in $steps; do
            timeout ${T_EXPERTS_PROBE:-420} python3 tools/sched_probe.py --out "$OUT/experts_probe.json" --depths 1 --variants "base:,noreg:GVM_EXPERT_REG=0,tt1:GVM_GEMM_TT=1,r4:GVM_GEMM_F32_RN=4+GVM_GEMM_F32_TT=4,none:GVM_EXPERT_REG=0+GVM_GEMM_TT=1+GVM_GEMM_F32_RN=4+GVM_GEMM_F32_TT=4" --cases full-c1-t1,sliding-c1-t1,full-c32-t8 --step 1x1,32x8 > "$OUT/experts_probe.log" 2>&1; echo "experts probe rc=$?"; tail -20 "$OUT/experts_probe.log" ;;
     router) # the router over token halves (Tiles.router_splits 2) against whole-token tiles (1, the default since session 5)
            timeout ${T_ROUTER:-420} python3 tools/sched_probe.py --out "$OUT/router_probe.json" --depths 1 --variants base: --orders depth --tiles "rs1:,rs2:router_splits=2" --cases full-c1-t1,full-c1-t8,full-c32-t1,full-c16-t8,full-c32-t8,sliding-c32-t8 --step 1x8,32x8 > "$OUT/router_probe.log" 2>&1; echo "router probe rc=$?"; grep -v static "$OUT/router_probe.log" | tail -16 ;;
+    park) # parking (GVM_PARK 1, the default since f945f51) against ready first without it, all 12 layers and the six steps in one run, and the chain
+           timeout ${T_PARK:-480} python3 tools/sched_probe.py --out "$OUT/park_probe.json" --depths 1 --variants "park:,nopark:GVM_PARK=0" --cases full-c1-t1,full-c1-t8,full-c16-t1,full-c16-t8,full-c32-t1,full-c32-t8,sliding-c1-t1,sliding-c1-t8,sliding-c16-t1,sliding-c16-t8,sliding-c32-t1,sliding-c32-t8 --step 1x1,1x8,16x1,16x8,32x1,32x8 > "$OUT/park_probe.log" 2>&1; echo "park probe rc=$?"; grep -v static "$OUT/park_probe.log" | tail -36
+           timeout 90 python3 tools/dispatch_probe.py --chain --variants nap32,nopark,inorder --out "$OUT/chain.json" > "$OUT/chain.log" 2>&1; echo "chain rc=$?"; tail -14 "$OUT/chain.log" ;;
     vmtest) timeout ${T_VMTEST:-150} python3 -m pytest -q -x -p no:cacheprovider tests/gpu/test_vm.py > "$OUT/test_vm.log" 2>&1; echo "test_vm rc=$?"; tail -8 "$OUT/test_vm.log" ;;
     *) echo "unknown step $s"; exit 2 ;;
   esac
