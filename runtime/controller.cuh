@@ -238,7 +238,7 @@ __device__ __forceinline__ void gvm_controller(const gvm_params& p, gvm_shared& 
 #pragma unroll
         for (unsigned j = 0; j < GVM_CLAIM_SLOTS; ++j) {
             const unsigned fj = (j + GVM_CLAIM_AHEAD) % GVM_CLAIM_SLOTS;
-            // the groups' state, tested now and used at the hand-off below
+            // the groups' state, tested now and taken in when a held instruction is decided below
             const bool group_done = gvm_test_group(view, sh.empty, groups);
             gvm_cslot& f = s[fj];
             if (f.state == GVM_CS_CLAIMED) {
