@@ -74,8 +74,8 @@ VARIANTS = {
     "nap32": (),  # the default build
     "spin": (("GVM_HANDOFF_NAP_NS", "0"),),
     "spin_wait0": (("GVM_HANDOFF_NAP_NS", "0"), ("GVM_WAIT_NAP_MIN", "0"), ("GVM_WAIT_NAP_MAX", "0")),
-    "inorder": (("GVM_READY_FIRST", "0"),),
-    "nopark": (("GVM_PARK", "0"),),  # ready first without parking (before session 5's last change)  # hand-off in claim order: the group waits on the counters itself
+    "inorder": (("GVM_READY_FIRST", "0"),),  # hand-off in claim order: the group waits on the counters itself
+    "nopark": (("GVM_PARK", "0"),),  # ready first without parking (before f945f51)
     "ahead3": (("GVM_CLAIM_AHEAD", "3"),),  # claims finished 3 visits after issue, records 3 visits ahead (the default before e29d1d1)
 }
 
@@ -178,28 +178,11 @@ def chain_links(names: list[str], n: int = 2000, trace: bool = True) -> dict[str
     return out
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", default="out/dispatch_probe.json")
-    ap.add_argument("--variants", default=",".join(VARIANTS))
-    ap.add_argument("--legs", action="store_true", help="only the controller's legs (a GVM_CTRL_PROF build)")
-    ap.add_argument("--chain", action="store_true", help="only a dependent chain's links")
-    ap.add_argument("--no-trace", action="store_true", help="with --chain: no traced run")
-    a = ap.parse_args()
-    res: dict[str, object] = {"device": torch.cuda.get_device_name(0)}
-    if a.chain:
-        res["chain"] = chain_links(a.variants.split(","), trace=not a.no_trace)
-        with open(a.out, "w") as f:
-            json.dump(res, f, indent=1)
-        return 0
-    if a.legs:
-        res["legs"] = {name: controller_legs(VARIANTS[name]) for name in a.variants.split(",")}
-        with open(a.out, "w") as f:
-            json.dump(res, f, indent=1)
-        return 0
-    res["nap"] = nap_lengths()
+def empty_dispatch(names: list[str]) -> dict[str, object]:
+    """us per empty instruction per block, per variant, group count and mode,
+    and a traced run of each variant."""
     disp: dict[str, object] = {}
-    for name in a.variants.split(","):
+    for name in names:
         for groups in (1, 2, 4):
             vm = VM(groups=groups, max_groups=4 if groups > 2 else 2, muse_ops=False, defines=VARIANTS[name])
             for mode in ("dynamic", "static"):
@@ -209,7 +192,26 @@ def main() -> int:
                 print(f"{key:24s} {r['us_per_instr_per_block']:.3f} us per instr per block", flush=True)
         tvm = VM(groups=2, trace=True, muse_ops=False, defines=VARIANTS[name])
         disp[f"{name}/trace"] = trace_legs(tvm)
-    res["dispatch"] = disp
+    return disp
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default="out/dispatch_probe.json")
+    ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--legs", action="store_true", help="only the controller's legs (a GVM_CTRL_PROF build)")
+    ap.add_argument("--chain", action="store_true", help="only a dependent chain's links")
+    ap.add_argument("--no-trace", action="store_true", help="with --chain: no traced run")
+    a = ap.parse_args()
+    res: dict[str, object] = {"device": torch.cuda.get_device_name(0)}
+    names = a.variants.split(",")
+    if a.chain:
+        res["chain"] = chain_links(names, trace=not a.no_trace)
+    elif a.legs:
+        res["legs"] = {name: controller_legs(VARIANTS[name]) for name in names}
+    else:
+        res["nap"] = nap_lengths()
+        res["dispatch"] = empty_dispatch(names)
     with open(a.out, "w") as f:
         json.dump(res, f, indent=1)
     return 0
