@@ -202,6 +202,13 @@ __device__ __noinline__ bool gvm_expert_args_ok(const gvm_ctx& c) {
 #define GVM_EXPR_LOADS 6   // chunks of codes held per thread, over the sets
 #endif
 #define GVM_EXPR_PART 512  // one partial 16 x 8 f32 tile
+#ifndef GVM_EXPR_RING
+#define GVM_EXPR_RING 8    // most stages of a warp's weight ring (gvm_expr_unit_ring), at most 8
+#endif
+#ifndef GVM_EXPR_RING_MIN
+#define GVM_EXPR_RING_MIN 3  // fewer stages fit (many tokens' x): the weights go through registers
+#endif
+#define GVM_EXPR_STAGE 1280  // one stage of a warp's ring: 2 x 512 B of codes, 2 x 128 B of scales
 
 // Byte offset of word w (8 values) of 32-value chunk ch in an x row: chunk
 // pairs share a 128-byte line, words swizzled so that the 4 chunks a quad
@@ -232,10 +239,11 @@ __device__ __forceinline__ void gvm_expr_fill(uint4& ca, uint4& cb, unsigned& sc
     }
 }
 
-// Chunk (ca, cb: rows g, g + 8; sc: their two scale bytes each) times the x
-// words of chunk ch into acc.
-__device__ __forceinline__ void gvm_expr_chunk(float (&acc)[4], const uint4& ca, const uint4& cb, unsigned sc,
-                                               unsigned xrow, unsigned ch) {
+// Chunk (ca, cb: rows g, g + 8; sc: their two scale bytes each, a0 a1 b0 b1)
+// times the x words of chunk ch, into two accumulators (two chains of
+// dependent MMAs, not one: an MMA's latency would otherwise bound the loop).
+__device__ __forceinline__ void gvm_expr_chunk(float (&acc)[4], float (&acc2)[4], const uint4& ca, const uint4& cb,
+                                               unsigned sc, unsigned xrow, unsigned ch) {
 #pragma unroll
     for (int w = 0; w < 4; ++w) {
         const unsigned b = w >> 1;  // scale block of the word
@@ -246,7 +254,7 @@ __device__ __forceinline__ void gvm_expr_chunk(float (&acc)[4], const uint4& ca,
         gvm_exp_decode(w == 0 ? cb.x : w == 1 ? cb.y : w == 2 ? cb.z : cb.w, s2b, pb);
         const uint4 x = gvm_lds_u4(xrow + gvm_expr_xoff(ch, w));  // (x0,x2) (x1,x3) (x4,x6) (x5,x7)
         gvm_mma_f16(acc, pa[0], pb[0], pa[2], pb[2], x.x, x.y);
-        gvm_mma_f16(acc, pa[1], pb[1], pa[3], pb[3], x.z, x.w);
+        gvm_mma_f16(acc2, pa[1], pb[1], pa[3], pb[3], x.z, x.w);
     }
 }
 
@@ -275,7 +283,8 @@ __device__ __forceinline__ void gvm_expr_stage_x(const gvm_ctx& c, unsigned s_x,
 // 16 x 8 partial of each set in acc (rows g, g + 8; tokens 2q, 2q + 1).
 template <bool UP>
 __device__ __forceinline__ void gvm_expr_unit(const gvm_ctx& c, float (&acc)[2][4], int e, long long r0, long long rl,
-                                              int c_beg, int c_end, int nch, unsigned xrow, unsigned long long pol) {
+                                              int c_beg, int c_end, int nch, unsigned xrow) {
+    const unsigned long long pol = gvm_gemm_policy();
     constexpr int SETS = UP ? 2 : 1, STEPS = GVM_EXPR_LOADS / SETS;
     const unsigned lane = c.tid & 31, g = lane >> 2, q = lane & 3;
     const gvm_tensor& tcd = gvm_t(c, 2);
@@ -311,11 +320,102 @@ __device__ __forceinline__ void gvm_expr_unit(const gvm_ctx& c, float (&acc)[2][
             const unsigned ch = (unsigned)min(c_beg + (int)q + 4 * j, nch - 1);  // past the lane's end the codes are zeros
 #pragma unroll
             for (int s = 0; s < SETS; ++s) {
-                gvm_expr_chunk(acc[s], CA[s][u], CB[s][u], SC[s][u], xrow, ch);
+                gvm_expr_chunk(acc[s], acc[s], CA[s][u], CB[s][u], SC[s][u], xrow, ch);
                 gvm_expr_fill(CA[s][u], CB[s][u], SC[s][u], pa[s], pb[s], sa[s], sb[s], jn, jn < mine, pol);
             }
         }
     }
+}
+
+// Waits until at most n (< GVM_EXPR_RING) commit groups of this thread are pending.
+__device__ __forceinline__ void gvm_cp_async_wait_n(int n) {
+    switch (n) {
+        case 0: gvm_cp_async_wait<0>(); break;
+        case 1: gvm_cp_async_wait<1>(); break;
+        case 2: gvm_cp_async_wait<2>(); break;
+        case 3: gvm_cp_async_wait<3>(); break;
+        case 4: gvm_cp_async_wait<4>(); break;
+        case 5: gvm_cp_async_wait<5>(); break;
+        case 6: gvm_cp_async_wait<6>(); break;
+        default: gvm_cp_async_wait<7>(); break;
+    }
+}
+
+// The unit of gvm_expr_unit with the weights streamed through a ring of nst
+// stages in this warp's shared memory (ring: its address) by cp.async, one
+// commit group per stage, instead of registers: the wait for a stage is
+// exact by count. In the register version ptxas gave the weight loads, the
+// scale loads and the x reads of shared memory common scoreboards, so a
+// chunk's MMAs waited for loads issued just before them (the SASS at
+// 2555614: the whole memory latency once per chunk). A stage is one set of
+// one K step (4 chunks) of the unit's 16 rows: codes [16 rows][64 B], then
+// scales [16 rows][8 B]. Lane l copies row l / 2's half l % 2 (two 16-byte
+// pieces of codes, one 4-byte word of scales), so that a lane holds two
+// pointers; the lanes then read the fragments of rows g and g + 8.
+// c_beg and c_end are even (whole scale words; gvm_expert_tile_reg).
+template <bool UP>
+__device__ __forceinline__ void gvm_expr_unit_ring(const gvm_ctx& c, float (&acc)[2][4], int e, long long r0, long long rl,
+                                                   int c_beg, int c_end, int nch, unsigned xrow, unsigned ring, int nst) {
+    constexpr int SETS = UP ? 2 : 1;
+    const unsigned lane = c.tid & 31, g = lane >> 2, q = lane & 3, half = lane & 1;
+    const unsigned long long pol = gvm_policy_evict_first();
+    const gvm_tensor& tcd = gvm_t(c, 2);
+    const gvm_tensor& tsc = gvm_t(c, 3);
+    const int rdim = UP ? 2 : 1;
+    const long long row = min(r0 + (lane >> 1), rl);  // the row this lane copies
+    const int first = c_beg + 2 * (int)half;          // its first chunk of a K step
+    const unsigned char* cp = gvm_ptr<const unsigned char>(tcd, e * tcd.stride[0] + row * tcd.stride[rdim] + 16 * first, 1);
+    const unsigned char* sp = gvm_ptr<const unsigned char>(tsc, e * tsc.stride[0] + row * tsc.stride[rdim] + 2 * first, 1);
+    const int cset = UP ? (int)tcd.stride[1] : 0, sset = UP ? (int)tsc.stride[1] : 0;  // set 1 (up) from set 0 (gate)
+    const unsigned wofs = (lane >> 1) * 64 + 32 * half;  // this lane's codes in a stage (its scale word: 1024 + 4 lane)
+    const unsigned rofs = g * 64 + 16 * q, rsofs = 1024 + g * 8 + 4 * (q >> 1);  // its fragments (row g; g + 8 is +512, +64)
+    const unsigned h = 2 * (q & 1), sel = h | (h + 1) << 4 | (h + 4) << 8 | (h + 5) << 12;  // its two scale bytes each
+    // DOWN: a second accumulator; UP's two sets are already two chains
+    float acc2[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+    for (int s = 0; s < SETS; ++s) acc[s][0] = acc[s][1] = acc[s][2] = acc[s][3] = 0.0f;
+    const int steps = (c_end - c_beg + 3) / 4;
+    const unsigned size = (unsigned)nst * GVM_EXPR_STAGE;
+    unsigned wst = 0;  // offset of the stage written next; the one read next is nst - 1 stages behind
+    // set s of K step j (past the last step: an empty group)
+    auto issue = [&](int j, int s) {
+        if (j < steps) {
+            // chunks first + 4 j and the next (first and c_end even: both live or both dead; dead ones are zero-filled)
+            const bool live = first + 4 * j < c_end;
+            const unsigned char* cj = live ? cp + s * cset + 64 * j : cp;
+            const unsigned st = ring + wst;
+            gvm_cp_async16(st + wofs, cj, live, pol);
+            gvm_cp_async16(st + wofs + 16, live ? cj + 16 : cp, live, pol);
+            gvm_cp_async4(st + 1024 + 4 * lane, live ? sp + s * sset + 8 * j : sp, live, pol);
+        }
+        gvm_cp_async_commit();
+        wst = wst + GVM_EXPR_STAGE == size ? 0 : wst + GVM_EXPR_STAGE;
+    };
+    // nst - 1 is a multiple of SETS (gvm_expert_tile_reg), so the piece nst - 1 after one is of its set
+    const int ahead = (nst - 1) / SETS;  // K steps
+#pragma unroll 1
+    for (int j = 0; j < ahead; ++j)
+#pragma unroll
+        for (int s = 0; s < SETS; ++s) issue(j, s);
+#pragma unroll 1
+    for (int j = 0; j < steps; ++j) {
+        const unsigned ch = (unsigned)min(c_beg + (int)q + 4 * j, nch - 1);  // past the lane's end the codes are zeros
+#pragma unroll
+        for (int s = 0; s < SETS; ++s) {
+            gvm_cp_async_wait_n(nst - 2);  // this lane's copies of the piece are in
+            __syncwarp();  // so are the other lanes', and every lane is done with the stage refilled next
+            const unsigned rst = ring + (wst + GVM_EXPR_STAGE == size ? 0 : wst + GVM_EXPR_STAGE);  // the oldest stage
+            issue(j + ahead, s);
+            const uint4 ca = gvm_lds_u4(rst + rofs), cb = gvm_lds_u4(rst + rofs + 512);
+            const unsigned sc = __byte_perm(gvm_lds_u(rst + rsofs), gvm_lds_u(rst + rsofs + 64), sel);
+            gvm_expr_chunk(acc[s], UP ? acc[s] : acc2, ca, cb, sc, xrow, ch);
+        }
+    }
+    gvm_cp_async_wait<0>();  // nothing lands in the ring after the unit
+    __syncwarp();
+    if (!UP)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc[0][i] += acc2[i];
 }
 
 // Rows [n0, n0 + nn) of expert e (count tokens at slots slot0...) through
@@ -328,7 +428,11 @@ __device__ int gvm_expert_tile_reg(const gvm_ctx& c, int e, int n0, int nn, int 
     const unsigned s_x = gvm_smem_addr(c.smem), pitch = gvm_expr_pitch(kdim);
     const unsigned s_part = s_x + (unsigned)count * pitch, s_flag = s_part + 4 * SETS * GVM_EXPR_PART;
     unsigned char* flag = c.smem + (s_flag - s_x);
-    const unsigned long long pol = gvm_gemm_policy();
+    // the 4 warps' weight rings after the flag, as many stages as fit before the walk's state
+    const unsigned s_ring = (s_flag + 16 + 15) & ~15u;
+    const int room = (int)c.smem_bytes - GVM_EXP_STATE - (int)(s_ring - s_x);
+    int nst = min(GVM_EXPR_RING, max(0, room) / (4 * GVM_EXPR_STAGE));
+    if (UP) nst -= (nst - 1) & 1;  // odd: a piece and the one nst - 1 later are of the same set
     if (c.tid == 0) gvm_sts(s_flag, 0u);
     gvm_group_sync(c);
     gvm_expr_stage_x<UP>(c, s_x, flag, count, slot0, kdim);
@@ -339,12 +443,16 @@ __device__ int gvm_expert_tile_reg(const gvm_ctx& c, int e, int n0, int nn, int 
 #pragma unroll 1
     for (int u0 = 0; u0 < units; u0 += 4) {
         const int nu = min(4, units - u0), S = nu == 1 ? 4 : nu == 2 ? 2 : 1;  // K splits: nu * S <= 4 pieces
-        const int cps = (nch + S - 1) / S;
+        const int cps = ((nch + S - 1) / S + 1) & ~1;  // even: the ring copies whole scale words
         const int piece = (int)warp, pu = piece / S, ps = piece - pu * S;
         if (pu < nu) {
             float acc[2][4];
             const int c_beg = ps * cps, c_end = min(nch, c_beg + cps);
-            gvm_expr_unit<UP>(c, acc, e, n0 + (u0 + pu) * 16, n0 + nn - 1, c_beg, c_end, nch, xrow, pol);
+            if (nst >= GVM_EXPR_RING_MIN)
+                gvm_expr_unit_ring<UP>(c, acc, e, n0 + (u0 + pu) * 16, n0 + nn - 1, c_beg, c_end, nch, xrow,
+                                       s_ring + warp * (unsigned)nst * GVM_EXPR_STAGE, nst);
+            else
+                gvm_expr_unit<UP>(c, acc, e, n0 + (u0 + pu) * 16, n0 + nn - 1, c_beg, c_end, nch, xrow);
 #pragma unroll
             for (int s = 0; s < SETS; ++s) {  // [16 rows][8 tokens]
                 const unsigned t = s_part + (piece * SETS + s) * GVM_EXPR_PART;

@@ -26,18 +26,21 @@ __device__ __forceinline__ void gvm_group(const gvm_params& p, gvm_shared& sh, u
     c.step = p.step;
     c.smem = scratch;
     c.smem_bytes = GVM_GROUP_SMEM;
-    unsigned parity = 0;
-    unsigned idx = 0;
-    bool warm = false;
-    c.again = 0;
+    // The loop's state (parity, calls) lives in shared memory, one word per
+    // thread, not in registers across the op: the ops' peak register use is the
+    // kernel's, and state held through it spilled to local memory.
+    const unsigned loop = gvm_smem_u32(&sh.loop[g][c.tid]);
+    gvm_sts(loop, 0u);
     for (;;) {  // one pass per call of an op: a GVM_AGAIN comes straight back here
         const gvm_instr& ins = sh.slot[g].ins;
+        const unsigned state = gvm_lds_u(loop);
+        c.again = state & 0x7fffffffu;
         if (c.again == 0) {
-            if (!gvm_mbar_wait(&sh.full[g], parity, gvm_handoff_bound(p.watchdog_ns))) gvm_handoff_trap();
-            parity ^= 1u;
-            idx = sh.slot[g].idx;
+            if (!gvm_mbar_wait(&sh.full[g], state >> 31, gvm_handoff_bound(p.watchdog_ns))) gvm_handoff_trap();
+            gvm_sts(loop, state ^ 0x80000000u);
+            const unsigned idx = sh.slot[g].idx;
             if (idx == GVM_SLOT_EXIT) break;
-            warm = (idx & GVM_SLOT_WARM) != 0;
+            const bool warm = (idx & GVM_SLOT_WARM) != 0;
             c.tab = warm ? p.warm_table : p.table;
             unsigned failed = 0;
             if (!warm && c.tid < ins.n_waits && c.tid < GVM_MAX_WAITS) {
@@ -59,13 +62,17 @@ __device__ __forceinline__ void gvm_group(const gvm_params& p, gvm_shared& sh, u
         }
         const int rc = gvm_dispatch(c);
         if (rc == GVM_AGAIN) {  // the same in every thread
-            ++c.again;
+            gvm_sts(loop, gvm_lds_u(loop) + 1u);
             continue;
         }
-        c.again = 0;
+        gvm_sts(loop, gvm_lds_u(loop) & 0x80000000u);
         __syncwarp();
         gvm_group_sync(c);
         if (c.tid == 0) {
+            // read again, not held in registers across the op: the slot is
+            // unchanged until this group frees it (the ops' peak is the kernel's)
+            const unsigned idx = *reinterpret_cast<volatile const unsigned*>(&sh.slot[g].idx);
+            const bool warm = (idx & GVM_SLOT_WARM) != 0;
             if (warm) {
             } else if (rc != GVM_ERR_NONE) {
                 gvm_fail(p.error, p.state + GVM_STATE_ABORT, (unsigned)rc, idx, GVM_NONE, 0u, 0u, p.step, 0ull,

@@ -52,18 +52,25 @@ inline unsigned char* smem_at(unsigned a, unsigned bytes, bool write) {
     if (a % bytes != 0) fail("misaligned shared access at " + std::to_string(a));
     if ((unsigned long long)a + bytes > m->smem_bytes) fail("shared access at " + std::to_string(a) + " past the scratch");
     const short me = (short)m->cur;
+    const int wm = m->cur >> 5;
+    const unsigned wep = m->wepoch[wm];
     for (unsigned i = a; i < a + bytes; ++i) {
-        const bool raw = m->w_epoch[i] == m->epoch && m->writer[i] != me;
-        const bool war = write && m->r_epoch[i] == m->epoch && m->reader[i] != me;
+        const bool raw = m->w_epoch[i] == m->epoch && m->writer[i] != me &&
+                         !(m->writer[i] >> 5 == wm && m->w_wep[i] < wep);  // a warp barrier of this warp between
+        const bool war = write && m->r_epoch[i] == m->epoch && m->reader[i] != me && !(m->r_warp[i] == wm && m->r_wep[i] < wep);
         if (raw || war)
             fail(std::string(raw ? (write ? "write after write" : "read after write") : "write after read") +
                  " of shared byte " + std::to_string(i) + " by another thread with no barrier between");
         if (write) {
             m->w_epoch[i] = m->epoch;
             m->writer[i] = me;
+            m->w_wep[i] = wep;
         } else {
-            m->reader[i] = m->r_epoch[i] == m->epoch && m->reader[i] != me ? (short)-2 : me;
+            const bool again = m->r_epoch[i] == m->epoch;  // read before in this epoch
+            m->reader[i] = again && m->reader[i] != me ? (short)-2 : me;
+            m->r_warp[i] = again && m->r_warp[i] != wm ? (signed char)-1 : (signed char)wm;
             m->r_epoch[i] = m->epoch;
+            m->r_wep[i] = wep;
         }
     }
     return m->smem + a;

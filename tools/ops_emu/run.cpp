@@ -62,6 +62,9 @@ std::string run_one(const gvm_instr* ins, const gvm_tensor* tab, unsigned smem_b
     m.r_epoch.assign(smem_bytes, 0);
     m.writer.assign(smem_bytes, -1);
     m.reader.assign(smem_bytes, -1);
+    m.w_wep.assign(smem_bytes, 0);
+    m.r_wep.assign(smem_bytes, 0);
+    m.r_warp.assign(smem_bytes, -1);
     m.group.expected = emu::kThreads;
     for (auto& w : m.warp) w.expected = 32;
     m.stacks.resize((size_t)emu::kThreads * emu::kStack);

@@ -79,11 +79,16 @@ struct Machine {
     unsigned char* smem = nullptr;
     unsigned smem_bytes = 0;
     // Race check of the scratch: per byte, who last wrote / read it in which
-    // barrier epoch (reader -2: several threads). Two threads touching a byte
-    // in one epoch, one of them writing, is a race on the GPU.
+    // group-barrier epoch (reader -2: several threads). Two threads touching a
+    // byte in one epoch, one of them writing, is a race on the GPU, unless both
+    // are of one warp and a warp barrier (__syncwarp) came between: each
+    // warp counts its own barriers (wepoch), and a byte keeps the warp count
+    // of its last write and read, and the readers' warp (-1: several warps).
     unsigned epoch = 1;
-    std::vector<unsigned> w_epoch, r_epoch;
+    unsigned wepoch[4] = {1, 1, 1, 1};
+    std::vector<unsigned> w_epoch, r_epoch, w_wep, r_wep;
     std::vector<short> writer, reader;
+    std::vector<signed char> r_warp;
     std::string error;                     // first failure seen by a fiber
 };
 
@@ -107,6 +112,8 @@ inline void wait(Barrier& b) {
         ++b.gen;
         ++machine()->progress;
         if (&b == &machine()->group) ++machine()->epoch;
+        for (int w = 0; w < 4; ++w)
+            if (&b == &machine()->warp[w]) ++machine()->wepoch[w];
         return;
     }
     while (b.gen == gen) yield();
@@ -149,6 +156,10 @@ template <class T> inline T gvm_emu_shfl(T v, int src) {
     u = emu::shfl_from(u, src);
     std::memcpy(&v, &u, 4);
     return v;
+}
+inline void __syncwarp(unsigned mask = 0xffffffffu) {
+    emu::check_mask(mask);
+    emu::wait(emu::machine()->warp[emu::warp()]);
 }
 template <class T> inline T __shfl_xor_sync(unsigned mask, T v, int o) {
     emu::check_mask(mask);

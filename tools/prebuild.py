@@ -1,0 +1,45 @@
+"""Compile the kernel variants a GPU session will time, in parallel, into the
+build cache (GPUVM_CACHE), so that the timed steps that follow load them at
+once instead of each waiting for NVRTC in turn.
+
+    PYTHONPATH=. python3 tools/prebuild.py [--trace] [MACRO=value[+MACRO=value] ...]
+
+Each positional argument is one variant of the 2-group Muse kernel ('' or
+'base' for the default build); --trace adds the traced build of the default.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+
+from gpuvm.device.build import BuildOptions, build
+
+
+def _one(spec: tuple[bool, tuple[tuple[str, str], ...]]) -> str:
+    trace, defines = spec
+    t0 = time.time()
+    try:
+        b = build(BuildOptions(trace=trace, defines=defines))
+    except Exception as e:  # reported, not raised: the other variants still build
+        return f"FAIL {'trace ' if trace else ''}{defines}: {str(e).splitlines()[0]}"
+    return f"ok   {'trace ' if trace else ''}{defines or 'default'}: {b.kernel.registers} registers, {time.time() - t0:.0f} s{' (cached)' if b.cached else ''}"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--trace", action="store_true", help="also the traced default build")
+    ap.add_argument("variants", nargs="*", help="MACRO=value[+MACRO=value] per variant")
+    a = ap.parse_args()
+    specs = [(False, tuple(tuple(d.split("=", 1)) for d in v.split("+") if d and v != "base")) for v in a.variants or [""]]
+    if a.trace:
+        specs.append((True, ()))
+    with ProcessPoolExecutor(max_workers=len(specs)) as ex:
+        lines = list(ex.map(_one, specs))
+    print("\n".join(lines), flush=True)
+    return 1 if any(x.startswith("FAIL") for x in lines) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
