@@ -209,6 +209,9 @@ __device__ __noinline__ bool gvm_expert_args_ok(const gvm_ctx& c) {
 #define GVM_EXPR_RING_MIN 3  // fewer stages fit (many tokens' x): the weights go through registers
 #endif
 #define GVM_EXPR_STAGE 1280  // one stage of a warp's ring: 2 x 512 B of codes, 2 x 128 B of scales
+#ifndef GVM_EXPR_PROBE
+#define GVM_EXPR_PROBE 0   // timing probes (tools/expert_bench.py --define): 1 no decode, 2 no MMA, 3 neither
+#endif
 
 // Byte offset of word w (8 values) of 32-value chunk ch in an x row: chunk
 // pairs share a 128-byte line, words swizzled so that the 4 chunks a quad
@@ -250,11 +253,23 @@ __device__ __forceinline__ void gvm_expr_chunk(float (&acc)[4], float (&acc2)[4]
         const unsigned s2a = gvm_hmul2(gvm_e4m3x2_to_f16x2(__byte_perm(sc, 0, b | (b << 4))), GVM_F16X2_64);
         const unsigned s2b = gvm_hmul2(gvm_e4m3x2_to_f16x2(__byte_perm(sc, 0, (b + 2) | ((b + 2) << 4))), GVM_F16X2_64);
         unsigned pa[4], pb[4];
-        gvm_exp_decode(w == 0 ? ca.x : w == 1 ? ca.y : w == 2 ? ca.z : ca.w, s2a, pa);
-        gvm_exp_decode(w == 0 ? cb.x : w == 1 ? cb.y : w == 2 ? cb.z : cb.w, s2b, pb);
+        const unsigned wa = w == 0 ? ca.x : w == 1 ? ca.y : w == 2 ? ca.z : ca.w;
+        const unsigned wb = w == 0 ? cb.x : w == 1 ? cb.y : w == 2 ? cb.z : cb.w;
+        if (GVM_EXPR_PROBE & 1) {  // probe: no decode (wrong sums; times the rest)
+            pa[0] = wa ^ s2a, pa[1] = wa >> 8, pa[2] = wa >> 16, pa[3] = wa >> 24;
+            pb[0] = wb ^ s2b, pb[1] = wb >> 8, pb[2] = wb >> 16, pb[3] = wb >> 24;
+        } else {
+            gvm_exp_decode(wa, s2a, pa);
+            gvm_exp_decode(wb, s2b, pb);
+        }
         const uint4 x = gvm_lds_u4(xrow + gvm_expr_xoff(ch, w));  // (x0,x2) (x1,x3) (x4,x6) (x5,x7)
-        gvm_mma_f16(acc, pa[0], pb[0], pa[2], pb[2], x.x, x.y);
-        gvm_mma_f16(acc2, pa[1], pb[1], pa[3], pb[3], x.z, x.w);
+        if (GVM_EXPR_PROBE & 2) {  // probe: no MMA (wrong sums; times the rest)
+            acc[0] += __uint_as_float((pa[0] ^ pb[0] ^ pa[2] ^ pb[2] ^ x.x ^ x.y) & 0x3fffffffu);
+            acc2[1] += __uint_as_float((pa[1] ^ pb[1] ^ pa[3] ^ pb[3] ^ x.z ^ x.w) & 0x3fffffffu);
+        } else {
+            gvm_mma_f16(acc, pa[0], pb[0], pa[2], pb[2], x.x, x.y);
+            gvm_mma_f16(acc2, pa[1], pb[1], pa[3], pb[3], x.z, x.w);
+        }
     }
 }
 
