@@ -18,6 +18,10 @@ __device__ __forceinline__ bool gvm_group_any(unsigned bar_id, bool pred) {
     return r != 0;
 }
 
+#ifndef GVM_DESC_PREFETCH
+#define GVM_DESC_PREFETCH 1
+#endif
+
 __device__ __forceinline__ void gvm_group(const gvm_params& p, gvm_shared& sh, unsigned g, unsigned char* scratch) {
     gvm_ctx c;
     c.ins = &sh.slot[g].ins;
@@ -42,6 +46,11 @@ __device__ __forceinline__ void gvm_group(const gvm_params& p, gvm_shared& sh, u
             if (idx == GVM_SLOT_EXIT) break;
             const bool warm = (idx & GVM_SLOT_WARM) != 0;
             c.tab = warm ? p.warm_table : p.table;
+            // The ops' argument checks read the descriptors field by field, each
+            // read a branch's condition: fetch their lines into L1 now, while
+            // the waits below run (descriptors never depend on them).
+            if (GVM_DESC_PREFETCH && c.tid < GVM_MAX_TENSORS && ins.tensor[c.tid] != GVM_NONE)
+                asm volatile("prefetch.global.L1 [%0];" ::"l"(c.tab + ins.tensor[c.tid]));
             unsigned failed = 0;
             if (!warm && c.tid < ins.n_waits && c.tid < GVM_MAX_WAITS) {
                 const unsigned ctr = ins.wait_counter[c.tid];
