@@ -34,7 +34,7 @@ for s in $steps; do
            timeout 90 python3 tools/dispatch_probe.py --chain --variants nap32,nopark,inorder --out "$OUT/chain.json" > "$OUT/chain.log" 2>&1; echo "chain rc=$?"; tail -14 "$OUT/chain.log" ;;
     ring) # the experts' weight ring (GVM_EXPR_RING_MIN 3, the default) against the register path it replaces at 1-3 tokens (99)
            timeout 200 python3 tools/prebuild.py --trace base GVM_EXPR_RING_MIN=99; echo "prebuild rc=$?"
-           timeout 120 python3 tools/ops_check.py --only expert_up,expert_down > "$OUT/ring_ops_check.log" 2>&1; echo "ops_check rc=$?"; tail -2 "$OUT/ring_ops_check.log"
+           timeout 120 python3 tools/ops_check.py --sizes small --only expert_up,expert_down > "$OUT/ring_ops_check.log" 2>&1; echo "ops_check rc=$?"; tail -2 "$OUT/ring_ops_check.log"
            for v in 3 99; do timeout 100 python3 tools/expert_bench.py --reps 10 --define GVM_EXPR_RING_MIN=$v --out "$OUT/expert_bench_ring$v.json" > "$OUT/expert_bench_ring$v.log" 2>&1; echo "expert_bench ring_min=$v rc=$?"; tail -9 "$OUT/expert_bench_ring$v.log"; done
            timeout ${T_RING_PROBE:-240} python3 tools/sched_probe.py --out "$OUT/ring_probe.json" --modes dynamic --depths 1 --variants "ring:,noring:GVM_EXPR_RING_MIN=99" --cases full-c1-t1,sliding-c1-t1,full-c1-t8,full-c16-t1,full-c32-t8 --step 1x1,1x8 > "$OUT/ring_probe.log" 2>&1; echo "ring probe rc=$?"; tail -14 "$OUT/ring_probe.log"
            timeout ${T_RING_SWEEP:-120} python3 -m gpuvm sweep --cases full-c1-t1,full-c1-t8,full-c16-t1 --out "$OUT/ring_sweep" --trace > "$OUT/ring_sweep.log" 2>&1; echo "ring sweep rc=$?"; tail -6 "$OUT/ring_sweep.log"
