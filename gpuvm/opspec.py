@@ -26,7 +26,7 @@ class TensorSpec:
     name: str
     shape: tuple[int, ...]
     dtype: DType
-    role: str = "activation"  # weight | activation | state
+    role: str = "activation"  # weight | activation | state | list (gpuvm.program.ROLES)
     index: int = -1  # position in the program's tensor table
 
     @property
@@ -309,6 +309,14 @@ def _cost_residual(ts: Slots, a: Args) -> Cost:
     return Cost(act_bytes=5 * a[1] * s.row_bytes, flops=10 * a[1] * s.shape[1])
 
 
+def _work(ts: Slots, i: int) -> TensorSpec:
+    """The experts' work lists: [K, 2] i32, list k's items taken and items done."""
+    work = _t(ts, i, "work", I32, 2)
+    if not (work.shape[1] == 2):
+        raise ProgramError(f"work {work.shape} must be [K,2] (items taken, items done per list)")
+    return work
+
+
 def _check_topk(ts: Slots, a: Args) -> None:
     sc = _t(ts, 0, "scores", F, 2)
     meta = _t(ts, 1, "route_meta", I32, 2)
@@ -322,7 +330,7 @@ def _check_topk(ts: Slots, a: Args) -> None:
         raise ProgramError(f"route_meta {meta.shape} must be [2,{a[1]}]")
     _range(a[0], a[1], ne, "local expert")
     if _opt(ts, 3) is not None:
-        _t(ts, 3, "work", I32, 1)
+        _work(ts, 3)
 
 
 def _cost_topk(ts: Slots, a: Args) -> Cost:
@@ -356,8 +364,8 @@ def _check_expert(ts: Slots, a: Args, up: bool) -> None:
         raise ProgramError("expert input rows disagree with the routing table")
     if not (e <= MAX_WORKLIST_EXPERTS):
         raise ProgramError(f"an expert work list covers at most {MAX_WORKLIST_EXPERTS} local experts, not {e}")
-    work = _t(ts, 7, "work", I32, 1)
-    _range(a[0], 1, work.shape[0], "expert work counter")
+    work = _work(ts, 7)
+    _range(a[0], 1, work.shape[0], "expert work list")
     if not (a[1] >= 1):
         raise ProgramError(f"an expert work list needs >= 1 workers, not {a[1]}")
     if not (a[2] >= 1 and a[3] >= 1):

@@ -25,12 +25,21 @@ import numpy as np
 from .isa import INSTR_DTYPE, MAX_ARGS, MAX_COUNTERS, MAX_INSTRS, MAX_TABLE, MAX_TENSORS, MAX_WAITS, NONE, TENSOR_DTYPE, DType, Op
 from .opspec import SPECS, Cost, ProgramError, TensorSpec
 
-__all__ = ["Program", "Stream", "Counter", "Instr", "ProgramError", "TensorSpec"]
+__all__ = ["Program", "Stream", "Counter", "Instr", "ProgramError", "TensorSpec", "LIST_OPS"]
+
+#: what a tensor is: weights; scratch (activation); kept across steps (state);
+#: a work list's bookkeeping, rewritten every step but read by the list's late
+#: workers after its consumers ran, so never shared with another layer (list)
+ROLES = ("weight", "activation", "state", "list")
+
+#: ops whose instructions form work lists, signalled by the worker that finishes the list
+LIST_OPS = (Op.EXPERT_UP, Op.EXPERT_DOWN)
 
 
 @dataclass(eq=False)
 class Counter:
-    """A monotonic device counter; each op that signals it adds one per step."""
+    """A monotonic device counter; it grows by its signallers per step (each op
+    adds one, or a work list adds its workers at once: Program._check_lists)."""
 
     id: int
     name: str
@@ -81,8 +90,8 @@ class Program:
         shape = tuple(int(s) for s in shape)
         if not 1 <= len(shape) <= 4 or any(s <= 0 for s in shape):
             raise ProgramError(f"tensor '{name}': shape {shape} must have 1 to 4 positive dims")
-        if role not in ("weight", "activation", "state"):
-            raise ProgramError(f"tensor '{name}': role {role!r} is not weight, activation or state")
+        if role not in ROLES:
+            raise ProgramError(f"tensor '{name}': role {role!r} is not one of {', '.join(ROLES)}")
         t = TensorSpec(name, shape, DType(dtype), role, len(self.tensors))
         self.tensors.append(t)
         self._by_name[name] = t
@@ -183,6 +192,38 @@ class Program:
             op_groups.append(gs)
         return _Graph(op_groups, members)
 
+    def _check_lists(self) -> None:
+        """The workers of an expert work list (isa/gvm_isa.h EXPERT_UP): the one
+        that finishes the list signals a1 for all of them, so they must agree on
+        tensors, arguments and counter, number a1, and be its only signallers;
+        and a wait on that counter is for the whole list."""
+        lists: dict[tuple[int, int], list[Instr]] = {}
+        for ins in self.instrs:
+            if ins.opcode in LIST_OPS:
+                work = ins.tensors[7]
+                assert work is not None  # the op's spec requires it
+                lists.setdefault((work.index, ins.args[0]), []).append(ins)
+        counters: dict[int, str] = {}  # list counter id -> the list's name
+        for (t, k), ws in lists.items():
+            w0 = ws[0]
+            name = f"work list '{self.tensors[t].name}'[{k}]"
+            for w in ws[1:]:
+                if (w.opcode, w.tensors, w.args, w.signal) != (w0.opcode, w0.tensors, w0.args, w0.signal):
+                    raise ProgramError(f"{name}: op #{w.id} '{w.label}' differs from op #{w0.id} '{w0.label}' in opcode, tensors, arguments or signal")
+            if len(ws) != w0.args[1]:
+                raise ProgramError(f"{name} has {len(ws)} workers, but its ops say a1 = {w0.args[1]}: the list would signal a wrong count")
+            c = w0.signal
+            if c is None:
+                continue
+            if len(c.signallers) != len(ws):
+                other = next(s for s in c.signallers if s not in ws)
+                raise ProgramError(f"{name} signals counter '{c.name}', which op #{other.id} '{other.label}' also signals: a list's counter is its own")
+            counters[c.id] = name
+        for ins in self.instrs:
+            for c, n in ins.waits:
+                if n is not None and n != c.per_step and c.id in counters:
+                    raise ProgramError(f"op #{ins.id} '{ins.label}' waits for {n} of the {c.per_step} signals of '{c.name}', which its {counters[c.id]} gives all at once: wait for all")
+
     def build(self, order: str = "priority", capacity: int | None = None) -> "Stream":
         """Validate and encode. order='priority' sorts topologically, longest path
         (in bytes) first; order='depth' most ops to the end first, bytes breaking
@@ -196,6 +237,7 @@ class Program:
             raise ProgramError(f"program '{self.name}' has {len(self.counters)} counters; at most {MAX_COUNTERS}")
         if len(self.tensors) > MAX_TABLE:
             raise ProgramError(f"program '{self.name}' has {len(self.tensors)} tensors; at most {MAX_TABLE}")
+        self._check_lists()
         graph = self._graph()
         n = len(self.instrs)
         if order == "given":

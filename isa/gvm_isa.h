@@ -8,7 +8,10 @@
  * Conventions
  *  - An instruction is one 128-byte record. It waits on up to GVM_MAX_WAITS
  *    counters, runs its op, then increments its signal counter by one
- *    (release). A wait on counter c is satisfied at step s when
+ *    (release); the W workers of an expert work list instead add W at once,
+ *    when one of them finishes the list's last item (EXPERT_UP), so a
+ *    counter still grows by its signallers per step. A wait on counter c is
+ *    satisfied at step s when
  *      (int32)(value(c) - (wait_base + s * wait_step)) >= 0,
  *    wait_step being the number of instructions that signal c per step, so
  *    counters only grow and are never reset between steps.
@@ -119,7 +122,7 @@ enum gvm_opcode {
      * n = rms(s)*(1 + w_next) is written to t5 and/or t6. */
     GVM_OP_TOPK = 22,
     /* t0 scores [T,NE] f32, t1 route_meta [2,E] i32, t2 route [5,8T] i32,
-     * t3 work [K] i32 or none (the experts' work counters: set to 0);
+     * t3 work [K,2] i32 or none (the experts' work lists: set to 0);
      * a0 first local expert, a1 E (local experts). Per token: top-8 scores
      * (ties: lower expert index first), w = softmax of the 8 scores.
      * Expert x is local when a0 <= x < a0 + a1, local index e = x - a0.
@@ -130,20 +133,25 @@ enum gvm_opcode {
     GVM_OP_EXPERT_UP = 23,
     /* t0 hbuf [8T,I] bf16, t1 x [T,H] bf16, t2 gu codes [E,2,I,H/2] e2m1x2,
      * t3 gu scales [E,2,I,H/16] e4m3, t4 gu tensor scales [E,2] f32,
-     * t5 route_meta, t6 route, t7 work [K] i32; a0 counter k, a1 workers W,
+     * t5 route_meta, t6 route, t7 work [K,2] i32; a0 list k, a1 workers W,
      * a2 row grain G, a3 row cap C. Work list (E <= GVM_MAX_WORKLIST_EXPERTS):
      * with h experts with tokens, tiles have
      * R = min(C, G * ceil(ceil(I / max(1, W / h)) / G)) rows;
      * item i is row tile i % P (rows [R*(i%P), +R) of I, P = ceil(I/R)) of the
      * (i/P)-th expert with tokens, in expert order. The W instructions of a list take items
-     * i = work[k]++ (atomic) until i is past the last item (so work[k] ends
-     * at items + W). For an item's expert e and each slot of e (token t):
+     * i = work[k][0]++ (atomic) until i is past the last item (so work[k][0]
+     * ends at items + W) and count each one finished in work[k][1]; the worker
+     * that finishes the last item (with no items, the first to take one)
+     * signals W, the others 0, so waiters see the list done without waiting
+     * for its last worker. All W share tensors, arguments and signal counter,
+     * and are that counter's only signallers (checked at build).
+     * For an item's expert e and each slot of e (token t):
      * hbuf[slot, n] = bf16(silu(G x_t) * (U x_t)) with G = gu[e,0],
      * U = gu[e,1] dequantised: code * scale * tensor_scale. */
     GVM_OP_EXPERT_DOWN = 24,
     /* t0 y [8T,H] f32, t1 hbuf [8T,I] bf16, t2 d codes [E,H,I/2], t3 d scales
      * [E,H,I/16], t4 d tensor scales [E] f32, t5 route_meta, t6 route,
-     * t7 work; a0 counter k, a1 workers W, a2 row grain G, a3 cap C: the work list of
+     * t7 work; a0 list k, a1 workers W, a2 row grain G, a3 cap C: the work list of
      * EXPERT_UP over the H rows. y[slot, n] = sum_i D[n,i] hbuf[slot,i]. */
     GVM_OP_EXPERT_COMBINE = 25,
     /* t0 fsq [T,H] bf16, t1 y [8T,H] f32, t2 route [5,8T] i32; a0 token0,

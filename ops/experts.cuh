@@ -178,7 +178,7 @@ __device__ __noinline__ bool gvm_expert_args_ok(const gvm_ctx& c) {
               gvm_is(tts, GVM_DT_F32, UP ? 2 : 1) && tts.shape[0] == n_exp && gvm_is(tmeta, GVM_DT_I32, 2) &&
               tmeta.shape[0] == 2 && gvm_is(troute, GVM_DT_I32, 2) && troute.shape[0] == 5 && kdim % 64 == 0 &&
               n_exp <= GVM_MAX_WORKLIST_EXPERTS && gvm_aligned(tmeta, 4, 4) && n_w >= 1 && grain >= 1 && cap >= 1 &&
-              gvm_is(twork, GVM_DT_I32, 1) && k >= 0 && k < twork.shape[0] &&
+              gvm_is(twork, GVM_DT_I32, 2) && twork.shape[1] == 2 && k >= 0 && k < twork.shape[0] &&
               c.smem_bytes >= GVM_EXP_STATE + GVM_EXP_HEAD + GVM_EXP_WBUF + 16 * GVM_EXP_XROW;
     // set 0 -> set 1 (the up matrix, or the next 8 rows) must fit an int of bytes
     ok = ok && (UP ? tcd.stride[1] : 8 * tcd.stride[1]) < (1ll << 31) && (UP ? tsc.stride[1] : 8 * tsc.stride[1]) < (1ll << 31);
@@ -602,10 +602,21 @@ __device__ __forceinline__ int gvm_nth_bit(unsigned m, int r) {
 }
 
 // One item per call (GVM_AGAIN for the next): item i is tile i % per of the
-// (i / per)-th expert with tokens. Thread 0 takes i from the work counter and
-// passes it through the scratch's last 16 bytes: two slots used in turn (call
-// k writes and reads slot k & 1, whose last readers, of call k - 2, are behind
-// the barriers of call k - 1), then the experts hit, written once.
+// (i / per)-th expert with tokens. Thread 0 takes i from the list's counter
+// work[a0][0] and passes it through the scratch's last 16 bytes: two slots
+// used in turn (call k writes and reads slot k & 1, whose last readers, of
+// call k - 2, are behind the barriers of call k - 1), then the experts hit,
+// written once, then the items done before this worker's last one.
+// Completion: a worker counts each finished item in work[a0][1] (acq_rel,
+// after a group barrier), and the one that finishes the last item returns
+// GVM_SIGNAL_N(a1): the list's consumers wait for its items, not for its
+// slowest worker, which may still be queued behind another op of its block
+// (H200 trace at 18420e1: 31 us of a one-token layer). The others signal
+// nothing; an empty list is completed by its first worker.
+#ifndef GVM_LIST_SIGNAL
+#define GVM_LIST_SIGNAL 1  // 0: every worker signals one when it finds the list taken (for A/B runs)
+#endif
+
 template <bool UP>
 __device__ int gvm_expert_matmul(const gvm_ctx& c) {
     const unsigned st = gvm_smem_addr(c.smem) + c.smem_bytes - GVM_EXP_STATE;
@@ -617,10 +628,14 @@ __device__ int gvm_expert_matmul(const gvm_ctx& c) {
 #pragma unroll
         for (int o = 16; o > 0; o >>= 1) hit |= __shfl_xor_sync(0xffffffffu, hit, o);
         if (c.tid == 0) gvm_sts(st + 8, hit);
+    } else {
+        gvm_group_sync(c);  // the last item's stores, before thread 0 counts it done
     }
     if (c.tid == 0) {
         const gvm_tensor& tw = gvm_t(c, 7);
-        gvm_sts(st + 4 * (c.again & 1), atomicAdd(gvm_ptr<unsigned>(tw, c.ins->arg[0] * tw.stride[0], 4), 1u));
+        unsigned* w = gvm_ptr<unsigned>(tw, c.ins->arg[0] * tw.stride[0], 4);
+        if (c.again != 0) gvm_sts(st + 12, gvm_atom_add_acq_rel(w + 1, 1u));  // items done
+        gvm_sts(st + 4 * (c.again & 1), atomicAdd(w, 1u));
     }
     gvm_group_sync(c);
     const int i = (int)gvm_lds_u(st + 4 * (c.again & 1));
@@ -630,7 +645,10 @@ __device__ int gvm_expert_matmul(const gvm_ctx& c) {
     const int nout = gvm_t(c, 0).shape[1], nhit = __popc(hit), grain = c.ins->arg[2];
     const int q = max(1, c.ins->arg[1] / max(1, nhit));
     const int rows = min(c.ins->arg[3], ((nout + q - 1) / q + grain - 1) / grain * grain), per = (nout + rows - 1) / rows;
-    if (i >= nhit * per) return GVM_ERR_NONE;
+    const int items = nhit * per;
+    if (!GVM_LIST_SIGNAL && i >= items) return GVM_ERR_NONE;
+    if (c.again != 0 && (int)gvm_lds_u(st + 12) + 1 == items) return GVM_SIGNAL_N(c.ins->arg[1]);
+    if (i >= items) return GVM_SIGNAL_N(items == 0 && i == 0 ? c.ins->arg[1] : 0);
     const int r = i / per, t = i - r * per;
     const int rc = gvm_expert_tile<UP>(c, gvm_nth_bit(hit, r), t * rows, min(rows, nout - t * rows));
     return rc != GVM_ERR_NONE ? rc : GVM_AGAIN;

@@ -4,8 +4,9 @@
 // decoded instruction, the tensor table, a private shared-memory scratch area
 // and the group's named barrier. It must not touch other groups' scratch,
 // must not wait on counters (the runtime did that before calling) and must not
-// signal (the runtime does that after it returns). It reports unusable input
-// by returning a gvm_error_code (GVM_ERR_BAD_ARGS), never by trapping.
+// signal (the runtime does that after it returns: one, or the n of a
+// GVM_SIGNAL_N(n) the op returned). It reports unusable input by returning a
+// gvm_error_code (GVM_ERR_BAD_ARGS), never by trapping.
 //
 // An op may do its work over several calls by returning GVM_AGAIN: the
 // runtime calls it again at once, on the same group, with c.again one higher
@@ -16,6 +17,10 @@
 #include "../isa/gvm_isa.h"
 
 #define GVM_AGAIN (-1)
+// Done, and the runtime adds n >= 0 to the signal counter instead of one: the
+// workers of an expert work list (ops/experts.cuh) signal for the whole list
+// when one of them completes it, and nothing otherwise.
+#define GVM_SIGNAL_N(n) (-2 - (int)(n))
 
 struct gvm_ctx {
     const gvm_instr* ins;      // the instruction (in shared memory)

@@ -85,6 +85,15 @@ __device__ __forceinline__ void gvm_cp_async_wait() {
     asm volatile("cp.async.wait_group %0;" :: "n"(N) : "memory");
 }
 
+// Global atomic add, acquire and release at GPU scope: counts a finished piece of
+// work (release: this thread's and, after a barrier, its group's stores) and
+// sees what the pieces counted before it published (acquire).
+__device__ __forceinline__ unsigned gvm_atom_add_acq_rel(unsigned* p, unsigned v) {
+    unsigned old;
+    asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v) : "memory");
+    return old;
+}
+
 // ---- shared memory by 32-bit address ------------------------------------------------
 __device__ __forceinline__ unsigned gvm_smem_addr(const void* p) {
     unsigned r;

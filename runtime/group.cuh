@@ -1,7 +1,8 @@
 // Warps 4+: compute groups of 4 warps. Each waits for its slot, runs the
 // instruction's dependency waits (threads 0..n_waits-1, one counter each),
 // runs the op, then signals its counter (one thread, release, after a group
-// barrier so every thread's stores are ordered before it) and frees the slot.
+// barrier so every thread's stores are ordered before it; by one, or by what
+// the op asked for with GVM_SIGNAL_N) and frees the slot.
 #pragma once
 #include "shared.cuh"
 #include "stamps.cuh"
@@ -83,12 +84,13 @@ __device__ __forceinline__ void gvm_group(const gvm_params& p, gvm_shared& sh, u
             const unsigned idx = *reinterpret_cast<volatile const unsigned*>(&sh.slot[g].idx);
             const bool warm = (idx & GVM_SLOT_WARM) != 0;
             if (warm) {
-            } else if (rc != GVM_ERR_NONE) {
+            } else if (rc > GVM_ERR_NONE) {
                 gvm_fail(p.error, p.state + GVM_STATE_ABORT, (unsigned)rc, idx, GVM_NONE, 0u, 0u, p.step, 0ull,
                          (unsigned long long)ins.opcode);
             } else {
                 GVM_STAMP(p.trace, idx, GVM_STAMP_DONE);
-                if (ins.signal != GVM_NONE) gvm_red_release_add(p.counters + ins.signal, 1u);
+                const unsigned n = rc == GVM_ERR_NONE ? 1u : (unsigned)(GVM_SIGNAL_N(0) - rc);  // see GVM_SIGNAL_N
+                if (ins.signal != GVM_NONE && n != 0u) gvm_red_release_add(p.counters + ins.signal, n);
                 GVM_STAMP(p.trace, idx, GVM_STAMP_SIGNAL);
             }
             gvm_mbar_arrive(&sh.empty[g]);

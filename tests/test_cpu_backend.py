@@ -273,12 +273,12 @@ def test_expert_up_down_combine() -> None:
     gu_c, gu_s, gu_ts = _nvfp4(E, 2, I, H)
     d_c, d_s, d_ts = _nvfp4(E, H, I)
     hbuf, y = nan(8 * T, I, dtype=torch.bfloat16), nan(8 * T, H)
-    work = torch.zeros(2, dtype=torch.int32)
-    for _ in range(4):  # work lists: 4 workers over 3 experts hit, one tile of all 32 rows each
-        ops.expert_up([hbuf, x, gu_c, gu_s, gu_ts, meta, route, work], [0, 4, 16, 64])
-    for _ in range(2):
-        ops.expert_down([y, hbuf, d_c, d_s, d_ts, meta, route, work], [1, 2, H, 64])
-    assert work.tolist() == [3 + 4, 3 + 2]  # items + workers: each worker's last take is past the end
+    work = torch.zeros(2, 2, dtype=torch.int32)
+    # work lists: 4 workers over 3 experts hit, one tile of all 32 rows each;
+    # the first takes all items and signals for the 4, the others nothing
+    assert [ops.expert_up([hbuf, x, gu_c, gu_s, gu_ts, meta, route, work], [0, 4, 16, 64]) for _ in range(4)] == [4, 0, 0, 0]
+    assert [ops.expert_down([y, hbuf, d_c, d_s, d_ts, meta, route, work], [1, 2, H, 64]) for _ in range(2)] == [2, 0]
+    assert work.tolist() == [[3 + 4, 3], [3 + 2, 3]]  # (items + workers: each worker's last take is past the end, items done)
     used = int(meta[0].sum())
     assert used == 5 and hbuf[used:].isnan().all() and y[used:].isnan().all()
     for slot in range(used):
@@ -308,16 +308,27 @@ def test_expert_with_no_tokens_touches_nothing() -> None:
     codes, scales, ts = _nvfp4(3, 2, 32, 32)
     x = randn(2, 32).bfloat16()
     assert ops.list_items(meta, 32, 4, 8, 64) == [(0, slice(r, r + 8)) for r in (0, 8, 16, 24)]
-    work = torch.tensor([4], dtype=torch.int32)  # the list already taken
-    ops.expert_up([hbuf, x, codes, scales, ts, meta, route, work], [0, 4, 8, 64])
-    assert hbuf.isnan().all() and int(work[0]) == 5
+    work = torch.tensor([[4, 4]], dtype=torch.int32)  # the list already taken and done
+    assert ops.expert_up([hbuf, x, codes, scales, ts, meta, route, work], [0, 4, 8, 64]) == 0  # its finisher signalled
+    assert hbuf.isnan().all() and work.tolist() == [[5, 4]]
     work.zero_()
     for _ in range(3):
         ops.expert_up([hbuf, x, codes, scales, ts, meta, route, work], [0, 3, 8, 64])
     # 3 workers: 2 items of 16 rows (ceil(32 / 3) rounded up to the grain); a cap of 8: 4 items
     assert ops.list_items(meta, 32, 3, 8, 64) == [(0, slice(0, 16)), (0, slice(16, 32))]
     assert ops.list_items(meta, 32, 3, 8, 8) == [(0, slice(r, r + 8)) for r in (0, 8, 16, 24)]
-    assert not hbuf[:2].isnan().any() and hbuf[2:].isnan().all() and int(work[0]) == 2 + 3
+    assert not hbuf[:2].isnan().any() and hbuf[2:].isnan().all() and work.tolist() == [[2 + 3, 2]]
+
+
+def test_empty_work_list_is_signalled_by_its_first_worker() -> None:
+    """No local expert has tokens: the worker that takes the first (past the
+    end) draw completes the list, so its consumers are not left waiting."""
+    _, meta, route = _routing(2, 3, [[], []])
+    hbuf = nan(16, 32, dtype=torch.bfloat16)
+    codes, scales, ts = _nvfp4(3, 2, 32, 32)
+    work = torch.zeros(1, 2, dtype=torch.int32)
+    got = [ops.expert_up([hbuf, nan(2, 32, dtype=torch.bfloat16), codes, scales, ts, meta, route, work], [0, 3, 8, 64]) for _ in range(3)]
+    assert got == [3, 0, 0] and work.tolist() == [[3, 0]] and hbuf.isnan().all()
 
 
 # ---- run_stream -------------------------------------------------------------------------
@@ -358,7 +369,7 @@ def _run_recorded(p: Program, monkeypatch: pytest.MonkeyPatch, seed: int, step: 
     """Run a _copy_dag program in random order; check every op ran after all
     the signallers of the counters it waits on; return the order and counters."""
     ran: list[int] = []
-    monkeypatch.setitem(ops.OPS, Op.COPY, lambda ts, a: (ran.append(a[0]), ops.copy(ts, a)))
+    monkeypatch.setitem(ops.OPS, Op.COPY, lambda ts, a: (ran.append(a[0]), ops.copy(ts, a))[1])
     n = len(p.instrs)
     bufs = {"x": torch.arange(float(n)), "y": nan(n)}
     ctr = run_stream(p.build(), bufs, step=step, order="random", rng=random.Random(seed), counters=counters)

@@ -128,6 +128,33 @@ def test_capacity() -> None:
         p.build(capacity=4)
 
 
+def test_work_lists_are_checked() -> None:
+    """A list's workers signal a1 at once (isa/gvm_isa.h EXPERT_UP): they must
+    agree, number a1, own their counter, and be waited for whole."""
+
+    def build(n_w: int = 3, a1: int = 3, odd_args: bool = False, intruder: bool = False, partial: bool = False) -> None:
+        p = Program("lists")
+        t = _muse_tensors(p)
+        done = p.counter("hbuf")
+        for k in range(n_w):
+            args = [0, a1, 8, 64 if not (odd_args and k == 1) else 32]
+            p.op(Op.EXPERT_UP, [t[n] for n in ("hbuf", "x", "gu", "gus", "guts", "meta", "route", "work")], args, signal=done, label=f"up{k}")
+        if intruder:
+            p.op(Op.NOP, signal=done, label="intruder")
+        p.op(Op.NOP, waits=[(done, 1) if partial else done])
+        p.build()
+
+    build()
+    with pytest.raises(ProgramError, match=r"work list 'work'\[0\] has 2 workers, but its ops say a1 = 3"):
+        build(n_w=2)
+    with pytest.raises(ProgramError, match="'up1' differs from op #0 'up0'"):
+        build(odd_args=True)
+    with pytest.raises(ProgramError, match="which op #3 'intruder' also signals"):
+        build(intruder=True)
+    with pytest.raises(ProgramError, match="waits for 1 of the 3 signals of 'hbuf'.*wait for all"):
+        build(partial=True)
+
+
 # ---- per-opcode shape and dtype checks -----------------------------------------
 T, D, HQ, HKV, C, S, NCH, NE, E, H, I = 4, 128, 4, 2, 3, 8, 3, 16, 4, 64, 32  # sizes that differ, so a swap shows
 QKVG = (2 * HQ + 2 * HKV) * 64
@@ -138,7 +165,7 @@ def _muse_tensors(p: Program) -> dict[str, TensorSpec]:
         "s": ((T, D), F32), "a": ((T, D), F32), "wD": ((D,), F32), "h": ((T, D), BF16), "W": ((QKVG, D), BF16),
         "qkvg": ((T, QKVG), BF16), "q": ((T, HQ, 64), BF16), "w64": ((64,), F32), "kc": ((C, S, HKV, 64), E4M3),
         "vc": ((C, S, HKV, 64), E4M3), "convs": ((C, 4), I32), "po": ((T, HQ, NCH, 64), F32), "pml": ((T, HQ, NCH, 2), F32),
-        "o": ((T, HQ * 64), BF16), "sc": ((T, NE), F32), "Wr": ((NE, D), F32), "meta": ((2, E), I32), "route": ((5, 8 * T), I32), "work": ((2,), I32),
+        "o": ((T, HQ * 64), BF16), "sc": ((T, NE), F32), "Wr": ((NE, D), F32), "meta": ((2, E), I32), "route": ((5, 8 * T), I32), "work": ((2, 2), I32),
         "x": ((T, H), BF16), "gu": ((E, 2, I, H // 2), FP4), "gus": ((E, 2, I, H // 16), E4M3), "guts": ((E, 2), F32),
         "hbuf": ((8 * T, I), BF16), "dc": ((E, H, I // 2), FP4), "ds": ((E, H, I // 16), E4M3), "dts": ((E,), F32),
         "y": ((8 * T, H), F32), "fsq": ((T, H), BF16), "Wbad": ((QKVG, D + 8), BF16), "s_bf": ((T, D), BF16),

@@ -167,6 +167,22 @@ def test_decode_matches_reference(weights: ModelWeights, conversations: int, tok
     assert state.context == context + (steps - 1) * tokens_each
 
 
+def test_shared_scratch_with_late_list_workers_matches_reference(weights: ModelWeights) -> None:
+    """Scratch shared across layers, instructions run newest-ready first: an
+    expert list's late workers then run after the layers that follow (their
+    list's finisher signalled for them). A late worker may also run while the
+    next layer's list is under way (no order here makes it: they are rare),
+    so what it reads, the list's own tensors (role "list"), is never shared."""
+    state = make_step_state(CFG, 2, 3, 5, seed=4, steps=2)
+    sp = lower_step(CFG, 2, 3, state.context_capacity, tiles=TILES, capture_layers=True)
+    lists = [t.name for t in sp.stream.tensors if t.role == "list"]
+    assert {n.split(".", 1)[1] for n in lists} == {"route_meta", "work"}
+    tokens = _tokens(sp.tokens, 5)
+    bufs = bind_step(sp, weights, state.clone(), tokens.clone(), share_scratch=True)
+    assert len({bufs[n].data_ptr() for n in lists}) == len(lists) == 2 * sp.n_layers
+    decode(sp, weights, state, tokens, 2, share_scratch=True, orders=("newest", "random"))
+
+
 def test_shared_scratch_decodes_the_same(weights: ModelWeights) -> None:
     runs = []
     for share in (False, True):

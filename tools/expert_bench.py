@@ -54,7 +54,7 @@ def build_list(up: bool, grain: int, hit: int, tokens: int, w: tuple[torch.Tenso
     ts = b.add("ts", DType.F32, torch.ones((E, 2) if up else (E,)))
     mt = b.add("meta", DType.I32, meta)
     rt = b.add("route", DType.I32, route)
-    wk = b.add("work", DType.I32, torch.zeros(2, dtype=torch.int32))
+    wk = b.add("work", DType.I32, torch.zeros(2, 2, dtype=torch.int32))
     for _ in range(WORKERS):
         b.op_([dst, x, cd, sc, ts, mt, rt, wk], [0, WORKERS, grain, EXPERT_CAP])
     per_expert = (2 if up else 1) * n_out * (k // 2 + k // 16)

@@ -52,7 +52,7 @@ from gpuvm.cpu.ops import OPS as CPU_OPS  # noqa: E402
 from gpuvm.isa import TENSOR_DTYPE, DType, ErrorCode, Op, f2i  # noqa: E402
 from gpuvm.muse.formats import from_e4m3, to_e4m3  # noqa: E402
 from gpuvm.opspec import TensorSpec  # noqa: E402
-from gpuvm.program import Program, Stream  # noqa: E402
+from gpuvm.program import LIST_OPS, Program, Stream  # noqa: E402
 from gpuvm.tensors import descriptor, torch_dtype  # noqa: E402
 
 #: device function gvm_op_<name> of each op under test, and the headers that define them
@@ -464,7 +464,7 @@ def cases_route(sz: Sizes, gen: torch.Generator) -> list[Case]:
     out = []
     for t, first, ties in ((sz.tokens, 0, True), (sz.big_tokens, sz.experts - sz.local, False)):
         b = _Build(f"topk T={t} local {first}..{first + sz.local - 1}" + (", ties" if ties else ""), Op.TOPK, gen)
-        work = [b.out("work", DType.I32, (3,), EXACT)] if ties else []  # zeroed (the experts' counters)
+        work = [b.out("work", DType.I32, (3, 2), EXACT)] if ties else []  # zeroed (the experts' work lists)
         b.op_([b.add("scores", DType.F32, _router(b, t, sz, first, ties)),
                b.out("route_meta", DType.I32, (2, sz.local), EXACT),
                b.out("route", DType.I32, (5, 8 * t), ROUTE), *work], [first, sz.local])
@@ -505,7 +505,7 @@ def cases_experts(sz: Sizes, gen: torch.Generator) -> list[Case]:
             sc = b.add("scales", DType.E4M3, scales)
             mt = b.add("route_meta", DType.I32, meta)
             rt = b.add("route", DType.I32, route)
-            wk = b.add("work", DType.I32, torch.zeros(4, dtype=torch.int32), EXACT)  # ends at items + workers
+            wk = b.add("work", DType.I32, torch.zeros(4, 2, dtype=torch.int32), EXACT)  # ends at (items + workers, items)
             # work lists (workers, row grain, row cap), each into its own
             # output: 7 workers at a grain of sz.cols on counter 0, then a grain
             # of sz.cols - 3 rows (not a multiple of the 8- or 16-row unit) on
@@ -538,7 +538,7 @@ def cases_experts(sz: Sizes, gen: torch.Generator) -> list[Case]:
                b.add("codes", DType.E2M1X2, codes), b.add("scales", DType.E4M3, scales),
                b.add("tscale", DType.F32, torch.ones(2, 2)), b.add("route_meta", DType.I32, meta),
                b.add("route", DType.I32, route),
-               b.add("work", DType.I32, torch.zeros(1, dtype=torch.int32), Check("counter", atol=1))], [0, 1, 64, 64])
+               b.add("work", DType.I32, torch.zeros(1, 2, dtype=torch.int32), Check("counter", atol=1))], [0, 1, 64, 64])
         out.append(b.case(int(ErrorCode.BAD_ARGS), _set_arg(0, 1) if what == "counter past the work" else None))
     return out
 
@@ -872,14 +872,38 @@ def compare(dev: torch.Tensor, ref: torch.Tensor, chk: Check) -> tuple[bool, flo
     return _float_compare(dev, ref, chk)
 
 
+def _signal_check(stream: Stream, amount: np.ndarray) -> str:
+    """What is wrong with the signals the instructions asked for ("" if
+    nothing): one each, but a work list's, of which exactly one worker signals
+    for all a1 (the one that finished the list) and the others nothing."""
+    lists: dict[tuple[str, int], list[int]] = {}
+    for i, ins in enumerate(stream.ops):
+        if ins.opcode in LIST_OPS:
+            work = ins.tensors[7]
+            assert work is not None
+            lists.setdefault((work.name, ins.args[0]), []).append(i)
+        elif amount[i] != 1:
+            return f"instruction {i} signals {amount[i]}, not 1"
+    for (name, k), idx in lists.items():
+        got, n_w = sorted(int(a) for a in amount[idx]), stream.ops[idx[0]].args[1]
+        if got != [0] * (len(idx) - 1) + [n_w]:
+            return f"work list {name}[{k}]: its workers signal {got}, not one {n_w} and {len(idx) - 1} zeros"
+    return ""
+
+
 def run_case(runner: Runner, case: Case, expected: dict[str, torch.Tensor], groups: int, scratch: int = SCRATCH) -> list[Outcome]:
     placed = place(case.tensors, runner.device)
     records, table = encode(case, placed)
-    err = runner.run(case.op, records, table, groups, scratch)
+    rc = runner.run(case.op, records, table, groups, scratch)
+    err, amount = np.where(rc <= -2, 0, rc), np.where(rc == 0, 1, np.where(rc <= -2, -2 - rc, 0))  # GVM_SIGNAL_N
     out = []
     if not (err == case.expect).all():
         codes = sorted(set(int(e) for e in err))
         out.append(Outcome(case.name, groups, "error codes", False, note=f"got {codes}, expected {case.expect}"))
+    elif case.expect == ErrorCode.NONE:
+        note = _signal_check(case.stream, amount)
+        if note:
+            out.append(Outcome(case.name, groups, "signals", False, note=note))
     hit = placed.guards_hit()
     if hit:
         out.append(Outcome(case.name, groups, "guards", False, note=f"written outside: {hit}"))

@@ -3,13 +3,18 @@
 Waits are checked exactly as the device checks them: a wait on counter c with
 (wait_base, wait_step) is satisfied at step s when
 (int32)(value(c) - (wait_base + s * wait_step)) >= 0, and an instruction adds
-one to its signal counter when it finishes. Counters are never reset: pass
-the array one step returns into the next step.
+one to its signal counter when it finishes (a work list's worker: what its op
+returns, see gpuvm.cpu.ops). Counters are never reset: pass the array one
+step returns into the next step.
 
 order="stream" runs the stream in its order and fails at the first
 instruction whose waits are not met; order="random" runs, at each point, a
 random instruction among those whose waits are met, which exercises every
-valid interleaving the device scheduler could pick.
+valid interleaving the device scheduler could pick; order="newest" runs the
+one whose waits were met last (depth first), so that an instruction ready
+early waits as long as any schedule could make it: e.g. the late workers of
+an expert list, whose finisher signalled for them, run after the layers
+that follow.
 """
 from __future__ import annotations
 
@@ -27,7 +32,7 @@ from .ops import OPS, CpuOpError
 
 __all__ = ["run_stream", "StuckError", "CpuOpError"]
 
-ORDERS = ("stream", "random")
+ORDERS = ("stream", "random", "newest")
 
 
 class StuckError(RuntimeError):
@@ -93,15 +98,16 @@ def run_stream(
     signal = [int(s) for s in rec["signal"]]
     fns = [OPS[Op(int(o))] for o in rec["opcode"]]  # what the records say, as the device decodes them
 
-    def execute(k: int) -> int:
-        """Run instruction k and signal; returns the counter it signalled (or NONE)."""
+    def execute(k: int) -> tuple[int, int]:
+        """Run instruction k and signal; returns the counter (or NONE) and what it added."""
         try:
-            fns[k](slots[k], args[k])
+            n = fns[k](slots[k], args[k])
         except CpuOpError as e:
             raise CpuOpError(f"instruction {k} '{stream.ops[k].label}' at step {step}: {e}") from None
+        n = 1 if n is None else n
         if signal[k] != NONE:
-            values[signal[k]] = (values[signal[k]] + 1) & 0xFFFFFFFF
-        return signal[k]
+            values[signal[k]] = (values[signal[k]] + n) & 0xFFFFFFFF
+        return signal[k], n
 
     def stuck(k: int) -> StuckError:
         c, t = next((c, t) for c, t in waits[k] if not _reached(values[c], t))
@@ -117,7 +123,7 @@ def run_stream(
                     raise stuck(k)
                 execute(k)
         else:
-            _run_random(len(stream), waits, values, execute, stuck, rng or random.Random(0))
+            _run_random(len(stream), waits, values, execute, stuck, rng or random.Random(0), newest=order == "newest")
     finally:
         torch.set_num_threads(saved)
     return np.array(values, dtype=np.uint32)
@@ -127,11 +133,13 @@ def _run_random(
     n: int,
     waits: list[list[tuple[int, int]]],
     values: list[int],
-    execute: Callable[[int], int],
+    execute: Callable[[int], tuple[int, int]],
     stuck: Callable[[int], StuckError],
     rng: random.Random,
+    newest: bool = False,
 ) -> None:
-    """Pick a random ready instruction until none is left.
+    """Pick a random ready instruction (newest: the last one to become ready)
+    until none is left.
 
     An unmet wait is (distance, instruction): the signals its counter still
     needs. Each counter keeps its unmet waits sorted, so a signal wakes exactly
@@ -149,15 +157,16 @@ def _run_random(
     ready = [k for k in range(n) if unmet[k] == 0]
     done = 0
     while ready:
-        i = rng.randrange(len(ready))
-        ready[i], ready[-1] = ready[-1], ready[i]
+        if not newest:
+            i = rng.randrange(len(ready))
+            ready[i], ready[-1] = ready[-1], ready[i]
         k = ready.pop()
-        c = execute(k)
+        c, added = execute(k)
         done += 1
         lst = pending.get(c)
         if lst is None:
             continue
-        signals[c] += 1
+        signals[c] += added
         while lst and lst[-1][0] <= signals[c]:
             u = lst.pop()[1]
             unmet[u] -= 1

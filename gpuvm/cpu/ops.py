@@ -9,7 +9,8 @@ out of range, a key the ring cache no longer holds, NaN scores) raise
 CpuOpError, where the device would report GVM_ERR_BAD_ARGS.
 
 Every function takes the instruction's tensor slots (None where unset) and
-its int32 arguments.
+its int32 arguments, and returns what the instruction adds to its signal
+counter: None for one, or a count (a work list's worker: take_items).
 """
 from __future__ import annotations
 
@@ -234,7 +235,7 @@ def topk(ts: Slots, a: Args) -> None:
     meta[0] = counts.to(torch.int32)
     meta[1] = starts.to(torch.int32)
     if len(ts) > 3 and ts[3] is not None:
-        ts[3].zero_()  # the experts' work counters
+        ts[3].zero_()  # the experts' work lists
 
 
 def _expert_slots(meta: torch.Tensor, route: torch.Tensor, e: int, tokens: int) -> torch.Tensor:
@@ -255,40 +256,51 @@ def list_items(meta: torch.Tensor, n_out: int, workers: int, grain: int, cap: in
     return [(hit[i // per], slice((i % per) * rows, min(n_out, (i % per + 1) * rows))) for i in range(len(hit) * per)]
 
 
-def take_items(work: torch.Tensor, k: int, items: list[tuple[int, slice]]) -> list[tuple[int, slice]]:
-    """What one worker of counter k takes, as ops/experts.cuh does, one
-    increment per item and one past the end: run one at a time, the first
-    worker takes the whole list and the others none; work[k] ends at
-    len(items) + workers either way."""
-    got = []
+def take_items(work: torch.Tensor, k: int, items: list[tuple[int, slice]], workers: int, do: Callable[[int, slice], None]) -> int:
+    """One worker of list k, as ops/experts.cuh runs it: items i = work[k, 0]++
+    until one past the end, each done counted in work[k, 1]. Returns what it
+    signals: `workers` if it finished the list's last item (with no items: if
+    it took the first draw), else 0. Run one at a time, the first worker takes
+    the whole list and the others none; work[k] ends at (items + workers,
+    items) either way."""
+    amount = 0
     while True:
-        i = int(work[k])
-        work[k] = i + 1
+        i = int(work[k, 0])
+        work[k, 0] = i + 1
         if i >= len(items):
-            return got
-        got.append(items[i])
+            return workers if not items and i == 0 else amount
+        do(*items[i])
+        work[k, 1] += 1
+        if int(work[k, 1]) == len(items):
+            amount = workers
 
 
-def expert_up(ts: Slots, a: Args) -> None:
+def expert_up(ts: Slots, a: Args) -> int:
     hbuf, x, codes, scales, tscales, meta, route, work = ts[:8]
     assert hbuf is not None and x is not None and codes is not None and scales is not None
     assert tscales is not None and meta is not None and route is not None and work is not None
-    for e, cols in take_items(work, a[0], list_items(meta, hbuf.shape[1], a[1], a[2], a[3])):
+
+    def item(e: int, cols: slice) -> None:
         slots = _expert_slots(meta, route, e, x.shape[0])
         xs = x[route[0, slots].long()].float()
         gu = dequantize_nvfp4(codes[e, :, cols], scales[e, :, cols], tscales[e])  # [2, n, H]
         gate, up = xs @ gu[0].T, xs @ gu[1].T
         hbuf[slots, cols] = (torch.nn.functional.silu(gate) * up).to(hbuf.dtype)
 
+    return take_items(work, a[0], list_items(meta, hbuf.shape[1], a[1], a[2], a[3]), a[1], item)
 
-def expert_down(ts: Slots, a: Args) -> None:
+
+def expert_down(ts: Slots, a: Args) -> int:
     y, hbuf, codes, scales, tscales, meta, route, work = ts[:8]
     assert y is not None and hbuf is not None and codes is not None and scales is not None
     assert tscales is not None and meta is not None and route is not None and work is not None
-    for e, cols in take_items(work, a[0], list_items(meta, y.shape[1], a[1], a[2], a[3])):
+
+    def item(e: int, cols: slice) -> None:
         slots = _expert_slots(meta, route, e, route.shape[1] // TOPK)
         down = dequantize_nvfp4(codes[e, cols], scales[e, cols], float(tscales[e]))  # [n, I]
         y[slots, cols] = hbuf[slots].float() @ down.T
+
+    return take_items(work, a[0], list_items(meta, y.shape[1], a[1], a[2], a[3]), a[1], item)
 
 
 def expert_combine(ts: Slots, a: Args) -> None:
@@ -331,7 +343,7 @@ def argmax(ts: Slots, a: Args) -> None:
     tokens[rows] = idx[:, 0].to(torch.int32)
 
 
-OPS: dict[Op, Callable[[Slots, Args], None]] = {
+OPS: dict[Op, Callable[[Slots, Args], "int | None"]] = {
     Op.NOP: nop,
     Op.SLEEP: sleep,
     Op.COPY: copy,

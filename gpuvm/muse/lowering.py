@@ -199,7 +199,8 @@ def emit_layer(
     h2 = act("h2", (T, d), DType.F32)
     h2b = act("h2_bf16", (T, d), DType.BF16)
     scores = act("scores", (T, cfg.n_experts), DType.F32)
-    meta = act("route_meta", (2, E), DType.I32)
+    # the lists' state: a worker that finds its list done reads meta and takes from work after the list's consumers ran
+    meta = act("route_meta", (2, E), DType.I32, "list")
     route = act("route", (5, cfg.top_k * T), DType.I32)
     x = act("x", (T, H), DType.BF16)
     hbuf = act("hbuf", (cfg.top_k * T, I), DType.BF16)
@@ -258,7 +259,7 @@ def emit_layer(
     # mixture of experts
     scored, routed, squeezed = ctr("scores"), ctr("route"), ctr("x")
     gemm(scores, h2, w["Wr"], 0, cfg.n_experts, [res1], scored, "Wr", tl.router_bytes, tl.router_splits)
-    work = act("work", (2,), DType.I32)  # the expert lists' counters (TOPK zeroes them)
+    work = act("work", (2, 2), DType.I32, "list")  # the expert lists' (taken, done) counters (TOPK zeroes them)
     p.op(Op.TOPK, [scores, meta, route, work], [0, E], waits=[scored], signal=routed, label=f"{prefix}topk")
     gemm(x, h2b, w["Wsq"], 0, H, [res1], squeezed, "Wsq")
     # work lists: which experts have tokens is known only on the GPU; workers

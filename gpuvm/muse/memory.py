@@ -44,8 +44,8 @@ class StepMemory:
         return self.weights + self.kv + self.scratch + self.program
 
 
-def _layer_footprint(cfg: MuseConfig, kind: str, conversations: int, tokens_each: int, slots: int, tiles: Tiles) -> tuple[dict[tuple[str, tuple[int, ...], DType], int], int, int]:
-    """(scratch bytes by (role, shape, dtype), ops, tensors) of one layer as the step emits it."""
+def _layer_footprint(cfg: MuseConfig, kind: str, conversations: int, tokens_each: int, slots: int, tiles: Tiles) -> tuple[dict[tuple[str, tuple[int, ...], DType], int], int, int, int]:
+    """(scratch bytes by (role, shape, dtype), work-list bytes, ops, tensors) of one layer as the step emits it."""
     T = conversations * tokens_each
     p = Program("footprint")
     s = p.tensor("s", (T, cfg.d), DType.F32)
@@ -56,7 +56,8 @@ def _layer_footprint(cfg: MuseConfig, kind: str, conversations: int, tokens_each
     p.op(Op.NOP, [], [], signal=ready)  # stands for the previous layer
     emit_layer(p, cfg, kind, conversations, tokens_each, slots, prefix="L.", s=s, convs=convs, after=ready, next_norm=w_next, tiles=tiles, h=h)
     scratch = {(t.name[2:], t.shape, t.dtype): t.nbytes for t in p.tensors if t.name.startswith("L.") and t.role == "activation"}
-    return scratch, len(p.instrs) - 1, len(p.tensors) - 4  # less the stand-ins above
+    lists = sum(t.nbytes for t in p.tensors if t.role == "list")
+    return scratch, lists, len(p.instrs) - 1, len(p.tensors) - 4  # less the stand-ins above
 
 
 def step_memory(
@@ -84,17 +85,18 @@ def step_memory(
     kinds = [layer_kind(cfg, i) for i in range(n)]
     kv = 0
     scratch: dict[tuple[str, tuple[int, ...], DType], int] = {}
-    per_layer_scratch = ops = tensors = 0
+    per_layer_scratch = lists = ops = tensors = 0
     for kind in sorted(set(kinds)):
         count = kinds.count(kind)
         slots = cache_slots(cfg, kind, tokens_each, capacity)
         kv += count * 2 * conversations * slots * cfg.heads_kv * cfg.head_dim  # k and v, one byte each
-        sc, n_ops, n_t = _layer_footprint(cfg, kind, conversations, tokens_each, slots, tl)
+        sc, n_list, n_ops, n_t = _layer_footprint(cfg, kind, conversations, tokens_each, slots, tl)
         scratch.update(sc)
+        lists += count * n_list  # every layer's own
         per_layer_scratch += count * sum(sc.values())
         ops += count * n_ops
         tensors += count * n_t
-    layer_scratch = sum(scratch.values()) if share_scratch else per_layer_scratch
+    layer_scratch = (sum(scratch.values()) if share_scratch else per_layer_scratch) + lists
     # s, layer 0's h (bf16), logits, margin, tokens, convs
     top = 4 * T * d + 2 * T * d + 4 * T * V + 4 * T + 4 * T + 4 * conversations * 4
     capture = 4 * n * T * d if capture_layers else 0

@@ -27,9 +27,11 @@ Decoding with no host sync inside or between steps:
 
 Scratch buffers are poisoned (NaN / POISON_INT) at bind time. Layers run one
 after the other (every op of layer i+1 waits, through `after`, on every op of
-layer i), so by default a scratch role of the same shape and dtype shares one
-buffer across layers (share_scratch=True); share_scratch=False gives every
-layer its own, so an element a later layer never writes shows as NaN too.
+layer i but the late workers of its expert lists, which find their list done
+and touch only the list's own tensors, of role "list": never shared), so by
+default a scratch role of the same shape and dtype shares one buffer across
+layers (share_scratch=True); share_scratch=False gives every layer its own, so
+an element a later layer never writes shows as NaN too.
 """
 from __future__ import annotations
 
@@ -307,6 +309,8 @@ def bind_step(
             buf = getattr(weights.layers[where[0]], where[1]).to(device)
         elif where is not None and spec.role == "state":
             buf = getattr(states.layers[where[0]], where[1]).to(device)
+        elif spec.role == "list":  # the layer's own: see gpuvm.program.ROLES
+            buf = poisoned(spec, device)
         elif share_scratch:
             key = (where[1] if where is not None else spec.name, spec.shape, spec.dtype)
             if key not in scratch:

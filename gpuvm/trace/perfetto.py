@@ -35,7 +35,7 @@ MAX_FLOWS = 8
 
 
 def _drawn_deps(trace: Trace, tl: Timeline, ns: np.ndarray, i: int) -> list[int]:
-    deps = [j for j in trace.deps[i] if tl.ran[j]]
+    deps = tl.gating_deps(i)
     if len(deps) <= MAX_FLOWS:
         return deps
     return [max(deps, key=lambda j: int(ns[j, SIGNAL]))]

@@ -9,12 +9,13 @@ Definitions (times from the Timeline, ns):
 - idle of a block = the trace's span (first claim to last signal) minus the
   union of its groups' run intervals.
 - a wait is charged to the counter of the dependency that signalled last
-  (up to its ready); the rest of claim -> ready, when no dependency was still
+  (of those gating_deps keeps, up to its ready); the rest of claim -> ready, when no dependency was still
   pending, to "(no pending dependency)". Counters are named by the trace's
   meta "signal_counter" (one name per instruction) or else by the op that
   signals them.
 - the critical path walks back from the last signal, each time to the
-  dependency whose signal was latest.
+  dependency whose signal was latest among those done by the instruction's
+  ready (Timeline.gating_deps: a work list's late workers held nothing back).
 - an op's floor = its bytes over the streaming-read bandwidth (the trace's
   meta "read_bw_TBps", measured in the run that wrote it, else MUSE.md's
   nominal 4.42 TB/s, or what the caller gives); "span / floor" is how far the
@@ -123,7 +124,7 @@ def _counter_names(tl: Timeline) -> list[str]:
 
 
 def _latest_dep(tl: Timeline, i: int) -> int | None:
-    deps = [j for j in tl.trace.deps[i] if tl.ran[j]]
+    deps = tl.gating_deps(i)
     return max(deps, key=lambda j: (tl.t[j, SIGNAL], j)) if deps else None
 
 

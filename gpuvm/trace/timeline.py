@@ -51,6 +51,16 @@ class Timeline:
         """First claim to last signal, ns."""
         return float(np.nanmax(self.t[:, SIGNAL]))
 
+    def gating_deps(self, i: int) -> list[int]:
+        """The dependencies of instruction i that ran and were done by its ready:
+        those that can have held it back. A work list signals for all its
+        workers when one finishes its last item, so a late worker (done after
+        i started) did not (the others, done before, all count; if none is,
+        as in a trace of another kind, every dependency that ran)."""
+        deps = [j for j in self.trace.deps[i] if self.ran[j]]
+        done = [j for j in deps if self.t[j, DONE] <= self.t[i, READY]]
+        return done or deps
+
     def transfer_start(self, i: int) -> float:
         """When instruction i's bytes started to move: its load issue, else its ready."""
         return float(self.t[i, LOAD] if self.has_load[i] else self.t[i, READY])

@@ -43,7 +43,7 @@ def _run_case(vm, cfg: MuseConfig, case: Case, mode: str) -> list[dict]:  # type
             s = make_inputs(cfg, state, seed=7) * (1 + 0.1 * step)  # fresh inputs, same skew direction
             bufs["s"].copy_(s)
             for spec in lp.stream.tensors:  # poison every scratch buffer again
-                if spec.role == "activation" and spec.name != "s":
+                if spec.role in ("activation", "list") and spec.name != "s":
                     bufs[spec.name].copy_(poisoned(spec, "cuda"))
         ref = reference_layer(cfg, w, state.clone(), bufs["s"].clone(), case.kind, bf16_acts=False)
         loaded.run(step, mode=mode)

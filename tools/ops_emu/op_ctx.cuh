@@ -16,6 +16,7 @@ struct gvm_ctx {
 };
 
 #define GVM_AGAIN (-1)
+#define GVM_SIGNAL_N(n) (-2 - (int)(n))
 
 inline void gvm_group_sync(const gvm_ctx& c) {
     if (c.bar_id < 1 || c.bar_id > 15) emu::fail("group barrier id outside 1..15");

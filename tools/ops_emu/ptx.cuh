@@ -113,6 +113,7 @@ inline void gvm_cp_async16(unsigned dst, const void* src, bool valid, unsigned l
 inline void gvm_cp_async4(unsigned dst, const void* src, bool valid, unsigned long long) { gvm_emu_cp_async(dst, src, valid, 4); }
 inline void gvm_cp_async_commit() {}
 template <int N> inline void gvm_cp_async_wait() {}
+inline unsigned gvm_atom_add_acq_rel(unsigned* p, unsigned v) { return atomicAdd(p, v); }
 
 inline unsigned gvm_smem_addr(const void* p) {
     const long long off = (const unsigned char*)p - emu::machine()->smem;
