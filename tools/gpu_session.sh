@@ -2,7 +2,7 @@
 # One call on the H200 (the device tool): the VM proofs and timings, the Muse
 # ops standalone, and the decode-case sweep, each under its own time limit,
 # logs and results under $OUT (at most 8 files come back: traces are tarred).
-#   GPUVM_COMMIT=<sha> bash tools/gpu_session.sh [check|ops|opstime|sweep|step|stepsweep|probe|experts|router|park|ring|vmtest ...]
+#   GPUVM_COMMIT=<sha> bash tools/gpu_session.sh [check|ops|opstime|sweep|step|stepsweep|probe|experts|router|park|ring|lists|steptrace|gputests|vmtest ...]
 # (set GPUVM_COMMIT when running a snapshot without .git: else the results name the enclosing checkout)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -39,6 +39,16 @@ for s in $steps; do
            timeout ${T_RING_PROBE:-240} python3 tools/sched_probe.py --out "$OUT/ring_probe.json" --modes dynamic --depths 1 --variants "ring:,noring:GVM_EXPR_RING_MIN=99" --cases full-c1-t1,sliding-c1-t1,full-c1-t8,full-c16-t1,full-c32-t8 --step 1x1,1x8 > "$OUT/ring_probe.log" 2>&1; echo "ring probe rc=$?"; tail -14 "$OUT/ring_probe.log"
            timeout ${T_RING_SWEEP:-120} python3 -m gpuvm sweep --cases full-c1-t1,full-c1-t8,full-c16-t1 --out "$OUT/ring_sweep" --trace > "$OUT/ring_sweep.log" 2>&1; echo "ring sweep rc=$?"; tail -6 "$OUT/ring_sweep.log"
            (cd "$OUT/ring_sweep" && ls trace-*.npz >/dev/null 2>&1 && tar czf ../ring_traces.tgz trace-*.npz sweep.json && cd .. && rm -rf ring_sweep) ;;
+    lists) # expert lists signalled by their finisher (GVM_LIST_SIGNAL 1, the default) against every worker signalling (0)
+           timeout 200 python3 tools/prebuild.py --trace base GVM_LIST_SIGNAL=0; echo "prebuild rc=$?"
+           timeout 120 python3 tools/ops_check.py --sizes small --only topk,expert_up,expert_down > "$OUT/lists_ops_check.log" 2>&1; echo "ops_check rc=$?"; tail -2 "$OUT/lists_ops_check.log"
+           timeout ${T_LISTS_PROBE:-300} python3 tools/sched_probe.py --out "$OUT/lists_probe.json" --modes dynamic --depths 1 --variants "list:,workers:GVM_LIST_SIGNAL=0" --cases full-c1-t1,sliding-c1-t1,full-c1-t8,full-c16-t1,full-c32-t8,sliding-c32-t8 --step 1x1,1x8,32x8 > "$OUT/lists_probe.log" 2>&1; echo "lists probe rc=$?"; tail -16 "$OUT/lists_probe.log" ;;
+    steptrace) # one traced step of 8 layers at 1x1 and a traced sweep of the 1- and 8-token layers (all in traces.tgz)
+           mkdir -p "$OUT/tr"
+           timeout 150 python3 tools/step_trace.py --layers 8 --shape 1x1 --out "$OUT/tr/step-trace-1x1.npz" > "$OUT/step_trace.log" 2>&1; echo "step trace rc=$?"; tail -18 "$OUT/step_trace.log"
+           timeout 120 python3 -m gpuvm sweep --cases full-c1-t1,sliding-c1-t1,full-c1-t8 --out "$OUT/tr" --trace --no-plot > "$OUT/tr_sweep.log" 2>&1; echo "traced sweep rc=$?"; tail -5 "$OUT/tr_sweep.log"
+           (cd "$OUT" && tar czf traces.tgz tr && rm -rf tr) ;;
+    gputests) timeout ${T_GPUTESTS:-200} python3 -m pytest -q -p no:cacheprovider tests/gpu > "$OUT/tests_gpu.log" 2>&1; echo "tests/gpu rc=$?"; tail -4 "$OUT/tests_gpu.log" ;;
     vmtest) timeout ${T_VMTEST:-150} python3 -m pytest -q -x -p no:cacheprovider tests/gpu/test_vm.py > "$OUT/test_vm.log" 2>&1; echo "test_vm rc=$?"; tail -8 "$OUT/test_vm.log" ;;
     *) echo "unknown step $s"; exit 2 ;;
   esac
