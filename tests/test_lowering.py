@@ -52,8 +52,9 @@ def test_full_size_op_counts_and_tiles(kind: str) -> None:
     lp = lower_layer(SHARD, kind, C, n, S)
     s = lp.stream
     count = Tally(o.opcode for o in s.ops)
-    nch = -(-S // 1024) if kind == "full" else -(-(2048 + 8 - 1) // 1024)
-    assert nch == n_chunks(SHARD, kind, n, S, 1024)
+    chunk = 1024 if kind == "full" else 128  # a sliding window in shorter chunks
+    nch = -(-S // chunk) if kind == "full" else -(-(2048 + 8 - 1) // chunk)
+    assert nch == n_chunks(SHARD, kind, n, S, chunk)
     # 256 KB tiles: Wqkvg 16 rows of 16 KB, Wo 128 rows of 2 KB, Wsq 16 rows of
     # 16 KB, Wex 32 rows of 8 KB; the router 64 KB: 2 rows of 32 KB over all
     # tokens; experts: 264 workers each for up and down
@@ -73,13 +74,13 @@ def test_full_size_op_counts_and_tiles(kind: str) -> None:
 
 
 def _small(kind: str, C: int = 3, n: int = 5, S: int = 100, tiles: Tiles | None = None):  # type: ignore[no-untyped-def]
-    tiles = tiles or Tiles(gemm_bytes=8192, rows=4, chunk=23)
+    tiles = tiles or Tiles(gemm_bytes=8192, rows=4, chunk=23, sliding_chunk=23)
     return lower_layer(SMALL, kind, C, n, S, tiles=tiles), tiles
 
 
 @pytest.mark.parametrize("kind", ["full", "sliding"])
 def test_tiles_cover_every_output_once(kind: str) -> None:
-    lp, tl = _small(kind, tiles=Tiles(gemm_bytes=8192, rows=4, chunk=23, router_splits=2))
+    lp, tl = _small(kind, tiles=Tiles(gemm_bytes=8192, rows=4, chunk=23, router_splits=2, sliding_chunk=23))
     s, cfg, T = lp.stream, SMALL, 15
     by_row: dict[tuple[str, int], list[tuple[int, int]]] = {}  # (out, token): column ranges
     for o in _ops(s, Op.GEMM):
@@ -113,11 +114,11 @@ def test_tiles_cover_every_output_once(kind: str) -> None:
             for e in range(hit):
                 _cover([(c.start, c.stop - c.start) for x, c in items if x == e], n_out)
     assert _ops(s, Op.TOPK)[0].tensors[3].name == "L0.work"
-    nch = n_chunks(cfg, kind, 5, 100, tl.chunk)
+    nch = n_chunks(cfg, kind, 5, 100, tl.chunk_of(kind))
     chunks = sorted(tuple(o.args[:3]) for o in _ops(s, Op.ATTN_CHUNK))
     assert chunks == [(c, h, j) for c in range(3) for h in range(cfg.heads_kv) for j in range(nch)]
     window = cfg.window if kind == "sliding" else 0
-    assert all(o.args[3] == tl.chunk and o.args[4] == window and i2f(o.args[5]) == 1.0 for o in _ops(s, Op.ATTN_CHUNK))
+    assert all(o.args[3] == tl.chunk_of(kind) and o.args[4] == window and i2f(o.args[5]) == 1.0 for o in _ops(s, Op.ATTN_CHUNK))
     assert [o.args[1] for o in _ops(s, Op.QK_ROPE_KV)] == [int(kind == "sliding")] * 3
     topk = _ops(s, Op.TOPK)
     assert len(topk) == 1 and topk[0].args[:2] == (0, cfg.local_experts)
@@ -168,6 +169,16 @@ def test_weights_and_tensors_are_named_after_layer_weights() -> None:
     assert all(n in ("s", "convs") or n.startswith("L0.") for n in specs)
 
 
+def test_attention_chunks_per_layer_kind() -> None:
+    """A sliding layer's window goes in shorter chunks than a full layer's cache (Tiles.sliding_chunk)."""
+    tl = Tiles(chunk=64, sliding_chunk=16)
+    for kind, want in (("full", 64), ("sliding", 16)):
+        s = lower_layer(SMALL, kind, 1, 1, 200, tiles=tl).stream
+        assert {o.args[3] for o in _ops(s, Op.ATTN_CHUNK)} == {want}
+        assert len(_ops(s, Op.ATTN_CHUNK)) == SMALL.heads_kv * n_chunks(SMALL, kind, 1, 200, want)
+    assert (Tiles().chunk_of("full"), Tiles().chunk_of("sliding")) == (1024, 128)
+
+
 def test_bad_shapes_are_rejected() -> None:
     with pytest.raises(ProgramError, match="kind"):
         lower_layer(SMALL, "local", 1, 1, 64)
@@ -177,6 +188,8 @@ def test_bad_shapes_are_rejected() -> None:
         lower_layer(SMALL, "full", 1, 8, 4)
     with pytest.raises(ProgramError, match="Tiles.chunk"):
         Tiles(chunk=0)
+    with pytest.raises(ProgramError, match="Tiles.sliding_chunk"):
+        Tiles(sliding_chunk=-1)
     p = Program("x")
     s = p.tensor("s", (4, SMALL.d), DType.F32)
     convs = p.tensor("convs", (2, 4), DType.I32)
@@ -242,7 +255,7 @@ def test_two_chained_layers_equal_two_single_layers(small_weights) -> None:  # t
     C, n, ctx = 2, 3, 9
     st = {k: make_state(SMALL, k, C, n, ctx, seed=6) for k in ("sliding", "full")}
     s0 = make_inputs(SMALL, st["sliding"], seed=7, weights_seed=21)
-    tiles = Tiles(gemm_bytes=8192, rows=4, chunk=16)
+    tiles = Tiles(gemm_bytes=8192, rows=4, chunk=16, sliding_chunk=16)
 
     p = Program("two layers")
     s = p.tensor("s", (C * n, SMALL.d), DType.F32)

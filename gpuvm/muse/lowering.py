@@ -49,13 +49,22 @@ class Tiles:
     router_splits: int = 1  # token ranges per router tile at T > 1 (2 measured no faster on the H200: NOTES.md session 5)
     expert_workers: int = 264  # EXPERT_UP / EXPERT_DOWN instructions per layer (H200: 132 SMs x 2 groups)
     rows: int = 1  # token rows per RMSNORM / RESIDUAL / EXPERT_COMBINE op (latency bound: one row each ran fastest)
-    chunk: int = 1024  # cached keys per ATTN_CHUNK op
+    chunk: int = 1024  # cached keys per ATTN_CHUNK op of a full layer
+    # a sliding layer's (its window, 2,048 keys, over more SMs: H200, 2b17060,
+    # 128 against 1024: sliding-c1-t8 295 / 343 us, c1-t1 232 / 244, c32-t8
+    # 2302 / 2287; a full layer's 80K keys already fill the SMs, and shorter
+    # chunks there only lengthen the merge: full-c32-t8 3929 us at 512)
+    sliding_chunk: int = 128
 
     def __post_init__(self) -> None:
-        for name in ("gemm_bytes", "router_bytes", "router_splits", "expert_workers", "rows", "chunk"):
+        for name in ("gemm_bytes", "router_bytes", "router_splits", "expert_workers", "rows", "chunk", "sliding_chunk"):
             v = getattr(self, name)
             if not isinstance(v, int) or v <= 0:
                 raise ProgramError(f"Tiles.{name} must be a positive int, not {v!r}")
+
+    def chunk_of(self, kind: str) -> int:
+        """Cached keys per ATTN_CHUNK op of a layer of this kind."""
+        return self.sliding_chunk if kind == "sliding" else self.chunk
 
 
 @dataclass
@@ -171,7 +180,8 @@ def emit_layer(
     if not own_norm and after is None:
         raise ProgramError("a layer given h must also be given `after`, the counter of the ops that write it")
     sliding = kind == "sliding"
-    nch = n_chunks(cfg, kind, tokens_each, cache_slots, tl.chunk)
+    chunk = tl.chunk_of(kind)
+    nch = n_chunks(cfg, kind, tokens_each, cache_slots, chunk)
     fk, fv = f2i(k_scale), f2i(v_scale)
 
     ts: dict[str, TensorSpec] = {}
@@ -247,7 +257,7 @@ def emit_layer(
         p.op(Op.QK_ROPE_KV, [qkvg, q, w["w_qn"], w["w_kn"], kc, vc, convs], [c, int(sliding), fk, fv], waits=[qkv_done], signal=kv_c, label=f"{prefix}qk_rope_kv[{c}]")
         for hh in range(hkv):
             for j in range(nch):
-                p.op(Op.ATTN_CHUNK, [q, kc, vc, convs, part_o, part_ml], [c, hh, j, tl.chunk, window, fk, fv], waits=[kv_c], signal=attn_c, label=f"{prefix}attn[{c},{hh},{j}]")
+                p.op(Op.ATTN_CHUNK, [q, kc, vc, convs, part_o, part_ml], [c, hh, j, chunk, window, fk, fv], waits=[kv_c], signal=attn_c, label=f"{prefix}attn[{c},{hh},{j}]")
         for h0 in range(0, hq, merge_heads):
             p.op(Op.ATTN_MERGE, [o, part_o, part_ml, qkvg], [c * tokens_each, tokens_each, h0, merge_heads], waits=[attn_c, g_done], signal=merged, label=f"{prefix}attn_merge[{c},{h0}]")
     wo_done = ctr("a")
