@@ -505,31 +505,6 @@ __device__ __forceinline__ int gvm_gemm_f32(const gvm_ctx& c, const gvm_tensor& 
     return r + RN < end || t0 + TT < T ? GVM_AGAIN : GVM_ERR_NONE;
 }
 
-// Bytes of an instruction's weight rows fetched into L2 (bulk prefetches of
-// GVM_GEMM_PF_CHUNK, spread over the group's threads) as the op starts: a
-// group holds only ~24 KB of loads in flight in registers (GVM_GEMM_STEPS),
-// which at HBM's loaded latency caps it at ~16-18 GB/s (H200 step trace at
-// a207e34: 256 KB tiles in 13-19 us at one token, when 64-144 groups stream);
-// with the rows on their way to L2 those loads wait for L2 instead.
-#ifndef GVM_GEMM_PF
-#define GVM_GEMM_PF 0
-#endif
-#define GVM_GEMM_PF_CHUNK 8192u
-
-__device__ __forceinline__ void gvm_gemm_prefetch(const gvm_ctx& c, const gvm_tensor& w, int n0, int cnt, int esize) {
-#ifdef __CUDA_ARCH__
-    const unsigned long long row = (unsigned long long)w.stride[0] * esize;  // a multiple of 16 (gvm_gemm_operand_ok)
-    const unsigned long long beg = w.ptr + (unsigned long long)n0 * row;
-    const unsigned long long all = (unsigned long long)cnt * row;
-    const unsigned bytes = all < GVM_GEMM_PF ? (unsigned)all : (unsigned)GVM_GEMM_PF;
-#pragma unroll 1
-    for (unsigned off = c.tid * GVM_GEMM_PF_CHUNK; off < bytes; off += GVM_GROUP_THREADS * GVM_GEMM_PF_CHUNK) {
-        const unsigned n = bytes - off < GVM_GEMM_PF_CHUNK ? bytes - off : GVM_GEMM_PF_CHUNK;
-        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(beg + off), "r"(n) : "memory");
-    }
-#endif
-}
-
 __device__ __forceinline__ bool gvm_gemm_operand_ok(const gvm_tensor& t, int esize) {
     return t.ndim == 2 && t.stride[1] == 1 && (t.ptr & 15ull) == 0 && ((t.stride[0] * esize) & 15) == 0;
 }
@@ -556,6 +531,5 @@ __device__ __forceinline__ int gvm_op_gemm(const gvm_ctx& c) {
         t0 + tn > x.shape[0] || (in.arg[3] == 0 && t0 != 0) || (bf && in.arg[3] != 0))
         return GVM_ERR_BAD_ARGS;
     if (cnt == 0 || tn == 0) return GVM_ERR_NONE;
-    if (GVM_GEMM_PF != 0 && c.again == 0) gvm_gemm_prefetch(c, w, n0, cnt, es);
     return bf ? gvm_gemm_bf16(c, out, x, w, n0, cnt) : gvm_gemm_f32(c, out, x, w, n0, cnt, t0, tn);
 }
