@@ -13,6 +13,21 @@
 #define GVM_ROW_BATCH 8   // independent 16-byte loads in flight per thread
 #define GVM_RES_BATCH 4   // indices per batch of RESIDUAL's s, alpha, beta pass: 12 loads in flight
 #define GVM_ROW_STASH 32  // scratch bytes before the stashed row (group-sum buffer)
+#ifndef GVM_ROW_PF
+#define GVM_ROW_PF 1      // weight vectors fetched into L2 as the op starts (0: read when their pass comes)
+#endif
+#define GVM_ROW_PF_CHUNK 8192u
+
+// A weight vector of d floats (16-byte aligned: gvm_f32_vec) on its way into L2,
+// one bulk prefetch per 8 KB over the group's threads: the passes that read
+// it come after one or two round trips of their own, and at one token each
+// of their batches would otherwise wait for HBM (RESIDUAL reads three such
+// vectors, cold in every layer).
+__device__ __forceinline__ void gvm_vec_prefetch(const gvm_tensor& t, int d, unsigned tid) {
+    const unsigned bytes = 4u * (unsigned)d, off = tid * GVM_ROW_PF_CHUNK;
+    if (GVM_ROW_PF && off < bytes)
+        gvm_prefetch_l2(reinterpret_cast<const char*>(t.ptr) + off, bytes - off < GVM_ROW_PF_CHUNK ? bytes - off : GVM_ROW_PF_CHUNK);
+}
 
 __device__ __forceinline__ float gvm_sumsq4(float4 v, float s) {
     return fmaf(v.w, v.w, fmaf(v.z, v.z, fmaf(v.y, v.y, fmaf(v.x, v.x, s))));
@@ -120,6 +135,7 @@ __device__ int gvm_op_rmsnorm(const gvm_ctx& c) {
     const bool ok = gvm_f32_rows(ti, n, d) && gvm_f32_vec(tw, d) && gvm_out_rows(to, n, d) && d % 4 == 0 &&
                     row0 >= 0 && rows >= 0 && row0 + rows <= n && c.smem_bytes >= GVM_ROW_STASH;
     if (!ok) return GVM_ERR_BAD_ARGS;
+    gvm_vec_prefetch(tw, d, c.tid);
     gvm_group_sum gsum(gvm_smem_addr(c.smem));
     const unsigned stash = gvm_row_stash(c, d);
     const bool obf = to.dtype == GVM_DT_BF16;
@@ -161,6 +177,9 @@ __device__ int gvm_op_residual(const gvm_ctx& c) {
     const bool has_w = gvm_has(c, 4), has_f = gvm_has(c, 5), has_b = gvm_has(c, 6);
     const gvm_tensor& tal = gvm_t(c, 2);
     const gvm_tensor& tbe = gvm_t(c, 3);
+    gvm_vec_prefetch(tal, d, c.tid);
+    gvm_vec_prefetch(tbe, d, c.tid);
+    if (has_w) gvm_vec_prefetch(gvm_t(c, 4), d, c.tid);
     gvm_group_sum gsum(gvm_smem_addr(c.smem));
     const unsigned stash = gvm_row_stash(c, d);
     const float4* alpha = reinterpret_cast<const float4*>(tal.ptr);

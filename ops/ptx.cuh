@@ -85,6 +85,12 @@ __device__ __forceinline__ void gvm_cp_async_wait() {
     asm volatile("cp.async.wait_group %0;" :: "n"(N) : "memory");
 }
 
+// Starts fetching [p, p + bytes) into L2 (16-byte aligned, bytes a multiple of
+// 16); completes on its own, costs no register.
+__device__ __forceinline__ void gvm_prefetch_l2(const void* p, unsigned bytes) {
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
+}
+
 // Global atomic add, acquire and release at GPU scope: counts a finished piece of
 // work (release: this thread's and, after a barrier, its group's stores) and
 // sees what the pieces counted before it published (acquire).
