@@ -613,9 +613,6 @@ __device__ __forceinline__ int gvm_nth_bit(unsigned m, int r) {
 // slowest worker, which may still be queued behind another op of its block
 // (H200 trace at 18420e1: 31 us of a one-token layer). The others signal
 // nothing; an empty list is completed by its first worker.
-#ifndef GVM_EXPERT_SPLIT
-#define GVM_EXPERT_SPLIT 1  // probe: items per worker aimed at (opspec.expert_item_rows assumes 1)
-#endif
 #ifndef GVM_LIST_SIGNAL
 #define GVM_LIST_SIGNAL 1  // 0: every worker signals one when it finds the list taken (for A/B runs)
 #endif
@@ -646,7 +643,7 @@ __device__ int gvm_expert_matmul(const gvm_ctx& c) {
     // rows of an item: the workers split among the experts hit, rounded up to
     // the grain a2, at most a3 (gpuvm/opspec.py expert_item_rows)
     const int nout = gvm_t(c, 0).shape[1], nhit = __popc(hit), grain = c.ins->arg[2];
-    const int q = max(1, GVM_EXPERT_SPLIT * c.ins->arg[1] / max(1, nhit));
+    const int q = max(1, c.ins->arg[1] / max(1, nhit));
     const int rows = min(c.ins->arg[3], ((nout + q - 1) / q + grain - 1) / grain * grain), per = (nout + rows - 1) / rows;
     const int items = nhit * per;
     if (!GVM_LIST_SIGNAL && i >= items) return GVM_ERR_NONE;

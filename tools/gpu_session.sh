@@ -2,7 +2,7 @@
 # One call on the H200 (the device tool): the VM proofs and timings, the Muse
 # ops standalone, and the decode-case sweep, each under its own time limit,
 # logs and results under $OUT (at most 8 files come back: traces are tarred).
-#   GPUVM_COMMIT=<sha> bash tools/gpu_session.sh [check|ops|opstime|sweep|step|stepsweep|probe|experts|router|park|ring|lists|steptrace|tiles|rowpf|rowbatch|gputests|vmtest ...]
+#   GPUVM_COMMIT=<sha> bash tools/gpu_session.sh [check|ops|opstime|sweep|step|stepsweep|probe|experts|router|park|ring|lists|steptrace|tiles|rowpf|gputests|vmtest ...]
 # (set GPUVM_COMMIT when running a snapshot without .git: else the results name the enclosing checkout)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -54,9 +54,6 @@ for s in $steps; do
            timeout 200 python3 tools/prebuild.py base GVM_ROW_PF=0; echo "prebuild rc=$?"
            timeout 120 python3 tools/ops_check.py --sizes small --only rmsnorm,residual > "$OUT/rowpf_ops_check.log" 2>&1; echo "ops_check rc=$?"; tail -1 "$OUT/rowpf_ops_check.log"
            timeout ${T_ROWPF:-300} python3 tools/sched_probe.py --out "$OUT/rowpf_probe.json" --modes dynamic --depths 1 --variants "pf:,nopf:GVM_ROW_PF=0" --cases full-c1-t1,sliding-c1-t1,full-c1-t8,full-c16-t1,full-c32-t8,sliding-c32-t8 --step 1x1,1x8,32x8 > "$OUT/rowpf_probe.log" 2>&1; echo "row pf probe rc=$?"; grep -v "^$" "$OUT/rowpf_probe.log" | tail -30 ;;
-    rowbatch) # loads in flight of the row ops (GVM_ROW_BATCH, GVM_RES_BATCH) and finer expert items (GVM_EXPERT_SPLIT), against the defaults
-           timeout 200 python3 tools/prebuild.py base GVM_ROW_BATCH=16 GVM_RES_BATCH=8 GVM_ROW_BATCH=16+GVM_RES_BATCH=8 GVM_EXPERT_SPLIT=2; echo "prebuild rc=$?"
-           timeout ${T_ROWBATCH:-330} python3 tools/sched_probe.py --out "$OUT/rowbatch_probe.json" --modes dynamic --depths 1 --variants "base:,rb16:GVM_ROW_BATCH=16,res8:GVM_RES_BATCH=8,both:GVM_ROW_BATCH=16+GVM_RES_BATCH=8,split2:GVM_EXPERT_SPLIT=2" --cases full-c1-t1,sliding-c1-t1,full-c1-t8,full-c32-t8 --step 1x1,1x8 > "$OUT/rowbatch_probe.log" 2>&1; echo "row batch probe rc=$?"; grep -v "^$" "$OUT/rowbatch_probe.log" | tail -30 ;;
     gputests) timeout ${T_GPUTESTS:-200} python3 -m pytest -q -p no:cacheprovider tests/gpu > "$OUT/tests_gpu.log" 2>&1; echo "tests/gpu rc=$?"; tail -4 "$OUT/tests_gpu.log" ;;
     vmtest) timeout ${T_VMTEST:-150} python3 -m pytest -q -x -p no:cacheprovider tests/gpu/test_vm.py > "$OUT/test_vm.log" 2>&1; echo "test_vm rc=$?"; tail -8 "$OUT/test_vm.log" ;;
     *) echo "unknown step $s"; exit 2 ;;
