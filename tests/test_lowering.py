@@ -52,7 +52,7 @@ def test_full_size_op_counts_and_tiles(kind: str) -> None:
     lp = lower_layer(SHARD, kind, C, n, S)
     s = lp.stream
     count = Tally(o.opcode for o in s.ops)
-    chunk = 1024 if kind == "full" else 128  # a sliding window in shorter chunks
+    chunk = 1024 if kind == "full" else 512  # a sliding window in shorter chunks: 32 x 2 x 5 ops
     nch = -(-S // chunk) if kind == "full" else -(-(2048 + 8 - 1) // chunk)
     assert nch == n_chunks(SHARD, kind, n, S, chunk)
     # 256 KB tiles: Wqkvg 16 rows of 16 KB, Wo 128 rows of 2 KB, Wsq 16 rows of
@@ -114,11 +114,13 @@ def test_tiles_cover_every_output_once(kind: str) -> None:
             for e in range(hit):
                 _cover([(c.start, c.stop - c.start) for x, c in items if x == e], n_out)
     assert _ops(s, Op.TOPK)[0].tensors[3].name == "L0.work"
-    nch = n_chunks(cfg, kind, 5, 100, tl.chunk_of(kind))
+    chunk = tl.chunk_of(cfg, kind, 3, 5, 100)
+    assert chunk == 23  # few ops: the shortest
+    nch = n_chunks(cfg, kind, 5, 100, chunk)
     chunks = sorted(tuple(o.args[:3]) for o in _ops(s, Op.ATTN_CHUNK))
     assert chunks == [(c, h, j) for c in range(3) for h in range(cfg.heads_kv) for j in range(nch)]
     window = cfg.window if kind == "sliding" else 0
-    assert all(o.args[3] == tl.chunk_of(kind) and o.args[4] == window and i2f(o.args[5]) == 1.0 for o in _ops(s, Op.ATTN_CHUNK))
+    assert all(o.args[3] == chunk and o.args[4] == window and i2f(o.args[5]) == 1.0 for o in _ops(s, Op.ATTN_CHUNK))
     assert [o.args[1] for o in _ops(s, Op.QK_ROPE_KV)] == [int(kind == "sliding")] * 3
     topk = _ops(s, Op.TOPK)
     assert len(topk) == 1 and topk[0].args[:2] == (0, cfg.local_experts)
@@ -170,13 +172,19 @@ def test_weights_and_tensors_are_named_after_layer_weights() -> None:
 
 
 def test_attention_chunks_per_layer_kind() -> None:
-    """A sliding layer's window goes in shorter chunks than a full layer's cache (Tiles.sliding_chunk)."""
-    tl = Tiles(chunk=64, sliding_chunk=16)
-    for kind, want in (("full", 64), ("sliding", 16)):
-        s = lower_layer(SMALL, kind, 1, 1, 200, tiles=tl).stream
+    """A sliding layer's window goes in shorter chunks than a full layer's
+    cache (Tiles.sliding_chunk), doubled while its ops pass Tiles.sliding_ops."""
+    tl = Tiles(chunk=64, sliding_chunk=16, sliding_ops=40)
+    # SMALL: window 64, 2 kv heads; (conversations, chunk): 1 x 2 x 4 = 8 ops; 8 x 2 x 4 = 64 > 40 -> 32: 32 ops
+    for kind, convs, want in (("full", 1, 64), ("sliding", 1, 16), ("sliding", 8, 32), ("sliding", 40, 64)):
+        assert tl.chunk_of(SMALL, kind, convs, 1, 200) == want
+        s = lower_layer(SMALL, kind, convs, 1, 200, tiles=tl).stream
         assert {o.args[3] for o in _ops(s, Op.ATTN_CHUNK)} == {want}
-        assert len(_ops(s, Op.ATTN_CHUNK)) == SMALL.heads_kv * n_chunks(SMALL, kind, 1, 200, want)
-    assert (Tiles().chunk_of("full"), Tiles().chunk_of("sliding")) == (1024, 128)
+        assert len(_ops(s, Op.ATTN_CHUNK)) == convs * SMALL.heads_kv * n_chunks(SMALL, kind, 1, 200, want)
+    # the shard at one token (2,048-key window, 2 kv heads, at most 512 ops): 1 and 16 conversations 128 keys, 32: 256
+    assert [Tiles().chunk_of(SHARD, "sliding", c, 1, 2048) for c in (1, 16, 32)] == [128, 128, 256]
+    assert [Tiles().chunk_of(SHARD, "sliding", c, 8, 2048) for c in (1, 16, 32)] == [128, 256, 512]  # 2,055 keys
+    assert Tiles().chunk_of(SHARD, "full", 1, 1, 81_921) == 1024
 
 
 def test_bad_shapes_are_rejected() -> None:

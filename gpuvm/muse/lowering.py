@@ -50,21 +50,31 @@ class Tiles:
     expert_workers: int = 264  # EXPERT_UP / EXPERT_DOWN instructions per layer (H200: 132 SMs x 2 groups)
     rows: int = 1  # token rows per RMSNORM / RESIDUAL / EXPERT_COMBINE op (latency bound: one row each ran fastest)
     chunk: int = 1024  # cached keys per ATTN_CHUNK op of a full layer
-    # a sliding layer's (its window, 2,048 keys, over more SMs: H200, 2b17060,
-    # 128 against 1024: sliding-c1-t8 295 / 343 us, c1-t1 232 / 244, c32-t8
-    # 2302 / 2287; a full layer's 80K keys already fill the SMs, and shorter
-    # chunks there only lengthen the merge: full-c32-t8 3929 us at 512)
+    # A sliding layer's window goes in the shortest chunk of sliding_chunk x 2^k
+    # (at most `chunk`) that keeps its ATTN_CHUNK ops within sliding_ops, so
+    # that a few conversations spread their window over more SMs and many do
+    # not pay for more merges (H200, 2b17060 and afe90f6, 128 keys against
+    # 1024: sliding-c1-t8 295 / 343 us, c1-t1 232 / 244, c16-t1 497 / 500, but
+    # c32-t1 663 / 619 with 1,088 ops). A full layer's 80K keys already fill
+    # the SMs, and shorter chunks there only lengthen the merge (full-c32-t8
+    # 3929 us at 512).
     sliding_chunk: int = 128
+    sliding_ops: int = 512
 
     def __post_init__(self) -> None:
-        for name in ("gemm_bytes", "router_bytes", "router_splits", "expert_workers", "rows", "chunk", "sliding_chunk"):
+        for name in ("gemm_bytes", "router_bytes", "router_splits", "expert_workers", "rows", "chunk", "sliding_chunk", "sliding_ops"):
             v = getattr(self, name)
             if not isinstance(v, int) or v <= 0:
                 raise ProgramError(f"Tiles.{name} must be a positive int, not {v!r}")
 
-    def chunk_of(self, kind: str) -> int:
-        """Cached keys per ATTN_CHUNK op of a layer of this kind."""
-        return self.sliding_chunk if kind == "sliding" else self.chunk
+    def chunk_of(self, cfg: MuseConfig, kind: str, conversations: int, tokens_each: int, cache_slots: int) -> int:
+        """Cached keys per ATTN_CHUNK op of a layer of this kind and shape (see sliding_chunk)."""
+        if kind != "sliding":
+            return self.chunk
+        chunk = min(self.sliding_chunk, self.chunk)
+        while chunk < self.chunk and conversations * cfg.heads_kv * n_chunks(cfg, kind, tokens_each, cache_slots, chunk) > self.sliding_ops:
+            chunk *= 2
+        return min(chunk, self.chunk)
 
 
 @dataclass
@@ -180,7 +190,7 @@ def emit_layer(
     if not own_norm and after is None:
         raise ProgramError("a layer given h must also be given `after`, the counter of the ops that write it")
     sliding = kind == "sliding"
-    chunk = tl.chunk_of(kind)
+    chunk = tl.chunk_of(cfg, kind, C, tokens_each, S)
     nch = n_chunks(cfg, kind, tokens_each, cache_slots, chunk)
     fk, fv = f2i(k_scale), f2i(v_scale)
 
