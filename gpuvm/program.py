@@ -25,7 +25,7 @@ import numpy as np
 from .isa import INSTR_DTYPE, MAX_ARGS, MAX_COUNTERS, MAX_INSTRS, MAX_TABLE, MAX_TENSORS, MAX_WAITS, NONE, TENSOR_DTYPE, DType, Op
 from .opspec import SPECS, Cost, ProgramError, TensorSpec
 
-__all__ = ["Program", "Stream", "Counter", "Instr", "ProgramError", "TensorSpec", "LIST_OPS"]
+__all__ = ["Program", "Stream", "Counter", "Instr", "ProgramError", "TensorSpec", "LIST_OPS", "work_lists"]
 
 #: what a tensor is: weights; scratch (activation); kept across steps (state);
 #: a work list's bookkeeping, rewritten every step but read by the list's late
@@ -70,6 +70,18 @@ class Instr:
     def wait_count(self, i: int) -> int:
         c, n = self.waits[i]
         return c.per_step if n is None else n
+
+
+def work_lists(ops: Sequence[Instr]) -> dict[tuple[int, int], list[int]]:
+    """The workers of each expert work list, as positions in ops, by (table
+    index of its work tensor, list k = a0)."""
+    lists: dict[tuple[int, int], list[int]] = {}
+    for i, ins in enumerate(ops):
+        if ins.opcode in LIST_OPS:
+            work = ins.tensors[7]
+            assert work is not None  # the op's spec requires it
+            lists.setdefault((work.index, ins.args[0]), []).append(i)
+    return lists
 
 
 class Program:
@@ -197,14 +209,9 @@ class Program:
         that finishes the list signals a1 for all of them, so they must agree on
         tensors, arguments and counter, number a1, and be its only signallers;
         and a wait on that counter is for the whole list."""
-        lists: dict[tuple[int, int], list[Instr]] = {}
-        for ins in self.instrs:
-            if ins.opcode in LIST_OPS:
-                work = ins.tensors[7]
-                assert work is not None  # the op's spec requires it
-                lists.setdefault((work.index, ins.args[0]), []).append(ins)
         counters: dict[int, str] = {}  # list counter id -> the list's name
-        for (t, k), ws in lists.items():
+        for (t, k), idx in work_lists(self.instrs).items():
+            ws = [self.instrs[i] for i in idx]
             w0 = ws[0]
             name = f"work list '{self.tensors[t].name}'[{k}]"
             for w in ws[1:]:

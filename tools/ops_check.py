@@ -52,7 +52,7 @@ from gpuvm.cpu.ops import OPS as CPU_OPS  # noqa: E402
 from gpuvm.isa import TENSOR_DTYPE, DType, ErrorCode, Op, f2i  # noqa: E402
 from gpuvm.muse.formats import from_e4m3, to_e4m3  # noqa: E402
 from gpuvm.opspec import TensorSpec  # noqa: E402
-from gpuvm.program import LIST_OPS, Program, Stream  # noqa: E402
+from gpuvm.program import Program, Stream, work_lists  # noqa: E402
 from gpuvm.tensors import descriptor, torch_dtype  # noqa: E402
 
 #: device function gvm_op_<name> of each op under test, and the headers that define them
@@ -876,18 +876,16 @@ def _signal_check(stream: Stream, amount: np.ndarray) -> str:
     """What is wrong with the signals the instructions asked for ("" if
     nothing): one each, but a work list's, of which exactly one worker signals
     for all a1 (the one that finished the list) and the others nothing."""
-    lists: dict[tuple[str, int], list[int]] = {}
-    for i, ins in enumerate(stream.ops):
-        if ins.opcode in LIST_OPS:
-            work = ins.tensors[7]
-            assert work is not None
-            lists.setdefault((work.name, ins.args[0]), []).append(i)
-        elif amount[i] != 1:
+    lists = work_lists(stream.ops)
+    workers = {i for idx in lists.values() for i in idx}
+    for i in range(len(stream.ops)):
+        if i not in workers and amount[i] != 1:
             return f"instruction {i} signals {amount[i]}, not 1"
-    for (name, k), idx in lists.items():
-        got, n_w = sorted(int(a) for a in amount[idx]), stream.ops[idx[0]].args[1]
+    for (_, k), idx in lists.items():
+        w0 = stream.ops[idx[0]]
+        got, n_w = sorted(int(a) for a in amount[idx]), w0.args[1]
         if got != [0] * (len(idx) - 1) + [n_w]:
-            return f"work list {name}[{k}]: its workers signal {got}, not one {n_w} and {len(idx) - 1} zeros"
+            return f"work list {w0.tensors[7].name}[{k}]: its workers signal {got}, not one {n_w} and {len(idx) - 1} zeros"
     return ""
 
 

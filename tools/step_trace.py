@@ -24,13 +24,12 @@ from gpuvm.muse.cases import DECODE_CONTEXT  # noqa: E402
 from gpuvm.muse.config import SHARD  # noqa: E402
 from gpuvm.muse.step import bind_step, lower_step, make_step_state  # noqa: E402
 from gpuvm.muse.weights import make_model_weights  # noqa: E402
+from gpuvm.trace.format import Trace  # noqa: E402
 from gpuvm.trace.timeline import DONE, READY, build, op_name  # noqa: E402
 
 
 def per_layer_runs(npz: Path) -> dict[str, dict[str, float]]:
     """{op kind: {"L0": us, "L1": us, "rest": us}}: median run (ready -> done) of each op kind's instructions."""
-    from gpuvm.trace.format import Trace
-
     tl = build(Trace.load(npz))
     acc: dict[str, dict[str, list[float]]] = {}
     for i in np.flatnonzero(tl.ran):
