@@ -2,7 +2,7 @@
 # One call on the H200 (the device tool): the VM proofs and timings, the Muse
 # ops standalone, and the decode-case sweep, each under its own time limit,
 # logs and results under $OUT (at most 8 files come back: traces are tarred).
-#   GPUVM_COMMIT=<sha> bash tools/gpu_session.sh [check|ops|opstime|sweep|step|stepsweep|probe|experts|router|park|ring|lists|steptrace|tiles|rowpf|gputests|vmtest ...]
+#   GPUVM_COMMIT=<sha> bash tools/gpu_session.sh [check|ops|opstime|sweep|step|stepsweep|probe|experts|router|park|ring|lists|steptrace|tiles|rowpf|fill|gputests|vmtest ...]
 # (set GPUVM_COMMIT when running a snapshot without .git: else the results name the enclosing checkout)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -54,6 +54,9 @@ for s in $steps; do
            timeout 200 python3 tools/prebuild.py base GVM_ROW_PF=0; echo "prebuild rc=$?"
            timeout 120 python3 tools/ops_check.py --sizes small --only rmsnorm,residual > "$OUT/rowpf_ops_check.log" 2>&1; echo "ops_check rc=$?"; tail -1 "$OUT/rowpf_ops_check.log"
            timeout ${T_ROWPF:-300} python3 tools/sched_probe.py --out "$OUT/rowpf_probe.json" --modes dynamic --depths 1 --variants "pf:,nopf:GVM_ROW_PF=0" --cases full-c1-t1,sliding-c1-t1,full-c1-t8,full-c16-t1,full-c32-t8,sliding-c32-t8 --step 1x1,1x8,32x8 > "$OUT/rowpf_probe.log" 2>&1; echo "row pf probe rc=$?"; grep -v "^$" "$OUT/rowpf_probe.log" | tail -30 ;;
+    fill) # GEMM tiles sized to fill the groups in one wave (Tiles.gemm_fill), the warmer off, the loader's prefetch off
+           timeout 200 python3 tools/prebuild.py base GVM_PF_MAX_BYTES=0; echo "prebuild rc=$?"
+           timeout ${T_FILL:-420} python3 tools/sched_probe.py --out "$OUT/fill_probe.json" --modes dynamic --depths 1 --variants "${FILL_VARIANTS:-base:,nowarm:warm=0,nopf:GVM_PF_MAX_BYTES=0}" --tiles "${FILL_TILES:-base:,fill:gemm_fill=264}" --cases ${FILL_CASES:-full-c1-t1,sliding-c1-t1,full-c1-t8,full-c32-t8,sliding-c32-t8} --step ${FILL_STEPS:-1x1,1x8,32x8} > "$OUT/fill_probe.log" 2>&1; echo "fill probe rc=$?"; grep -v "^$" "$OUT/fill_probe.log" | tail -50 ;;
     gputests) timeout ${T_GPUTESTS:-200} python3 -m pytest -q -p no:cacheprovider tests/gpu > "$OUT/tests_gpu.log" 2>&1; echo "tests/gpu rc=$?"; tail -4 "$OUT/tests_gpu.log" ;;
     vmtest) timeout ${T_VMTEST:-150} python3 -m pytest -q -x -p no:cacheprovider tests/gpu/test_vm.py > "$OUT/test_vm.log" 2>&1; echo "test_vm rc=$?"; tail -8 "$OUT/test_vm.log" ;;
     *) echo "unknown step $s"; exit 2 ;;

@@ -31,7 +31,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default="out/sched_probe.json")
     ap.add_argument("--depths", default="1,2,3,6")
-    ap.add_argument("--variants", default="ready:GVM_READY_FIRST=1,inorder:GVM_READY_FIRST=0", help="name:MACRO=value[+MACRO=value],... (one build each)")
+    ap.add_argument("--variants", default="ready:GVM_READY_FIRST=1,inorder:GVM_READY_FIRST=0", help="name:MACRO=value[+MACRO=value],... (one build each; warm=0: the VM without its instruction-cache warmer)")
     ap.add_argument("--cases", default="full-c1-t1,sliding-c32-t8")
     ap.add_argument("--step", default="1x1", help="step shapes, e.g. 1x1,1x8 ('' for none)")
     ap.add_argument("--tiles", default="", help="name:field=value[+field=value],... of lowering.Tiles (default: Tiles())")
@@ -43,7 +43,9 @@ def main() -> int:
     vms = {}
     for v in a.variants.split(","):
         name, _, defs = v.partition(":")
-        vms[name] = VM(groups=2, defines=tuple(tuple(d.split("=", 1)) for d in defs.split("+") if d))  # type: ignore[misc]
+        kv = [tuple(d.split("=", 1)) for d in defs.split("+") if d]
+        warm = all(v != "0" for k, v in kv if k == "warm")
+        vms[name] = VM(groups=2, warm=warm, defines=tuple(d for d in kv if d[0] != "warm"))  # type: ignore[misc]
     tilings = {"": Tiles()}
     if a.tiles:
         tilings = {}

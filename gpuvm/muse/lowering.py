@@ -44,7 +44,15 @@ KINDS = ("full", "sliding")
 class Tiles:
     """How a layer is cut into instructions."""
 
-    gemm_bytes: int = 256 * 1024  # weight bytes per GEMM column tile (rounded down to 2^k rows)
+    gemm_bytes: int = 256 * 1024  # weight bytes per GEMM column tile (rounded down to 2^k rows), without gemm_fill
+    # gemm_fill > 0: a layer's bf16 GEMM is cut into the largest tiles (2^k rows,
+    # within gemm_min_bytes..gemm_max_bytes) that still number at most the
+    # groups it has to itself: gemm_fill less the tiles that run beside it (the
+    # router's beside the squeeze's, q|k|v's beside g's), so that one wave
+    # covers it and no group waits for a second one
+    gemm_fill: int = 0
+    gemm_min_bytes: int = 64 * 1024
+    gemm_max_bytes: int = 512 * 1024
     router_bytes: int = 64 * 1024  # the f32 router's tiles: latency bound, so smaller (2 rows of 32 KB)
     router_splits: int = 1  # token ranges per router tile at T > 1 (2 measured no faster on the H200: NOTES.md session 5)
     expert_workers: int = 264  # EXPERT_UP / EXPERT_DOWN instructions per layer (H200: 132 SMs x 2 groups)
@@ -62,7 +70,11 @@ class Tiles:
     sliding_ops: int = 512
 
     def __post_init__(self) -> None:
-        for name in ("gemm_bytes", "router_bytes", "router_splits", "expert_workers", "rows", "chunk", "sliding_chunk", "sliding_ops"):
+        if not isinstance(self.gemm_fill, int) or self.gemm_fill < 0:
+            raise ProgramError(f"Tiles.gemm_fill must be an int >= 0, not {self.gemm_fill!r}")
+        if self.gemm_min_bytes > self.gemm_max_bytes:
+            raise ProgramError(f"Tiles.gemm_min_bytes {self.gemm_min_bytes} exceeds gemm_max_bytes {self.gemm_max_bytes}")
+        for name in ("gemm_bytes", "gemm_min_bytes", "gemm_max_bytes", "router_bytes", "router_splits", "expert_workers", "rows", "chunk", "sliding_chunk", "sliding_ops"):
             v = getattr(self, name)
             if not isinstance(v, int) or v <= 0:
                 raise ProgramError(f"Tiles.{name} must be a positive int, not {v!r}")
@@ -120,6 +132,15 @@ def _pow2_rows(n_rows: int, row_bytes: int, target: int) -> int:
     """Rows per column tile: the largest power of two whose weights fit target."""
     fit = max(1, target // max(1, row_bytes))
     return min(n_rows, 1 << (fit.bit_length() - 1))
+
+
+def _fill_rows(n_rows: int, row_bytes: int, groups: int, lo_bytes: int, hi_bytes: int) -> int:
+    """Rows per column tile: the fewest 2^k rows whose tiles number at most
+    groups, kept within [lo_bytes, hi_bytes] of weights (Tiles.gemm_fill)."""
+    rows = 1
+    while rows < n_rows and -(-n_rows // rows) > groups:
+        rows *= 2
+    return min(max(rows, _pow2_rows(n_rows, row_bytes, lo_bytes)), _pow2_rows(n_rows, row_bytes, hi_bytes))
 
 
 def _tiles(n0: int, n1: int, width: int) -> list[tuple[int, int]]:
@@ -234,13 +255,21 @@ def emit_layer(
         return p.counter(prefix + name)
 
     def gemm(out: TensorSpec, xin: TensorSpec, wt: TensorSpec, n0: int, n1: int, waits: list[Counter], sig: Counter, tag: str,
-             tile_bytes: int = tl.gemm_bytes, token_splits: int = 1) -> None:
-        rows = _pow2_rows(n1 - n0, wt.row_bytes, tile_bytes)
+             tile_bytes: int = 0, token_splits: int = 1, beside: int = 0) -> int:
+        """Column tiles of wt over [n0, n1) (tile_bytes: a fixed size; beside:
+        tiles of another GEMM that run at the same time); returns how many."""
+        if tile_bytes:
+            rows = _pow2_rows(n1 - n0, wt.row_bytes, tile_bytes)
+        elif tl.gemm_fill:
+            rows = _fill_rows(n1 - n0, wt.row_bytes, max(1, tl.gemm_fill - beside), tl.gemm_min_bytes, tl.gemm_max_bytes)
+        else:
+            rows = _pow2_rows(n1 - n0, wt.row_bytes, tl.gemm_bytes)
         # each column tile over all T tokens (args t0 = t = 0), or over token_splits ranges of them
         spans = [(0, 0)] if token_splits == 1 or T == 1 else _tiles(0, T, -(-T // token_splits))
         for (c0, n), (t0, tn) in itertools.product(_tiles(n0, n1, rows), spans):
             where = f"{c0}:{c0 + n}" + (f"|t{t0}:{t0 + tn}" if tn else "")
             p.op(Op.GEMM, [out, xin, wt], [c0, n, t0, tn], waits=waits, signal=sig, prefetch=(wt, c0 * wt.row_bytes, n * wt.row_bytes), label=f"{prefix}{tag}[{where}]")
+        return -(-(n1 - n0) // rows) * len(spans)
 
     row_blocks = _tiles(0, T, tl.rows)
     start = [after] if after is not None else []
@@ -255,8 +284,8 @@ def emit_layer(
         h_ready = start
     qkv_done, g_done = ctr("qkv"), ctr("g")
     qkv_cols = (hq + 2 * hkv) * HEAD_DIM
-    gemm(qkvg, h, w["Wqkvg"], 0, qkv_cols, h_ready, qkv_done, "Wqkvg")
-    gemm(qkvg, h, w["Wqkvg"], qkv_cols, cfg.qkvg_width, h_ready, g_done, "Wqkvg")
+    n_qkv = gemm(qkvg, h, w["Wqkvg"], 0, qkv_cols, h_ready, qkv_done, "Wqkvg")
+    gemm(qkvg, h, w["Wqkvg"], qkv_cols, cfg.qkvg_width, h_ready, g_done, "Wqkvg", beside=n_qkv)
     merged = ctr("o")
     # a merge is latency bound, one warp per (token, head): few pairs per
     # instruction, spread over SMs (two heads keep a one-token merge to one batch)
@@ -278,10 +307,10 @@ def emit_layer(
 
     # mixture of experts
     scored, routed, squeezed = ctr("scores"), ctr("route"), ctr("x")
-    gemm(scores, h2, w["Wr"], 0, cfg.n_experts, [res1], scored, "Wr", tl.router_bytes, tl.router_splits)
+    n_router = gemm(scores, h2, w["Wr"], 0, cfg.n_experts, [res1], scored, "Wr", tl.router_bytes, tl.router_splits)
     work = act("work", (2, 2), DType.I32, "list")  # the expert lists' (taken, done) counters (TOPK zeroes them)
     p.op(Op.TOPK, [scores, meta, route, work], [0, E], waits=[scored], signal=routed, label=f"{prefix}topk")
-    gemm(x, h2b, w["Wsq"], 0, H, [res1], squeezed, "Wsq")
+    gemm(x, h2b, w["Wsq"], 0, H, [res1], squeezed, "Wsq", beside=n_router)
     # work lists: which experts have tokens is known only on the GPU; workers
     # take items from a counter (ops/experts.cuh)
     up_grain, down_grain, cap = EXPERT_GRAIN[Op.EXPERT_UP], EXPERT_GRAIN[Op.EXPERT_DOWN], EXPERT_CAP
