@@ -15,7 +15,7 @@ from gpuvm.muse.step import bind_step, lower_step, make_step_state
 from gpuvm.muse.weights import make_model_weights
 from gpuvm.program import Program, ProgramError
 
-TILES = Tiles(gemm_bytes=16 * 1024, expert_workers=5, rows=3, chunk=29, sliding_chunk=29)
+TILES = Tiles(gemm_fill=0, gemm_bytes=16 * 1024, expert_workers=5, rows=3, chunk=29, sliding_chunk=29)
 
 
 def test_op_stem() -> None:

@@ -48,7 +48,7 @@ def _tiles(kind: str, tokens_each: int, slots: int) -> Tiles:
         chunk = max(7, -(-slots // 5)) | 1
     else:
         chunk = 16 if tokens_each > 1 else 13
-    return Tiles(gemm_bytes=16 * 1024, rows=8, chunk=chunk, router_splits=2, sliding_chunk=chunk)
+    return Tiles(gemm_fill=0, gemm_bytes=16 * 1024, rows=8, chunk=chunk, router_splits=2, sliding_chunk=chunk)
 
 
 def _rel(out: torch.Tensor, ref: torch.Tensor) -> float:

@@ -13,7 +13,7 @@ from gpuvm.cpu import run_stream
 from gpuvm.cpu.ops import list_items
 from gpuvm.isa import NONE, DType, Op, i2f
 from gpuvm.muse.config import SHARD, SMALL
-from gpuvm.muse.lowering import POISON_INT, Tiles, bind_layer, emit_layer, lower_layer, n_chunks
+from gpuvm.muse.lowering import POISON_INT, Tiles, _fill_rows, bind_layer, emit_layer, lower_layer, n_chunks
 from gpuvm.muse.state import make_inputs, make_state
 from gpuvm.muse.weights import layer_shapes, make_layer_weights
 from gpuvm.program import Program, ProgramError
@@ -55,10 +55,12 @@ def test_full_size_op_counts_and_tiles(kind: str) -> None:
     chunk = 1024 if kind == "full" else 512  # a sliding window in shorter chunks: 32 x 2 x 5 ops
     nch = -(-S // chunk) if kind == "full" else -(-(2048 + 8 - 1) // chunk)
     assert nch == n_chunks(SHARD, kind, n, S, chunk)
-    # 256 KB tiles: Wqkvg 16 rows of 16 KB, Wo 128 rows of 2 KB, Wsq 16 rows of
-    # 16 KB, Wex 32 rows of 8 KB; the router 64 KB: 2 rows of 32 KB over all
-    # tokens; experts: 264 workers each for up and down
-    gemm_tiles = 2304 // 16 + 8192 // 128 + 256 // 2 + 4096 // 16 + 8192 // 32
+    # one wave of 264 groups (Tiles.gemm_fill): Wqkvg's q|k|v 8 rows of 16 KB
+    # (160 tiles), its g beside them 16 rows (64), Wo 32 rows of 2 KB (256),
+    # Wsq beside the router's 128 tiles 32 rows of 16 KB (128), Wex 32 rows of
+    # 8 KB (256); the router 64 KB: 2 rows of 32 KB over all tokens; experts:
+    # 264 workers each for up and down
+    gemm_tiles = 1280 // 8 + 1024 // 16 + 8192 // 32 + 256 // 2 + 4096 // 32 + 8192 // 32
     assert count == {
         Op.RMSNORM: C * n, Op.GEMM: gemm_tiles, Op.QK_ROPE_KV: C, Op.ATTN_CHUNK: C * 2 * nch, Op.ATTN_MERGE: C * 16,
         Op.RESIDUAL: 2 * C * n, Op.TOPK: 1, Op.EXPERT_UP: 264, Op.EXPERT_DOWN: 264, Op.EXPERT_COMBINE: C * n,  # a row each
@@ -66,7 +68,7 @@ def test_full_size_op_counts_and_tiles(kind: str) -> None:
     for o in _ops(s, Op.GEMM):
         w = o.tensors[2]
         assert o.prefetch == (2, o.args[0] * w.row_bytes, o.args[1] * w.row_bytes)
-        assert o.args[1] * w.row_bytes <= 256 * 1024
+        assert o.args[1] * w.row_bytes <= 512 * 1024
     assert all(o.prefetch is None for o in s.ops if o.opcode in (Op.EXPERT_UP, Op.EXPERT_DOWN))
     # item rows in multiples of a warp's unit (sized on the GPU): 8 gate|up rows, 16 down rows, at most 64
     assert {o.args[2:4] for o in _ops(s, Op.EXPERT_UP)} == {(8, 64)} and {o.args[2:4] for o in _ops(s, Op.EXPERT_DOWN)} == {(16, 64)}
@@ -74,13 +76,21 @@ def test_full_size_op_counts_and_tiles(kind: str) -> None:
 
 
 def _small(kind: str, C: int = 3, n: int = 5, S: int = 100, tiles: Tiles | None = None):  # type: ignore[no-untyped-def]
-    tiles = tiles or Tiles(gemm_bytes=8192, rows=4, chunk=23, sliding_chunk=23)
+    tiles = tiles or Tiles(gemm_fill=0, gemm_bytes=8192, rows=4, chunk=23, sliding_chunk=23)
     return lower_layer(SMALL, kind, C, n, S, tiles=tiles), tiles
 
 
+#: fixed 8 KB GEMM tiles, or tiles sized to fill 12 groups (within 1-16 KB)
+COVER_TILES = {
+    "fixed": Tiles(gemm_fill=0, gemm_bytes=8192, rows=4, chunk=23, router_splits=2, sliding_chunk=23),
+    "fill": Tiles(gemm_fill=12, gemm_min_bytes=1024, gemm_max_bytes=16384, rows=4, chunk=23, router_splits=2, sliding_chunk=23),
+}
+
+
 @pytest.mark.parametrize("kind", ["full", "sliding"])
-def test_tiles_cover_every_output_once(kind: str) -> None:
-    lp, tl = _small(kind, tiles=Tiles(gemm_bytes=8192, rows=4, chunk=23, router_splits=2, sliding_chunk=23))
+@pytest.mark.parametrize("tiling", sorted(COVER_TILES))
+def test_tiles_cover_every_output_once(kind: str, tiling: str) -> None:
+    lp, tl = _small(kind, tiles=COVER_TILES[tiling])
     s, cfg, T = lp.stream, SMALL, 15
     by_row: dict[tuple[str, int], list[tuple[int, int]]] = {}  # (out, token): column ranges
     for o in _ops(s, Op.GEMM):
@@ -187,6 +197,25 @@ def test_attention_chunks_per_layer_kind() -> None:
     assert Tiles().chunk_of(SHARD, "full", 1, 1, 81_921) == 1024
 
 
+def test_gemm_fill_sizes_tiles_to_one_wave() -> None:
+    assert _fill_rows(8192, 2048, 264, 65536, 524288) == 32  # Wo: 256 tiles of 64 KB
+    assert _fill_rows(4096, 16384, 264 - 128, 65536, 524288) == 32  # Wsq beside the router: 128 of 512 KB
+    assert _fill_rows(8192, 2048, 1000, 65536, 524288) == 32  # never below gemm_min_bytes
+    assert _fill_rows(25256, 16384, 8, 65536, 524288) == 32  # nor above gemm_max_bytes
+    assert _fill_rows(5, 100, 264, 64, 1 << 20) == 1 and _fill_rows(5, 100, 1, 64, 1 << 20) == 5  # one tile of all 5 rows
+    small = Tiles(gemm_fill=12, gemm_min_bytes=1024, gemm_max_bytes=16384)
+    lp = lower_layer(SMALL, "full", 1, 1, 64, tiles=small)
+    per_out = Tally(o.tensors[0].name for o in _ops(lp.stream, Op.GEMM))
+    # Wsq (128 rows of 512 B) beside the router's one tile: 16 rows, 8 tiles <= 11;
+    # Wex (256 rows of 256 B): 32 rows, 8 tiles; Wo (256 rows of 2 KB) and
+    # q|k|v|g (2304 rows of 512 B) are held to 16 KB tiles: 32 and 72 of them
+    assert per_out == {"L0.qkvg": 72, "L0.a": 32, "L0.scores": 1, "L0.x": 8, "L0.f": 8}
+    with pytest.raises(ProgramError, match="gemm_fill"):
+        Tiles(gemm_fill=-1)
+    with pytest.raises(ProgramError, match="exceeds gemm_max_bytes"):
+        Tiles(gemm_min_bytes=1 << 20, gemm_max_bytes=1 << 19)
+
+
 def test_bad_shapes_are_rejected() -> None:
     with pytest.raises(ProgramError, match="kind"):
         lower_layer(SMALL, "local", 1, 1, 64)
@@ -263,7 +292,7 @@ def test_two_chained_layers_equal_two_single_layers(small_weights) -> None:  # t
     C, n, ctx = 2, 3, 9
     st = {k: make_state(SMALL, k, C, n, ctx, seed=6) for k in ("sliding", "full")}
     s0 = make_inputs(SMALL, st["sliding"], seed=7, weights_seed=21)
-    tiles = Tiles(gemm_bytes=8192, rows=4, chunk=16, sliding_chunk=16)
+    tiles = Tiles(gemm_fill=0, gemm_bytes=8192, rows=4, chunk=16, sliding_chunk=16)
 
     p = Program("two layers")
     s = p.tensor("s", (C * n, SMALL.d), DType.F32)

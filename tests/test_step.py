@@ -32,7 +32,7 @@ SEED = 5
 TOL = 1e-2
 ROUTE_TIE = 1e-4  # a top-8 router margin below this may route either way
 #: small tiles, so GEMMs, experts, rows and attention chunks all span several ops
-TILES = Tiles(gemm_bytes=16 * 1024, rows=3, chunk=29, sliding_chunk=29)
+TILES = Tiles(gemm_fill=0, gemm_bytes=16 * 1024, rows=3, chunk=29, sliding_chunk=29)
 
 
 @pytest.fixture(scope="module")

@@ -2,7 +2,7 @@
 # One call on the H200 (the device tool): the VM proofs and timings, the Muse
 # ops standalone, and the decode-case sweep, each under its own time limit,
 # logs and results under $OUT (at most 8 files come back: traces are tarred).
-#   GPUVM_COMMIT=<sha> bash tools/gpu_session.sh [check|ops|opstime|sweep|step|stepsweep|probe|experts|router|park|ring|lists|steptrace|tiles|rowpf|fill|gputests|vmtest ...]
+#   GPUVM_COMMIT=<sha> bash tools/gpu_session.sh [check|ops|opstime|sweep|step|stepsweep|probe|experts|router|park|ring|lists|steptrace|tiles|rowpf|fill|fill2|gputests|vmtest ...]
 # (set GPUVM_COMMIT when running a snapshot without .git: else the results name the enclosing checkout)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -57,6 +57,15 @@ for s in $steps; do
     fill) # GEMM tiles sized to fill the groups in one wave (Tiles.gemm_fill), the warmer off, the loader's prefetch off
            timeout 200 python3 tools/prebuild.py base GVM_PF_MAX_BYTES=0; echo "prebuild rc=$?"
            timeout ${T_FILL:-420} python3 tools/sched_probe.py --out "$OUT/fill_probe.json" --modes dynamic --depths 1 --variants "${FILL_VARIANTS:-base:,nowarm:warm=0,nopf:GVM_PF_MAX_BYTES=0}" --tiles "${FILL_TILES:-base:,fill:gemm_fill=264}" --cases ${FILL_CASES:-full-c1-t1,sliding-c1-t1,full-c1-t8,full-c32-t8,sliding-c32-t8} --step ${FILL_STEPS:-1x1,1x8,32x8} > "$OUT/fill_probe.log" 2>&1; echo "fill probe rc=$?"; grep -v "^$" "$OUT/fill_probe.log" | tail -50 ;;
+    fill2) # one-wave GEMM tiles (now the default) against other fills and bounds; the loader's prefetch bytes; traced 8-layer steps with and without it
+           timeout 200 python3 tools/prebuild.py --trace base GVM_PF_MAX_BYTES=0 GVM_PF_MAX_BYTES=8192 GVM_PF_MAX_BYTES=131072; echo "prebuild rc=$?"
+           CASES=full-c1-t1,sliding-c1-t1,full-c1-t8,full-c16-t1,full-c32-t8,sliding-c32-t8
+           timeout 300 python3 tools/sched_probe.py --out "$OUT/fill_tiles.json" --modes dynamic --depths 1 --variants base: --tiles "f264:,f528:gemm_fill=528,f132:gemm_fill=132,min32:gemm_min_bytes=32768,max256:gemm_max_bytes=262144" --cases $CASES --step 1x1,1x8,32x8 > "$OUT/fill_tiles.log" 2>&1; echo "fill tiles rc=$?"; grep -v "^$" "$OUT/fill_tiles.log" | tail -45
+           timeout 300 python3 tools/sched_probe.py --out "$OUT/pf_probe.json" --modes dynamic --depths 1 --variants "pf32:,pf0:GVM_PF_MAX_BYTES=0,pf8:GVM_PF_MAX_BYTES=8192,pf128:GVM_PF_MAX_BYTES=131072" --cases $CASES --step 1x1,1x8,32x8 > "$OUT/pf_probe.log" 2>&1; echo "pf probe rc=$?"; grep -v "^$" "$OUT/pf_probe.log" | tail -36
+           mkdir -p "$OUT/tr"
+           timeout 100 python3 tools/step_trace.py --layers 8 --shape 1x1 --out "$OUT/tr/step-trace-1x1.npz" > "$OUT/step_trace.log" 2>&1; echo "step trace rc=$?"; tail -16 "$OUT/step_trace.log"
+           timeout 100 python3 tools/step_trace.py --layers 8 --shape 1x1 --define GVM_PF_MAX_BYTES=0 --out "$OUT/tr/step-trace-1x1-pf0.npz" > "$OUT/step_trace_pf0.log" 2>&1; echo "step trace pf0 rc=$?"; tail -16 "$OUT/step_trace_pf0.log"
+           (cd "$OUT" && tar czf traces.tgz tr && rm -rf tr) ;;
     gputests) timeout ${T_GPUTESTS:-200} python3 -m pytest -q -p no:cacheprovider tests/gpu > "$OUT/tests_gpu.log" 2>&1; echo "tests/gpu rc=$?"; tail -4 "$OUT/tests_gpu.log" ;;
     vmtest) timeout ${T_VMTEST:-150} python3 -m pytest -q -x -p no:cacheprovider tests/gpu/test_vm.py > "$OUT/test_vm.log" 2>&1; echo "test_vm rc=$?"; tail -8 "$OUT/test_vm.log" ;;
     *) echo "unknown step $s"; exit 2 ;;

@@ -47,9 +47,10 @@ def main() -> int:
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--shape", default="1x1", help="conversations x tokens each")
     ap.add_argument("--out", default="out/step-trace.npz")
+    ap.add_argument("--define", action="append", default=[], help="MACRO=value of a build variant (repeatable)")
     a = ap.parse_args()
     conv, each = (int(v) for v in a.shape.split("x"))
-    vm = VM(groups=2, trace=True)
+    vm = VM(groups=2, trace=True, defines=tuple(tuple(d.split("=", 1)) for d in a.define))  # type: ignore[misc]
     weights = make_model_weights(SHARD, 2026, device="cuda", layers=a.layers)
     state = make_step_state(SHARD, conv, each, DECODE_CONTEXT, 2027, device="cuda", layers=a.layers)
     sp = lower_step(SHARD, conv, each, state.context_capacity, layers=a.layers)

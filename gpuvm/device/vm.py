@@ -54,7 +54,9 @@ def _upload(arr: np.ndarray, device: torch.device) -> torch.Tensor:
 class VM:
     """The persistent kernel on one GPU: one block per SM, `groups` compute
     groups per block. trace compiles the self-timestamps in; warm runs the
-    instruction-cache warmer at each launch; claim_depth is how many claimed
+    instruction-cache warmer at each launch (off by default: on the H200 it
+    has never paid, and it cost 4-10 us a Muse layer at one token, 1e0f1bb);
+    claim_depth is how many claimed
     instructions a block holds ahead of its groups, 1..CLAIM_SLOTS (both
     settable between launches). The default depth 1 measured fastest on the
     Muse layer and step (H200, 4233027: step 1x1 19.5 ms at depth 1 against
@@ -67,7 +69,7 @@ class VM:
         device: int = 0,
         groups: int = 2,
         trace: bool = False,
-        warm: bool = True,
+        warm: bool = False,
         *,
         claim_depth: int = 1,
         max_groups: int | None = None,
