@@ -275,21 +275,44 @@ __device__ __forceinline__ void gvm_expr_chunk(float (&acc)[4], float (&acc2)[4]
 
 // x rows of the expert's tokens -> f16 in shared memory (gvm_expr_xoff order);
 // a token's row outside x sets the flag at s_flag (zeroed before a barrier).
+// A thread takes GVM_EXPR_XB words at a time: their rows (UP: looked up in
+// route) first, then all their loads, then the stores, so that a batch costs
+// two round trips to L2, not two a word (one token at 4,096 wide: 512 words,
+// one batch; a word a pass, as before, was eight round trips in series).
+#ifndef GVM_EXPR_XB
+#define GVM_EXPR_XB 4
+#endif
 template <bool UP>
 __device__ __forceinline__ void gvm_expr_stage_x(const gvm_ctx& c, unsigned s_x, unsigned char* flag, int count,
                                                  int slot0, int kdim) {
     const gvm_tensor& tx = gvm_t(c, 1);
-    const int words = kdim / 8, n = count * words;
+    const int words = kdim / 8, n = count * words, nrows = tx.shape[0];
     const unsigned pitch = gvm_expr_pitch(kdim);
-    for (int i = c.tid; i < n; i += 128) {
-        const int t = i / words, wd = i - t * words;
-        const int xr = UP ? gvm_ptr<const int>(gvm_t(c, 6), slot0 + t, 4)[0] : slot0 + t;
-        if (xr < 0 || xr >= tx.shape[0]) {
-            atomicOr(reinterpret_cast<unsigned*>(flag), 1u);
-            continue;
+    const int* route = UP ? gvm_ptr<const int>(gvm_t(c, 6), slot0, 4) : nullptr;  // route[0][slot0 + t]: token t's row
+    for (int i0 = c.tid; i0 < n; i0 += 128 * GVM_EXPR_XB) {
+        int xr[GVM_EXPR_XB];
+        uint4 v[GVM_EXPR_XB];
+#pragma unroll
+        for (int u = 0; u < GVM_EXPR_XB; ++u) {
+            const int t = min(i0 + 128 * u, n - 1) / words;  // past n: the last word again (clamped, not predicated)
+            xr[u] = UP ? route[t] : slot0 + t;
         }
-        const uint4 v = *gvm_ptr<const uint4>(tx, (long long)xr * tx.stride[0] + 8 * wd, 2);
-        gvm_sts(s_x + t * pitch + gvm_expr_xoff(wd >> 2, wd & 3), gvm_exp_pairs(v));
+#pragma unroll
+        for (int u = 0; u < GVM_EXPR_XB; ++u) {
+            const int i = min(i0 + 128 * u, n - 1), wd = i - (i / words) * words;
+            const int r = xr[u] >= 0 && xr[u] < nrows ? xr[u] : 0;  // a bad row reads row 0 and is flagged below
+            v[u] = *gvm_ptr<const uint4>(tx, (long long)r * tx.stride[0] + 8 * wd, 2);
+        }
+#pragma unroll
+        for (int u = 0; u < GVM_EXPR_XB; ++u) {
+            const int i = i0 + 128 * u, t = i / words, wd = i - t * words;
+            if (i >= n) break;
+            if (xr[u] < 0 || xr[u] >= nrows) {
+                atomicOr(reinterpret_cast<unsigned*>(flag), 1u);
+                continue;
+            }
+            gvm_sts(s_x + t * pitch + gvm_expr_xoff(wd >> 2, wd & 3), gvm_exp_pairs(v[u]));
+        }
     }
 }
 

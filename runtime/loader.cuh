@@ -8,8 +8,10 @@
 // same bytes only competes with that stream (measured on the H200: GEMM at
 // 59-71% of the streaming read with it, 86-90% without). For one that waits,
 // only the first GVM_PF_MAX_BYTES are fetched: enough to cover the group's
-// start, and little enough that every waiting instruction of every block
-// (132 x (groups + queued claims)) still fits L2 together.
+// start, and little enough that the burst of prefetches when a wave of tiles
+// is claimed does not hold up the latency-bound op they wait for (H200,
+// 8f8b8e1, 8 / 0 / 32 / 128 KB: step 1x1 11.42 / 11.35 / 11.73 / 13.16 ms,
+// 1x8 20.96 / 21.13 / 21.41 / 22.89; 256 tokens and the layers alone within 2%).
 #pragma once
 #include "shared.cuh"
 #include "stamps.cuh"
@@ -17,7 +19,7 @@
 
 #define GVM_PF_CHUNK 8192u  // bytes per bulk prefetch
 #ifndef GVM_PF_MAX_BYTES
-#define GVM_PF_MAX_BYTES 32768u
+#define GVM_PF_MAX_BYTES 8192u
 #endif
 
 __device__ __forceinline__ void gvm_prefetch_l2(unsigned long long addr, unsigned bytes) {
