@@ -210,7 +210,7 @@ __device__ __noinline__ bool gvm_expert_args_ok(const gvm_ctx& c) {
 #endif
 #define GVM_EXPR_STAGE 1280  // one stage of a warp's ring: 2 x 512 B of codes, 2 x 128 B of scales
 #ifndef GVM_EXPR_PROBE
-#define GVM_EXPR_PROBE 0   // timing probes (tools/expert_bench.py --define): 1 no decode, 2 no MMA, 3 neither
+#define GVM_EXPR_PROBE 0   // timing probes (tools/expert_bench.py --define), bits: 1 no decode, 2 no MMA, 4 no weight copies (ring), 8 nothing after staging x
 #endif
 
 // Byte offset of word w (8 values) of 32-value chunk ch in an x row: chunk
@@ -417,7 +417,7 @@ __device__ __forceinline__ void gvm_expr_unit_ring(const gvm_ctx& c, float (&acc
     unsigned wst = 0;  // offset of the stage written next; the one read next is nst - 1 stages behind
     // set s of K step j (past the last step: an empty group)
     auto issue = [&](int j, int s) {
-        if (j < steps) {
+        if (j < steps && !(GVM_EXPR_PROBE & 4)) {  // probe 4: the ring is never filled (wrong sums; times the rest)
             // chunks first + 4 j and the next (first and c_end even: both live or both dead; dead ones are zero-filled)
             const bool live = first + 4 * j < c_end;
             const unsigned char* cj = live ? cp + s * cset + 64 * j : cp;
@@ -476,6 +476,7 @@ __device__ int gvm_expert_tile_reg(const gvm_ctx& c, int e, int n0, int nn, int 
     gvm_expr_stage_x<UP>(c, s_x, flag, count, slot0, kdim);
     gvm_group_sync(c);
     if (gvm_lds_u(s_flag)) return GVM_ERR_BAD_ARGS;
+    if (GVM_EXPR_PROBE & 8) return GVM_ERR_NONE;  // probe: the item ends once x is staged (times the list's walk)
     const unsigned xrow = s_x + (unsigned)min((int)g, count - 1) * pitch;  // the B column of token g (a valid row past count)
     const int units = (nn + 15) / 16;
 #pragma unroll 1

@@ -2,7 +2,7 @@
 # One call on the H200 (the device tool): the VM proofs and timings, the Muse
 # ops standalone, and the decode-case sweep, each under its own time limit,
 # logs and results under $OUT (at most 8 files come back: traces are tarred).
-#   GPUVM_COMMIT=<sha> bash tools/gpu_session.sh [check|ops|opstime|sweep|step|stepsweep|probe|experts|router|park|ring|lists|steptrace|tiles|rowpf|fill|fill2|xstage|gputests|vmtest ...]
+#   GPUVM_COMMIT=<sha> bash tools/gpu_session.sh [check|ops|opstime|sweep|step|stepsweep|probe|experts|router|park|ring|lists|steptrace|tiles|rowpf|fill|fill2|xstage|trace62|xprobe|gputests|vmtest ...]
 # (set GPUVM_COMMIT when running a snapshot without .git: else the results name the enclosing checkout)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -71,6 +71,14 @@ for s in $steps; do
            timeout 120 python3 tools/ops_check.py --sizes small --only expert_up,expert_down > "$OUT/xstage_ops_check.log" 2>&1; echo "ops_check rc=$?"; tail -1 "$OUT/xstage_ops_check.log"
            for v in 4 1; do timeout 90 python3 tools/expert_bench.py --reps 10 --define GVM_EXPR_XB=$v --out "$OUT/expert_bench_xb$v.json" > "$OUT/expert_bench_xb$v.log" 2>&1; echo "expert_bench xb=$v rc=$?"; tail -9 "$OUT/expert_bench_xb$v.log"; done
            timeout 300 python3 tools/sched_probe.py --out "$OUT/xstage_probe.json" --modes dynamic --depths 1 --variants "xb4:,xb1:GVM_EXPR_XB=1" --cases full-c1-t1,sliding-c1-t1,full-c1-t8,full-c32-t8 --step 1x1,1x8,32x8 > "$OUT/xstage_probe.log" 2>&1; echo "xstage probe rc=$?"; grep -v "^$" "$OUT/xstage_probe.log" | tail -14 ;;
+    trace62) # one traced whole step (62 layers) at 1 x 1, into traces62.tgz
+           mkdir -p "$OUT/tr62"
+           timeout 150 python3 tools/step_trace.py --layers 62 --shape 1x1 --out "$OUT/tr62/step-trace-1x1.npz" > "$OUT/step_trace62.log" 2>&1; echo "step trace 62 rc=$?"; tail -16 "$OUT/step_trace62.log"
+           (cd "$OUT" && tar czf traces62.tgz tr62 && rm -rf tr62) ;;
+    xprobe) # where an expert item's time goes: the list alone with parts cut out (GVM_EXPR_PROBE bits; wrong sums, times only)
+           timeout 200 python3 tools/prebuild.py base GVM_EXPR_PROBE=4 GVM_EXPR_PROBE=8 GVM_EXPR_PROBE=3; echo "prebuild rc=$?"
+           for v in 0 3 4 8; do timeout 60 python3 tools/expert_bench.py --quick --reps 10 --define GVM_EXPR_PROBE=$v --out "$OUT/xprobe$v.json" > "$OUT/xprobe$v.log" 2>&1; echo "expert_bench probe=$v rc=$?"; tail -5 "$OUT/xprobe$v.log"; done
+           (cd "$OUT" && tar czf xprobe.tgz xprobe*.json xprobe*.log && rm -f xprobe*.json xprobe*.log) ;;
     gputests) timeout ${T_GPUTESTS:-200} python3 -m pytest -q -p no:cacheprovider tests/gpu > "$OUT/tests_gpu.log" 2>&1; echo "tests/gpu rc=$?"; tail -4 "$OUT/tests_gpu.log" ;;
     vmtest) timeout ${T_VMTEST:-150} python3 -m pytest -q -x -p no:cacheprovider tests/gpu/test_vm.py > "$OUT/test_vm.log" 2>&1; echo "test_vm rc=$?"; tail -8 "$OUT/test_vm.log" ;;
     *) echo "unknown step $s"; exit 2 ;;
