@@ -10,7 +10,7 @@
 // only the first GVM_PF_MAX_BYTES are fetched: enough to cover the group's
 // start, and little enough that the burst of prefetches when a wave of tiles
 // is claimed does not hold up the latency-bound op they wait for (H200,
-// 8f8b8e1, 8 / 0 / 32 / 128 KB: step 1x1 11.42 / 11.35 / 11.73 / 13.16 ms,
+// 61bf680, 8 / 0 / 32 / 128 KB: step 1x1 11.42 / 11.35 / 11.73 / 13.16 ms,
 // 1x8 20.96 / 21.13 / 21.41 / 22.89; 256 tokens and the layers alone within 2%).
 #pragma once
 #include "shared.cuh"

@@ -22,6 +22,7 @@ from gpuvm.sim import DeadlockError, Hardware, SimResult, layer_costs, predict_l
 from gpuvm.sim.share import Share
 from gpuvm.trace.format import Trace
 from tests.randprog import random_program, streams
+from tests.test_program import _muse_tensors
 
 CONFIGS = [(1, 1), (1, 3), (2, 1), (3, 2), (8, 2), (132, 2)]
 #: every fixed cost zero: many events at the same instant, the hardest case for ties
@@ -237,6 +238,29 @@ def test_ready_first_lets_a_ready_claim_pass_a_waiting_one() -> None:
     assert inorder.done[2] > inorder.done[1]  # the independent op waited behind the consumer
     assert ready.done[2] < ready.done[1]
     assert ready.makespan_ns < inorder.makespan_ns
+
+
+def test_a_work_list_signals_when_its_items_are_done() -> None:
+    """Four workers of an expert list, one queued behind a slow op on a block of
+    one group: the running worker takes every item and, finishing the last,
+    adds all four signals, so the list's consumer runs before the late worker,
+    which then finds the list taken and ends at once (ops/experts.cuh)."""
+    p = Program("list")
+    t = _muse_tensors(p)
+    done = p.counter("hbuf")
+    p.op(Op.SLEEP, [], [50_000], label="slow")
+    for k in range(4):
+        p.op(Op.EXPERT_UP, [t[n] for n in ("hbuf", "x", "gu", "gus", "guts", "meta", "route", "work")], [0, 4, 8, 64], signal=done, label=f"up{k}")
+    p.op(Op.NOP, waits=[done], label="consumer")
+    s = p.build(order="given")
+    hw = Hardware(n_blocks=2, groups=1, claim_depth=2)
+    item_ns = 2_000.0
+    r = simulate(s, hw, "static", lists=[[0, 2], [1, 3, 4, 5]], durations=[50_000.0] + [item_ns] * 4 + [0.0])
+    runs = r.done - r.ready
+    assert runs[1] >= 4 * item_ns, "the running worker took all four items"
+    assert runs[2] < item_ns and runs[3] < item_ns and runs[4] < item_ns, "the others found the list taken"
+    assert r.ready[5] >= r.signal[1] + hw.signal_latency_ns, "the finisher's signal met the wait"
+    assert r.ready[5] < r.done[0] < r.done[2], "the consumer ran before the slow op and its queued worker"
 
 
 def test_parking_hands_a_waiting_claim_to_an_idle_group() -> None:

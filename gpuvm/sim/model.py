@@ -13,7 +13,12 @@ wait (else it stays held). Claim order hands out the oldest. A group waits until
 it needs reaches its target (a signal is seen signal_latency_ns after its
 release), loads what is left, computes and signals. Loads share HBM (or L2)
 in processor sharing, each capped at load_bytes_per_s; math shares its SM's
-tensor cores among the busy groups.
+tensor cores among the busy groups. The workers of an expert work list
+(gpuvm.program.work_lists) take its items (one per worker, each costing a
+worker's work) as the device's do: a ready worker takes the next item and,
+having finished it, the next, until none are left; a worker that finds the
+list taken ends at once; the one that finishes the last item adds the list's
+a1 to the counter, the others add nothing (ops/experts.cuh).
 
 No deadlock for a valid stream: the earliest unfinished instruction m has all
 its dependencies done (they come earlier in the stream). It is claimed or
@@ -36,7 +41,7 @@ import numpy as np
 
 from ..isa import TRACE_DTYPE, Stamp
 from ..opspec import Cost, ProgramError
-from ..program import Stream
+from ..program import Stream, work_lists
 from ..trace.format import Trace
 from .hardware import Hardware
 from .share import Share
@@ -92,6 +97,16 @@ class SimResult:
 
 
 @dataclass
+class _List:
+    """An expert work list: its items (one per worker) and what its workers did."""
+
+    items: int
+    amount: int  # what the finisher adds to the counter (a1: the list's workers)
+    taken: int = 0
+    done: int = 0
+
+
+@dataclass
 class _Block:
     free: list[int]  # free groups (heap)
     pending: int = 0  # claims issued, not yet decoded
@@ -110,6 +125,13 @@ class _Sim:
         self.ops = ops
         self.waits = [[(c.id, ins.wait_count(k)) for k, (c, _) in enumerate(ins.waits)] for ins in ops]
         self.sig = [None if ins.signal is None else ins.signal.id for ins in ops]
+        self.list_of = [-1] * n  # the work list of a worker, by index into self.lists_run
+        self.lists_run: list[_List] = []
+        for members in work_lists(ops).values():
+            for i in members:
+                self.list_of[i] = len(self.lists_run)
+            self.lists_run.append(_List(len(members), ops[members[0]].args[1]))
+        self.item = [False] * n  # a worker's current run is an item (else: it found its list taken)
         self.value = [0] * len(stream.counters)
         self.waiters: list[list[tuple[int, int]]] = [[] for _ in self.value]  # heap of (target, instr)
         self.unmet = [0] * n
@@ -248,15 +270,27 @@ class _Sim:
 
     def _ready(self, now: float, i: int) -> None:
         self.t["ready"][i] = now
-        b = int(self.block[i])
+        self._run(now, i)
+        self._try_claim(int(self.block[i]), now)
+
+    def _run(self, now: float, i: int) -> None:
+        """Start i's work: a list worker's next item, or its end if none is left."""
         w = self.work[i]
+        k = self.list_of[i]
+        if k >= 0:
+            lst = self.lists_run[k]
+            self.item[i] = lst.taken < lst.items
+            if not self.item[i]:  # the list is taken: the op's launch cost, no item's
+                self.left[i] += 1
+                self.at(now + self.hw.launch_ns, self._part_done, i)
+                return
+            lst.taken += 1
         self.left[i] += 1 + bool(w.hbm_bytes) + bool(w.l2_bytes)
         if w.hbm_bytes:
             self._start(self.hbm, now, w.hbm_bytes, lambda t, i=i: self._loaded(t, i))
         if w.l2_bytes:
             self._start(self.l2, now, w.l2_bytes, lambda t, i=i: self._loaded(t, i))
-        self.at(now + w.fixed_ns, self._launched, b, i)
-        self._try_claim(b, now)
+        self.at(now + w.fixed_ns, self._launched, int(self.block[i]), i)
 
     def _launched(self, now: float, b: int, i: int) -> None:
         if self.work[i].flops:
@@ -273,17 +307,27 @@ class _Sim:
             self._finish(now, i)
 
     def _finish(self, now: float, i: int) -> None:
+        amount = 1
+        k = self.list_of[i]
+        if k >= 0:
+            lst = self.lists_run[k]
+            if self.item[i]:
+                lst.done += 1
+                if lst.done < lst.items and lst.taken < lst.items:
+                    self._run(now, i)  # the next item, on the same group
+                    return
+            amount = lst.amount if self.item[i] and lst.done == lst.items else 0
         self.t["done"][i] = now
         self.order.append(i)
         c = self.sig[i]
         end = now if c is None else now + self.hw.signal_ns
         self.t["signal"][i] = end
         self.at(end, self._group_free, int(self.block[i]), int(self.group[i]))
-        if c is not None:
-            self.at(end + self.hw.signal_latency_ns, self._seen, c)
+        if c is not None and amount:
+            self.at(end + self.hw.signal_latency_ns, self._seen, c, amount)
 
-    def _seen(self, now: float, c: int) -> None:
-        self.value[c] += 1
+    def _seen(self, now: float, c: int, amount: int) -> None:
+        self.value[c] += amount
         q = self.waiters[c]
         while q and q[0][0] <= self.value[c]:
             _, i = heapq.heappop(q)
