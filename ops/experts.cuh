@@ -31,18 +31,6 @@
 #ifndef GVM_EXPERT_REG
 #define GVM_EXPERT_REG 1  // experts with few tokens stream weights through registers (0: always the shared tile)
 #endif
-// GVM_EXPR_ATOM64: (taken, done) of a list are one 64-bit word, so that from
-// the second call on a worker counts its last item done and takes the next in
-// one atomic (acq_rel) instead of two in series; the first call's take is a
-// relaxed 64-bit add of 1 (every access to the pair has the same size).
-#ifndef GVM_EXPR_ATOM64
-#define GVM_EXPR_ATOM64 1
-#endif
-// GVM_EXPR_TS_PF: an item starts the load of its expert's f32 tensor scales
-// into L2, which its epilogue reads after the K loop (cold in HBM otherwise).
-#ifndef GVM_EXPR_TS_PF
-#define GVM_EXPR_TS_PF 1
-#endif
 #ifndef GVM_EXPR_PROBE
 #define GVM_EXPR_PROBE 0   // timing probes (tools/expert_bench.py --define), bits: 1 no decode, 2 no MMA, 4 no weight copies (ring),
                            // 8 nothing after staging x, 16 no item (the list's walk alone), 32 no epilogue, 64 nothing at all
@@ -195,7 +183,6 @@ __device__ __noinline__ bool gvm_expert_args_ok(const gvm_ctx& c) {
               tmeta.shape[0] == 2 && gvm_is(troute, GVM_DT_I32, 2) && troute.shape[0] == 5 && kdim % 64 == 0 &&
               n_exp <= GVM_MAX_WORKLIST_EXPERTS && gvm_aligned(tmeta, 4, 4) && n_w >= 1 && grain >= 1 && cap >= 1 &&
               gvm_is(twork, GVM_DT_I32, 2) && twork.shape[1] == 2 && k >= 0 && k < twork.shape[0] &&
-              (!GVM_EXPR_ATOM64 || (twork.stride[1] == 1 && gvm_aligned(twork, 4, 8))) &&
               c.smem_bytes >= GVM_EXP_STATE + GVM_EXP_HEAD + GVM_EXP_WBUF + 16 * GVM_EXP_XROW;
     // set 0 -> set 1 (the up matrix, or the next 8 rows) must fit an int of bytes
     ok = ok && (UP ? tcd.stride[1] : 8 * tcd.stride[1]) < (1ll << 31) && (UP ? tsc.stride[1] : 8 * tsc.stride[1]) < (1ll << 31);
@@ -550,7 +537,6 @@ __device__ int gvm_expert_tile_reg(const gvm_ctx& c, int e, int n0, int nn, int 
 // re-read where they are used (gvm_t), not held across the K loop.
 template <bool UP>
 __device__ int gvm_expert_tile(const gvm_ctx& c, int e, int n0, int nn) {
-    if (GVM_EXPR_TS_PF && c.tid == 0) gvm_prefetch_line(gvm_ptr<const float>(gvm_t(c, 4), e * gvm_t(c, 4).stride[0], 4));
     const int slots = gvm_t(c, 6).shape[1];
     const int count = gvm_ptr<const int>(gvm_t(c, 5), e, 4)[0];
     const int slot0 = gvm_ptr<const int>(gvm_t(c, 5), gvm_t(c, 5).stride[0] + e, 4)[0];
@@ -675,15 +661,8 @@ __device__ int gvm_expert_matmul(const gvm_ctx& c) {
     if (c.tid == 0) {
         const gvm_tensor& tw = gvm_t(c, 7);
         unsigned* w = gvm_ptr<unsigned>(tw, c.ins->arg[0] * tw.stride[0], 4);
-#if GVM_EXPR_ATOM64
-        unsigned long long* pair = reinterpret_cast<unsigned long long*>(w);  // low word taken, high word done
-        const unsigned long long old = c.again != 0 ? gvm_atom_add_acq_rel64(pair, 0x100000001ull) : atomicAdd(pair, 1ull);
-        if (c.again != 0) gvm_sts(st + 12, (unsigned)(old >> 32));  // items done
-        gvm_sts(st + 4 * (c.again & 1), (unsigned)old);
-#else
         if (c.again != 0) gvm_sts(st + 12, gvm_atom_add_acq_rel(w + 1, 1u));  // items done
         gvm_sts(st + 4 * (c.again & 1), atomicAdd(w, 1u));
-#endif
     }
     gvm_group_sync(c);
     const int i = (int)gvm_lds_u(st + 4 * (c.again & 1));

@@ -100,18 +100,6 @@ __device__ __forceinline__ unsigned gvm_atom_add_acq_rel(unsigned* p, unsigned v
     return old;
 }
 
-// The same on a 64-bit word (a work list's (taken, done) pair: one round trip for both).
-__device__ __forceinline__ unsigned long long gvm_atom_add_acq_rel64(unsigned long long* p, unsigned long long v) {
-    unsigned long long old;
-    asm volatile("atom.acq_rel.gpu.global.add.u64 %0, [%1], %2;" : "=l"(old) : "l"(p), "l"(v) : "memory");
-    return old;
-}
-
-// Starts fetching the line of p into L2 (any alignment; a hint, never a fault).
-__device__ __forceinline__ void gvm_prefetch_line(const void* p) {
-    asm volatile("prefetch.global.L2 [%0];" ::"l"(p) : "memory");
-}
-
 // ---- shared memory by 32-bit address ------------------------------------------------
 __device__ __forceinline__ unsigned gvm_smem_addr(const void* p) {
     unsigned r;

@@ -2,7 +2,7 @@
 # One call on the H200 (the device tool): the VM proofs and timings, the Muse
 # ops standalone, and the decode-case sweep, each under its own time limit,
 # logs and results under $OUT (at most 8 files come back: traces are tarred).
-#   GPUVM_COMMIT=<sha> bash tools/gpu_session.sh [check|ops|opstime|sweep|step|stepsweep|probe|experts|router|park|ring|lists|steptrace|tiles|rowpf|fill|fill2|xstage|trace62|xprobe|xlist|gputests|vmtest ...]
+#   GPUVM_COMMIT=<sha> bash tools/gpu_session.sh [check|ops|opstime|sweep|step|stepsweep|probe|experts|router|park|ring|lists|steptrace|tiles|rowpf|fill|fill2|xstage|trace62|xprobe|gputests|vmtest ...]
 # (set GPUVM_COMMIT when running a snapshot without .git: else the results name the enclosing checkout)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -76,16 +76,9 @@ for s in $steps; do
            timeout 150 python3 tools/step_trace.py --layers 62 --shape 1x1 --out "$OUT/tr62/step-trace-1x1.npz" > "$OUT/step_trace62.log" 2>&1; echo "step trace 62 rc=$?"; tail -16 "$OUT/step_trace62.log"
            (cd "$OUT" && tar czf traces62.tgz tr62 && rm -rf tr62) ;;
     xprobe) # where an expert item's time goes: the list alone with parts cut out (GVM_EXPR_PROBE bits; wrong sums, times only)
-           timeout 200 python3 tools/prebuild.py base GVM_EXPR_PROBE=4 GVM_EXPR_PROBE=8 GVM_EXPR_PROBE=3; echo "prebuild rc=$?"
-           for v in 0 3 4 8; do timeout 60 python3 tools/expert_bench.py --quick --reps 10 --define GVM_EXPR_PROBE=$v --out "$OUT/xprobe$v.json" > "$OUT/xprobe$v.log" 2>&1; echo "expert_bench probe=$v rc=$?"; tail -5 "$OUT/xprobe$v.log"; done
+           timeout 200 python3 tools/prebuild.py base GVM_EXPR_PROBE=3 GVM_EXPR_PROBE=4 GVM_EXPR_PROBE=8 GVM_EXPR_PROBE=16 GVM_EXPR_PROBE=32 GVM_EXPR_PROBE=64; echo "prebuild rc=$?"
+           for v in 0 3 4 8 16 32 64; do timeout 60 python3 tools/expert_bench.py --quick --reps 10 --define GVM_EXPR_PROBE=$v --out "$OUT/xprobe$v.json" > "$OUT/xprobe$v.log" 2>&1; echo "expert_bench probe=$v rc=$?"; tail -5 "$OUT/xprobe$v.log"; done
            (cd "$OUT" && tar czf xprobe.tgz xprobe*.json xprobe*.log && rm -f xprobe*.json xprobe*.log) ;;
-    xlist) # the expert list's two quick wins (GVM_EXPR_ATOM64, GVM_EXPR_TS_PF; both on by default) against either and neither, and where an item's time goes (probes)
-           timeout 200 python3 tools/prebuild.py base GVM_EXPR_ATOM64=0+GVM_EXPR_TS_PF=0 GVM_EXPR_TS_PF=0 GVM_EXPR_ATOM64=0 GVM_EXPR_PROBE=16 GVM_EXPR_PROBE=32 GVM_EXPR_PROBE=64; echo "prebuild rc=$?"
-           timeout 120 python3 tools/ops_check.py --sizes small --only topk,expert_up,expert_down > "$OUT/xlist_ops_check.log" 2>&1; echo "ops_check rc=$?"; tail -1 "$OUT/xlist_ops_check.log"
-           for v in "on:" "off:--define GVM_EXPR_ATOM64=0 --define GVM_EXPR_TS_PF=0" "p16:--define GVM_EXPR_PROBE=16" "p32:--define GVM_EXPR_PROBE=32" "p64:--define GVM_EXPR_PROBE=64"; do
-             n=${v%%:*}; timeout 60 python3 tools/expert_bench.py --quick --reps 10 ${v#*:} --out "$OUT/xb_$n.json" > "$OUT/xb_$n.log" 2>&1; echo "expert_bench $n rc=$?"; tail -4 "$OUT/xb_$n.log"; done
-           timeout 240 python3 tools/sched_probe.py --out "$OUT/xlist_probe.json" --modes dynamic --depths 1 --variants "on:,off:GVM_EXPR_ATOM64=0+GVM_EXPR_TS_PF=0,a64:GVM_EXPR_TS_PF=0,tspf:GVM_EXPR_ATOM64=0" --cases full-c1-t1,sliding-c1-t1 --step 1x1,1x8 > "$OUT/xlist_probe.log" 2>&1; echo "xlist probe rc=$?"; grep -v "^$" "$OUT/xlist_probe.log" | tail -16
-           (cd "$OUT" && tar czf xlist.tgz xb_*.json xb_*.log && rm -f xb_*.json xb_*.log) ;;
     gputests) timeout ${T_GPUTESTS:-200} python3 -m pytest -q -p no:cacheprovider tests/gpu > "$OUT/tests_gpu.log" 2>&1; echo "tests/gpu rc=$?"; tail -4 "$OUT/tests_gpu.log" ;;
     vmtest) timeout ${T_VMTEST:-150} python3 -m pytest -q -x -p no:cacheprovider tests/gpu/test_vm.py > "$OUT/test_vm.log" 2>&1; echo "test_vm rc=$?"; tail -8 "$OUT/test_vm.log" ;;
     *) echo "unknown step $s"; exit 2 ;;

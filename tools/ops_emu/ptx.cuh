@@ -114,9 +114,7 @@ inline void gvm_cp_async4(unsigned dst, const void* src, bool valid, unsigned lo
 inline void gvm_cp_async_commit() {}
 template <int N> inline void gvm_cp_async_wait() {}
 inline unsigned gvm_atom_add_acq_rel(unsigned* p, unsigned v) { return atomicAdd(p, v); }
-inline unsigned long long gvm_atom_add_acq_rel64(unsigned long long* p, unsigned long long v) { return atomicAdd(p, v); }
 inline void gvm_prefetch_l2(const void*, unsigned) {}
-inline void gvm_prefetch_line(const void*) {}
 
 inline unsigned gvm_smem_addr(const void* p) {
     const long long off = (const unsigned char*)p - emu::machine()->smem;

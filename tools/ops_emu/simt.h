@@ -53,9 +53,8 @@ inline void sincospi(double x, double* s, double* c) {
     *c = (double)std::cos(a);
 }
 
-// Atomics of the ops (shared and global memory): the fibers never interleave inside one.
+// Shared-memory atomics of the ops: the fibers never interleave inside one.
 inline unsigned atomicAdd(unsigned* p, unsigned v) { const unsigned o = *p; *p = o + v; return o; }
-inline unsigned long long atomicAdd(unsigned long long* p, unsigned long long v) { const unsigned long long o = *p; *p = o + v; return o; }
 inline unsigned atomicOr(unsigned* p, unsigned v) { const unsigned o = *p; *p = o | v; return o; }
 
 namespace emu {
