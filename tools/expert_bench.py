@@ -14,7 +14,6 @@ import json
 import statistics
 import sys
 
-import numpy as np
 import torch
 
 from gpuvm.device.bench import L2Flush
@@ -94,9 +93,8 @@ def main() -> int:
                 ev[1].record(ts)
                 ev[1].synchronize()
                 times.append(ev[0].elapsed_time(ev[1]) * 1e3)
-            codes = err.cpu().numpy() if hasattr(err, "cpu") else np.asarray(err)
-            codes = np.where(codes <= -2, 0, codes)  # GVM_SIGNAL_N(n): a list's finisher (n) or another worker (0)
-            if codes.any():
+            codes = torch.where(err <= -2, 0, err)  # GVM_SIGNAL_N(n): a list's finisher (n) or another worker (0)
+            if bool(codes.any()):
                 raise SystemExit(f"error codes {sorted(set(codes.tolist()))}")
             us = statistics.median(times)
             r = dict(op="up" if up else "down", grain=GRAIN[up], hit=hit, tokens=tokens, us=us, bytes=nbytes)
