@@ -153,6 +153,7 @@ def test_summary_numbers_on_a_known_trace():
     assert a.gbps_span == pytest.approx(3000 / (2120 - 10))
     assert (b.name, b.wait_median, b.gbps_median, b.gbps_span) == ("B", 1800, 0.5, 0.5)
     assert c.gbps_median is None and c.gbps_span is None
+    assert (a.phase, b.phase, c.phase) == (2020, 1000, 500)  # first ready to last done
 
     idle = {x.block: x for x in block_idle(tl)}
     assert tl.span == 3350

@@ -46,7 +46,8 @@ class OpStats:
     bytes: int
     gbps_median: float | None  # GB/s per instruction, median; None without bytes
     gbps_span: float | None
-    span: float  # ns, first start to last done
+    span: float  # ns, first start (of its loads: the loader's prefetch, if any) to last done
+    phase: float  # ns, first ready to last done: the op once its inputs were there (overlap with other ops included)
 
 
 @dataclass(frozen=True)
@@ -92,6 +93,7 @@ def op_stats(tl: Timeline) -> list[OpStats]:
                 gbps_median=float(np.median(nbytes[ok] / moved[ok])) if ok.any() else None,
                 gbps_span=total / span if total and span > 0 else None,
                 span=span,
+                phase=float(t[:, DONE].max() - t[:, READY].min()),
             )
         )
     return out
@@ -193,8 +195,10 @@ def summarize(trace: Trace, read_bw_tbps: float | None = None) -> str:
     for o in ops:
         floor = o.bytes / (bw * 1e3)  # ns: bytes / (TB/s) = 1e-12 s per byte
         op_rows.append([o.name, str(o.count), str(o.blocks), _us(o.wait_median), _us(o.run_median), _us(o.run_p90), f"{o.bytes / 1e6:.3f}",
-                        _gbps(o.gbps_median), _gbps(o.gbps_span), _us(o.span), _us(floor), f"{o.span / floor:.1f}" if floor > 0 else "-"])
-    op_table = _table(["op", "count", "blocks", "wait med us", "run med us", "run p90 us", "MB", "GB/s med", "GB/s span", "span us", "floor us", "span/floor"], op_rows)
+                        _gbps(o.gbps_median), _gbps(o.gbps_span), _us(o.span), _us(o.phase), _us(floor),
+                        f"{o.span / floor:.1f}" if floor > 0 else "-", f"{o.phase / floor:.1f}" if floor > 0 else "-"])
+    op_table = _table(["op", "count", "blocks", "wait med us", "run med us", "run p90 us", "MB", "GB/s med", "GB/s span", "span us",
+                       "phase us", "floor us", "span/floor", "phase/floor"], op_rows)
 
     idle_rows = [[str(b.block), str(b.sm), str(b.count), _us(b.busy), _us(b.idle), f"{100 * b.idle / tl.span:.1f}" if tl.span > 0 else "-"] for b in blocks]
     mean_idle = sum(b.idle for b in blocks) / len(blocks)
