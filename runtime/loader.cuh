@@ -16,22 +16,19 @@
 #include "shared.cuh"
 #include "stamps.cuh"
 #include "../scheduler/counters.cuh"
+#include "../ops/ptx.cuh"  // gvm_prefetch_l2
 
 #define GVM_PF_CHUNK 8192u  // bytes per bulk prefetch
 #ifndef GVM_PF_MAX_BYTES
 #define GVM_PF_MAX_BYTES 8192u
 #endif
 
-__device__ __forceinline__ void gvm_prefetch_l2(unsigned long long addr, unsigned bytes) {
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(addr), "r"(bytes) : "memory");
-}
-
 // Lanes split [begin, end) (16-byte aligned) into chunks.
 __device__ __forceinline__ void gvm_prefetch_range(unsigned long long begin, unsigned long long end, unsigned lane) {
 #pragma unroll 1
     for (unsigned long long a = begin + (unsigned long long)lane * GVM_PF_CHUNK; a < end; a += 32ull * GVM_PF_CHUNK) {
         const unsigned long long left = end - a;
-        gvm_prefetch_l2(a, left < GVM_PF_CHUNK ? (unsigned)left : GVM_PF_CHUNK);
+        gvm_prefetch_l2(reinterpret_cast<const void*>(a), left < GVM_PF_CHUNK ? (unsigned)left : GVM_PF_CHUNK);
     }
 }
 

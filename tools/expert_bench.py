@@ -20,7 +20,7 @@ from gpuvm.device.bench import L2Flush
 from gpuvm.isa import DType, Op
 from gpuvm.muse.config import SHARD
 from gpuvm.muse.lowering import EXPERT_CAP, EXPERT_GRAIN, Tiles
-from tools.ops_check import SCRATCH, GpuRunner, _Build, encode, place
+from tools.ops_check import SCRATCH, GpuRunner, _Build, encode, place, split_rc
 
 H, I, E, WORKERS = SHARD.squeeze, SHARD.expert_inter, SHARD.local_experts, Tiles().expert_workers
 GRAIN = {up: EXPERT_GRAIN[Op.EXPERT_UP if up else Op.EXPERT_DOWN] for up in (True, False)}
@@ -93,8 +93,8 @@ def main() -> int:
                 ev[1].record(ts)
                 ev[1].synchronize()
                 times.append(ev[0].elapsed_time(ev[1]) * 1e3)
-            codes = torch.where(err <= -2, 0, err)  # GVM_SIGNAL_N(n): a list's finisher (n) or another worker (0)
-            if bool(codes.any()):
+            codes = split_rc(err.cpu().numpy())[0]
+            if codes.any():
                 raise SystemExit(f"error codes {sorted(set(codes.tolist()))}")
             us = statistics.median(times)
             r = dict(op="up" if up else "down", grain=GRAIN[up], hit=hit, tokens=tokens, us=us, bytes=nbytes)

@@ -889,11 +889,16 @@ def _signal_check(stream: Stream, amount: np.ndarray) -> str:
     return ""
 
 
+def split_rc(rc: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Ops' return codes -> (error codes, what each adds to its signal counter):
+    0 is done adding one, GVM_SIGNAL_N(n) (rc <= -2) done adding n."""
+    return np.where(rc <= -2, 0, rc), np.where(rc == 0, 1, np.where(rc <= -2, -2 - rc, 0))
+
+
 def run_case(runner: Runner, case: Case, expected: dict[str, torch.Tensor], groups: int, scratch: int = SCRATCH) -> list[Outcome]:
     placed = place(case.tensors, runner.device)
     records, table = encode(case, placed)
-    rc = runner.run(case.op, records, table, groups, scratch)
-    err, amount = np.where(rc <= -2, 0, rc), np.where(rc == 0, 1, np.where(rc <= -2, -2 - rc, 0))  # GVM_SIGNAL_N
+    err, amount = split_rc(runner.run(case.op, records, table, groups, scratch))
     out = []
     if not (err == case.expect).all():
         codes = sorted(set(int(e) for e in err))

@@ -98,10 +98,11 @@ class SimResult:
 
 @dataclass
 class _List:
-    """An expert work list: its items (one per worker) and what its workers did."""
+    """An expert work list: its items (one per worker: the finisher adds their
+    count, the list's a1, to the counter; Program.build checks the two agree)
+    and what its workers did."""
 
     items: int
-    amount: int  # what the finisher adds to the counter (a1: the list's workers)
     taken: int = 0
     done: int = 0
 
@@ -130,7 +131,7 @@ class _Sim:
         for members in work_lists(ops).values():
             for i in members:
                 self.list_of[i] = len(self.lists_run)
-            self.lists_run.append(_List(len(members), ops[members[0]].args[1]))
+            self.lists_run.append(_List(len(members)))
         self.item = [False] * n  # a worker's current run is an item (else: it found its list taken)
         self.value = [0] * len(stream.counters)
         self.waiters: list[list[tuple[int, int]]] = [[] for _ in self.value]  # heap of (target, instr)
@@ -316,7 +317,7 @@ class _Sim:
                 if lst.done < lst.items and lst.taken < lst.items:
                     self._run(now, i)  # the next item, on the same group
                     return
-            amount = lst.amount if self.item[i] and lst.done == lst.items else 0
+            amount = lst.items if self.item[i] and lst.done == lst.items else 0
         self.t["done"][i] = now
         self.order.append(i)
         c = self.sig[i]
