@@ -14,10 +14,14 @@
 // T > 8 loops over token tiles and re-reads the instruction's weight rows
 // (from L2) for each unless GVM_GEMM_TT > 1: with 4 (the 2-group default) a pass
 // over the weights serves 4 token tiles (measured: the 256-token layer 5.0 -> 4.2 ms).
+// From GVM_GEMM_XS_MIN tokens the group stages x in shared memory instead
+// (gvm_gemm_xs, below).
 //
 // f32 path (x, W, out f32; the router): CUDA-core FMAs, the group splits K.
-// Only this path takes a token range (a2, a3): the router's tiles are split
-// over tokens at T > 1, since its 2-row tiles alone fill half the groups.
+// Both paths take a token range (a2 t0, a3 count; 0: all tokens) in the
+// 2-group kernel: the router's tiles are split over tokens at T > 1, since its
+// 2-row tiles alone fill half the groups, and so are the bf16 tiles from 64
+// tokens on (gpuvm/muse/lowering.py, Tiles.gemm_span).
 // Thread tid owns the 16-byte chunks tid, tid + 128, ... (one per step) of
 // every row and token of a register tile of RT rows x TT tokens: per step it
 // loads RT float4 of W (one per row) and TT of x (one per token), so one x
@@ -200,14 +204,14 @@ __device__ __forceinline__ void gvm_gemm_bf16_unit(float (&acc)[TT][4], const ch
 #define GVM_GEMM_TT_STEPS (GVM_GEMM_STEPS * 4 / (3 * GVM_GEMM_TT) > 1 ? GVM_GEMM_STEPS * 4 / (3 * GVM_GEMM_TT) : 1)
 #endif
 
-// Token tiles [t0, t0 + 8 TT) x the instruction's rows, in passes of row
+// Token tiles [t0, t0 + 8 TT) (below T) x the instruction's rows, in passes of row
 // blocks, each unit's K split S ways; partial tiles summed in shared memory
 // in split order (deterministic) and stored.
 template <int TT, int STEPS>
 __device__ __forceinline__ int gvm_gemm_bf16_tiles(const gvm_ctx& c, const gvm_tensor& out, const gvm_tensor& x,
-                                                   const gvm_tensor& w, int n0, int cnt, int t0) {
+                                                   const gvm_tensor& w, int n0, int cnt, int t0, int T) {
     const unsigned lane = c.tid & 31u, warp = c.tid >> 5;
-    const int T = x.shape[0], nch = x.shape[1] / 8;
+    const int nch = x.shape[1] / 8;
     const int row_end = n0 + cnt, n_rb = (cnt + 15) / 16;
     const int max_units = (int)(c.smem_bytes / (TT * GVM_GEMM_TILE_BYTES));
     const int per_pass = max_units / 4;  // row blocks per pass: room for 4 K splits each
@@ -256,19 +260,169 @@ __device__ __forceinline__ int gvm_gemm_bf16_tiles(const gvm_ctx& c, const gvm_t
     return GVM_ERR_NONE;
 }
 
+// ---- bf16 with x staged in shared memory (many tokens) ----------------------------
+// At many tokens an instruction is bound by what it reads from L2, not by its
+// weights: the path above has every warp read x itself, once per 16 rows
+// (the 256-token layer's Wqkvg read 900 MB from L2 for 38 MB of weights). Here
+// the group stages x once per pass: 64 tokens x 64 k (8 KB, 128 bytes a token)
+// per stage, GVM_GEMM_XS_STAGES stages in flight by cp.async, and each warp
+// streams its own 16 rows of W into registers as above (GVM_GEMM_XS_STEPS
+// k-steps of 32 ahead) and reads the x fragments from the stage (one 16-byte
+// LDS a token tile and k-step, the same k permutation as W). A pass covers 64
+// rows (16 a warp) x 64 tokens; an instruction loops over its rows, then its
+// tokens. A stage's 16-byte chunk c of token row r sits at chunk
+// c ^ ((r & 1) << 2): the 8 lanes of an LDS phase (tokens g, g + 1, chunks q)
+// then hit 32 different banks.
+#ifndef GVM_GEMM_XS_MIN  // tokens from which an instruction stages x (0: never; the 4-group kernel has no registers for it)
+#define GVM_GEMM_XS_MIN (GVM_MAX_GROUPS <= 2 ? 64 : 0)
+#endif
+#ifndef GVM_GEMM_XS_STAGES
+#define GVM_GEMM_XS_STAGES 4
+#endif
+#ifndef GVM_GEMM_XS_STEPS  // k-steps of W in registers per warp: even (two a stage)
+#define GVM_GEMM_XS_STEPS 4
+#endif
+#define GVM_GEMM_XS_TOK 64
+#define GVM_GEMM_XS_STAGE_BYTES (GVM_GEMM_XS_TOK * 128)
+static_assert(GVM_GEMM_XS_STEPS % 2 == 0, "GVM_GEMM_XS_STEPS: two k-steps a stage");
+
+// Starts copying stage kc (k in [64 kc, 64 kc + 64)) of tokens [0, nt) past
+// xt into buffer `buf`; tokens past nt are zero-filled.
+__device__ __forceinline__ void gvm_gemm_xs_stage(unsigned buf, const char* xt, long long x_row, int nt, int kc,
+                                                  unsigned tid, unsigned long long pol) {
+    const unsigned ch = tid & 7u;
+#pragma unroll
+    for (int i = 0; i < GVM_GEMM_XS_TOK / 16; ++i) {
+        const int r = (int)(tid >> 3) + 16 * i;
+        const char* src = xt + (long long)(r < nt ? r : 0) * x_row + kc * 128 + ch * 16;
+        gvm_cp_async16(buf + r * 128 + ((ch ^ ((r & 1) << 2)) * 16), src, r < nt, pol);
+    }
+}
+
+// One pass: rows [r0, r0 + 64) below row_end x tokens [0, nt) past xt (nt <= 64),
+// out's token row 0 at ot; all of K (a multiple of 64).
+template <int S>
+__device__ __forceinline__ void gvm_gemm_xs_pass(const gvm_ctx& c, const gvm_tensor& out, long long ot,
+                                                 const char* xt, long long x_row, int nt, const char* w_base,
+                                                 long long w_row, int r0, int row_end, int K, unsigned long long pol) {
+    constexpr int NS = GVM_GEMM_XS_STAGES, J = GVM_GEMM_XS_TOK / 8;
+    // from an opaque thread index: what derives from it is not hoisted out of
+    // the persistent kernel's loop, where it would hold registers all along
+    const unsigned tid = gvm_gemm_opaque(c.tid), lane = tid & 31u, warp = tid >> 5;
+    const int g = lane >> 2, q = lane & 3;
+    const unsigned stage0 = gvm_smem_addr(c.smem);
+    const int wr0 = r0 + 16 * (int)warp;
+    const bool active = wr0 < row_end;  // the same in the whole warp
+    const int ra = wr0 + g < row_end ? wr0 + g : row_end - 1;
+    const int rb = wr0 + g + 8 < row_end ? wr0 + g + 8 : row_end - 1;
+    const char* pa = w_base + (long long)ra * w_row + q * 16;
+    const char* pb = w_base + (long long)rb * w_row + q * 16;
+    const int nk = K / 64, steps = 2 * nk;
+    float acc[J][4];
+#pragma unroll
+    for (int j = 0; j < J; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+#pragma unroll
+    for (int s = 0; s < NS - 1; ++s) {
+        if (s < nk) gvm_gemm_xs_stage(stage0 + s * GVM_GEMM_XS_STAGE_BYTES, xt, x_row, nt, s, tid, pol);
+        gvm_cp_async_commit();
+    }
+    uint4 A[S], B[S];
+#pragma unroll
+    for (int u = 0; u < S; ++u) {
+        const bool in = active && u < steps;
+        A[u] = in ? gvm_gemm_ld_w16(pa + 64 * u, pol) : make_uint4(0, 0, 0, 0);
+        B[u] = in ? gvm_gemm_ld_w16(pb + 64 * u, pol) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll 1
+    for (int kb = 0; kb < nk; kb += S / 2) {
+#pragma unroll
+        for (int cc = 0; cc < S / 2; ++cc) {
+            const int kc = kb + cc;
+            if (kc < nk) {
+                // stage kc has landed for every thread, and every warp is done with stage kc - 1
+                gvm_cp_async_wait<NS - 2>();
+                gvm_group_sync(c);
+                const int kn = kc + NS - 1;
+                if (kn < nk) gvm_gemm_xs_stage(stage0 + (kn % NS) * GVM_GEMM_XS_STAGE_BYTES, xt, x_row, nt, kn, tid, pol);
+                gvm_cp_async_commit();
+                const unsigned sb = stage0 + (kc % NS) * GVM_GEMM_XS_STAGE_BYTES;
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const int u = 2 * cc + h;
+                    if (active) {
+#pragma unroll
+                        for (int j = 0; j < J; ++j) {
+                            if (8 * j < nt) {
+                                const int r = 8 * j + g;
+                                const uint4 xv = gvm_lds_u4(sb + r * 128 + (((4 * h + q) ^ ((r & 1) << 2)) * 16));
+                                gvm_mma_bf16(acc[j], A[u].x, B[u].x, A[u].y, B[u].y, xv.x, xv.y);
+                                gvm_mma_bf16(acc[j], A[u].z, B[u].z, A[u].w, B[u].w, xv.z, xv.w);
+                            }
+                        }
+                        const int st = 2 * kc + h + S;
+                        if (st < steps) {
+                            A[u] = gvm_gemm_ld_w16(pa + 64 * st, pol);
+                            B[u] = gvm_gemm_ld_w16(pb + 64 * st, pol);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    gvm_cp_async_wait<0>();
+    gvm_group_sync(c);  // every warp is done with the stages before the next pass refills them
+    if (!active) return;
+#pragma unroll
+    for (int j = 0; j < J; ++j) {
+        const int t = 8 * j + 2 * q;
+        const int rows[2] = {wr0 + g, wr0 + g + 8};
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const int row = rows[i >> 1], tok = t + (i & 1);
+            if (row < row_end && tok < nt) gvm_gemm_store(out, ot + (long long)tok * out.stride[0] + row, acc[j][i]);
+        }
+    }
+}
+
+__device__ __forceinline__ int gvm_gemm_xs(const gvm_ctx& c, const gvm_tensor& out, const gvm_tensor& x,
+                                           const gvm_tensor& w, int n0, int cnt, int t0, int tn) {
+    // one policy for W and x (a second one cost registers): normal, since the
+    // token passes of a row tile read W at about the same time
+    const unsigned long long pol = gvm_policy_evict_normal();
+    const long long x_row = x.stride[0] * 2, w_row = w.stride[0] * 2;
+    const char* w_base = reinterpret_cast<const char*>(w.ptr);
+    const int K = x.shape[1], row_end = n0 + cnt;
+#pragma unroll 1
+    for (int r0 = n0; r0 < row_end; r0 += 64) {
+#pragma unroll 1
+        for (int tp = t0; tp < t0 + tn; tp += GVM_GEMM_XS_TOK) {
+            const int nt = t0 + tn - tp < GVM_GEMM_XS_TOK ? t0 + tn - tp : GVM_GEMM_XS_TOK;
+            gvm_gemm_xs_pass<GVM_GEMM_XS_STEPS>(c, out, (long long)tp * out.stride[0],
+                                                reinterpret_cast<const char*>(x.ptr) + tp * x_row, x_row, nt, w_base,
+                                                w_row, r0, row_end, K, pol);
+        }
+    }
+    return GVM_ERR_NONE;
+}
+
+// Tokens [ta, ta + tn): staged x (above) from GVM_GEMM_XS_MIN tokens when K
+// is a multiple of 64 and the scratch holds the stages, else token tiles of 8.
 __device__ __forceinline__ int gvm_gemm_bf16(const gvm_ctx& c, const gvm_tensor& out, const gvm_tensor& x,
-                                             const gvm_tensor& w, int n0, int cnt) {
-    const int T = x.shape[0];
-    int t0 = 0;
+                                             const gvm_tensor& w, int n0, int cnt, int ta, int tn) {
+    if (GVM_GEMM_XS_MIN > 0 && tn >= GVM_GEMM_XS_MIN && x.shape[1] % 64 == 0 &&
+        c.smem_bytes >= GVM_GEMM_XS_STAGES * GVM_GEMM_XS_STAGE_BYTES)
+        return gvm_gemm_xs(c, out, x, w, n0, cnt, ta, tn);
+    const int T = ta + tn;  // the token tiles' end: tokens past it read token T - 1 and are not stored
+    int t0 = ta;
 #if GVM_GEMM_TT > 1
     for (; t0 + 8 < T; t0 += 8 * GVM_GEMM_TT) {  // more than one tile left: TT tiles a pass
-        const int rc = gvm_gemm_bf16_tiles<GVM_GEMM_TT, GVM_GEMM_TT_STEPS>(c, out, x, w, n0, cnt, t0);
+        const int rc = gvm_gemm_bf16_tiles<GVM_GEMM_TT, GVM_GEMM_TT_STEPS>(c, out, x, w, n0, cnt, t0, T);
         if (rc != GVM_ERR_NONE) return rc;
     }
 #endif
 #pragma unroll 1
     for (; t0 < T; t0 += 8) {
-        const int rc = gvm_gemm_bf16_tiles<1, GVM_GEMM_STEPS>(c, out, x, w, n0, cnt, t0);
+        const int rc = gvm_gemm_bf16_tiles<1, GVM_GEMM_STEPS>(c, out, x, w, n0, cnt, t0, T);
         if (rc != GVM_ERR_NONE) return rc;
     }
     return GVM_ERR_NONE;
@@ -528,8 +682,8 @@ __device__ __forceinline__ int gvm_op_gemm(const gvm_ctx& c) {
     if (!(bf || f32) || !gvm_gemm_operand_ok(x, es) || !gvm_gemm_operand_ok(w, es) || out.ndim != 2 ||
         out.stride[1] != 1 || x.shape[1] % 8 != 0 || w.shape[1] != x.shape[1] || out.shape[0] != x.shape[0] ||
         out.shape[1] != w.shape[0] || n0 < 0 || cnt < 0 || n0 + cnt > w.shape[0] || t0 < 0 || tn < 0 ||
-        t0 + tn > x.shape[0] || (in.arg[3] == 0 && t0 != 0) || (bf && in.arg[3] != 0))
+        t0 + tn > x.shape[0] || (in.arg[3] == 0 && t0 != 0))
         return GVM_ERR_BAD_ARGS;
     if (cnt == 0 || tn == 0) return GVM_ERR_NONE;
-    return bf ? gvm_gemm_bf16(c, out, x, w, n0, cnt) : gvm_gemm_f32(c, out, x, w, n0, cnt, t0, tn);
+    return bf ? gvm_gemm_bf16(c, out, x, w, n0, cnt, t0, tn) : gvm_gemm_f32(c, out, x, w, n0, cnt, t0, tn);
 }

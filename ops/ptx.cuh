@@ -55,6 +55,13 @@ __device__ __forceinline__ unsigned long long gvm_policy_evict_first() {
     return p;
 }
 
+// Data several readers share (a GEMM's staged activations): kept as usual.
+__device__ __forceinline__ unsigned long long gvm_policy_evict_normal() {
+    unsigned long long p;
+    asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;" : "=l"(p));
+    return p;
+}
+
 __device__ __forceinline__ uint4 gvm_ld_stream16(const void* p) {
     uint4 r;
     asm volatile("ld.global.cs.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));

@@ -13,7 +13,7 @@ from gpuvm.cpu import run_stream
 from gpuvm.cpu.ops import list_items
 from gpuvm.isa import NONE, DType, Op, i2f
 from gpuvm.muse.config import SHARD, SMALL
-from gpuvm.muse.lowering import POISON_INT, Tiles, _fill_rows, bind_layer, emit_layer, lower_layer, n_chunks
+from gpuvm.muse.lowering import POISON_INT, Tiles, _fill_rows, _span_rows, bind_layer, emit_layer, lower_layer, n_chunks
 from gpuvm.muse.state import make_inputs, make_state
 from gpuvm.muse.weights import layer_shapes, make_layer_weights
 from gpuvm.program import Program, ProgramError
@@ -55,12 +55,13 @@ def test_full_size_op_counts_and_tiles(kind: str) -> None:
     chunk = 1024 if kind == "full" else 512  # a sliding window in shorter chunks: 32 x 2 x 5 ops
     nch = -(-S // chunk) if kind == "full" else -(-(2048 + 8 - 1) // chunk)
     assert nch == n_chunks(SHARD, kind, n, S, chunk)
-    # one wave of 264 groups (Tiles.gemm_fill): Wqkvg's q|k|v 8 rows of 16 KB
-    # (160 tiles), its g beside them 16 rows (64), Wo 32 rows of 2 KB (256),
-    # Wsq beside the router's 128 tiles 32 rows of 16 KB (128), Wex 32 rows of
-    # 8 KB (256); the router 64 KB: 2 rows of 32 KB over all tokens; experts:
+    # one wave of 264 groups (Tiles.gemm_fill); at 256 tokens the bf16 GEMMs
+    # go in 4 spans of 64 tokens (Tiles.gemm_span) x tiles of 64+ rows:
+    # Wqkvg's q|k|v 64 rows (80 tiles), its g beside them 64 rows (64), Wo 128
+    # rows (256), Wsq beside the router's 128 tiles 128 rows (128), Wex 128
+    # rows (256); the router 64 KB: 2 rows of 32 KB over all tokens; experts:
     # 264 workers each for up and down
-    gemm_tiles = 1280 // 8 + 1024 // 16 + 8192 // 32 + 256 // 2 + 4096 // 32 + 8192 // 32
+    gemm_tiles = 4 * (1280 // 64 + 1024 // 64 + 8192 // 128 + 4096 // 128 + 8192 // 128) + 256 // 2
     assert count == {
         Op.RMSNORM: C * n, Op.GEMM: gemm_tiles, Op.QK_ROPE_KV: C, Op.ATTN_CHUNK: C * 2 * nch, Op.ATTN_MERGE: C * 16,
         Op.RESIDUAL: 2 * C * n, Op.TOPK: 1, Op.EXPERT_UP: 264, Op.EXPERT_DOWN: 264, Op.EXPERT_COMBINE: C * n,  # a row each
@@ -68,7 +69,10 @@ def test_full_size_op_counts_and_tiles(kind: str) -> None:
     for o in _ops(s, Op.GEMM):
         w = o.tensors[2]
         assert o.prefetch == (2, o.args[0] * w.row_bytes, o.args[1] * w.row_bytes)
-        assert o.args[1] * w.row_bytes <= 512 * 1024
+        if w.dtype == DType.BF16:
+            assert o.args[1] in (64, 128) and o.args[2] % 64 == 0 and o.args[3] == 64
+        else:
+            assert o.args[1] == 2 and tuple(o.args[2:4]) == (0, 0)
     assert all(o.prefetch is None for o in s.ops if o.opcode in (Op.EXPERT_UP, Op.EXPERT_DOWN))
     # item rows in multiples of a warp's unit (sized on the GPU): 8 gate|up rows, 16 down rows, at most 64
     assert {o.args[2:4] for o in _ops(s, Op.EXPERT_UP)} == {(8, 64)} and {o.args[2:4] for o in _ops(s, Op.EXPERT_DOWN)} == {(16, 64)}
@@ -195,6 +199,17 @@ def test_attention_chunks_per_layer_kind() -> None:
     assert [Tiles().chunk_of(SHARD, "sliding", c, 1, 2048) for c in (1, 16, 32)] == [128, 128, 256]
     assert [Tiles().chunk_of(SHARD, "sliding", c, 8, 2048) for c in (1, 16, 32)] == [128, 256, 512]  # 2,055 keys
     assert Tiles().chunk_of(SHARD, "full", 1, 1, 81_921) == 1024
+
+
+def test_gemm_spans_cut_many_tokens_into_64_row_tiles() -> None:
+    assert _span_rows(1280, 4, 264) == 64 and _span_rows(8192, 4, 264) == 128  # Wqkvg's q|k|v, Wo at 256 tokens
+    assert _span_rows(4096, 4, 264 - 128) == 128 and _span_rows(1280, 2, 264) == 64  # Wsq beside the router; 128 tokens
+    assert _span_rows(40, 4, 1) == 40  # never more rows than there are
+    lp = lower_layer(SHARD, "sliding", 16, 8, 4096)
+    spans = {tuple(o.args[2:4]) for o in _ops(lp.stream, Op.GEMM) if o.tensors[2].dtype == DType.BF16}
+    assert spans == {(0, 64), (64, 64)}
+    one = lower_layer(SHARD, "sliding", 32, 1, 4096)  # 32 tokens: below the span, all tokens a tile
+    assert {tuple(o.args[2:4]) for o in _ops(one.stream, Op.GEMM)} == {(0, 0)}
 
 
 def test_gemm_fill_sizes_tiles_to_one_wave() -> None:

@@ -2,7 +2,7 @@
 # One call on the H200 (the device tool): the VM proofs and timings, the Muse
 # ops standalone, and the decode-case sweep, each under its own time limit,
 # logs and results under $OUT (at most 8 files come back: traces are tarred).
-#   GPUVM_COMMIT=<sha> bash tools/gpu_session.sh [check|ops|opstime|sweep|step|stepsweep|probe|experts|router|park|ring|lists|steptrace|tiles|rowpf|fill|fill2|xstage|trace62|xprobe|gputests|vmtest ...]
+#   GPUVM_COMMIT=<sha> bash tools/gpu_session.sh [check|ops|opstime|sweep|step|stepsweep|probe|experts|router|park|ring|lists|steptrace|tiles|rowpf|fill|fill2|xstage|trace62|xprobe|xs|gputests|vmtest ...]
 # (set GPUVM_COMMIT when running a snapshot without .git: else the results name the enclosing checkout)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -79,6 +79,13 @@ for s in $steps; do
            timeout 200 python3 tools/prebuild.py base GVM_EXPR_PROBE=3 GVM_EXPR_PROBE=4 GVM_EXPR_PROBE=8 GVM_EXPR_PROBE=16 GVM_EXPR_PROBE=32 GVM_EXPR_PROBE=64; echo "prebuild rc=$?"
            for v in 0 3 4 8 16 32 64; do timeout 60 python3 tools/expert_bench.py --quick --reps 10 --define GVM_EXPR_PROBE=$v --out "$OUT/xprobe$v.json" > "$OUT/xprobe$v.log" 2>&1; echo "expert_bench probe=$v rc=$?"; tail -5 "$OUT/xprobe$v.log"; done
            (cd "$OUT" && tar czf xprobe.tgz xprobe*.json xprobe*.log && rm -f xprobe*.json xprobe*.log) ;;
+    xs) # bf16 GEMMs at 64+ tokens with x staged in shared memory (GVM_GEMM_XS_MIN 64 and Tiles.gemm_span 64, the defaults) against
+        # the token tiles of 8 (GVM_GEMM_XS_MIN=0) with and without the span tiling; 2 k-steps of W in flight; spans of 32 from 32 tokens
+           timeout 200 python3 tools/prebuild.py --trace base GVM_GEMM_XS_MIN=0 GVM_GEMM_XS_STEPS=2 GVM_GEMM_XS_MIN=32; echo "prebuild rc=$?"
+           timeout 150 python3 tools/ops_check.py --only gemm > "$OUT/xs_ops_check.log" 2>&1; echo "ops_check gemm rc=$?"; tail -8 "$OUT/xs_ops_check.log"
+           XCASES=${XS_CASES:-full-c16-t8,full-c32-t8,sliding-c16-t8,sliding-c32-t8,full-c32-t1}
+           timeout 270 python3 tools/sched_probe.py --out "$OUT/xs_probe.json" --modes dynamic --depths 1 --variants "xs:,old:GVM_GEMM_XS_MIN=0,s2:GVM_GEMM_XS_STEPS=2" --tiles "span:,nospan:gemm_span=1000000" --cases $XCASES --step ${XS_STEPS:-16x8,32x8} > "$OUT/xs_probe.log" 2>&1; echo "xs probe rc=$?"; grep -v "^$" "$OUT/xs_probe.log" | tail -48
+           timeout 100 python3 tools/sched_probe.py --out "$OUT/xs_probe32.json" --modes dynamic --depths 1 --variants "xs32:GVM_GEMM_XS_MIN=32" --tiles "span32:gemm_span=32" --cases $XCASES --step ${XS_STEPS32:-32x1,16x8} > "$OUT/xs_probe32.log" 2>&1; echo "xs probe32 rc=$?"; grep -v "^$" "$OUT/xs_probe32.log" | tail -8 ;;
     gputests) timeout ${T_GPUTESTS:-200} python3 -m pytest -q -p no:cacheprovider tests/gpu > "$OUT/tests_gpu.log" 2>&1; echo "tests/gpu rc=$?"; tail -4 "$OUT/tests_gpu.log" ;;
     vmtest) timeout ${T_VMTEST:-150} python3 -m pytest -q -x -p no:cacheprovider tests/gpu/test_vm.py > "$OUT/test_vm.log" 2>&1; echo "test_vm rc=$?"; tail -8 "$OUT/test_vm.log" ;;
     *) echo "unknown step $s"; exit 2 ;;

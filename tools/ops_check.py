@@ -564,8 +564,8 @@ def cases_gemm(sz: Sizes, gen: torch.Generator) -> list[Case]:
     then at T = 1, 3, 20 and sz.tokens with every cnt of GEMM_CNTS, also at a
     K whose 16-byte chunks do not split evenly over the 128 threads; then bf16
     (bf16 and f32 out); then f32 with each column tile over token ranges
-    (a3 > 0) that start and end inside tiles of 8, a range past x, and a bf16
-    GEMM given a range (refused)."""
+    (a3 > 0) that start and end inside tiles of 8, bf16 over token ranges (x
+    staged from 64 tokens), and ranges past x (refused)."""
     out = []
     n, d = sz.experts, sz.d
     k_odd = max(d, 1280) + 8
@@ -598,10 +598,24 @@ def cases_gemm(sz: Sizes, gen: torch.Generator) -> list[Case]:
         for t0, t in spans:
             b.op_([o, x, w], [c0, c, t0, t])
     out.append(b.case())
-    b = _Build("gemm bf16 token range -> BAD_ARGS", Op.GEMM, gen)
-    b.op_([b.out("out", DType.F32, (4, 16), EXACT), b.add("x", DType.BF16, b.randn(4, 64).bfloat16()),
-           b.add("w", DType.BF16, b.randn(16, 64).bfloat16())], [0, 16, 0, 0])
-    out.append(b.case(int(ErrorCode.BAD_ARGS), _set_arg(3, 4)))
+    # bf16 token ranges: x staged in shared memory from 64 tokens (ops/gemm.cuh
+    # gvm_gemm_xs: 64-token passes, rows in passes of 64, partial ones), token
+    # tiles of 8 below 64 tokens or when K is not a multiple of 64
+    # (every other column tile of the T=100 case takes all tokens: a3 = 0, two passes)
+    for t, k, spans, dt in ((70, d, ((0, 64), (64, 6)), DType.BF16), (100, d, ((0, 36), (36, 64)), DType.F32),
+                            (80, d + 8, ((0, 80),), DType.BF16)):
+        b = _Build(f"gemm bf16 T={t} K={k} token ranges {dt.name.lower()} out", Op.GEMM, gen)
+        o = b.out("out", dt, (t, 2 * n), GEMM_BF16)
+        x = b.add("x", DType.BF16, b.randn(t, k, scale=2.0).bfloat16())
+        w = b.add("w", DType.BF16, b.randn(2 * n, k, scale=0.05).bfloat16())
+        for i, (c0, c) in enumerate(_gemm_cols(2 * n, (64, 13, 40, 128, 16))):
+            for t0, tn in ((0, 0),) if t == 100 and i % 2 else spans:
+                b.op_([o, x, w], [c0, c, t0, tn])
+        out.append(b.case())
+    b = _Build("gemm bf16 token range past x -> BAD_ARGS", Op.GEMM, gen)
+    b.op_([b.out("out", DType.F32, (40, 16), EXACT), b.add("x", DType.BF16, b.randn(40, 64).bfloat16()),
+           b.add("w", DType.BF16, b.randn(16, 64).bfloat16())], [0, 16, 0, 40])
+    out.append(b.case(int(ErrorCode.BAD_ARGS), _set_arg(2, 1)))
     b = _Build("gemm f32 token range past x -> BAD_ARGS", Op.GEMM, gen)
     b.op_([b.out("out", DType.F32, (4, 16), EXACT), b.add("x", DType.F32, b.randn(4, 64)),
            b.add("w", DType.F32, b.randn(16, 64))], [0, 16, 2, 2])

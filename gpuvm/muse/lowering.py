@@ -55,6 +55,12 @@ class Tiles:
     gemm_fill: int = 264
     gemm_min_bytes: int = 64 * 1024
     gemm_max_bytes: int = 512 * 1024
+    # From gemm_span tokens on (with gemm_fill > 0) a bf16 GEMM is also cut
+    # over tokens, in spans of gemm_span, and its tiles have at least 64 rows:
+    # the device then stages x in shared memory for 64 rows x 64 tokens a pass
+    # (ops/gemm.cuh gvm_gemm_xs, from GVM_GEMM_XS_MIN = 64 tokens an instruction)
+    # instead of every warp reading x from L2 once per 16 rows.
+    gemm_span: int = 64
     router_bytes: int = 64 * 1024  # the f32 router's tiles: latency bound, so smaller (2 rows of 32 KB)
     router_splits: int = 1  # token ranges per router tile at T > 1 (2 measured no faster on the H200: NOTES.md session 5)
     expert_workers: int = 264  # EXPERT_UP / EXPERT_DOWN instructions per layer (H200: 132 SMs x 2 groups)
@@ -76,7 +82,7 @@ class Tiles:
             raise ProgramError(f"Tiles.gemm_fill must be an int >= 0, not {self.gemm_fill!r}")
         if self.gemm_min_bytes > self.gemm_max_bytes:
             raise ProgramError(f"Tiles.gemm_min_bytes {self.gemm_min_bytes} exceeds gemm_max_bytes {self.gemm_max_bytes}")
-        for name in ("gemm_bytes", "gemm_min_bytes", "gemm_max_bytes", "router_bytes", "router_splits", "expert_workers", "rows", "chunk", "sliding_chunk", "sliding_ops"):
+        for name in ("gemm_bytes", "gemm_min_bytes", "gemm_max_bytes", "gemm_span", "router_bytes", "router_splits", "expert_workers", "rows", "chunk", "sliding_chunk", "sliding_ops"):
             v = getattr(self, name)
             if not isinstance(v, int) or v <= 0:
                 raise ProgramError(f"Tiles.{name} must be a positive int, not {v!r}")
@@ -143,6 +149,16 @@ def _fill_rows(n_rows: int, row_bytes: int, groups: int, lo_bytes: int, hi_bytes
     while rows < n_rows and -(-n_rows // rows) > groups:
         rows *= 2
     return min(max(rows, _pow2_rows(n_rows, row_bytes, lo_bytes)), _pow2_rows(n_rows, row_bytes, hi_bytes))
+
+
+def _span_rows(n_rows: int, spans: int, groups: int, lo_rows: int = 64) -> int:
+    """Rows per tile of a GEMM cut over tokens too: the fewest 2^k rows, at
+    least lo_rows (a pass of the staged-x path), whose tiles times spans number
+    at most groups."""
+    rows = lo_rows
+    while rows < n_rows and -(-n_rows // rows) * spans > groups:
+        rows *= 2
+    return min(rows, n_rows)
 
 
 def _tiles(n0: int, n1: int, width: int) -> list[tuple[int, int]]:
@@ -260,14 +276,17 @@ def emit_layer(
              tile_bytes: int = 0, token_splits: int = 1, beside: int = 0) -> int:
         """Column tiles of wt over [n0, n1) (tile_bytes: a fixed size; beside:
         tiles of another GEMM that run at the same time); returns how many."""
+        spans = [(0, 0)] if token_splits == 1 or T == 1 else _tiles(0, T, -(-T // token_splits))
         if tile_bytes:
             rows = _pow2_rows(n1 - n0, wt.row_bytes, tile_bytes)
+        elif tl.gemm_fill and wt.dtype == DType.BF16 and T >= tl.gemm_span:
+            spans = _tiles(0, T, tl.gemm_span)
+            rows = _span_rows(n1 - n0, len(spans), max(1, tl.gemm_fill - beside))
         elif tl.gemm_fill:
             rows = _fill_rows(n1 - n0, wt.row_bytes, max(1, tl.gemm_fill - beside), tl.gemm_min_bytes, tl.gemm_max_bytes)
         else:
             rows = _pow2_rows(n1 - n0, wt.row_bytes, tl.gemm_bytes)
-        # each column tile over all T tokens (args t0 = t = 0), or over token_splits ranges of them
-        spans = [(0, 0)] if token_splits == 1 or T == 1 else _tiles(0, T, -(-T // token_splits))
+        # each column tile over all T tokens (args t0 = t = 0), or over token ranges
         for (c0, n), (t0, tn) in itertools.product(_tiles(n0, n1, rows), spans):
             where = f"{c0}:{c0 + n}" + (f"|t{t0}:{t0 + tn}" if tn else "")
             p.op(Op.GEMM, [out, xin, wt], [c0, n, t0, tn], waits=waits, signal=sig, prefetch=(wt, c0 * wt.row_bytes, n * wt.row_bytes), label=f"{prefix}{tag}[{where}]")

@@ -98,6 +98,7 @@ template <class T> inline T gvm_emu_load(const void* p) {
     return v;
 }
 inline unsigned long long gvm_policy_evict_first() { return 0; }
+inline unsigned long long gvm_policy_evict_normal() { return 0; }
 inline uint4 gvm_ld_stream16(const void* p) { return gvm_emu_load<uint4>(p); }
 inline uint2 gvm_ld_stream8(const void* p) { return gvm_emu_load<uint2>(p); }
 
