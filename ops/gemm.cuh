@@ -282,6 +282,10 @@ __device__ __forceinline__ int gvm_gemm_bf16_tiles(const gvm_ctx& c, const gvm_t
 #ifndef GVM_GEMM_XS_STEPS  // k-steps of W in registers per warp: even (two a stage)
 #define GVM_GEMM_XS_STEPS 4
 #endif
+#ifndef GVM_GEMM_XS_PF  // W fetched into L2 this many stages ahead of its register loads (0: not)
+#define GVM_GEMM_XS_PF 8
+#endif
+#define GVM_GEMM_XS_PF_BLOCK 4  // stages a prefetch covers (512 bytes of a row)
 #define GVM_GEMM_XS_TOK 64
 #define GVM_GEMM_XS_STAGE_BYTES (GVM_GEMM_XS_TOK * 128)
 static_assert(GVM_GEMM_XS_STEPS % 2 == 0, "GVM_GEMM_XS_STEPS: two k-steps a stage");
@@ -297,6 +301,15 @@ __device__ __forceinline__ void gvm_gemm_xs_stage(unsigned buf, const char* xt, 
         const char* src = xt + (long long)(r < nt ? r : 0) * x_row + kc * 128 + ch * 16;
         gvm_cp_async16(buf + r * 128 + ((ch ^ ((r & 1) << 2)) * 16), src, r < nt, pol);
     }
+}
+
+// Lanes 0-15 of a warp: row `row` of W (rows past the end: none), stages
+// [k0, k0 + n) of 64 k each (128 bytes), into L2.
+__device__ __forceinline__ void gvm_gemm_xs_prefetch(const char* w_base, long long w_row, int row, int row_end,
+                                                     unsigned lane, int k0, int n, int nk) {
+    n = k0 + n < nk ? n : nk - k0;
+    if (GVM_GEMM_XS_PF > 0 && lane < 16 && row < row_end && n > 0)
+        gvm_prefetch_l2(w_base + (long long)row * w_row + k0 * 128, (unsigned)n * 128u);
 }
 
 // One pass: rows [r0, r0 + 64) below row_end x tokens [0, nt) past xt (nt <= 64),
@@ -318,6 +331,11 @@ __device__ __forceinline__ void gvm_gemm_xs_pass(const gvm_ctx& c, const gvm_ten
     const char* pa = w_base + (long long)ra * w_row + q * 16;
     const char* pb = w_base + (long long)rb * w_row + q * 16;
     const int nk = K / 64, steps = 2 * nk;
+    // The register loads below are only S k-steps ahead, far less than HBM's
+    // latency at this path's compute per step: W is fetched into L2 first,
+    // GVM_GEMM_XS_PF stages ahead, a block of stages at a time.
+    const int pf_row = wr0 + (int)(lane & 15u);
+    gvm_gemm_xs_prefetch(w_base, w_row, pf_row, row_end, lane, 0, GVM_GEMM_XS_PF, nk);
     float acc[J][4];
 #pragma unroll
     for (int j = 0; j < J; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
@@ -345,6 +363,8 @@ __device__ __forceinline__ void gvm_gemm_xs_pass(const gvm_ctx& c, const gvm_ten
                 const int kn = kc + NS - 1;
                 if (kn < nk) gvm_gemm_xs_stage(stage0 + (kn % NS) * GVM_GEMM_XS_STAGE_BYTES, xt, x_row, nt, kn, tid, pol);
                 gvm_cp_async_commit();
+                if (kc % GVM_GEMM_XS_PF_BLOCK == 0)
+                    gvm_gemm_xs_prefetch(w_base, w_row, pf_row, row_end, lane, kc + GVM_GEMM_XS_PF, GVM_GEMM_XS_PF_BLOCK, nk);
                 const unsigned sb = stage0 + (kc % NS) * GVM_GEMM_XS_STAGE_BYTES;
 #pragma unroll
                 for (int h = 0; h < 2; ++h) {
