@@ -260,166 +260,153 @@ __device__ __forceinline__ int gvm_gemm_bf16_tiles(const gvm_ctx& c, const gvm_t
     return GVM_ERR_NONE;
 }
 
-// ---- bf16 with x staged in shared memory (many tokens) ----------------------------
-// At many tokens an instruction is bound by what it reads from L2, not by its
-// weights: the path above has every warp read x itself, once per 16 rows
-// (the 256-token layer's Wqkvg read 900 MB from L2 for 38 MB of weights). Here
-// the group stages x once per pass: 64 tokens x 64 k (8 KB, 128 bytes a token)
-// per stage, GVM_GEMM_XS_STAGES stages in flight by cp.async, and each warp
-// streams its own 16 rows of W into registers as above (GVM_GEMM_XS_STEPS
-// k-steps of 32 ahead) and reads the x fragments from the stage (one 16-byte
-// LDS a token tile and k-step, the same k permutation as W). A pass covers 64
-// rows (16 a warp) x 64 tokens; an instruction loops over its rows, then its
-// tokens. A stage's 16-byte chunk c of token row r sits at chunk
-// c ^ ((r & 1) << 2): the 8 lanes of an LDS phase (tokens g, g + 1, chunks q)
-// then hit 32 different banks.
+// ---- bf16 at many tokens: W and x staged in shared memory ----------------------------
+// At many tokens an instruction is bound by its math and by what it reads
+// from L2, not by its weights: the path above has every warp read x itself,
+// once per 16 rows, and its MMA operands come straight from 16-byte loads in
+// a k order that needs register moves (4 per MMA) and that chains each
+// token tile's two MMAs (the 256-token layer's Wqkvg tile of 64 rows x 64
+// tokens ran 155 us, ~80 cycles an MMA). Here a pass covers 64 rows x 64
+// tokens: each stage holds 64 k of both (8 KB each, 128 bytes a row), copied
+// by cp.async GVM_GEMM_XS_STAGES deep, and the 4 warps (2 x 2, 32 rows x 32
+// tokens each) take their fragments with ldmatrix, in the standard k order.
+// A 16-byte chunk c of a stage's row r sits at chunk c ^ (r & 7), so the 8
+// rows an ldmatrix phase reads hit 8 different bank groups. W goes into L2
+// GVM_GEMM_XS_PF stages ahead of its copies (a bulk prefetch per row), since
+// the stages alone are only a fraction of a microsecond ahead. An
+// instruction loops over its rows, then its tokens, a pass at a time; rows and
+// tokens past its end are zero-filled and not stored.
 #ifndef GVM_GEMM_XS_MIN  // tokens from which an instruction stages x (0: never; the 4-group kernel has no registers for it)
 #define GVM_GEMM_XS_MIN (GVM_MAX_GROUPS <= 2 ? 64 : 0)
 #endif
 #ifndef GVM_GEMM_XS_STAGES
-#define GVM_GEMM_XS_STAGES 4
+#define GVM_GEMM_XS_STAGES 3
 #endif
-#ifndef GVM_GEMM_XS_STEPS  // k-steps of W in registers per warp: even (two a stage)
-#define GVM_GEMM_XS_STEPS 4
-#endif
-#ifndef GVM_GEMM_XS_PF  // W fetched into L2 this many stages ahead of its register loads (0: not)
+#ifndef GVM_GEMM_XS_PF  // W fetched into L2 this many stages ahead of its copies (0: not)
 #define GVM_GEMM_XS_PF 8
 #endif
 #define GVM_GEMM_XS_PF_BLOCK 4  // stages a prefetch covers (512 bytes of a row)
-#define GVM_GEMM_XS_TOK 64
-#define GVM_GEMM_XS_STAGE_BYTES (GVM_GEMM_XS_TOK * 128)
-static_assert(GVM_GEMM_XS_STEPS % 2 == 0, "GVM_GEMM_XS_STEPS: two k-steps a stage");
+#define GVM_GEMM_XS_TILE 64     // rows and tokens of a pass
+#define GVM_GEMM_XS_HALF (GVM_GEMM_XS_TILE * 128)  // bytes of one operand in a stage
+#define GVM_GEMM_XS_STAGE_BYTES (2 * GVM_GEMM_XS_HALF)
+static_assert(GVM_GEMM_XS_STAGES >= 2, "GVM_GEMM_XS_STAGES: a stage in use and one landing");
 
-// Starts copying stage kc (k in [64 kc, 64 kc + 64)) of tokens [0, nt) past
-// xt into buffer `buf`; tokens past nt are zero-filled.
-__device__ __forceinline__ void gvm_gemm_xs_stage(unsigned buf, const char* xt, long long x_row, int nt, int kc,
-                                                  unsigned tid, unsigned long long pol) {
-    const unsigned ch = tid & 7u;
+// Shared address of 16-byte chunk `ch` of row `row` of an operand at `base`.
+__device__ __forceinline__ unsigned gvm_gemm_xs_at(unsigned base, int row, int ch) {
+    return base + (unsigned)row * 128u + ((unsigned)(ch ^ (row & 7)) << 4);
+}
+
+// Starts copying stage kc (k in [64 kc, 64 kc + 64)) of W rows [0, nr) past
+// wt and x tokens [0, nt) past xt into the stage at `buf`; the rest is zeros.
+__device__ __forceinline__ void gvm_gemm_xs_stage(unsigned buf, const char* wt, long long w_row, int nr,
+                                                  const char* xt, long long x_row, int nt, int kc, unsigned tid,
+                                                  unsigned long long pol) {
+    const int ch = (int)(tid & 7u), r0 = (int)(tid >> 3);
 #pragma unroll
-    for (int i = 0; i < GVM_GEMM_XS_TOK / 16; ++i) {
-        const int r = (int)(tid >> 3) + 16 * i;
-        const char* src = xt + (long long)(r < nt ? r : 0) * x_row + kc * 128 + ch * 16;
-        gvm_cp_async16(buf + r * 128 + ((ch ^ ((r & 1) << 2)) * 16), src, r < nt, pol);
+    for (int i = 0; i < GVM_GEMM_XS_TILE / 16; ++i) {
+        const int r = r0 + 16 * i;
+        gvm_cp_async16(gvm_gemm_xs_at(buf, r, ch), wt + (long long)(r < nr ? r : 0) * w_row + kc * 128 + ch * 16,
+                       r < nr, pol);
+        gvm_cp_async16(gvm_gemm_xs_at(buf + GVM_GEMM_XS_HALF, r, ch),
+                       xt + (long long)(r < nt ? r : 0) * x_row + kc * 128 + ch * 16, r < nt, pol);
     }
 }
 
-// Lanes 0-15 of a warp: row `row` of W (rows past the end: none), stages
-// [k0, k0 + n) of 64 k each (128 bytes), into L2.
-__device__ __forceinline__ void gvm_gemm_xs_prefetch(const char* w_base, long long w_row, int row, int row_end,
-                                                     unsigned lane, int k0, int n, int nk) {
+// Threads 0-63: row `row` of W (none past nr), stages [k0, k0 + n) into L2.
+__device__ __forceinline__ void gvm_gemm_xs_prefetch(const char* wt, long long w_row, int nr, unsigned tid, int k0,
+                                                     int n, int nk) {
     n = k0 + n < nk ? n : nk - k0;
-    if (GVM_GEMM_XS_PF > 0 && lane < 16 && row < row_end && n > 0)
-        gvm_prefetch_l2(w_base + (long long)row * w_row + k0 * 128, (unsigned)n * 128u);
+    if (GVM_GEMM_XS_PF > 0 && (int)tid < nr && tid < GVM_GEMM_XS_TILE && n > 0)
+        gvm_prefetch_l2(wt + (long long)tid * w_row + k0 * 128, (unsigned)n * 128u);
 }
 
-// One pass: rows [r0, r0 + 64) below row_end x tokens [0, nt) past xt (nt <= 64),
-// out's token row 0 at ot; all of K (a multiple of 64).
-template <int S>
+// One pass: W rows [0, nr) past wt (nr <= 64) x tokens [0, nt) past xt
+// (nt <= 64), all of K (a multiple of 64); out's (token 0, row 0) at `ot`.
 __device__ __forceinline__ void gvm_gemm_xs_pass(const gvm_ctx& c, const gvm_tensor& out, long long ot,
-                                                 const char* xt, long long x_row, int nt, const char* w_base,
-                                                 long long w_row, int r0, int row_end, int K, unsigned long long pol) {
-    constexpr int NS = GVM_GEMM_XS_STAGES, J = GVM_GEMM_XS_TOK / 8;
+                                                 const char* wt, long long w_row, int nr, const char* xt,
+                                                 long long x_row, int nt, int K, unsigned long long pol) {
+    constexpr int NS = GVM_GEMM_XS_STAGES;
     // from an opaque thread index: what derives from it is not hoisted out of
     // the persistent kernel's loop, where it would hold registers all along
     const unsigned tid = gvm_gemm_opaque(c.tid), lane = tid & 31u, warp = tid >> 5;
-    const int g = lane >> 2, q = lane & 3;
+    const int wm = (int)(warp & 1u) * 32, wn = (int)(warp >> 1) * 32;  // the warp's rows and tokens in the pass
     const unsigned stage0 = gvm_smem_addr(c.smem);
-    const int wr0 = r0 + 16 * (int)warp;
-    const bool active = wr0 < row_end;  // the same in the whole warp
-    const int ra = wr0 + g < row_end ? wr0 + g : row_end - 1;
-    const int rb = wr0 + g + 8 < row_end ? wr0 + g + 8 : row_end - 1;
-    const char* pa = w_base + (long long)ra * w_row + q * 16;
-    const char* pb = w_base + (long long)rb * w_row + q * 16;
-    const int nk = K / 64, steps = 2 * nk;
-    // The register loads below are only S k-steps ahead, far less than HBM's
-    // latency at this path's compute per step: W is fetched into L2 first,
-    // GVM_GEMM_XS_PF stages ahead, a block of stages at a time.
-    const int pf_row = wr0 + (int)(lane & 15u);
-    gvm_gemm_xs_prefetch(w_base, w_row, pf_row, row_end, lane, 0, GVM_GEMM_XS_PF, nk);
-    float acc[J][4];
+    const int nk = K / 64;
+    // ldmatrix rows: A (W) row wm + 16 mt + (lane & 15), chunk 2s + (lane >> 4);
+    // B (x) token wn + 16 np + 8 (lane >> 4) + (lane & 7), chunk 2s + ((lane >> 3) & 1)
+    const int a_row = wm + (int)(lane & 15u), a_ch = (int)(lane >> 4);
+    const int b_row = wn + 8 * (int)(lane >> 4) + (int)(lane & 7u), b_ch = (int)((lane >> 3) & 1u);
+    float acc[2][4][4];
 #pragma unroll
-    for (int j = 0; j < J; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+    for (int m = 0; m < 2; ++m)
+#pragma unroll
+        for (int n = 0; n < 4; ++n) acc[m][n][0] = acc[m][n][1] = acc[m][n][2] = acc[m][n][3] = 0.f;
+    gvm_gemm_xs_prefetch(wt, w_row, nr, tid, 0, GVM_GEMM_XS_PF, nk);
 #pragma unroll
     for (int s = 0; s < NS - 1; ++s) {
-        if (s < nk) gvm_gemm_xs_stage(stage0 + s * GVM_GEMM_XS_STAGE_BYTES, xt, x_row, nt, s, tid, pol);
+        if (s < nk) gvm_gemm_xs_stage(stage0 + s * GVM_GEMM_XS_STAGE_BYTES, wt, w_row, nr, xt, x_row, nt, s, tid, pol);
         gvm_cp_async_commit();
     }
-    uint4 A[S], B[S];
-#pragma unroll
-    for (int u = 0; u < S; ++u) {
-        const bool in = active && u < steps;
-        A[u] = in ? gvm_gemm_ld_w16(pa + 64 * u, pol) : make_uint4(0, 0, 0, 0);
-        B[u] = in ? gvm_gemm_ld_w16(pb + 64 * u, pol) : make_uint4(0, 0, 0, 0);
-    }
 #pragma unroll 1
-    for (int kb = 0; kb < nk; kb += S / 2) {
+    for (int kc = 0; kc < nk; ++kc) {
+        // stage kc has landed for every thread, and every warp is done with stage kc - 1
+        gvm_cp_async_wait<NS - 2>();
+        gvm_group_sync(c);
+        const int kn = kc + NS - 1;
+        if (kn < nk)
+            gvm_gemm_xs_stage(stage0 + (kn % NS) * GVM_GEMM_XS_STAGE_BYTES, wt, w_row, nr, xt, x_row, nt, kn, tid, pol);
+        gvm_cp_async_commit();
+        if (kc % GVM_GEMM_XS_PF_BLOCK == 0)
+            gvm_gemm_xs_prefetch(wt, w_row, nr, tid, kc + GVM_GEMM_XS_PF, GVM_GEMM_XS_PF_BLOCK, nk);
+        const unsigned sw = stage0 + (kc % NS) * GVM_GEMM_XS_STAGE_BYTES, sx = sw + GVM_GEMM_XS_HALF;
 #pragma unroll
-        for (int cc = 0; cc < S / 2; ++cc) {
-            const int kc = kb + cc;
-            if (kc < nk) {
-                // stage kc has landed for every thread, and every warp is done with stage kc - 1
-                gvm_cp_async_wait<NS - 2>();
-                gvm_group_sync(c);
-                const int kn = kc + NS - 1;
-                if (kn < nk) gvm_gemm_xs_stage(stage0 + (kn % NS) * GVM_GEMM_XS_STAGE_BYTES, xt, x_row, nt, kn, tid, pol);
-                gvm_cp_async_commit();
-                if (kc % GVM_GEMM_XS_PF_BLOCK == 0)
-                    gvm_gemm_xs_prefetch(w_base, w_row, pf_row, row_end, lane, kc + GVM_GEMM_XS_PF, GVM_GEMM_XS_PF_BLOCK, nk);
-                const unsigned sb = stage0 + (kc % NS) * GVM_GEMM_XS_STAGE_BYTES;
+        for (int s = 0; s < 4; ++s) {  // k16 steps of the stage
+            uint4 a[2], b[2];
 #pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    const int u = 2 * cc + h;
-                    if (active) {
+            for (int m = 0; m < 2; ++m) a[m] = gvm_ldsm_x4(gvm_gemm_xs_at(sw, a_row + 16 * m, 2 * s + a_ch));
 #pragma unroll
-                        for (int j = 0; j < J; ++j) {
-                            if (8 * j < nt) {
-                                const int r = 8 * j + g;
-                                const uint4 xv = gvm_lds_u4(sb + r * 128 + (((4 * h + q) ^ ((r & 1) << 2)) * 16));
-                                gvm_mma_bf16(acc[j], A[u].x, B[u].x, A[u].y, B[u].y, xv.x, xv.y);
-                                gvm_mma_bf16(acc[j], A[u].z, B[u].z, A[u].w, B[u].w, xv.z, xv.w);
-                            }
-                        }
-                        const int st = 2 * kc + h + S;
-                        if (st < steps) {
-                            A[u] = gvm_gemm_ld_w16(pa + 64 * st, pol);
-                            B[u] = gvm_gemm_ld_w16(pb + 64 * st, pol);
-                        }
-                    }
+            for (int np = 0; np < 2; ++np) b[np] = gvm_ldsm_x4(gvm_gemm_xs_at(sx, b_row + 16 * np, 2 * s + b_ch));
+#pragma unroll
+            for (int m = 0; m < 2; ++m) {
+#pragma unroll
+                for (int n = 0; n < 4; ++n) {
+                    const unsigned b0 = n & 1 ? b[n >> 1].z : b[n >> 1].x, b1 = n & 1 ? b[n >> 1].w : b[n >> 1].y;
+                    gvm_mma_bf16(acc[m][n], a[m].x, a[m].y, a[m].z, a[m].w, b0, b1);
                 }
             }
         }
     }
     gvm_cp_async_wait<0>();
     gvm_group_sync(c);  // every warp is done with the stages before the next pass refills them
-    if (!active) return;
+    const int g = (int)(lane >> 2), q = (int)(lane & 3u);
 #pragma unroll
-    for (int j = 0; j < J; ++j) {
-        const int t = 8 * j + 2 * q;
-        const int rows[2] = {wr0 + g, wr0 + g + 8};
+    for (int m = 0; m < 2; ++m) {
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const int row = rows[i >> 1], tok = t + (i & 1);
-            if (row < row_end && tok < nt) gvm_gemm_store(out, ot + (long long)tok * out.stride[0] + row, acc[j][i]);
+        for (int n = 0; n < 4; ++n) {
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const int row = wm + 16 * m + g + 8 * (i >> 1), tok = wn + 8 * n + 2 * q + (i & 1);
+                if (row < nr && tok < nt) gvm_gemm_store(out, ot + (long long)tok * out.stride[0] + row, acc[m][n][i]);
+            }
         }
     }
 }
 
 __device__ __forceinline__ int gvm_gemm_xs(const gvm_ctx& c, const gvm_tensor& out, const gvm_tensor& x,
                                            const gvm_tensor& w, int n0, int cnt, int t0, int tn) {
-    // one policy for W and x (a second one cost registers): normal, since the
-    // token passes of a row tile read W at about the same time
+    // normal, not evict-first: the token spans of a row tile read W at about the same time
     const unsigned long long pol = gvm_policy_evict_normal();
     const long long x_row = x.stride[0] * 2, w_row = w.stride[0] * 2;
-    const char* w_base = reinterpret_cast<const char*>(w.ptr);
-    const int K = x.shape[1], row_end = n0 + cnt;
+    const int K = x.shape[1];
 #pragma unroll 1
-    for (int r0 = n0; r0 < row_end; r0 += 64) {
+    for (int r0 = n0; r0 < n0 + cnt; r0 += GVM_GEMM_XS_TILE) {
+        const int nr = n0 + cnt - r0 < GVM_GEMM_XS_TILE ? n0 + cnt - r0 : GVM_GEMM_XS_TILE;
 #pragma unroll 1
-        for (int tp = t0; tp < t0 + tn; tp += GVM_GEMM_XS_TOK) {
-            const int nt = t0 + tn - tp < GVM_GEMM_XS_TOK ? t0 + tn - tp : GVM_GEMM_XS_TOK;
-            gvm_gemm_xs_pass<GVM_GEMM_XS_STEPS>(c, out, (long long)tp * out.stride[0],
-                                                reinterpret_cast<const char*>(x.ptr) + tp * x_row, x_row, nt, w_base,
-                                                w_row, r0, row_end, K, pol);
+        for (int tp = t0; tp < t0 + tn; tp += GVM_GEMM_XS_TILE) {
+            const int nt = t0 + tn - tp < GVM_GEMM_XS_TILE ? t0 + tn - tp : GVM_GEMM_XS_TILE;
+            gvm_gemm_xs_pass(c, out, (long long)tp * out.stride[0] + r0,
+                             reinterpret_cast<const char*>(w.ptr) + r0 * w_row, w_row, nr,
+                             reinterpret_cast<const char*>(x.ptr) + tp * x_row, x_row, nt, K, pol);
         }
     }
     return GVM_ERR_NONE;

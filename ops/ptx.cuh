@@ -147,6 +147,16 @@ __device__ __forceinline__ uint4 gvm_lds_u4(unsigned a) {
     return v;
 }
 
+// Four 8x8 b16 matrices from shared memory: lane l gives the address of row
+// l % 8 of matrix l / 8 (16 bytes, 16-byte aligned); lane (g, q) gets row g,
+// columns 2q and 2q + 1 of matrix j in word j (the mma fragment layout).
+__device__ __forceinline__ uint4 gvm_ldsm_x4(unsigned addr) {
+    uint4 v;
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr) : "memory");
+    return v;
+}
+
 // ---- tensor cores ---------------------------------------------------------------------
 // D += A(16x16, row) * B(16x8, col), f16 or bf16 in, f32 accumulate (PTX fragment layout).
 __device__ __forceinline__ void gvm_mma_f16(float (&d)[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3,

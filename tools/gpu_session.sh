@@ -86,14 +86,14 @@ for s in $steps; do
            XCASES=${XS_CASES:-full-c16-t8,full-c32-t8,sliding-c16-t8,sliding-c32-t8,full-c32-t1}
            timeout 270 python3 tools/sched_probe.py --out "$OUT/xs_probe.json" --modes dynamic --depths 1 --variants "xs:,old:GVM_GEMM_XS_MIN=0,s2:GVM_GEMM_XS_STEPS=2" --tiles "span:,nospan:gemm_span=1000000" --cases $XCASES --step ${XS_STEPS:-16x8,32x8} > "$OUT/xs_probe.log" 2>&1; echo "xs probe rc=$?"; grep -v "^$" "$OUT/xs_probe.log" | tail -48
            timeout 100 python3 tools/sched_probe.py --out "$OUT/xs_probe32.json" --modes dynamic --depths 1 --variants "xs32:GVM_GEMM_XS_MIN=32" --tiles "span32:gemm_span=32" --cases $XCASES --step ${XS_STEPS32:-32x1,16x8} > "$OUT/xs_probe32.log" 2>&1; echo "xs probe32 rc=$?"; grep -v "^$" "$OUT/xs_probe32.log" | tail -8 ;;
-    xs2) # the staged-x GEMM with W fetched into L2 ahead (GVM_GEMM_XS_PF 8, the default) against 0 and 16 stages ahead, 5 x stages,
-         # and the token tiles of 8 (GVM_GEMM_XS_MIN=0), all on the span tiling; traced 2-layer steps at 32x8 of the default and the old path
-           timeout 200 python3 tools/prebuild.py --trace base GVM_GEMM_XS_MIN=0 GVM_GEMM_XS_PF=0 GVM_GEMM_XS_PF=16 GVM_GEMM_XS_STAGES=5; echo "prebuild rc=$?"
+    xs2) # the staged GEMM (W and x in shared memory, ldmatrix; GVM_GEMM_XS_STAGES 3, W into L2 GVM_GEMM_XS_PF 8 stages ahead) against 2 stages,
+         # no L2 prefetch and the token tiles of 8 (GVM_GEMM_XS_MIN=0), on the span tiling; spans of 32 from 32 tokens; traced 2-layer 32x8 steps
+           timeout 200 python3 tools/prebuild.py --trace base GVM_GEMM_XS_MIN=0 GVM_GEMM_XS_PF=0 GVM_GEMM_XS_STAGES=2 GVM_GEMM_XS_MIN=32; echo "prebuild rc=$?"
            timeout 100 python3 tools/ops_check.py --only gemm > "$OUT/xs2_ops_check.log" 2>&1; echo "ops_check gemm rc=$?"; tail -1 "$OUT/xs2_ops_check.log"
-           timeout 200 python3 tools/sched_probe.py --out "$OUT/xs2_probe.json" --modes dynamic --depths 1 --variants "pf8:,pf0:GVM_GEMM_XS_PF=0,pf16:GVM_GEMM_XS_PF=16,st5:GVM_GEMM_XS_STAGES=5,old:GVM_GEMM_XS_MIN=0" --cases ${XS_CASES:-sliding-c32-t8,full-c16-t8,sliding-c16-t8} --step ${XS_STEPS:-32x8} > "$OUT/xs2_probe.log" 2>&1; echo "xs2 probe rc=$?"; grep -v "^$" "$OUT/xs2_probe.log" | tail -20
+           timeout 200 python3 tools/sched_probe.py --out "$OUT/xs2_probe.json" --modes dynamic --depths 1 --variants "xs:,st2:GVM_GEMM_XS_STAGES=2,pf0:GVM_GEMM_XS_PF=0,old:GVM_GEMM_XS_MIN=0" --cases ${XS_CASES:-sliding-c32-t8,full-c32-t8,full-c16-t8,sliding-c16-t8} --step ${XS_STEPS:-32x8,16x8} > "$OUT/xs2_probe.log" 2>&1; echo "xs2 probe rc=$?"; grep -v "^$" "$OUT/xs2_probe.log" | tail -24
+           timeout 120 python3 tools/sched_probe.py --out "$OUT/xs2_probe32.json" --modes dynamic --depths 1 --variants "xs32:GVM_GEMM_XS_MIN=32" --tiles "span:,span32:gemm_span=32" --cases full-c32-t1,sliding-c32-t8 --step 32x1 > "$OUT/xs2_probe32.log" 2>&1; echo "xs2 probe32 rc=$?"; grep -v "^$" "$OUT/xs2_probe32.log" | tail -8
            mkdir -p "$OUT/tr"
-           timeout 100 python3 tools/step_trace.py --layers 2 --shape 32x8 --out "$OUT/tr/step-trace-32x8.npz" > "$OUT/step_trace_xs.log" 2>&1; echo "step trace xs rc=$?"; tail -18 "$OUT/step_trace_xs.log"
-           timeout 100 python3 tools/step_trace.py --layers 2 --shape 32x8 --define GVM_GEMM_XS_MIN=0 --out "$OUT/tr/step-trace-32x8-old.npz" > "$OUT/step_trace_old.log" 2>&1; echo "step trace old rc=$?"; tail -18 "$OUT/step_trace_old.log"
+           timeout 100 python3 tools/step_trace.py --layers 2 --shape 32x8 --out "$OUT/tr/step-trace-32x8.npz" > "$OUT/step_trace_xs.log" 2>&1; echo "step trace xs rc=$?"; tail -17 "$OUT/step_trace_xs.log"
            (cd "$OUT" && tar czf traces.tgz tr && rm -rf tr) ;;
     gputests) timeout ${T_GPUTESTS:-200} python3 -m pytest -q -p no:cacheprovider tests/gpu > "$OUT/tests_gpu.log" 2>&1; echo "tests/gpu rc=$?"; tail -4 "$OUT/tests_gpu.log" ;;
     vmtest) timeout ${T_VMTEST:-150} python3 -m pytest -q -x -p no:cacheprovider tests/gpu/test_vm.py > "$OUT/test_vm.log" 2>&1; echo "test_vm rc=$?"; tail -8 "$OUT/test_vm.log" ;;

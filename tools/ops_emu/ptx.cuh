@@ -137,6 +137,18 @@ inline unsigned gvm_lds_u(unsigned a) { return gvm_emu_lds<unsigned>(a); }
 inline float4 gvm_lds_f4(unsigned a) { return gvm_emu_lds<float4>(a); }
 inline uint4 gvm_lds_u4(unsigned a) { return gvm_emu_lds<uint4>(a); }
 
+// ldmatrix .x4: every lane's row address, then lane (g, q) reads row g of
+// matrix j at column 2q (4 bytes) for word j.
+inline uint4 gvm_ldsm_x4(unsigned addr) {
+    const int l = emu::lane(), g = l >> 2, q = l & 3;
+    if (addr % 16 != 0) emu::fail("ldmatrix row address not 16-byte aligned");
+    return emu::exchange(&addr, 1, [&](unsigned (*x)[12]) {
+        unsigned w[4];
+        for (int j = 0; j < 4; ++j) w[j] = gvm_emu_lds<unsigned>(x[8 * j + g][0] + 4 * q);
+        return make_uint4(w[0], w[1], w[2], w[3]);
+    });
+}
+
 // D += A * B with A 16x16 (a0: row g, k 2t..2t+1; a1: row g+8; a2, a3: k + 8),
 // B 16x8 (b0: k 2t..2t+1, col g; b1: k + 8), D (d0, d1: row g, cols 2t, 2t+1;
 // d2, d3: row g+8); g = lane / 4, t = lane % 4; the lower half is the lower index.
