@@ -279,16 +279,16 @@ __device__ __forceinline__ int gvm_gemm_bf16_tiles(const gvm_ctx& c, const gvm_t
 #ifndef GVM_GEMM_XS_MIN  // tokens from which an instruction stages x (0: never; the 4-group kernel has no registers for it)
 #define GVM_GEMM_XS_MIN (GVM_MAX_GROUPS <= 2 ? 64 : 0)
 #endif
-#ifndef GVM_GEMM_XS_STAGES
-#define GVM_GEMM_XS_STAGES 3
-#endif
 #ifndef GVM_GEMM_XS_PF  // W fetched into L2 this many stages ahead of its copies (0: not)
-#define GVM_GEMM_XS_PF 8
+#define GVM_GEMM_XS_PF 0
 #endif
 #define GVM_GEMM_XS_PF_BLOCK 4  // stages a prefetch covers (512 bytes of a row)
 #define GVM_GEMM_XS_TILE 64     // rows and tokens of a pass
 #define GVM_GEMM_XS_HALF (GVM_GEMM_XS_TILE * 128)  // bytes of one operand in a stage
 #define GVM_GEMM_XS_STAGE_BYTES (2 * GVM_GEMM_XS_HALF)
+#ifndef GVM_GEMM_XS_STAGES  // as many as the group's scratch holds, up to 8
+#define GVM_GEMM_XS_STAGES (GVM_GROUP_SMEM / GVM_GEMM_XS_STAGE_BYTES < 8 ? GVM_GROUP_SMEM / GVM_GEMM_XS_STAGE_BYTES : 8)
+#endif
 static_assert(GVM_GEMM_XS_STAGES >= 2, "GVM_GEMM_XS_STAGES: a stage in use and one landing");
 
 // Shared address of 16-byte chunk `ch` of row `row` of an operand at `base`.

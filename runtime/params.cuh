@@ -9,7 +9,9 @@
 #ifndef GVM_MAX_GROUPS
 #define GVM_MAX_GROUPS 4          // compute warp groups a block may have (launch picks 1..this)
 #endif
+#ifndef GVM_GROUP_SMEM
 #define GVM_GROUP_SMEM 49152      // private scratch of each compute group, bytes
+#endif
 #define GVM_CONTROL_THREADS 128   // warps 0-3: controller, loader, warmer, spare
 #define GVM_GROUP_THREADS 128
 #define GVM_BLOCK_THREADS (GVM_CONTROL_THREADS + GVM_MAX_GROUPS * GVM_GROUP_THREADS)

@@ -2,7 +2,7 @@
 # One call on the H200 (the device tool): the VM proofs and timings, the Muse
 # ops standalone, and the decode-case sweep, each under its own time limit,
 # logs and results under $OUT (at most 8 files come back: traces are tarred).
-#   GPUVM_COMMIT=<sha> bash tools/gpu_session.sh [check|ops|opstime|sweep|step|stepsweep|probe|experts|router|park|ring|lists|steptrace|tiles|rowpf|fill|fill2|xstage|trace62|xprobe|xs|xs2|gputests|vmtest ...]
+#   GPUVM_COMMIT=<sha> bash tools/gpu_session.sh [check|ops|opstime|sweep|step|stepsweep|probe|experts|router|park|ring|lists|steptrace|tiles|rowpf|fill|fill2|xstage|trace62|xprobe|xs|xs2|smem|gputests|vmtest ...]
 # (set GPUVM_COMMIT when running a snapshot without .git: else the results name the enclosing checkout)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -94,6 +94,12 @@ for s in $steps; do
            timeout 120 python3 tools/sched_probe.py --out "$OUT/xs2_probe32.json" --modes dynamic --depths 1 --variants "xs32:GVM_GEMM_XS_MIN=32" --tiles "span:,span32:gemm_span=32" --cases full-c32-t1,sliding-c32-t8 --step 32x1 > "$OUT/xs2_probe32.log" 2>&1; echo "xs2 probe32 rc=$?"; grep -v "^$" "$OUT/xs2_probe32.log" | tail -8
            mkdir -p "$OUT/tr"
            timeout 100 python3 tools/step_trace.py --layers 2 --shape 32x8 --out "$OUT/tr/step-trace-32x8.npz" > "$OUT/step_trace_xs.log" 2>&1; echo "step trace xs rc=$?"; tail -17 "$OUT/step_trace_xs.log"
+           (cd "$OUT" && tar czf traces.tgz tr && rm -rf tr) ;;
+    smem) # the groups' scratch at 48 KB (the default) against 96 and 64 KB (GVM_GROUP_SMEM: the staged GEMM's stages, attention's and the experts' buffers grow with it), W into L2 ahead at 96 KB; traced 2-layer 32x8 step at 96 KB
+           timeout 200 python3 tools/prebuild.py base GVM_GROUP_SMEM=98304 GVM_GROUP_SMEM=98304+GVM_GEMM_XS_PF=8 GVM_GROUP_SMEM=65536; echo "prebuild rc=$?"
+           timeout 260 python3 tools/sched_probe.py --out "$OUT/smem_probe.json" --modes dynamic --depths 1 --variants "s48:,s96:GVM_GROUP_SMEM=98304,s96pf:GVM_GROUP_SMEM=98304+GVM_GEMM_XS_PF=8,s64:GVM_GROUP_SMEM=65536" --cases ${SMEM_CASES:-sliding-c32-t8,full-c32-t8,full-c1-t1,sliding-c1-t8,full-c16-t1} --step ${SMEM_STEPS:-32x8,1x1,16x1} > "$OUT/smem_probe.log" 2>&1; echo "smem probe rc=$?"; grep -v "^$" "$OUT/smem_probe.log" | tail -32
+           mkdir -p "$OUT/tr"
+           timeout 100 python3 tools/step_trace.py --layers 2 --shape 32x8 --define GVM_GROUP_SMEM=98304 --out "$OUT/tr/step-trace-32x8-s96.npz" > "$OUT/step_trace_s96.log" 2>&1; echo "step trace s96 rc=$?"; tail -17 "$OUT/step_trace_s96.log"
            (cd "$OUT" && tar czf traces.tgz tr && rm -rf tr) ;;
     gputests) timeout ${T_GPUTESTS:-200} python3 -m pytest -q -p no:cacheprovider tests/gpu > "$OUT/tests_gpu.log" 2>&1; echo "tests/gpu rc=$?"; tail -4 "$OUT/tests_gpu.log" ;;
     vmtest) timeout ${T_VMTEST:-150} python3 -m pytest -q -x -p no:cacheprovider tests/gpu/test_vm.py > "$OUT/test_vm.log" 2>&1; echo "test_vm rc=$?"; tail -8 "$OUT/test_vm.log" ;;
