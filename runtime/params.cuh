@@ -9,8 +9,14 @@
 #ifndef GVM_MAX_GROUPS
 #define GVM_MAX_GROUPS 4          // compute warp groups a block may have (launch picks 1..this)
 #endif
+// Private scratch of each compute group, bytes. 64 KB with up to 2 groups
+// (the Muse kernel): the staged GEMM's 4th stage (ops/gemm.cuh) and
+// attention's and the experts' buffers grow with it, and what is left of the
+// SM's 256 KB still serves as L1. H200, bdf5c57, 48 / 64 / 96 KB: 256-token
+// layer sliding-c32-t8 1838 / 1760 / 1724 us, step 32x8 140.0 / 136.3 / 135.4
+// ms, but step 1x1 11.40 / 11.46 / 13.19 ms (96 KB leaves L1 ~60 KB).
 #ifndef GVM_GROUP_SMEM
-#define GVM_GROUP_SMEM 49152      // private scratch of each compute group, bytes
+#define GVM_GROUP_SMEM (GVM_MAX_GROUPS <= 2 ? 65536 : 49152)
 #endif
 #define GVM_CONTROL_THREADS 128   // warps 0-3: controller, loader, warmer, spare
 #define GVM_GROUP_THREADS 128

@@ -2,7 +2,7 @@
 # One call on the H200 (the device tool): the VM proofs and timings, the Muse
 # ops standalone, and the decode-case sweep, each under its own time limit,
 # logs and results under $OUT (at most 8 files come back: traces are tarred).
-#   GPUVM_COMMIT=<sha> bash tools/gpu_session.sh [check|ops|opstime|sweep|step|stepsweep|probe|experts|router|park|ring|lists|steptrace|tiles|rowpf|fill|fill2|xstage|trace62|xprobe|xs|xs2|smem|gputests|vmtest ...]
+#   GPUVM_COMMIT=<sha> bash tools/gpu_session.sh [check|ops|opstime|sweep|step|stepsweep|probe|experts|router|park|ring|lists|steptrace|tiles|rowpf|fill|fill2|xstage|trace62|xprobe|xs|xs2|smem|tiles2|gputests|vmtest ...]
 # (set GPUVM_COMMIT when running a snapshot without .git: else the results name the enclosing checkout)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -101,6 +101,8 @@ for s in $steps; do
            mkdir -p "$OUT/tr"
            timeout 100 python3 tools/step_trace.py --layers 2 --shape 32x8 --define GVM_GROUP_SMEM=98304 --out "$OUT/tr/step-trace-32x8-s96.npz" > "$OUT/step_trace_s96.log" 2>&1; echo "step trace s96 rc=$?"; tail -17 "$OUT/step_trace_s96.log"
            (cd "$OUT" && tar czf traces.tgz tr && rm -rf tr) ;;
+    tiles2) # the span tiling (one wave of 264, 64-token spans) against a fill of 528 and 128-token spans, at 128 and 256 tokens
+           timeout 150 python3 tools/sched_probe.py --out "$OUT/tiles2_probe.json" --modes dynamic --depths 1 --variants base: --tiles "f264:,f528:gemm_fill=528,span128:gemm_span=128" --cases ${TILES2_CASES:-sliding-c32-t8,full-c16-t8} --step ${TILES2_STEPS:-32x8} > "$OUT/tiles2_probe.log" 2>&1; echo "tiles2 probe rc=$?"; grep -v "^$" "$OUT/tiles2_probe.log" | tail -10 ;;
     gputests) timeout ${T_GPUTESTS:-200} python3 -m pytest -q -p no:cacheprovider tests/gpu > "$OUT/tests_gpu.log" 2>&1; echo "tests/gpu rc=$?"; tail -4 "$OUT/tests_gpu.log" ;;
     vmtest) timeout ${T_VMTEST:-150} python3 -m pytest -q -x -p no:cacheprovider tests/gpu/test_vm.py > "$OUT/test_vm.log" 2>&1; echo "test_vm rc=$?"; tail -8 "$OUT/test_vm.log" ;;
     *) echo "unknown step $s"; exit 2 ;;
