@@ -14,8 +14,8 @@
 // T > 8 loops over token tiles and re-reads the instruction's weight rows
 // (from L2) for each unless GVM_GEMM_TT > 1: with 4 (the 2-group default) a pass
 // over the weights serves 4 token tiles (measured: the 256-token layer 5.0 -> 4.2 ms).
-// From GVM_GEMM_XS_MIN tokens the group stages x in shared memory instead
-// (gvm_gemm_xs, below).
+// From GVM_GEMM_XS_MIN tokens the group stages W and x in shared memory
+// instead (gvm_gemm_xs, below).
 //
 // f32 path (x, W, out f32; the router): CUDA-core FMAs, the group splits K.
 // Both paths take a token range (a2 t0, a3 count; 0: all tokens) in the
@@ -271,18 +271,14 @@ __device__ __forceinline__ int gvm_gemm_bf16_tiles(const gvm_ctx& c, const gvm_t
 // by cp.async GVM_GEMM_XS_STAGES deep, and the 4 warps (2 x 2, 32 rows x 32
 // tokens each) take their fragments with ldmatrix, in the standard k order.
 // A 16-byte chunk c of a stage's row r sits at chunk c ^ (r & 7), so the 8
-// rows an ldmatrix phase reads hit 8 different bank groups. W goes into L2
-// GVM_GEMM_XS_PF stages ahead of its copies (a bulk prefetch per row), since
-// the stages alone are only a fraction of a microsecond ahead. An
-// instruction loops over its rows, then its tokens, a pass at a time; rows and
-// tokens past its end are zero-filled and not stored.
+// rows an ldmatrix phase reads hit 8 different bank groups. An instruction
+// loops over its rows, then its tokens, a pass at a time; rows and tokens
+// past its end are zero-filled and not stored. (Fetching W into L2 a few
+// stages ahead by bulk prefetch lost: H200, 866548f, sliding-c32-t8 1945 us
+// with, 1846 without; more stages won instead: runtime/params.cuh.)
 #ifndef GVM_GEMM_XS_MIN  // tokens from which an instruction stages x (0: never; the 4-group kernel has no registers for it)
 #define GVM_GEMM_XS_MIN (GVM_MAX_GROUPS <= 2 ? 64 : 0)
 #endif
-#ifndef GVM_GEMM_XS_PF  // W fetched into L2 this many stages ahead of its copies (0: not)
-#define GVM_GEMM_XS_PF 0
-#endif
-#define GVM_GEMM_XS_PF_BLOCK 4  // stages a prefetch covers (512 bytes of a row)
 #define GVM_GEMM_XS_TILE 64     // rows and tokens of a pass
 #define GVM_GEMM_XS_HALF (GVM_GEMM_XS_TILE * 128)  // bytes of one operand in a stage
 #define GVM_GEMM_XS_STAGE_BYTES (2 * GVM_GEMM_XS_HALF)
@@ -312,14 +308,6 @@ __device__ __forceinline__ void gvm_gemm_xs_stage(unsigned buf, const char* wt, 
     }
 }
 
-// Threads 0-63: row `row` of W (none past nr), stages [k0, k0 + n) into L2.
-__device__ __forceinline__ void gvm_gemm_xs_prefetch(const char* wt, long long w_row, int nr, unsigned tid, int k0,
-                                                     int n, int nk) {
-    n = k0 + n < nk ? n : nk - k0;
-    if (GVM_GEMM_XS_PF > 0 && (int)tid < nr && tid < GVM_GEMM_XS_TILE && n > 0)
-        gvm_prefetch_l2(wt + (long long)tid * w_row + k0 * 128, (unsigned)n * 128u);
-}
-
 // One pass: W rows [0, nr) past wt (nr <= 64) x tokens [0, nt) past xt
 // (nt <= 64), all of K (a multiple of 64); out's (token 0, row 0) at `ot`.
 __device__ __forceinline__ void gvm_gemm_xs_pass(const gvm_ctx& c, const gvm_tensor& out, long long ot,
@@ -341,7 +329,6 @@ __device__ __forceinline__ void gvm_gemm_xs_pass(const gvm_ctx& c, const gvm_ten
     for (int m = 0; m < 2; ++m)
 #pragma unroll
         for (int n = 0; n < 4; ++n) acc[m][n][0] = acc[m][n][1] = acc[m][n][2] = acc[m][n][3] = 0.f;
-    gvm_gemm_xs_prefetch(wt, w_row, nr, tid, 0, GVM_GEMM_XS_PF, nk);
 #pragma unroll
     for (int s = 0; s < NS - 1; ++s) {
         if (s < nk) gvm_gemm_xs_stage(stage0 + s * GVM_GEMM_XS_STAGE_BYTES, wt, w_row, nr, xt, x_row, nt, s, tid, pol);
@@ -356,8 +343,6 @@ __device__ __forceinline__ void gvm_gemm_xs_pass(const gvm_ctx& c, const gvm_ten
         if (kn < nk)
             gvm_gemm_xs_stage(stage0 + (kn % NS) * GVM_GEMM_XS_STAGE_BYTES, wt, w_row, nr, xt, x_row, nt, kn, tid, pol);
         gvm_cp_async_commit();
-        if (kc % GVM_GEMM_XS_PF_BLOCK == 0)
-            gvm_gemm_xs_prefetch(wt, w_row, nr, tid, kc + GVM_GEMM_XS_PF, GVM_GEMM_XS_PF_BLOCK, nk);
         const unsigned sw = stage0 + (kc % NS) * GVM_GEMM_XS_STAGE_BYTES, sx = sw + GVM_GEMM_XS_HALF;
 #pragma unroll
         for (int s = 0; s < 4; ++s) {  // k16 steps of the stage

@@ -2,7 +2,7 @@
 # One call on the H200 (the device tool): the VM proofs and timings, the Muse
 # ops standalone, and the decode-case sweep, each under its own time limit,
 # logs and results under $OUT (at most 8 files come back: traces are tarred).
-#   GPUVM_COMMIT=<sha> bash tools/gpu_session.sh [check|ops|opstime|sweep|step|stepsweep|probe|experts|router|park|ring|lists|steptrace|tiles|rowpf|fill|fill2|xstage|trace62|xprobe|xs|xs2|smem|tiles2|gputests|vmtest ...]
+#   GPUVM_COMMIT=<sha> bash tools/gpu_session.sh [check|ops|opstime|sweep|step|stepsweep|probe|experts|router|park|ring|lists|steptrace|tiles|rowpf|fill|fill2|xstage|trace62|xprobe|smem|tiles2|gputests|vmtest ...]
 # (set GPUVM_COMMIT when running a snapshot without .git: else the results name the enclosing checkout)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -79,22 +79,6 @@ for s in $steps; do
            timeout 200 python3 tools/prebuild.py base GVM_EXPR_PROBE=3 GVM_EXPR_PROBE=4 GVM_EXPR_PROBE=8 GVM_EXPR_PROBE=16 GVM_EXPR_PROBE=32 GVM_EXPR_PROBE=64; echo "prebuild rc=$?"
            for v in 0 3 4 8 16 32 64; do timeout 60 python3 tools/expert_bench.py --quick --reps 10 --define GVM_EXPR_PROBE=$v --out "$OUT/xprobe$v.json" > "$OUT/xprobe$v.log" 2>&1; echo "expert_bench probe=$v rc=$?"; tail -5 "$OUT/xprobe$v.log"; done
            (cd "$OUT" && tar czf xprobe.tgz xprobe*.json xprobe*.log && rm -f xprobe*.json xprobe*.log) ;;
-    xs) # bf16 GEMMs at 64+ tokens with x staged in shared memory (GVM_GEMM_XS_MIN 64 and Tiles.gemm_span 64, the defaults) against
-        # the token tiles of 8 (GVM_GEMM_XS_MIN=0) with and without the span tiling; 2 k-steps of W in flight; spans of 32 from 32 tokens
-           timeout 200 python3 tools/prebuild.py --trace base GVM_GEMM_XS_MIN=0 GVM_GEMM_XS_STEPS=2 GVM_GEMM_XS_MIN=32; echo "prebuild rc=$?"
-           timeout 150 python3 tools/ops_check.py --only gemm > "$OUT/xs_ops_check.log" 2>&1; echo "ops_check gemm rc=$?"; tail -8 "$OUT/xs_ops_check.log"
-           XCASES=${XS_CASES:-full-c16-t8,full-c32-t8,sliding-c16-t8,sliding-c32-t8,full-c32-t1}
-           timeout 270 python3 tools/sched_probe.py --out "$OUT/xs_probe.json" --modes dynamic --depths 1 --variants "xs:,old:GVM_GEMM_XS_MIN=0,s2:GVM_GEMM_XS_STEPS=2" --tiles "span:,nospan:gemm_span=1000000" --cases $XCASES --step ${XS_STEPS:-16x8,32x8} > "$OUT/xs_probe.log" 2>&1; echo "xs probe rc=$?"; grep -v "^$" "$OUT/xs_probe.log" | tail -48
-           timeout 100 python3 tools/sched_probe.py --out "$OUT/xs_probe32.json" --modes dynamic --depths 1 --variants "xs32:GVM_GEMM_XS_MIN=32" --tiles "span32:gemm_span=32" --cases $XCASES --step ${XS_STEPS32:-32x1,16x8} > "$OUT/xs_probe32.log" 2>&1; echo "xs probe32 rc=$?"; grep -v "^$" "$OUT/xs_probe32.log" | tail -8 ;;
-    xs2) # the staged GEMM (W and x in shared memory, ldmatrix; GVM_GEMM_XS_STAGES 3, W into L2 GVM_GEMM_XS_PF 8 stages ahead) against 2 stages,
-         # no L2 prefetch and the token tiles of 8 (GVM_GEMM_XS_MIN=0), on the span tiling; spans of 32 from 32 tokens; traced 2-layer 32x8 steps
-           timeout 200 python3 tools/prebuild.py --trace base GVM_GEMM_XS_MIN=0 GVM_GEMM_XS_PF=0 GVM_GEMM_XS_STAGES=2 GVM_GEMM_XS_MIN=32; echo "prebuild rc=$?"
-           timeout 100 python3 tools/ops_check.py --only gemm > "$OUT/xs2_ops_check.log" 2>&1; echo "ops_check gemm rc=$?"; tail -1 "$OUT/xs2_ops_check.log"
-           timeout 200 python3 tools/sched_probe.py --out "$OUT/xs2_probe.json" --modes dynamic --depths 1 --variants "xs:,st2:GVM_GEMM_XS_STAGES=2,pf0:GVM_GEMM_XS_PF=0,old:GVM_GEMM_XS_MIN=0" --cases ${XS_CASES:-sliding-c32-t8,full-c32-t8,full-c16-t8,sliding-c16-t8} --step ${XS_STEPS:-32x8,16x8} > "$OUT/xs2_probe.log" 2>&1; echo "xs2 probe rc=$?"; grep -v "^$" "$OUT/xs2_probe.log" | tail -24
-           timeout 120 python3 tools/sched_probe.py --out "$OUT/xs2_probe32.json" --modes dynamic --depths 1 --variants "xs32:GVM_GEMM_XS_MIN=32" --tiles "span:,span32:gemm_span=32" --cases full-c32-t1,sliding-c32-t8 --step 32x1 > "$OUT/xs2_probe32.log" 2>&1; echo "xs2 probe32 rc=$?"; grep -v "^$" "$OUT/xs2_probe32.log" | tail -8
-           mkdir -p "$OUT/tr"
-           timeout 100 python3 tools/step_trace.py --layers 2 --shape 32x8 --out "$OUT/tr/step-trace-32x8.npz" > "$OUT/step_trace_xs.log" 2>&1; echo "step trace xs rc=$?"; tail -17 "$OUT/step_trace_xs.log"
-           (cd "$OUT" && tar czf traces.tgz tr && rm -rf tr) ;;
     smem) # the groups' scratch at 48 KB (the default) against 96 and 64 KB (GVM_GROUP_SMEM: the staged GEMM's stages, attention's and the experts' buffers grow with it), W into L2 ahead at 96 KB; traced 2-layer 32x8 step at 96 KB
            timeout 200 python3 tools/prebuild.py base GVM_GROUP_SMEM=98304 GVM_GROUP_SMEM=98304+GVM_GEMM_XS_PF=8 GVM_GROUP_SMEM=65536; echo "prebuild rc=$?"
            timeout 260 python3 tools/sched_probe.py --out "$OUT/smem_probe.json" --modes dynamic --depths 1 --variants "s48:,s96:GVM_GROUP_SMEM=98304,s96pf:GVM_GROUP_SMEM=98304+GVM_GEMM_XS_PF=8,s64:GVM_GROUP_SMEM=65536" --cases ${SMEM_CASES:-sliding-c32-t8,full-c32-t8,full-c1-t1,sliding-c1-t8,full-c16-t1} --step ${SMEM_STEPS:-32x8,1x1,16x1} > "$OUT/smem_probe.log" 2>&1; echo "smem probe rc=$?"; grep -v "^$" "$OUT/smem_probe.log" | tail -32
