@@ -79,9 +79,9 @@ for s in $steps; do
            timeout 200 python3 tools/prebuild.py base GVM_EXPR_PROBE=3 GVM_EXPR_PROBE=4 GVM_EXPR_PROBE=8 GVM_EXPR_PROBE=16 GVM_EXPR_PROBE=32 GVM_EXPR_PROBE=64; echo "prebuild rc=$?"
            for v in 0 3 4 8 16 32 64; do timeout 60 python3 tools/expert_bench.py --quick --reps 10 --define GVM_EXPR_PROBE=$v --out "$OUT/xprobe$v.json" > "$OUT/xprobe$v.log" 2>&1; echo "expert_bench probe=$v rc=$?"; tail -5 "$OUT/xprobe$v.log"; done
            (cd "$OUT" && tar czf xprobe.tgz xprobe*.json xprobe*.log && rm -f xprobe*.json xprobe*.log) ;;
-    smem) # the groups' scratch at 48 KB (the default) against 96 and 64 KB (GVM_GROUP_SMEM: the staged GEMM's stages, attention's and the experts' buffers grow with it), W into L2 ahead at 96 KB; traced 2-layer 32x8 step at 96 KB
-           timeout 200 python3 tools/prebuild.py base GVM_GROUP_SMEM=98304 GVM_GROUP_SMEM=98304+GVM_GEMM_XS_PF=8 GVM_GROUP_SMEM=65536; echo "prebuild rc=$?"
-           timeout 260 python3 tools/sched_probe.py --out "$OUT/smem_probe.json" --modes dynamic --depths 1 --variants "s48:,s96:GVM_GROUP_SMEM=98304,s96pf:GVM_GROUP_SMEM=98304+GVM_GEMM_XS_PF=8,s64:GVM_GROUP_SMEM=65536" --cases ${SMEM_CASES:-sliding-c32-t8,full-c32-t8,full-c1-t1,sliding-c1-t8,full-c16-t1} --step ${SMEM_STEPS:-32x8,1x1,16x1} > "$OUT/smem_probe.log" 2>&1; echo "smem probe rc=$?"; grep -v "^$" "$OUT/smem_probe.log" | tail -32
+    smem) # the groups' scratch at 64 KB (the default) against 48 and 96 KB (GVM_GROUP_SMEM: the staged GEMM's stages, attention's and the experts' buffers grow with it); traced 2-layer 32x8 step at 96 KB
+           timeout 200 python3 tools/prebuild.py base GVM_GROUP_SMEM=98304 GVM_GROUP_SMEM=49152; echo "prebuild rc=$?"
+           timeout 260 python3 tools/sched_probe.py --out "$OUT/smem_probe.json" --modes dynamic --depths 1 --variants "s64:,s96:GVM_GROUP_SMEM=98304,s48:GVM_GROUP_SMEM=49152" --cases ${SMEM_CASES:-sliding-c32-t8,full-c32-t8,full-c1-t1,sliding-c1-t8,full-c16-t1} --step ${SMEM_STEPS:-32x8,1x1,16x1} > "$OUT/smem_probe.log" 2>&1; echo "smem probe rc=$?"; grep -v "^$" "$OUT/smem_probe.log" | tail -32
            mkdir -p "$OUT/tr"
            timeout 100 python3 tools/step_trace.py --layers 2 --shape 32x8 --define GVM_GROUP_SMEM=98304 --out "$OUT/tr/step-trace-32x8-s96.npz" > "$OUT/step_trace_s96.log" 2>&1; echo "step trace s96 rc=$?"; tail -17 "$OUT/step_trace_s96.log"
            (cd "$OUT" && tar czf traces.tgz tr && rm -rf tr) ;;
