@@ -605,6 +605,136 @@ __device__ __forceinline__ void gvm_gemm_f32_tile(const gvm_ctx& c, unsigned tid
     }
 }
 
+// ---- f32 at many tokens (the router): W and x staged in shared memory ------------------
+// The register tiles above (RN rows x TT tokens a call) read each row of W
+// once per 8 tokens and each token of x once per 2 rows, all from L2: the
+// 256-token router read ~1 GB in 430 us, beside a squeeze GEMM of 166. Here a
+// pass covers 32 rows x 64 tokens, each stage 32 k of both (4 + 8 KB, 128
+// bytes a row) by cp.async, GVM_GEMM_F32_XS_STAGES deep, and thread t sums
+// rows 4 (t % 8) .. + 3 x tokens 4 (t / 8) .. + 3 from float4 reads of the
+// stage: the 8 threads of an LDS phase read 8 rows of W (chunk c of row r
+// sits at c ^ ((r / 4) % 8): 8 bank groups) and one address of x (a
+// broadcast). Each output is a sum in k order, a stage at a time into a
+// partial that is then added to the total (blocked: rounding grows with the
+// 256 stages, not the 8192 terms), so the result does not depend on the
+// schedule.
+#ifndef GVM_GEMM_F32_XS_MIN  // tokens from which the f32 path stages (0: never; the 4-group kernel has no registers for it)
+#define GVM_GEMM_F32_XS_MIN (GVM_MAX_GROUPS <= 2 ? 64 : 0)
+#endif
+#define GVM_F32XS_ROWS 32
+#define GVM_F32XS_TOK 64
+#define GVM_F32XS_W_BYTES (GVM_F32XS_ROWS * 128)
+#define GVM_F32XS_STAGE_BYTES (GVM_F32XS_W_BYTES + GVM_F32XS_TOK * 128)
+#ifndef GVM_GEMM_F32_XS_STAGES  // as many as the group's scratch holds, up to 6
+#define GVM_GEMM_F32_XS_STAGES (GVM_GROUP_SMEM / GVM_F32XS_STAGE_BYTES < 6 ? GVM_GROUP_SMEM / GVM_F32XS_STAGE_BYTES : 6)
+#endif
+static_assert(GVM_GEMM_F32_XS_STAGES >= 2, "GVM_GEMM_F32_XS_STAGES: a stage in use and one landing");
+
+__device__ __forceinline__ unsigned gvm_f32xs_w_at(unsigned stage, int row, int ch) {
+    return stage + (unsigned)row * 128u + ((unsigned)(ch ^ ((row >> 2) & 7)) << 4);
+}
+
+// Starts copying stage kc (k in [32 kc, 32 kc + 32)) of W rows [0, nr) past
+// wb and x tokens [0, nt) past xb into `stage`; the rest is zeros.
+__device__ __forceinline__ void gvm_f32xs_stage(unsigned stage, const char* wb, long long w_row, int nr, const char* xb,
+                                                long long x_row, int nt, int kc, unsigned tid,
+                                                unsigned long long pol) {
+    const int ch = (int)(tid & 7u), r0 = (int)(tid >> 3);
+#pragma unroll
+    for (int i = 0; i < GVM_F32XS_ROWS / 16; ++i) {
+        const int r = r0 + 16 * i;
+        gvm_cp_async16(gvm_f32xs_w_at(stage, r, ch), wb + (long long)(r < nr ? r : 0) * w_row + kc * 128 + ch * 16,
+                       r < nr, pol);
+    }
+#pragma unroll
+    for (int i = 0; i < GVM_F32XS_TOK / 16; ++i) {
+        const int t = r0 + 16 * i;
+        gvm_cp_async16(stage + GVM_F32XS_W_BYTES + (unsigned)(t * 128 + ch * 16),
+                       xb + (long long)(t < nt ? t : 0) * x_row + kc * 128 + ch * 16, t < nt, pol);
+    }
+}
+
+// One pass: W rows [0, nr) past wb x tokens [0, nt) past xb, all of K (n4
+// float4s, a multiple of 8); out's (token 0, row 0) at ob.
+__device__ __forceinline__ void gvm_f32xs_pass(const gvm_ctx& c, float* ob, long long o_row, const char* wb,
+                                               long long w_row, int nr, const char* xb, long long x_row, int nt,
+                                               int n4, unsigned long long pol) {
+    constexpr int NS = GVM_GEMM_F32_XS_STAGES;
+    const unsigned tid = gvm_gemm_opaque(c.tid);  // not hoisted out of the persistent loop (registers)
+    const int rg = 4 * (int)(tid & 7u), tg = 4 * (int)(tid >> 3);
+    const unsigned stage0 = gvm_smem_addr(c.smem);
+    const int nk = n4 / 8;
+    float tot[4][4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) tot[i][0] = tot[i][1] = tot[i][2] = tot[i][3] = 0.f;
+#pragma unroll
+    for (int s = 0; s < NS - 1; ++s) {
+        if (s < nk) gvm_f32xs_stage(stage0 + s * GVM_F32XS_STAGE_BYTES, wb, w_row, nr, xb, x_row, nt, s, tid, pol);
+        gvm_cp_async_commit();
+    }
+#pragma unroll 1
+    for (int kc = 0; kc < nk; ++kc) {
+        gvm_cp_async_wait<NS - 2>();
+        gvm_group_sync(c);  // stage kc landed for every thread; every thread is done with stage kc - 1
+        const int kn = kc + NS - 1;
+        if (kn < nk)
+            gvm_f32xs_stage(stage0 + (kn % NS) * GVM_F32XS_STAGE_BYTES, wb, w_row, nr, xb, x_row, nt, kn, tid, pol);
+        gvm_cp_async_commit();
+        const unsigned sw = stage0 + (kc % NS) * GVM_F32XS_STAGE_BYTES, sx = sw + GVM_F32XS_W_BYTES;
+        float part[4][4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) part[i][0] = part[i][1] = part[i][2] = part[i][3] = 0.f;
+#pragma unroll 2
+        for (int ch = 0; ch < 8; ++ch) {
+            float4 w[4], x[4];
+#pragma unroll
+            for (int i = 0; i < 4; ++i) w[i] = gvm_lds_f4(gvm_f32xs_w_at(sw, rg + i, ch));
+#pragma unroll
+            for (int j = 0; j < 4; ++j) x[j] = gvm_lds_f4(sx + (unsigned)((tg + j) * 128 + ch * 16));
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+#pragma unroll
+                for (int j = 0; j < 4; ++j) {
+                    float a = part[i][j];
+                    a = fmaf(w[i].x, x[j].x, a);
+                    a = fmaf(w[i].y, x[j].y, a);
+                    a = fmaf(w[i].z, x[j].z, a);
+                    a = fmaf(w[i].w, x[j].w, a);
+                    part[i][j] = a;
+                }
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+#pragma unroll
+            for (int j = 0; j < 4; ++j) tot[i][j] += part[i][j];
+        }
+    }
+    gvm_cp_async_wait<0>();
+    gvm_group_sync(c);  // every thread is done with the stages before the next pass refills them
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+            if (rg + i < nr && tg + j < nt) ob[(long long)(tg + j) * o_row + rg + i] = tot[i][j];
+    }
+}
+
+__device__ __forceinline__ void gvm_gemm_f32_xs(const gvm_ctx& c, float* ob, long long o_row, const float* xb,
+                                                long long x_row, const float* wb, long long w_row, int n0, int cnt,
+                                                int T, int n4, unsigned long long pol) {
+#pragma unroll 1
+    for (int r0 = n0; r0 < n0 + cnt; r0 += GVM_F32XS_ROWS) {
+        const int nr = n0 + cnt - r0 < GVM_F32XS_ROWS ? n0 + cnt - r0 : GVM_F32XS_ROWS;
+#pragma unroll 1
+        for (int tp = 0; tp < T; tp += GVM_F32XS_TOK) {
+            const int nt = T - tp < GVM_F32XS_TOK ? T - tp : GVM_F32XS_TOK;
+            gvm_f32xs_pass(c, ob + tp * o_row + r0, o_row, reinterpret_cast<const char*>(wb + r0 * w_row), w_row * 4,
+                           nr, reinterpret_cast<const char*>(xb + tp * x_row), x_row * 4, nt, n4, pol);
+        }
+    }
+}
+
 // Tokens [ta, ta + T) of x and out.
 __device__ __forceinline__ int gvm_gemm_f32(const gvm_ctx& c, const gvm_tensor& out, const gvm_tensor& x,
                                             const gvm_tensor& w, int n0, int cnt, int ta, int T) {
@@ -622,6 +752,12 @@ __device__ __forceinline__ int gvm_gemm_f32(const gvm_ctx& c, const gvm_tensor& 
     // where it would hold registers all along.
     const unsigned tid = gvm_gemm_opaque(c.tid);
     const int end = n0 + cnt;
+    if (GVM_GEMM_F32_XS_MIN > 0 && T >= GVM_GEMM_F32_XS_MIN && n4 % 8 == 0 &&
+        c.smem_bytes >= GVM_GEMM_F32_XS_STAGES * GVM_F32XS_STAGE_BYTES) {
+        // normal, not evict-first: the token spans of a row tile read W at about the same time
+        gvm_gemm_f32_xs(c, ob, o_row, xb, x_row, wb, w_row, n0, cnt, T, n4, gvm_policy_evict_normal());
+        return GVM_ERR_NONE;
+    }
     if (T == 1) {  // W is the whole cost: tiles of GVM_GEMM_F32_RT rows, the rest in 4, 2, 1 (none partial)
         constexpr int RT = GVM_GEMM_F32_RT;
         unsigned buf = 0;

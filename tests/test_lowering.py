@@ -55,13 +55,13 @@ def test_full_size_op_counts_and_tiles(kind: str) -> None:
     chunk = 1024 if kind == "full" else 512  # a sliding window in shorter chunks: 32 x 2 x 5 ops
     nch = -(-S // chunk) if kind == "full" else -(-(2048 + 8 - 1) // chunk)
     assert nch == n_chunks(SHARD, kind, n, S, chunk)
-    # one wave of 264 groups (Tiles.gemm_fill); at 256 tokens the bf16 GEMMs
-    # go in 4 spans of 64 tokens (Tiles.gemm_span) x tiles of 64+ rows:
-    # Wqkvg's q|k|v 64 rows (80 tiles), its g beside them 64 rows (64), Wo 128
-    # rows (256), Wsq beside the router's 128 tiles 128 rows (128), Wex 128
-    # rows (256); the router 64 KB: 2 rows of 32 KB over all tokens; experts:
-    # 264 workers each for up and down
-    gemm_tiles = 4 * (1280 // 64 + 1024 // 64 + 8192 // 128 + 4096 // 128 + 8192 // 128) + 256 // 2
+    # one wave of 264 groups (Tiles.gemm_fill); at 256 tokens the GEMMs go in
+    # 4 spans of 64 tokens (Tiles.gemm_span) x tiles of 64+ bf16 rows: Wqkvg's
+    # q|k|v 64 rows (80 tiles), its g beside them 64 rows (64), Wo 128 rows
+    # (256), Wsq beside the router's 32 tiles 128 rows (128), Wex 128 rows
+    # (256); the f32 router in tiles of 32 rows; experts: 264 workers each for
+    # up and down
+    gemm_tiles = 4 * (1280 // 64 + 1024 // 64 + 8192 // 128 + 256 // 32 + 4096 // 128 + 8192 // 128)
     assert count == {
         Op.RMSNORM: C * n, Op.GEMM: gemm_tiles, Op.QK_ROPE_KV: C, Op.ATTN_CHUNK: C * 2 * nch, Op.ATTN_MERGE: C * 16,
         Op.RESIDUAL: 2 * C * n, Op.TOPK: 1, Op.EXPERT_UP: 264, Op.EXPERT_DOWN: 264, Op.EXPERT_COMBINE: C * n,  # a row each
@@ -69,10 +69,7 @@ def test_full_size_op_counts_and_tiles(kind: str) -> None:
     for o in _ops(s, Op.GEMM):
         w = o.tensors[2]
         assert o.prefetch == (2, o.args[0] * w.row_bytes, o.args[1] * w.row_bytes)
-        if w.dtype == DType.BF16:
-            assert o.args[1] in (64, 128) and o.args[2] % 64 == 0 and o.args[3] == 64
-        else:
-            assert o.args[1] == 2 and tuple(o.args[2:4]) == (0, 0)
+        assert o.args[1] in ((64, 128) if w.dtype == DType.BF16 else (32,)) and o.args[2] % 64 == 0 and o.args[3] == 64
     assert all(o.prefetch is None for o in s.ops if o.opcode in (Op.EXPERT_UP, Op.EXPERT_DOWN))
     # item rows in multiples of a warp's unit (sized on the GPU): 8 gate|up rows, 16 down rows, at most 64
     assert {o.args[2:4] for o in _ops(s, Op.EXPERT_UP)} == {(8, 64)} and {o.args[2:4] for o in _ops(s, Op.EXPERT_DOWN)} == {(16, 64)}
@@ -208,6 +205,10 @@ def test_gemm_spans_cut_many_tokens_into_64_row_tiles() -> None:
     lp = lower_layer(SHARD, "sliding", 16, 8, 4096)
     spans = {tuple(o.args[2:4]) for o in _ops(lp.stream, Op.GEMM) if o.tensors[2].dtype == DType.BF16}
     assert spans == {(0, 64), (64, 64)}
+    router = [o for o in _ops(lp.stream, Op.GEMM) if o.tensors[2].dtype == DType.F32]
+    assert len(router) == 16 and {o.args[1] for o in router} == {32}  # 8 row tiles x 2 spans
+    whole = lower_layer(SHARD, "sliding", 16, 8, 4096, tiles=Tiles(router_span=0))  # router_bytes: 2 rows, all tokens
+    assert {tuple(o.args[1:4]) for o in _ops(whole.stream, Op.GEMM) if o.tensors[2].dtype == DType.F32} == {(2, 0, 0)}
     one = lower_layer(SHARD, "sliding", 32, 1, 4096)  # 32 tokens: below the span, all tokens a tile
     assert {tuple(o.args[2:4]) for o in _ops(one.stream, Op.GEMM)} == {(0, 0)}
 
@@ -227,6 +228,8 @@ def test_gemm_fill_sizes_tiles_to_one_wave() -> None:
     assert per_out == {"L0.qkvg": 72, "L0.a": 32, "L0.scores": 1, "L0.x": 8, "L0.f": 8}
     with pytest.raises(ProgramError, match="gemm_fill"):
         Tiles(gemm_fill=-1)
+    with pytest.raises(ProgramError, match="router_span"):
+        Tiles(router_span=-1)
     with pytest.raises(ProgramError, match="exceeds gemm_max_bytes"):
         Tiles(gemm_min_bytes=1 << 20, gemm_max_bytes=1 << 19)
 

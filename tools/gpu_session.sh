@@ -2,7 +2,7 @@
 # One call on the H200 (the device tool): the VM proofs and timings, the Muse
 # ops standalone, and the decode-case sweep, each under its own time limit,
 # logs and results under $OUT (at most 8 files come back: traces are tarred).
-#   GPUVM_COMMIT=<sha> bash tools/gpu_session.sh [check|ops|opstime|sweep|step|stepsweep|probe|experts|router|park|ring|lists|steptrace|tiles|rowpf|fill|fill2|xstage|trace62|xprobe|smem|tiles2|gputests|vmtest ...]
+#   GPUVM_COMMIT=<sha> bash tools/gpu_session.sh [check|ops|opstime|sweep|step|stepsweep|probe|experts|router|park|ring|lists|steptrace|tiles|rowpf|fill|fill2|xstage|trace62|xprobe|smem|tiles2|router|gputests|vmtest ...]
 # (set GPUVM_COMMIT when running a snapshot without .git: else the results name the enclosing checkout)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -27,8 +27,6 @@ for s in $steps; do
            timeout ${T_SWITCH_LAYERS:-200} python3 -m pytest -q -p no:cacheprovider tests/gpu/test_muse_layer.py -k switches > "$OUT/switch_layers.log" 2>&1; echo "switch layers rc=$?"; tail -3 "$OUT/switch_layers.log"
            for v in 0 1; do timeout 90 python3 tools/expert_bench.py --reps 10 --define GVM_EXPERT_REG=$v --out "$OUT/expert_bench_reg$v.json" > "$OUT/expert_bench_reg$v.log" 2>&1; echo "expert_bench reg=$v rc=$?"; tail -9 "$OUT/expert_bench_reg$v.log"; done
            timeout ${T_EXPERTS_PROBE:-420} python3 tools/sched_probe.py --out "$OUT/experts_probe.json" --depths 1 --variants "base:,noreg:GVM_EXPERT_REG=0,tt1:GVM_GEMM_TT=1,r4:GVM_GEMM_F32_RN=4+GVM_GEMM_F32_TT=4,none:GVM_EXPERT_REG=0+GVM_GEMM_TT=1+GVM_GEMM_F32_RN=4+GVM_GEMM_F32_TT=4" --cases full-c1-t1,sliding-c1-t1,full-c32-t8 --step 1x1,32x8 > "$OUT/experts_probe.log" 2>&1; echo "experts probe rc=$?"; tail -20 "$OUT/experts_probe.log" ;;
-    router) # the router over token halves (Tiles.router_splits 2) against whole-token tiles (1, the default since session 5)
-           timeout ${T_ROUTER:-420} python3 tools/sched_probe.py --out "$OUT/router_probe.json" --depths 1 --variants base: --orders depth --tiles "rs1:,rs2:router_splits=2" --cases full-c1-t1,full-c1-t8,full-c32-t1,full-c16-t8,full-c32-t8,sliding-c32-t8 --step 1x8,32x8 > "$OUT/router_probe.log" 2>&1; echo "router probe rc=$?"; grep -v static "$OUT/router_probe.log" | tail -16 ;;
     park) # parking (GVM_PARK 1, the default since f945f51) against ready first without it, all 12 layers and the six steps in one run, and the chain
            timeout ${T_PARK:-480} python3 tools/sched_probe.py --out "$OUT/park_probe.json" --depths 1 --variants "park:,nopark:GVM_PARK=0" --cases full-c1-t1,full-c1-t8,full-c16-t1,full-c16-t8,full-c32-t1,full-c32-t8,sliding-c1-t1,sliding-c1-t8,sliding-c16-t1,sliding-c16-t8,sliding-c32-t1,sliding-c32-t8 --step 1x1,1x8,16x1,16x8,32x1,32x8 > "$OUT/park_probe.log" 2>&1; echo "park probe rc=$?"; grep -v static "$OUT/park_probe.log" | tail -36
            timeout 90 python3 tools/dispatch_probe.py --chain --variants nap32,nopark,inorder --out "$OUT/chain.json" > "$OUT/chain.log" 2>&1; echo "chain rc=$?"; tail -14 "$OUT/chain.log" ;;
@@ -87,6 +85,12 @@ for s in $steps; do
            (cd "$OUT" && tar czf traces.tgz tr && rm -rf tr) ;;
     tiles2) # the span tiling (one wave of 264, 64-token spans) against a fill of 528 and 128-token spans, at 128 and 256 tokens
            timeout 150 python3 tools/sched_probe.py --out "$OUT/tiles2_probe.json" --modes dynamic --depths 1 --variants base: --tiles "f264:,f528:gemm_fill=528,span128:gemm_span=128" --cases ${TILES2_CASES:-sliding-c32-t8,full-c16-t8} --step ${TILES2_STEPS:-32x8} > "$OUT/tiles2_probe.log" 2>&1; echo "tiles2 probe rc=$?"; grep -v "^$" "$OUT/tiles2_probe.log" | tail -10 ;;
+    router) # the f32 router staged in shared memory from 64 tokens (GVM_GEMM_F32_XS_MIN 64, Tiles.router_span 64: 32-row tiles over 64-token spans)
+            # against its register tiles on the same tiles (GVM_GEMM_F32_XS_MIN=0) and on the old ones (router_span=0: 2 rows, all tokens)
+           timeout 60 python3 tools/prebuild.py base GVM_GEMM_F32_XS_MIN=0; echo "prebuild rc=$?"
+           timeout 35 python3 tools/ops_check.py --only gemm > "$OUT/router_ops_check.log" 2>&1; echo "ops_check gemm rc=$?"; grep -c " ok" "$OUT/router_ops_check.log"; grep "FAIL\|staged\|ALL" "$OUT/router_ops_check.log" | head -6
+           timeout 45 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_muse_layer.py -k "shard_layer_matches_reference and t8" > "$OUT/router_layers.log" 2>&1; echo "t8 layers rc=$?"; tail -2 "$OUT/router_layers.log"
+           timeout 100 python3 tools/sched_probe.py --out "$OUT/router_probe.json" --modes dynamic --depths 1 --variants "rx:,reg:GVM_GEMM_F32_XS_MIN=0" --tiles "span:,whole:router_span=0" --cases ${ROUTER_CASES:-sliding-c32-t8,full-c16-t8} --step ${ROUTER_STEPS:-32x8} > "$OUT/router_probe.log" 2>&1; echo "router probe rc=$?"; grep -v "^$" "$OUT/router_probe.log" | tail -12 ;;
     gputests) timeout ${T_GPUTESTS:-200} python3 -m pytest -q -p no:cacheprovider tests/gpu > "$OUT/tests_gpu.log" 2>&1; echo "tests/gpu rc=$?"; tail -4 "$OUT/tests_gpu.log" ;;
     vmtest) timeout ${T_VMTEST:-150} python3 -m pytest -q -x -p no:cacheprovider tests/gpu/test_vm.py > "$OUT/test_vm.log" 2>&1; echo "test_vm rc=$?"; tail -8 "$OUT/test_vm.log" ;;
     *) echo "unknown step $s"; exit 2 ;;

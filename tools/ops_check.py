@@ -612,6 +612,19 @@ def cases_gemm(sz: Sizes, gen: torch.Generator) -> list[Case]:
             for t0, tn in ((0, 0),) if t == 100 and i % 2 else spans:
                 b.op_([o, x, w], [c0, c, t0, tn])
         out.append(b.case())
+    # f32 from 64 tokens: W and x staged in shared memory (ops/gemm.cuh
+    # gvm_gemm_f32_xs: 32 rows x 64 tokens a pass), over a range, all tokens,
+    # and a K whose float4s are not a multiple of 8 (the register tiles)
+    # (odd column tiles of the first case take all tokens: a3 = 0, passes of 64 and 36)
+    for t, k, spans, alternate in ((100, d, ((0, 64), (64, 36)), True), (70, k_odd, ((0, 70),), False)):
+        b = _Build(f"gemm f32 T={t} K={k} staged", Op.GEMM, gen)
+        o = b.out("out", DType.F32, (t, 2 * n), GEMM_F32)
+        x = b.add("x", DType.F32, b.randn(t, k, scale=2.0))
+        w = b.add("w", DType.F32, b.randn(2 * n, k, scale=0.05))
+        for i, (c0, c) in enumerate(_gemm_cols(2 * n, (32, 13, 40, 64))):
+            for t0, tn in ((0, 0),) if alternate and i % 2 else spans:
+                b.op_([o, x, w], [c0, c, t0, tn])
+        out.append(b.case())
     b = _Build("gemm bf16 token range past x -> BAD_ARGS", Op.GEMM, gen)
     b.op_([b.out("out", DType.F32, (40, 16), EXACT), b.add("x", DType.BF16, b.randn(40, 64).bfloat16()),
            b.add("w", DType.BF16, b.randn(16, 64).bfloat16())], [0, 16, 0, 40])

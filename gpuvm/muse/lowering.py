@@ -56,11 +56,13 @@ class Tiles:
     gemm_min_bytes: int = 64 * 1024
     gemm_max_bytes: int = 512 * 1024
     # From gemm_span tokens on (with gemm_fill > 0) a bf16 GEMM is also cut
-    # over tokens, in spans of gemm_span, and its tiles have at least 64 rows:
-    # the device then stages x in shared memory for 64 rows x 64 tokens a pass
-    # (ops/gemm.cuh gvm_gemm_xs, from GVM_GEMM_XS_MIN = 64 tokens an instruction)
-    # instead of every warp reading x from L2 once per 16 rows.
+    # over tokens, in spans of gemm_span, into tiles of at least 64 rows; from
+    # router_span tokens the f32 router, in tiles of 32 rows (F32_SPAN_ROWS;
+    # router_bytes and router_splits then do not apply). The device stages W and x in shared memory for them,
+    # 64 rows x 64 tokens (bf16) or 32 x 64 (f32) a pass (ops/gemm.cuh,
+    # GVM_GEMM_XS_MIN and GVM_GEMM_F32_XS_MIN = 64 tokens an instruction).
     gemm_span: int = 64
+    router_span: int = 64  # as gemm_span, for the f32 router (0: never; its tiles then take router_bytes and router_splits)
     router_bytes: int = 64 * 1024  # the f32 router's tiles: latency bound, so smaller (2 rows of 32 KB)
     router_splits: int = 1  # token ranges per router tile at T > 1 (2 measured no faster on the H200: NOTES.md session 5)
     expert_workers: int = 264  # EXPERT_UP / EXPERT_DOWN instructions per layer (H200: 132 SMs x 2 groups)
@@ -82,6 +84,8 @@ class Tiles:
             raise ProgramError(f"Tiles.gemm_fill must be an int >= 0, not {self.gemm_fill!r}")
         if self.gemm_min_bytes > self.gemm_max_bytes:
             raise ProgramError(f"Tiles.gemm_min_bytes {self.gemm_min_bytes} exceeds gemm_max_bytes {self.gemm_max_bytes}")
+        if not isinstance(self.router_span, int) or self.router_span < 0:
+            raise ProgramError(f"Tiles.router_span must be an int >= 0, not {self.router_span!r}")
         for name in ("gemm_bytes", "gemm_min_bytes", "gemm_max_bytes", "gemm_span", "router_bytes", "router_splits", "expert_workers", "rows", "chunk", "sliding_chunk", "sliding_ops"):
             v = getattr(self, name)
             if not isinstance(v, int) or v <= 0:
@@ -134,6 +138,9 @@ def n_chunks(cfg: MuseConfig, kind: str, tokens_each: int, cache_slots: int, chu
     cache, sliding layers the window plus the new tokens."""
     keys = cache_slots if kind == "full" else cfg.window + tokens_each - 1
     return -(-keys // chunk)
+
+
+F32_SPAN_ROWS = 32  # rows of an f32 GEMM tile cut over tokens: one pass of the device's staged f32 path
 
 
 def _pow2_rows(n_rows: int, row_bytes: int, target: int) -> int:
@@ -277,11 +284,12 @@ def emit_layer(
         """Column tiles of wt over [n0, n1) (tile_bytes: a fixed size; beside:
         tiles of another GEMM that run at the same time); returns how many."""
         spans = [(0, 0)] if token_splits == 1 or T == 1 else _tiles(0, T, -(-T // token_splits))
-        if tile_bytes:
+        span = tl.router_span if wt.dtype == DType.F32 else tl.gemm_span
+        if tl.gemm_fill and span and T >= span:  # staged on the device: spans x 64+ bf16 rows, or 32 f32 rows (a pass)
+            spans = _tiles(0, T, span)
+            rows = min(n1 - n0, F32_SPAN_ROWS) if wt.dtype == DType.F32 else _span_rows(n1 - n0, len(spans), max(1, tl.gemm_fill - beside))
+        elif tile_bytes:
             rows = _pow2_rows(n1 - n0, wt.row_bytes, tile_bytes)
-        elif tl.gemm_fill and wt.dtype == DType.BF16 and T >= tl.gemm_span:
-            spans = _tiles(0, T, tl.gemm_span)
-            rows = _span_rows(n1 - n0, len(spans), max(1, tl.gemm_fill - beside))
         elif tl.gemm_fill:
             rows = _fill_rows(n1 - n0, wt.row_bytes, max(1, tl.gemm_fill - beside), tl.gemm_min_bytes, tl.gemm_max_bytes)
         else:
