@@ -752,7 +752,10 @@ __device__ __forceinline__ int gvm_gemm_f32(const gvm_ctx& c, const gvm_tensor& 
     // where it would hold registers all along.
     const unsigned tid = gvm_gemm_opaque(c.tid);
     const int end = n0 + cnt;
-    if (GVM_GEMM_F32_XS_MIN > 0 && T >= GVM_GEMM_F32_XS_MIN && n4 % 8 == 0 &&
+    // staged: full passes of rows only (a few rows a tile, as the router has
+    // below 256 tokens, keep the register tiles: H200, a7cea4d, 2-row tiles
+    // staged ran the 128-token layer full-c16-t8 2388 us, in registers 1838)
+    if (GVM_GEMM_F32_XS_MIN > 0 && T >= GVM_GEMM_F32_XS_MIN && cnt >= GVM_F32XS_ROWS && n4 % 8 == 0 &&
         c.smem_bytes >= GVM_GEMM_F32_XS_STAGES * GVM_F32XS_STAGE_BYTES) {
         // normal, not evict-first: the token spans of a row tile read W at about the same time
         gvm_gemm_f32_xs(c, ob, o_row, xb, x_row, wb, w_row, n0, cnt, T, n4, gvm_policy_evict_normal());

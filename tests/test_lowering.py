@@ -13,7 +13,7 @@ from gpuvm.cpu import run_stream
 from gpuvm.cpu.ops import list_items
 from gpuvm.isa import NONE, DType, Op, i2f
 from gpuvm.muse.config import SHARD, SMALL
-from gpuvm.muse.lowering import POISON_INT, Tiles, _fill_rows, _span_rows, bind_layer, emit_layer, lower_layer, n_chunks
+from gpuvm.muse.lowering import POISON_INT, LayerProgram, Tiles, _fill_rows, _span_rows, bind_layer, emit_layer, lower_layer, n_chunks
 from gpuvm.muse.state import make_inputs, make_state
 from gpuvm.muse.weights import layer_shapes, make_layer_weights
 from gpuvm.program import Program, ProgramError
@@ -203,12 +203,14 @@ def test_gemm_spans_cut_many_tokens_into_64_row_tiles() -> None:
     assert _span_rows(4096, 4, 264 - 128) == 128 and _span_rows(1280, 2, 264) == 64  # Wsq beside the router; 128 tokens
     assert _span_rows(40, 4, 1) == 40  # never more rows than there are
     lp = lower_layer(SHARD, "sliding", 16, 8, 4096)
-    spans = {tuple(o.args[2:4]) for o in _ops(lp.stream, Op.GEMM) if o.tensors[2].dtype == DType.BF16}
+    spans = {tuple(o.args[2:4]) for o in _ops(lp.stream, Op.GEMM) if o.tensors[2].dtype == DType.BF16}  # 128 tokens
     assert spans == {(0, 64), (64, 64)}
-    router = [o for o in _ops(lp.stream, Op.GEMM) if o.tensors[2].dtype == DType.F32]
-    assert len(router) == 16 and {o.args[1] for o in router} == {32}  # 8 row tiles x 2 spans
-    whole = lower_layer(SHARD, "sliding", 16, 8, 4096, tiles=Tiles(router_span=0))  # router_bytes: 2 rows, all tokens
-    assert {tuple(o.args[1:4]) for o in _ops(whole.stream, Op.GEMM) if o.tensors[2].dtype == DType.F32} == {(2, 0, 0)}
+    def router(lp: LayerProgram) -> set[tuple[int, ...]]:
+        return {tuple(o.args[1:4]) for o in _ops(lp.stream, Op.GEMM) if o.tensors[2].dtype == DType.F32}
+
+    assert router(lp) == {(2, 0, 0)}  # 128 tokens: below Tiles.router_span, router_bytes' 2 rows over all tokens
+    assert router(lower_layer(SHARD, "sliding", 32, 8, 4096)) == {(32, t0, 64) for t0 in (0, 64, 128, 192)}
+    assert router(lower_layer(SHARD, "sliding", 32, 8, 4096, tiles=Tiles(router_span=0))) == {(2, 0, 0)}
     one = lower_layer(SHARD, "sliding", 32, 1, 4096)  # 32 tokens: below the span, all tokens a tile
     assert {tuple(o.args[2:4]) for o in _ops(one.stream, Op.GEMM)} == {(0, 0)}
 

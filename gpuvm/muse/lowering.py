@@ -56,13 +56,18 @@ class Tiles:
     gemm_min_bytes: int = 64 * 1024
     gemm_max_bytes: int = 512 * 1024
     # From gemm_span tokens on (with gemm_fill > 0) a bf16 GEMM is also cut
-    # over tokens, in spans of gemm_span, into tiles of at least 64 rows; from
-    # router_span tokens the f32 router, in tiles of 32 rows (F32_SPAN_ROWS;
-    # router_bytes and router_splits then do not apply). The device stages W and x in shared memory for them,
-    # 64 rows x 64 tokens (bf16) or 32 x 64 (f32) a pass (ops/gemm.cuh,
-    # GVM_GEMM_XS_MIN and GVM_GEMM_F32_XS_MIN = 64 tokens an instruction).
+    # over tokens, in spans of gemm_span, into tiles of at least 64 rows. The
+    # device stages W and x in shared memory for such tiles, 64 rows x 64
+    # tokens (bf16) or 32 x 64 (f32) a pass (ops/gemm.cuh, GVM_GEMM_XS_MIN and
+    # GVM_GEMM_F32_XS_MIN = 64 tokens an instruction).
     gemm_span: int = 64
-    router_span: int = 64  # as gemm_span, for the f32 router (0: never; its tiles then take router_bytes and router_splits)
+    # From router_span tokens (0: never) the f32 router too is cut over tokens,
+    # in spans of gemm_span, into tiles of 32 rows (one pass of the device's
+    # staged f32 path); below it, tiles of router_bytes over all tokens (or
+    # router_splits ranges). H200, a7cea4d, staged / register tiles: 256-token
+    # layer sliding-c32-t8 1644 / 1782 us, step 32 x 8 129.2 / 136.1 ms; but
+    # at 128 tokens its 16 tiles lose (full-c16-t8 1955 / 1838 us).
+    router_span: int = 256
     router_bytes: int = 64 * 1024  # the f32 router's tiles: latency bound, so smaller (2 rows of 32 KB)
     router_splits: int = 1  # token ranges per router tile at T > 1 (2 measured no faster on the H200: NOTES.md session 5)
     expert_workers: int = 264  # EXPERT_UP / EXPERT_DOWN instructions per layer (H200: 132 SMs x 2 groups)
@@ -284,9 +289,9 @@ def emit_layer(
         """Column tiles of wt over [n0, n1) (tile_bytes: a fixed size; beside:
         tiles of another GEMM that run at the same time); returns how many."""
         spans = [(0, 0)] if token_splits == 1 or T == 1 else _tiles(0, T, -(-T // token_splits))
-        span = tl.router_span if wt.dtype == DType.F32 else tl.gemm_span
-        if tl.gemm_fill and span and T >= span:  # staged on the device: spans x 64+ bf16 rows, or 32 f32 rows (a pass)
-            spans = _tiles(0, T, span)
+        start = tl.router_span if wt.dtype == DType.F32 else tl.gemm_span
+        if tl.gemm_fill and start and T >= start:  # staged on the device: spans x 64+ bf16 rows, or 32 f32 rows (a pass)
+            spans = _tiles(0, T, tl.gemm_span)
             rows = min(n1 - n0, F32_SPAN_ROWS) if wt.dtype == DType.F32 else _span_rows(n1 - n0, len(spans), max(1, tl.gemm_fill - beside))
         elif tile_bytes:
             rows = _pow2_rows(n1 - n0, wt.row_bytes, tile_bytes)
