@@ -287,6 +287,32 @@ __device__ __forceinline__ int gvm_gemm_bf16_tiles(const gvm_ctx& c, const gvm_t
 #endif
 static_assert(GVM_GEMM_XS_STAGES >= 2, "GVM_GEMM_XS_STAGES: a stage in use and one landing");
 
+// The cp.async pipeline of the staged paths (bf16 and f32): NS buffers of
+// `bytes` from stage0; stage(k, buf) starts copying stage k into buf. Before
+// stage kc is read, every thread waits for it and passes a group barrier,
+// after which the buffer that stage kc - 1 used is free: stage kc + NS - 1
+// goes there. One commit group per stage, empty past nk, so that waiting for
+// all but NS - 2 groups always means stage kc.
+template <int NS, class Stage>
+__device__ __forceinline__ void gvm_stages_begin(int nk, unsigned stage0, unsigned bytes, const Stage& stage) {
+#pragma unroll
+    for (int s = 0; s < NS - 1; ++s) {
+        if (s < nk) stage(s, stage0 + s * bytes);
+        gvm_cp_async_commit();
+    }
+}
+
+template <int NS, class Stage>
+__device__ __forceinline__ unsigned gvm_stages_next(const gvm_ctx& c, int kc, int nk, unsigned stage0, unsigned bytes,
+                                                    const Stage& stage) {
+    gvm_cp_async_wait<NS - 2>();
+    gvm_group_sync(c);
+    const int kn = kc + NS - 1;
+    if (kn < nk) stage(kn, stage0 + (kn % NS) * bytes);
+    gvm_cp_async_commit();
+    return stage0 + (kc % NS) * bytes;
+}
+
 // Shared address of 16-byte chunk `ch` of row `row` of an operand at `base`.
 __device__ __forceinline__ unsigned gvm_gemm_xs_at(unsigned base, int row, int ch) {
     return base + (unsigned)row * 128u + ((unsigned)(ch ^ (row & 7)) << 4);
@@ -329,21 +355,12 @@ __device__ __forceinline__ void gvm_gemm_xs_pass(const gvm_ctx& c, const gvm_ten
     for (int m = 0; m < 2; ++m)
 #pragma unroll
         for (int n = 0; n < 4; ++n) acc[m][n][0] = acc[m][n][1] = acc[m][n][2] = acc[m][n][3] = 0.f;
-#pragma unroll
-    for (int s = 0; s < NS - 1; ++s) {
-        if (s < nk) gvm_gemm_xs_stage(stage0 + s * GVM_GEMM_XS_STAGE_BYTES, wt, w_row, nr, xt, x_row, nt, s, tid, pol);
-        gvm_cp_async_commit();
-    }
+    const auto stage = [&](int k, unsigned buf) { gvm_gemm_xs_stage(buf, wt, w_row, nr, xt, x_row, nt, k, tid, pol); };
+    gvm_stages_begin<NS>(nk, stage0, GVM_GEMM_XS_STAGE_BYTES, stage);
 #pragma unroll 1
     for (int kc = 0; kc < nk; ++kc) {
-        // stage kc has landed for every thread, and every warp is done with stage kc - 1
-        gvm_cp_async_wait<NS - 2>();
-        gvm_group_sync(c);
-        const int kn = kc + NS - 1;
-        if (kn < nk)
-            gvm_gemm_xs_stage(stage0 + (kn % NS) * GVM_GEMM_XS_STAGE_BYTES, wt, w_row, nr, xt, x_row, nt, kn, tid, pol);
-        gvm_cp_async_commit();
-        const unsigned sw = stage0 + (kc % NS) * GVM_GEMM_XS_STAGE_BYTES, sx = sw + GVM_GEMM_XS_HALF;
+        const unsigned sw = gvm_stages_next<NS>(c, kc, nk, stage0, GVM_GEMM_XS_STAGE_BYTES, stage);
+        const unsigned sx = sw + GVM_GEMM_XS_HALF;
 #pragma unroll
         for (int s = 0; s < 4; ++s) {  // k16 steps of the stage
             uint4 a[2], b[2];
@@ -667,20 +684,12 @@ __device__ __forceinline__ void gvm_f32xs_pass(const gvm_ctx& c, float* ob, long
     float tot[4][4];
 #pragma unroll
     for (int i = 0; i < 4; ++i) tot[i][0] = tot[i][1] = tot[i][2] = tot[i][3] = 0.f;
-#pragma unroll
-    for (int s = 0; s < NS - 1; ++s) {
-        if (s < nk) gvm_f32xs_stage(stage0 + s * GVM_F32XS_STAGE_BYTES, wb, w_row, nr, xb, x_row, nt, s, tid, pol);
-        gvm_cp_async_commit();
-    }
+    const auto stage = [&](int k, unsigned buf) { gvm_f32xs_stage(buf, wb, w_row, nr, xb, x_row, nt, k, tid, pol); };
+    gvm_stages_begin<NS>(nk, stage0, GVM_F32XS_STAGE_BYTES, stage);
 #pragma unroll 1
     for (int kc = 0; kc < nk; ++kc) {
-        gvm_cp_async_wait<NS - 2>();
-        gvm_group_sync(c);  // stage kc landed for every thread; every thread is done with stage kc - 1
-        const int kn = kc + NS - 1;
-        if (kn < nk)
-            gvm_f32xs_stage(stage0 + (kn % NS) * GVM_F32XS_STAGE_BYTES, wb, w_row, nr, xb, x_row, nt, kn, tid, pol);
-        gvm_cp_async_commit();
-        const unsigned sw = stage0 + (kc % NS) * GVM_F32XS_STAGE_BYTES, sx = sw + GVM_F32XS_W_BYTES;
+        const unsigned sw = gvm_stages_next<NS>(c, kc, nk, stage0, GVM_F32XS_STAGE_BYTES, stage);
+        const unsigned sx = sw + GVM_F32XS_W_BYTES;
         float part[4][4];
 #pragma unroll
         for (int i = 0; i < 4; ++i) part[i][0] = part[i][1] = part[i][2] = part[i][3] = 0.f;
