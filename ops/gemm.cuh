@@ -19,9 +19,10 @@
 //
 // f32 path (x, W, out f32; the router): CUDA-core FMAs, the group splits K.
 // Both paths take a token range (a2 t0, a3 count; 0: all tokens) in the
-// 2-group kernel: the router's tiles are split over tokens at T > 1, since its
-// 2-row tiles alone fill half the groups, and so are the bf16 tiles from 64
-// tokens on (gpuvm/muse/lowering.py, Tiles.gemm_span).
+// 2-group kernel: the lowering cuts the bf16 tiles over tokens from 64 tokens
+// on and the router's from 256 (gpuvm/muse/lowering.py, Tiles.gemm_span and
+// router_span), and each path stages W and x in shared memory for them
+// (gvm_gemm_xs, gvm_gemm_f32_xs).
 // Thread tid owns the 16-byte chunks tid, tid + 128, ... (one per step) of
 // every row and token of a register tile of RT rows x TT tokens: per step it
 // loads RT float4 of W (one per row) and TT of x (one per token), so one x
@@ -276,7 +277,7 @@ __device__ __forceinline__ int gvm_gemm_bf16_tiles(const gvm_ctx& c, const gvm_t
 // past its end are zero-filled and not stored. (Fetching W into L2 a few
 // stages ahead by bulk prefetch lost: H200, 866548f, sliding-c32-t8 1945 us
 // with, 1846 without; more stages won instead: runtime/params.cuh.)
-#ifndef GVM_GEMM_XS_MIN  // tokens from which an instruction stages x (0: never; the 4-group kernel has no registers for it)
+#ifndef GVM_GEMM_XS_MIN  // tokens from which an instruction stages W and x (0: never; the 4-group kernel has no registers for it)
 #define GVM_GEMM_XS_MIN (GVM_MAX_GROUPS <= 2 ? 64 : 0)
 #endif
 #define GVM_GEMM_XS_TILE 64     // rows and tokens of a pass
@@ -414,7 +415,7 @@ __device__ __forceinline__ int gvm_gemm_xs(const gvm_ctx& c, const gvm_tensor& o
     return GVM_ERR_NONE;
 }
 
-// Tokens [ta, ta + tn): staged x (above) from GVM_GEMM_XS_MIN tokens when K
+// Tokens [ta, ta + tn): staged (above) from GVM_GEMM_XS_MIN tokens when K
 // is a multiple of 64 and the scratch holds the stages, else token tiles of 8.
 __device__ __forceinline__ int gvm_gemm_bf16(const gvm_ctx& c, const gvm_tensor& out, const gvm_tensor& x,
                                              const gvm_tensor& w, int n0, int cnt, int ta, int tn) {
