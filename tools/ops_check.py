@@ -617,7 +617,7 @@ def cases_gemm(sz: Sizes, gen: torch.Generator) -> list[Case]:
     # and a K whose float4s are not a multiple of 8 (the register tiles)
     # (odd column tiles of the first case take all tokens: a3 = 0, passes of 64 and 36)
     for t, k, spans, alternate in ((100, d, ((0, 64), (64, 36)), True), (70, k_odd, ((0, 70),), False)):
-        b = _Build(f"gemm f32 T={t} K={k} staged", Op.GEMM, gen)
+        b = _Build(f"gemm f32 T={t} K={k} token ranges, staged", Op.GEMM, gen)
         o = b.out("out", DType.F32, (t, 2 * n), GEMM_F32)
         x = b.add("x", DType.F32, b.randn(t, k, scale=2.0))
         w = b.add("w", DType.F32, b.randn(2 * n, k, scale=0.05))
