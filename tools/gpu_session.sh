@@ -15,7 +15,7 @@ python3 -c "import torch, cuda.core; print('torch', torch.__version__, 'cuda.cor
 for s in $steps; do
   case $s in
     check) timeout ${T_CHECK:-280} python3 tools/gpu_check.py --out "$OUT/gpu_check.json" > "$OUT/gpu_check.log" 2>&1; echo "gpu_check rc=$?"; tail -25 "$OUT/gpu_check.log" ;;
-    ops) timeout ${T_OPS:-150} python3 tools/ops_check.py > "$OUT/ops_check.log" 2>&1; echo "ops_check rc=$?"; tail -25 "$OUT/ops_check.log" ;;
+    ops) timeout ${T_OPS:-300} python3 tools/ops_check.py > "$OUT/ops_check.log" 2>&1; echo "ops_check rc=$?"; tail -25 "$OUT/ops_check.log" ;;
     sweep) timeout ${T_SWEEP:-420} python3 -m gpuvm sweep --out "$OUT" --trace ${SWEEP_ARGS:-} > "$OUT/sweep.log" 2>&1; echo "sweep rc=$?"; tail -22 "$OUT/sweep.log"
            (cd "$OUT" && ls trace-*.npz >/dev/null 2>&1 && tar czf traces.tgz trace-*.npz && rm -f trace-*.npz) ;;
     opstime) timeout ${T_OPSTIME:-90} python3 tools/ops_check.py --time 200 > "$OUT/ops_time.log" 2>&1; echo "ops_time rc=$?"; tail -30 "$OUT/ops_time.log" ;;
