@@ -558,6 +558,20 @@ def _gemm_cols(n: int, cnts: tuple[int, ...]) -> list[tuple[int, int]]:
     return out
 
 
+def _ranged_gemm(name: str, gen: torch.Generator, xdt: DType, odt: DType, chk: Check, t: int, k: int, n_out: int,
+                 cnts: tuple[int, ...], spans: tuple[tuple[int, int], ...], alternate: bool) -> Case:
+    """A GEMM case whose column tiles (cnts in turn) each cover the token
+    ranges `spans`, or, with alternate, every other one all tokens (a3 = 0)."""
+    b = _Build(name, Op.GEMM, gen)
+    o = b.out("out", odt, (t, n_out), chk)
+    x = b.add("x", xdt, b.randn(t, k, scale=2.0).to(torch_dtype(xdt)))
+    w = b.add("w", xdt, b.randn(n_out, k, scale=0.05).to(torch_dtype(xdt)))
+    for i, (c0, c) in enumerate(_gemm_cols(n_out, cnts)):
+        for t0, tn in ((0, 0),) if alternate and i % 2 else spans:
+            b.op_([o, x, w], [c0, c, t0, tn])
+    return b.case()
+
+
 def cases_gemm(sz: Sizes, gen: torch.Generator) -> list[Case]:
     """GEMM out[T, n] = x[T, K] W[n, K]^T: the f32 router (W [experts, d]) at
     T = 1 with one cnt per case (--time times a case's first instruction),
@@ -604,27 +618,15 @@ def cases_gemm(sz: Sizes, gen: torch.Generator) -> list[Case]:
     # (every other column tile of the T=100 case takes all tokens: a3 = 0, two passes)
     for t, k, spans, dt in ((70, d, ((0, 64), (64, 6)), DType.BF16), (100, d, ((0, 36), (36, 64)), DType.F32),
                             (80, d + 8, ((0, 80),), DType.BF16)):
-        b = _Build(f"gemm bf16 T={t} K={k} token ranges {dt.name.lower()} out", Op.GEMM, gen)
-        o = b.out("out", dt, (t, 2 * n), GEMM_BF16)
-        x = b.add("x", DType.BF16, b.randn(t, k, scale=2.0).bfloat16())
-        w = b.add("w", DType.BF16, b.randn(2 * n, k, scale=0.05).bfloat16())
-        for i, (c0, c) in enumerate(_gemm_cols(2 * n, (64, 13, 40, 128, 16))):
-            for t0, tn in ((0, 0),) if t == 100 and i % 2 else spans:
-                b.op_([o, x, w], [c0, c, t0, tn])
-        out.append(b.case())
+        out.append(_ranged_gemm(f"gemm bf16 T={t} K={k} token ranges {dt.name.lower()} out", gen, DType.BF16, dt, GEMM_BF16,
+                                t, k, 2 * n, (64, 13, 40, 128, 16), spans, alternate=t == 100))
     # f32 from 64 tokens: W and x staged in shared memory (ops/gemm.cuh
     # gvm_gemm_f32_xs: 32 rows x 64 tokens a pass), over a range, all tokens,
     # and a K whose float4s are not a multiple of 8 (the register tiles)
     # (odd column tiles of the first case take all tokens: a3 = 0, passes of 64 and 36)
     for t, k, spans, alternate in ((100, d, ((0, 64), (64, 36)), True), (70, k_odd, ((0, 70),), False)):
-        b = _Build(f"gemm f32 T={t} K={k} token ranges, staged", Op.GEMM, gen)
-        o = b.out("out", DType.F32, (t, 2 * n), GEMM_F32)
-        x = b.add("x", DType.F32, b.randn(t, k, scale=2.0))
-        w = b.add("w", DType.F32, b.randn(2 * n, k, scale=0.05))
-        for i, (c0, c) in enumerate(_gemm_cols(2 * n, (32, 13, 40, 64))):
-            for t0, tn in ((0, 0),) if alternate and i % 2 else spans:
-                b.op_([o, x, w], [c0, c, t0, tn])
-        out.append(b.case())
+        out.append(_ranged_gemm(f"gemm f32 T={t} K={k} token ranges, staged", gen, DType.F32, DType.F32, GEMM_F32,
+                                t, k, 2 * n, (32, 13, 40, 64), spans, alternate))
     b = _Build("gemm bf16 token range past x -> BAD_ARGS", Op.GEMM, gen)
     b.op_([b.out("out", DType.F32, (40, 16), EXACT), b.add("x", DType.BF16, b.randn(40, 64).bfloat16()),
            b.add("w", DType.BF16, b.randn(16, 64).bfloat16())], [0, 16, 0, 40])

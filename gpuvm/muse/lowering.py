@@ -154,12 +154,18 @@ def _pow2_rows(n_rows: int, row_bytes: int, target: int) -> int:
     return min(n_rows, 1 << (fit.bit_length() - 1))
 
 
+def _fewest_rows(n_rows: int, groups: int, rows: int = 1, spans: int = 1) -> int:
+    """The fewest rows, rows x 2^k, whose tiles (times spans) number at most
+    groups, or rows x 2^k past n_rows: one tile."""
+    while rows < n_rows and -(-n_rows // rows) * spans > groups:
+        rows *= 2
+    return rows
+
+
 def _fill_rows(n_rows: int, row_bytes: int, groups: int, lo_bytes: int, hi_bytes: int) -> int:
     """Rows per column tile: the fewest 2^k rows whose tiles number at most
     groups, kept within [lo_bytes, hi_bytes] of weights (Tiles.gemm_fill)."""
-    rows = 1
-    while rows < n_rows and -(-n_rows // rows) > groups:
-        rows *= 2
+    rows = _fewest_rows(n_rows, groups)
     return min(max(rows, _pow2_rows(n_rows, row_bytes, lo_bytes)), _pow2_rows(n_rows, row_bytes, hi_bytes))
 
 
@@ -167,10 +173,7 @@ def _span_rows(n_rows: int, spans: int, groups: int, lo_rows: int = 64) -> int:
     """Rows per tile of a GEMM cut over tokens too: the fewest 2^k rows, at
     least lo_rows (a pass of the staged-x path), whose tiles times spans number
     at most groups."""
-    rows = lo_rows
-    while rows < n_rows and -(-n_rows // rows) * spans > groups:
-        rows *= 2
-    return min(rows, n_rows)
+    return min(_fewest_rows(n_rows, groups, lo_rows, spans), n_rows)
 
 
 def _tiles(n0: int, n1: int, width: int) -> list[tuple[int, int]]:
