@@ -33,7 +33,8 @@
 #endif
 #ifndef GVM_EXPR_PROBE
 #define GVM_EXPR_PROBE 0   // timing probes (tools/expert_bench.py --define), bits: 1 no decode, 2 no MMA, 4 no weight copies (ring),
-                           // 8 nothing after staging x, 16 no item (the list's walk alone), 32 no epilogue, 64 nothing at all
+                           // 8 nothing after staging x, 16 no item (the list's walk alone), 32 no epilogue, 64 nothing at all,
+                           // 128 the argument check alone
 #endif
 
 #define GVM_EXP_KSTEP 256    // K per step: 4 threads x 64 codes of a weight row
@@ -207,12 +208,16 @@ __device__ __noinline__ bool gvm_expert_args_ok(const gvm_ctx& c) {
 #endif
 #define GVM_EXPR_PART 512  // one partial 16 x 8 f32 tile
 #ifndef GVM_EXPR_RING
-#define GVM_EXPR_RING 8    // most stages of a warp's weight ring (gvm_expr_unit_ring), at most 8
+#define GVM_EXPR_RING 8    // most stages of a warp's weight ring (gvm_expr_unit_ring), at most 12
 #endif
 #ifndef GVM_EXPR_RING_MIN
 #define GVM_EXPR_RING_MIN 3  // fewer stages fit (many tokens' x): the weights go through registers
 #endif
 #define GVM_EXPR_STAGE 1280  // one stage of a warp's ring: 2 x 512 B of codes, 2 x 128 B of scales
+#ifndef GVM_EXPR_PF
+#define GVM_EXPR_PF 1      // an item's weight rows fetched into L2 as it starts (0: by its ring alone)
+#endif
+#define GVM_EXPR_PF_CHUNK 8192u
 
 // Byte offset of word w (8 values) of 32-value chunk ch in an x row: chunk
 // pairs share a 128-byte line, words swizzled so that the 4 chunks a quad
@@ -376,7 +381,10 @@ __device__ __forceinline__ void gvm_cp_async_wait_n(int n) {
         case 4: gvm_cp_async_wait<4>(); break;
         case 5: gvm_cp_async_wait<5>(); break;
         case 6: gvm_cp_async_wait<6>(); break;
-        default: gvm_cp_async_wait<7>(); break;
+        case 7: gvm_cp_async_wait<7>(); break;
+        case 8: gvm_cp_async_wait<8>(); break;
+        case 9: gvm_cp_async_wait<9>(); break;
+        default: gvm_cp_async_wait<10>(); break;
     }
 }
 
@@ -457,6 +465,34 @@ __device__ __forceinline__ void gvm_expr_unit_ring(const gvm_ctx& c, float (&acc
         for (int i = 0; i < 4; ++i) acc[0][i] += acc2[i];
 }
 
+// The item's weight rows, codes and scales of each set, on their way into L2
+// as the item starts (bulk prefetches of up to 8 KB, one a thread). Each warp's
+// ring holds ~9 KB in flight, and a one-token item (16 rows of 4,096, ~72 KB
+// for UP) is two or three turns of it, each a whole HBM latency that its
+// K loop waits out; so every byte of the item is asked for at once, before x
+// is staged. Rows are whole (16-byte) lines of codes; a scale row range is
+// widened to 16 bytes at both ends, inside the tensor's allocation.
+template <bool UP>
+__device__ __forceinline__ void gvm_expr_prefetch(const gvm_ctx& c, int e, int n0, int nn) {
+    if (!GVM_EXPR_PF) return;
+    constexpr int SETS = UP ? 2 : 1;
+    const int rdim = UP ? 2 : 1;
+#pragma unroll
+    for (int t = 0; t < 2; ++t) {  // codes, then scales
+        const gvm_tensor& tw = gvm_t(c, 2 + t);
+        const unsigned long long row = (unsigned long long)tw.stride[rdim], bytes = (unsigned long long)nn * row;
+        const unsigned chunks = (unsigned)((bytes + GVM_EXPR_PF_CHUNK - 1) / GVM_EXPR_PF_CHUNK);
+        for (unsigned i = c.tid; i < SETS * chunks; i += 128) {
+            const unsigned s = i / chunks, k = i - s * chunks;
+            const unsigned long long set = tw.ptr + (unsigned long long)(e * tw.stride[0] + (UP ? s * tw.stride[1] : 0)) +
+                                           (unsigned long long)n0 * row;
+            const unsigned long long a = (set + (unsigned long long)k * GVM_EXPR_PF_CHUNK) & ~15ull;
+            const unsigned long long end = (min(set + (unsigned long long)(k + 1) * GVM_EXPR_PF_CHUNK, set + bytes) + 15ull) & ~15ull;
+            gvm_prefetch_l2(reinterpret_cast<const void*>(a), (unsigned)(end - a));
+        }
+    }
+}
+
 // Rows [n0, n0 + nn) of expert e (count tokens at slots slot0...) through
 // registers; gvm_expr_fits holds.
 template <bool UP>
@@ -472,6 +508,7 @@ __device__ int gvm_expert_tile_reg(const gvm_ctx& c, int e, int n0, int nn, int 
     const int room = (int)c.smem_bytes - GVM_EXP_STATE - (int)(s_ring - s_x);
     int nst = min(GVM_EXPR_RING, max(0, room) / (4 * GVM_EXPR_STAGE));
     if (UP) nst -= (nst - 1) & 1;  // odd: a piece and the one nst - 1 later are of the same set
+    gvm_expr_prefetch<UP>(c, e, n0, nn);
     if (c.tid == 0) gvm_sts(s_flag, 0u);
     gvm_group_sync(c);
     gvm_expr_stage_x<UP>(c, s_x, flag, count, slot0, kdim);
@@ -649,6 +686,7 @@ __device__ int gvm_expert_matmul(const gvm_ctx& c) {
     const unsigned st = gvm_smem_addr(c.smem) + c.smem_bytes - GVM_EXP_STATE;
     if (c.again == 0) {
         if (!gvm_expert_args_ok<UP>(c)) return GVM_ERR_BAD_ARGS;
+        if (GVM_EXPR_PROBE & 128) return GVM_ERR_NONE;  // probe: the argument check alone
         // experts with tokens: lane e reads expert e's count, the warp ORs the bits
         const unsigned lane = c.tid & 31;
         unsigned hit = (int)lane < gvm_t(c, 5).shape[1] && gvm_ptr<const int>(gvm_t(c, 5), lane, 4)[0] != 0 ? 1u << lane : 0u;

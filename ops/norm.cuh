@@ -10,8 +10,12 @@
 #pragma once
 #include "common.cuh"
 
+#ifndef GVM_ROW_BATCH
 #define GVM_ROW_BATCH 8   // independent 16-byte loads in flight per thread
+#endif
+#ifndef GVM_RES_BATCH
 #define GVM_RES_BATCH 4   // indices per batch of RESIDUAL's s, alpha, beta pass: 12 loads in flight
+#endif
 #define GVM_ROW_STASH 32  // scratch bytes before the stashed row (group-sum buffer)
 #ifndef GVM_ROW_PF
 #define GVM_ROW_PF 1      // weight vectors fetched into L2 as the op starts (0: read when their pass comes)
