@@ -2,7 +2,7 @@
 # One call on the H200 (the device tool): the VM proofs and timings, the Muse
 # ops standalone, and the decode-case sweep, each under its own time limit,
 # logs and results under $OUT (at most 8 files come back: traces are tarred).
-#   GPUVM_COMMIT=<sha> bash tools/gpu_session.sh [check|ops|opstime|sweep|step|stepsweep|probe|experts|router|park|ring|lists|steptrace|tiles|rowpf|fill|fill2|xstage|trace62|xprobe|smem|tiles2|router|xpf|gputests|vmtest ...]
+#   GPUVM_COMMIT=<sha> bash tools/gpu_session.sh [check|ops|opstime|sweep|step|stepsweep|probe|experts|router|park|ring|lists|steptrace|tiles|rowpf|fill|fill2|xstage|trace62|xprobe|smem|tiles2|router|xpf|xbench|gputests|vmtest ...]
 # (set GPUVM_COMMIT when running a snapshot without .git: else the results name the enclosing checkout)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -91,12 +91,13 @@ for s in $steps; do
            timeout 35 python3 tools/ops_check.py --only gemm > "$OUT/router_ops_check.log" 2>&1; echo "ops_check gemm rc=$?"; grep -c " ok" "$OUT/router_ops_check.log"; grep "FAIL\|staged\|ALL" "$OUT/router_ops_check.log" | head -6
            timeout 45 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_muse_layer.py -k "shard_layer_matches_reference and t8" > "$OUT/router_layers.log" 2>&1; echo "t8 layers rc=$?"; tail -2 "$OUT/router_layers.log"
            timeout 100 python3 tools/sched_probe.py --out "$OUT/router_probe.json" --modes dynamic --depths 1 --variants "rx:,reg:GVM_GEMM_F32_XS_MIN=0" --tiles "span:,whole:router_span=0" --cases ${ROUTER_CASES:-sliding-c32-t8,full-c16-t8} --step ${ROUTER_STEPS:-32x8} > "$OUT/router_probe.log" 2>&1; echo "router probe rc=$?"; grep -v "^$" "$OUT/router_probe.log" | tail -12 ;;
-    xpf) # the experts' item prefetch into L2 (GVM_EXPR_PF 1, the default) against none, a deeper ring (GVM_EXPR_RING 12), the row ops' batches at 16 / 8; expert_bench with probes (4: no copies, 5: no copies nor decode, 128: the argument check alone)
+    xpf) # the experts' item prefetch into L2 (GVM_EXPR_PF 1, the default) against none, a deeper ring (GVM_EXPR_RING 12), the row ops' batches at 16 / 8, in layers and steps
            timeout 200 python3 tools/prebuild.py base GVM_EXPR_PF=0 GVM_EXPR_RING=12 GVM_ROW_BATCH=16+GVM_RES_BATCH=8; echo "prebuild rc=$?"
-           timeout 150 python3 tools/ops_check.py --sizes small --only expert_up,expert_down,rmsnorm,residual > "$OUT/xpf_ops_check.log" 2>&1; echo "ops_check rc=$?"; tail -1 "$OUT/xpf_ops_check.log"
-           for v in GVM_EXPR_PF=1 GVM_EXPR_PF=0 GVM_EXPR_RING=12 GVM_EXPR_PROBE=4 GVM_EXPR_PROBE=5 GVM_EXPR_PROBE=128 GVM_EXPR_PROBE=64; do timeout 60 python3 tools/expert_bench.py --quick --reps 10 --define $v > "$OUT/xb_$v.log" 2>&1; echo "expert_bench $v rc=$?"; tail -5 "$OUT/xb_$v.log"; done
-           (cd "$OUT" && tar czf xbench.tgz xb_*.log && rm -f xb_*.log)
-           timeout ${T_XPF_PROBE:-330} python3 tools/sched_probe.py --out "$OUT/xpf_probe.json" --modes dynamic --depths 1 --variants "pf:,nopf:GVM_EXPR_PF=0,ring12:GVM_EXPR_RING=12,row16:GVM_ROW_BATCH=16+GVM_RES_BATCH=8" --cases ${XPF_CASES:-full-c1-t1,sliding-c1-t1,full-c1-t8,sliding-c1-t8,full-c16-t1} --step ${XPF_STEPS:-1x1,1x8,16x1} > "$OUT/xpf_probe.log" 2>&1; echo "xpf probe rc=$?"; grep -v "^$" "$OUT/xpf_probe.log" | tail -40 ;;
+           timeout ${T_XPF_PROBE:-330} python3 tools/sched_probe.py --out "$OUT/xpf_probe.json" --modes dynamic --depths 1 --variants "pf:,nopf:GVM_EXPR_PF=0,ring12:GVM_EXPR_RING=12,row16:GVM_ROW_BATCH=16+GVM_RES_BATCH=8" --cases ${XPF_CASES:-full-c1-t1,sliding-c1-t1,full-c1-t8,sliding-c1-t8,full-c16-t1} --step ${XPF_STEPS:-1x1,1x8,16x1} > "$OUT/xpf_probe.log" 2>&1; echo "xpf probe rc=$?"; grep -v "^$" "$OUT/xpf_probe.log" | tail -40
+           timeout 150 python3 tools/ops_check.py --sizes small --only expert_up,expert_down,rmsnorm,residual > "$OUT/xpf_ops_check.log" 2>&1; echo "ops_check rc=$?"; tail -1 "$OUT/xpf_ops_check.log" ;;
+    xbench) # expert_bench (the list alone) with the item prefetch on / off, a 12-stage ring, and probes (4: no weight copies, 5: no copies nor decode, 128: the argument check alone, 64: nothing)
+           for v in ${XBENCH:-GVM_EXPR_PF=1 GVM_EXPR_PF=0 GVM_EXPR_PROBE=4 GVM_EXPR_PROBE=5 GVM_EXPR_PROBE=128 GVM_EXPR_PROBE=64 GVM_EXPR_RING=12}; do timeout 60 python3 tools/expert_bench.py --quick --reps 10 --define $v > "$OUT/xb_$v.log" 2>&1; echo "expert_bench $v rc=$?"; tail -4 "$OUT/xb_$v.log"; done
+           (cd "$OUT" && tar czf xbench.tgz xb_*.log && rm -f xb_*.log) ;;
     gputests) timeout ${T_GPUTESTS:-200} python3 -m pytest -q -p no:cacheprovider tests/gpu > "$OUT/tests_gpu.log" 2>&1; echo "tests/gpu rc=$?"; tail -4 "$OUT/tests_gpu.log" ;;
     vmtest) timeout ${T_VMTEST:-150} python3 -m pytest -q -x -p no:cacheprovider tests/gpu/test_vm.py > "$OUT/test_vm.log" 2>&1; echo "test_vm rc=$?"; tail -8 "$OUT/test_vm.log" ;;
     *) echo "unknown step $s"; exit 2 ;;
