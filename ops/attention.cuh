@@ -25,13 +25,13 @@ __device__ int gvm_op_qk_rope_kv(const gvm_ctx& c) {
     const int conv = c.ins->arg[0], rope = c.ins->arg[1];
     const float k_scale = gvm_argf(c, 2), v_scale = gvm_argf(c, 3);
     const int nt = tx.shape[0], hq = tq.shape[1], hkv = tk.shape[2], n_conv = tk.shape[0], cache_s = tk.shape[1];
-    bool ok = gvm_is(tx, GVM_DT_BF16, 2) && gvm_aligned(tx, 2, 4) && tx.shape[1] == (2 * hq + 2 * hkv) * 64 &&
-              gvm_is(tq, GVM_DT_BF16, 3) && gvm_aligned(tq, 2, 4) && tq.shape[0] == nt && tq.shape[2] == 64 &&
-              gvm_is(twq, GVM_DT_F32, 1) && twq.shape[0] == 64 && gvm_is(twk, GVM_DT_F32, 1) && twk.shape[0] == 64 &&
-              gvm_is(tk, GVM_DT_E4M3, 4) && gvm_is(tv, GVM_DT_E4M3, 4) && gvm_aligned(tk, 1, 2) && gvm_aligned(tv, 1, 2) &&
-              tk.shape[3] == 64 && hkv > 0 && hq > 0 && tv.shape[0] == n_conv && tv.shape[1] == cache_s &&
-              tv.shape[2] == hkv && tv.shape[3] == 64 && gvm_is(tc, GVM_DT_I32, 2) && tc.shape[0] == n_conv &&
-              tc.shape[1] >= 3 && conv >= 0 && conv < n_conv && (rope == 0 || rope == 1);
+    bool ok = gvm_is(tx, GVM_DT_BF16, 2) & gvm_aligned(tx, 2, 4) & tx.shape[1] == (2 * hq + 2 * hkv) * 64 &
+              gvm_is(tq, GVM_DT_BF16, 3) & gvm_aligned(tq, 2, 4) & tq.shape[0] == nt & tq.shape[2] == 64 &
+              gvm_is(twq, GVM_DT_F32, 1) & twq.shape[0] == 64 & gvm_is(twk, GVM_DT_F32, 1) & twk.shape[0] == 64 &
+              gvm_is(tk, GVM_DT_E4M3, 4) & gvm_is(tv, GVM_DT_E4M3, 4) & gvm_aligned(tk, 1, 2) & gvm_aligned(tv, 1, 2) &
+              tk.shape[3] == 64 & hkv > 0 & hq > 0 & tv.shape[0] == n_conv & tv.shape[1] == cache_s &
+              tv.shape[2] == hkv & tv.shape[3] == 64 & gvm_is(tc, GVM_DT_I32, 2) & tc.shape[0] == n_conv &
+              tc.shape[1] >= 3 & conv >= 0 & conv < n_conv & (rope == 0 || rope == 1);
     if (!ok) return GVM_ERR_BAD_ARGS;
     const int* cv = gvm_ptr<const int>(tc, conv * tc.stride[0], 4);
     const int tok0 = cv[0], ntok = cv[1], pos0 = cv[2];
@@ -321,20 +321,20 @@ __device__ __noinline__ bool gvm_attn_chunk_args_ok(const gvm_ctx& c) {
     const int conv = c.ins->arg[0], h = c.ins->arg[1], j = c.ins->arg[2], len = c.ins->arg[3], window = c.ins->arg[4];
     const int nt = tq.shape[0], hq = tq.shape[1], n_conv = tk.shape[0], cache_s = tk.shape[1], hkv = tk.shape[2];
     const int nch = tpo.shape[2];
-    const bool ok = gvm_is(tq, GVM_DT_BF16, 3) && gvm_aligned(tq, 2, 16) && tq.shape[2] == 64 &&
-                    gvm_is(tk, GVM_DT_E4M3, 4) && gvm_is(tv, GVM_DT_E4M3, 4) && gvm_aligned(tk, 1, 16) &&
-                    gvm_aligned(tv, 1, 16) && tk.shape[3] == 64 && tv.shape[0] == n_conv && tv.shape[1] == cache_s &&
-                    tv.shape[2] == hkv && tv.shape[3] == 64 && hkv > 0 && hq % hkv == 0 && cache_s >= 16 &&
-                    tk.stride[1] < (1ll << 31) && tv.stride[1] < (1ll << 31) &&
-                    gvm_is(tc, GVM_DT_I32, 2) && tc.shape[0] == n_conv && tc.shape[1] >= 3 &&
-                    gvm_is(tpo, GVM_DT_F32, 4) && gvm_aligned(tpo, 4, 16) && tpo.shape[0] == nt && tpo.shape[1] == hq &&
-                    tpo.shape[3] == 64 && gvm_is(tml, GVM_DT_F32, 4) && gvm_aligned(tml, 4, 8) && tml.shape[0] == nt &&
-                    tml.shape[1] == hq && tml.shape[2] == nch && tml.shape[3] == 2 && conv >= 0 && conv < n_conv &&
-                    h >= 0 && h < hkv && j >= 0 && j < nch && len > 0 && window >= 0 &&
+    const bool ok = gvm_is(tq, GVM_DT_BF16, 3) & gvm_aligned(tq, 2, 16) & tq.shape[2] == 64 &
+                    gvm_is(tk, GVM_DT_E4M3, 4) & gvm_is(tv, GVM_DT_E4M3, 4) & gvm_aligned(tk, 1, 16) &
+                    gvm_aligned(tv, 1, 16) & tk.shape[3] == 64 & tv.shape[0] == n_conv & tv.shape[1] == cache_s &
+                    tv.shape[2] == hkv & tv.shape[3] == 64 & hkv > 0 & hq % max(hkv, 1) == 0 & cache_s >= 16 &
+                    tk.stride[1] < (1ll << 31) & tv.stride[1] < (1ll << 31) &
+                    gvm_is(tc, GVM_DT_I32, 2) & tc.shape[0] == n_conv & tc.shape[1] >= 3 &
+                    gvm_is(tpo, GVM_DT_F32, 4) & gvm_aligned(tpo, 4, 16) & tpo.shape[0] == nt & tpo.shape[1] == hq &
+                    tpo.shape[3] == 64 & gvm_is(tml, GVM_DT_F32, 4) & gvm_aligned(tml, 4, 8) & tml.shape[0] == nt &
+                    tml.shape[1] == hq & tml.shape[2] == nch & tml.shape[3] == 2 & conv >= 0 & conv < n_conv &
+                    h >= 0 & h < hkv & j >= 0 & j < nch & len > 0 & window >= 0 &
                     c.smem_bytes >= 4 * GVM_ATT_WARP_BYTES;
     if (!ok) return false;
     const int* cv = gvm_ptr<const int>(tc, conv * tc.stride[0], 4);
-    return cv[0] >= 0 && cv[1] >= 0 && cv[0] + cv[1] <= nt && cv[2] >= 0;
+    return cv[0] >= 0 & cv[1] >= 0 & cv[0] + cv[1] <= nt & cv[2] >= 0;
 }
 
 __device__ int gvm_op_attn_chunk(const gvm_ctx& c) {
@@ -411,12 +411,12 @@ __device__ int gvm_op_attn_merge(const gvm_ctx& c) {
     const int tok0 = c.ins->arg[0], ntok = c.ins->arg[1], head0 = c.ins->arg[2];
     const int nt = tpo.shape[0], hq = tpo.shape[1], nch = tpo.shape[2], width = tx.shape[1];
     const int nh = c.ins->arg[3] != 0 ? c.ins->arg[3] : hq - max(head0, 0);  // 0: every head from head0 on
-    const bool ok = gvm_is(to, GVM_DT_BF16, 2) && gvm_aligned(to, 2, 8) && to.shape[0] == nt && to.shape[1] == hq * 64 &&
-                    gvm_is(tpo, GVM_DT_F32, 4) && gvm_aligned(tpo, 4, 16) && tpo.shape[3] == 64 &&
-                    gvm_is(tml, GVM_DT_F32, 4) && gvm_aligned(tml, 4, 8) && tml.shape[0] == nt && tml.shape[1] == hq &&
-                    tml.shape[2] == nch && tml.shape[3] == 2 && gvm_is(tx, GVM_DT_BF16, 2) && gvm_aligned(tx, 2, 8) &&
-                    tx.shape[0] == nt && width % 64 == 0 && width > 2 * hq * 64 && tok0 >= 0 && ntok >= 0 &&
-                    tok0 + ntok <= nt && head0 >= 0 && head0 <= hq && nh >= 0 && nh <= hq - head0 && c.smem_bytes >= 4 * 32 * 16;
+    const bool ok = gvm_is(to, GVM_DT_BF16, 2) & gvm_aligned(to, 2, 8) & to.shape[0] == nt & to.shape[1] == hq * 64 &
+                    gvm_is(tpo, GVM_DT_F32, 4) & gvm_aligned(tpo, 4, 16) & tpo.shape[3] == 64 &
+                    gvm_is(tml, GVM_DT_F32, 4) & gvm_aligned(tml, 4, 8) & tml.shape[0] == nt & tml.shape[1] == hq &
+                    tml.shape[2] == nch & tml.shape[3] == 2 & gvm_is(tx, GVM_DT_BF16, 2) & gvm_aligned(tx, 2, 8) &
+                    tx.shape[0] == nt & width % 64 == 0 & width > 2 * hq * 64 & tok0 >= 0 & ntok >= 0 &
+                    tok0 + ntok <= nt & head0 >= 0 & head0 <= hq & nh >= 0 & nh <= hq - head0 & c.smem_bytes >= 4 * 32 * 16;
     if (!ok) return GVM_ERR_BAD_ARGS;
     const int pairs = ntok * nh;
     if (pairs == 0) return GVM_ERR_NONE;

@@ -22,16 +22,24 @@ __device__ __forceinline__ T* gvm_ptr(const gvm_tensor& t, long long elem_off, i
     return reinterpret_cast<T*>(t.ptr + (unsigned long long)(elem_off * elem_bytes));
 }
 
+// The ops' argument checks combine their conditions with & (and these helpers
+// too), not &&: every descriptor field is then read unconditionally, so the
+// reads go out together. As a chain of && each read was a branch's condition,
+// one round trip after another (~100 for an expert op: 5 us from L2, H200,
+// tools/expert_bench.py GVM_EXPR_PROBE=128). Only a read that is not safe
+// without an earlier condition (an optional tensor, a divisor) keeps a guard.
+
 // Dtype, rank and a unit innermost stride: the checks every op makes first.
 __device__ __forceinline__ bool gvm_is(const gvm_tensor& t, int dtype, int ndim) {
-    return t.dtype == dtype && t.ndim == ndim && t.stride[ndim - 1] == 1;
+    return (t.dtype == dtype) & (t.ndim == ndim) & (t.stride[ndim - 1] == 1);
 }
 
 // Base and every outer stride aligned to `bytes` (elements of elem_bytes each),
 // so that vector accesses of that width are legal anywhere in the tensor.
 __device__ __forceinline__ bool gvm_aligned(const gvm_tensor& t, int elem_bytes, int bytes) {
     bool ok = (t.ptr % (unsigned long long)bytes) == 0;
-    for (int d = 0; d + 1 < t.ndim; ++d) ok = ok && (t.stride[d] * elem_bytes) % bytes == 0;
+#pragma unroll
+    for (int d = 0; d + 1 < GVM_MAX_DIMS; ++d) ok &= (d + 1 >= t.ndim) | ((t.stride[d] * elem_bytes) % bytes == 0);
     return ok;
 }
 

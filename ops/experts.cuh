@@ -174,20 +174,20 @@ __device__ __noinline__ bool gvm_expert_args_ok(const gvm_ctx& c) {
     const int k = c.ins->arg[0], n_w = c.ins->arg[1], grain = c.ins->arg[2], cap = c.ins->arg[3];
     const int n_exp = tmeta.shape[1], kdim = tx.shape[1], nout = to.shape[1], slots = troute.shape[1];
     const int wd = UP ? 4 : 3;  // rank of codes / scales
-    bool ok = gvm_is(to, UP ? GVM_DT_BF16 : GVM_DT_F32, 2) && to.shape[0] == slots &&
-              gvm_is(tx, GVM_DT_BF16, 2) && gvm_aligned(tx, 2, 16) &&
-              (long long)tx.shape[0] * tx.stride[0] * 2 < (1ll << 32) &&
-              gvm_is(tcd, GVM_DT_E2M1X2, wd) && gvm_aligned(tcd, 1, 16) && gvm_is(tsc, GVM_DT_E4M3, wd) &&
-              gvm_aligned(tsc, 1, 4) && tcd.shape[0] == n_exp && tsc.shape[0] == n_exp && tcd.shape[wd - 2] == nout &&
-              tsc.shape[wd - 2] == nout && tcd.shape[wd - 1] * 2 == kdim && tsc.shape[wd - 1] * 16 == kdim &&
-              gvm_is(tts, GVM_DT_F32, UP ? 2 : 1) && tts.shape[0] == n_exp && gvm_is(tmeta, GVM_DT_I32, 2) &&
-              tmeta.shape[0] == 2 && gvm_is(troute, GVM_DT_I32, 2) && troute.shape[0] == 5 && kdim % 64 == 0 &&
-              n_exp <= GVM_MAX_WORKLIST_EXPERTS && gvm_aligned(tmeta, 4, 4) && n_w >= 1 && grain >= 1 && cap >= 1 &&
-              gvm_is(twork, GVM_DT_I32, 2) && twork.shape[1] == 2 && k >= 0 && k < twork.shape[0] &&
+    bool ok = gvm_is(to, UP ? GVM_DT_BF16 : GVM_DT_F32, 2) & to.shape[0] == slots &
+              gvm_is(tx, GVM_DT_BF16, 2) & gvm_aligned(tx, 2, 16) &
+              (long long)tx.shape[0] * tx.stride[0] * 2 < (1ll << 32) &
+              gvm_is(tcd, GVM_DT_E2M1X2, wd) & gvm_aligned(tcd, 1, 16) & gvm_is(tsc, GVM_DT_E4M3, wd) &
+              gvm_aligned(tsc, 1, 4) & tcd.shape[0] == n_exp & tsc.shape[0] == n_exp & tcd.shape[wd - 2] == nout &
+              tsc.shape[wd - 2] == nout & tcd.shape[wd - 1] * 2 == kdim & tsc.shape[wd - 1] * 16 == kdim &
+              gvm_is(tts, GVM_DT_F32, UP ? 2 : 1) & tts.shape[0] == n_exp & gvm_is(tmeta, GVM_DT_I32, 2) &
+              tmeta.shape[0] == 2 & gvm_is(troute, GVM_DT_I32, 2) & troute.shape[0] == 5 & kdim % 64 == 0 &
+              n_exp <= GVM_MAX_WORKLIST_EXPERTS & gvm_aligned(tmeta, 4, 4) & n_w >= 1 & grain >= 1 & cap >= 1 &
+              gvm_is(twork, GVM_DT_I32, 2) & twork.shape[1] == 2 & k >= 0 & k < twork.shape[0] &
               c.smem_bytes >= GVM_EXP_STATE + GVM_EXP_HEAD + GVM_EXP_WBUF + 16 * GVM_EXP_XROW;
     // set 0 -> set 1 (the up matrix, or the next 8 rows) must fit an int of bytes
-    ok = ok && (UP ? tcd.stride[1] : 8 * tcd.stride[1]) < (1ll << 31) && (UP ? tsc.stride[1] : 8 * tsc.stride[1]) < (1ll << 31);
-    if (UP) ok = ok && tcd.shape[1] == 2 && tsc.shape[1] == 2 && tts.shape[1] == 2;
+    ok &= (UP ? tcd.stride[1] : 8 * tcd.stride[1]) < (1ll << 31) & (UP ? tsc.stride[1] : 8 * tsc.stride[1]) < (1ll << 31);
+    if (UP) ok &= tcd.shape[1] == 2 & tsc.shape[1] == 2 & tts.shape[1] == 2;
     return ok;
 }
 
@@ -208,16 +208,13 @@ __device__ __noinline__ bool gvm_expert_args_ok(const gvm_ctx& c) {
 #endif
 #define GVM_EXPR_PART 512  // one partial 16 x 8 f32 tile
 #ifndef GVM_EXPR_RING
-#define GVM_EXPR_RING 8    // most stages of a warp's weight ring (gvm_expr_unit_ring), at most 12
+#define GVM_EXPR_RING 4    // most slots of a warp's weight ring (gvm_expr_unit_ring), at most 9
 #endif
 #ifndef GVM_EXPR_RING_MIN
-#define GVM_EXPR_RING_MIN 3  // fewer stages fit (many tokens' x): the weights go through registers
+#define GVM_EXPR_RING_MIN 2  // fewer slots fit (many tokens' x): the weights go through registers
 #endif
-#define GVM_EXPR_STAGE 1280  // one stage of a warp's ring: 2 x 512 B of codes, 2 x 128 B of scales
-#ifndef GVM_EXPR_PF
-#define GVM_EXPR_PF 1      // an item's weight rows fetched into L2 as it starts (0: by its ring alone)
-#endif
-#define GVM_EXPR_PF_CHUNK 8192u
+#define GVM_EXPR_STAGE 1280  // one piece of a ring slot: 16 rows x (64 B of codes + 8 B of scales)
+#define GVM_EXPR_SLOT (2 * GVM_EXPR_STAGE)
 
 // Byte offset of word w (8 values) of 32-value chunk ch in an x row: chunk
 // pairs share a 128-byte line, words swizzled so that the 4 chunks a quad
@@ -248,35 +245,39 @@ __device__ __forceinline__ void gvm_expr_fill(uint4& ca, uint4& cb, unsigned& sc
     }
 }
 
-// Chunk (ca, cb: rows g, g + 8; sc: their two scale bytes each, a0 a1 b0 b1)
-// times the x words of chunk ch, into two accumulators (two chains of
-// dependent MMAs, not one: an MMA's latency would otherwise bound the loop).
+// Word w (8 codes) of a chunk (ca, cb: rows g, g + 8; sc: their two scale
+// bytes each, a0 a1 b0 b1) times x, the chunk's x word w: its first MMA into
+// acc, its second into acc2 (pass the same array twice for one chain).
+__device__ __forceinline__ void gvm_expr_word(float (&acc)[4], float (&acc2)[4], const uint4& ca, const uint4& cb,
+                                              unsigned sc, const uint4& x, int w) {
+    const unsigned b = w >> 1;  // scale block of the word
+    const unsigned s2a = gvm_hmul2(gvm_e4m3x2_to_f16x2(__byte_perm(sc, 0, b | (b << 4))), GVM_F16X2_64);
+    const unsigned s2b = gvm_hmul2(gvm_e4m3x2_to_f16x2(__byte_perm(sc, 0, (b + 2) | ((b + 2) << 4))), GVM_F16X2_64);
+    unsigned pa[4], pb[4];
+    const unsigned wa = w == 0 ? ca.x : w == 1 ? ca.y : w == 2 ? ca.z : ca.w;
+    const unsigned wb = w == 0 ? cb.x : w == 1 ? cb.y : w == 2 ? cb.z : cb.w;
+    if (GVM_EXPR_PROBE & 1) {  // probe: no decode (wrong sums; times the rest)
+        pa[0] = wa ^ s2a, pa[1] = wa >> 8, pa[2] = wa >> 16, pa[3] = wa >> 24;
+        pb[0] = wb ^ s2b, pb[1] = wb >> 8, pb[2] = wb >> 16, pb[3] = wb >> 24;
+    } else {
+        gvm_exp_decode(wa, s2a, pa);
+        gvm_exp_decode(wb, s2b, pb);
+    }
+    if (GVM_EXPR_PROBE & 2) {  // probe: no MMA (wrong sums; times the rest)
+        acc[0] += __uint_as_float((pa[0] ^ pb[0] ^ pa[2] ^ pb[2] ^ x.x ^ x.y) & 0x3fffffffu);
+        acc2[1] += __uint_as_float((pa[1] ^ pb[1] ^ pa[3] ^ pb[3] ^ x.z ^ x.w) & 0x3fffffffu);
+    } else {
+        gvm_mma_f16(acc, pa[0], pb[0], pa[2], pb[2], x.x, x.y);    // x: (x0,x2) (x1,x3) (x4,x6) (x5,x7)
+        gvm_mma_f16(acc2, pa[1], pb[1], pa[3], pb[3], x.z, x.w);
+    }
+}
+
+// A whole chunk (4 words) times the x words of chunk ch, into acc and acc2
+// (two chains of dependent MMAs, not one: an MMA's latency would otherwise bound the loop).
 __device__ __forceinline__ void gvm_expr_chunk(float (&acc)[4], float (&acc2)[4], const uint4& ca, const uint4& cb,
                                                unsigned sc, unsigned xrow, unsigned ch) {
 #pragma unroll
-    for (int w = 0; w < 4; ++w) {
-        const unsigned b = w >> 1;  // scale block of the word
-        const unsigned s2a = gvm_hmul2(gvm_e4m3x2_to_f16x2(__byte_perm(sc, 0, b | (b << 4))), GVM_F16X2_64);
-        const unsigned s2b = gvm_hmul2(gvm_e4m3x2_to_f16x2(__byte_perm(sc, 0, (b + 2) | ((b + 2) << 4))), GVM_F16X2_64);
-        unsigned pa[4], pb[4];
-        const unsigned wa = w == 0 ? ca.x : w == 1 ? ca.y : w == 2 ? ca.z : ca.w;
-        const unsigned wb = w == 0 ? cb.x : w == 1 ? cb.y : w == 2 ? cb.z : cb.w;
-        if (GVM_EXPR_PROBE & 1) {  // probe: no decode (wrong sums; times the rest)
-            pa[0] = wa ^ s2a, pa[1] = wa >> 8, pa[2] = wa >> 16, pa[3] = wa >> 24;
-            pb[0] = wb ^ s2b, pb[1] = wb >> 8, pb[2] = wb >> 16, pb[3] = wb >> 24;
-        } else {
-            gvm_exp_decode(wa, s2a, pa);
-            gvm_exp_decode(wb, s2b, pb);
-        }
-        const uint4 x = gvm_lds_u4(xrow + gvm_expr_xoff(ch, w));  // (x0,x2) (x1,x3) (x4,x6) (x5,x7)
-        if (GVM_EXPR_PROBE & 2) {  // probe: no MMA (wrong sums; times the rest)
-            acc[0] += __uint_as_float((pa[0] ^ pb[0] ^ pa[2] ^ pb[2] ^ x.x ^ x.y) & 0x3fffffffu);
-            acc2[1] += __uint_as_float((pa[1] ^ pb[1] ^ pa[3] ^ pb[3] ^ x.z ^ x.w) & 0x3fffffffu);
-        } else {
-            gvm_mma_f16(acc, pa[0], pb[0], pa[2], pb[2], x.x, x.y);
-            gvm_mma_f16(acc2, pa[1], pb[1], pa[3], pb[3], x.z, x.w);
-        }
-    }
+    for (int w = 0; w < 4; ++w) gvm_expr_word(acc, acc2, ca, cb, sc, gvm_lds_u4(xrow + gvm_expr_xoff(ch, w)), w);
 }
 
 // x rows of the expert's tokens -> f16 in shared memory (gvm_expr_xoff order);
@@ -371,7 +372,7 @@ __device__ __forceinline__ void gvm_expr_unit(const gvm_ctx& c, float (&acc)[2][
     }
 }
 
-// Waits until at most n (< GVM_EXPR_RING) commit groups of this thread are pending.
+// Waits until at most n (< GVM_EXPR_RING - 1) commit groups of this thread are pending.
 __device__ __forceinline__ void gvm_cp_async_wait_n(int n) {
     switch (n) {
         case 0: gvm_cp_async_wait<0>(); break;
@@ -381,29 +382,30 @@ __device__ __forceinline__ void gvm_cp_async_wait_n(int n) {
         case 4: gvm_cp_async_wait<4>(); break;
         case 5: gvm_cp_async_wait<5>(); break;
         case 6: gvm_cp_async_wait<6>(); break;
-        case 7: gvm_cp_async_wait<7>(); break;
-        case 8: gvm_cp_async_wait<8>(); break;
-        case 9: gvm_cp_async_wait<9>(); break;
-        default: gvm_cp_async_wait<10>(); break;
+        default: gvm_cp_async_wait<7>(); break;
     }
 }
 
-// The unit of gvm_expr_unit with the weights streamed through a ring of nst
-// stages in this warp's shared memory (ring: its address) by cp.async, one
-// commit group per stage, instead of registers: the wait for a stage is
-// exact by count. In the register version ptxas gave the weight loads, the
-// scale loads and the x reads of shared memory common scoreboards, so a
-// chunk's MMAs waited for loads issued just before them (the SASS at
-// 2555614: the whole memory latency once per chunk). A stage is one set of
-// one K step (4 chunks) of the unit's 16 rows: codes [16 rows][64 B], then
-// scales [16 rows][8 B]. Lane l copies row l / 2's half l % 2 (two 16-byte
-// pieces of codes, one 4-byte word of scales), so that a lane holds two
-// pointers; the lanes then read the fragments of rows g and g + 8.
+// The unit of gvm_expr_unit with the weights streamed through a ring of nsl
+// slots in this warp's shared memory (ring: its address) by cp.async, one
+// commit group per slot, instead of registers: the wait for a slot is exact by
+// count. In the register version ptxas gave the weight loads, the scale loads
+// and the x reads of shared memory common scoreboards, so a chunk's MMAs
+// waited for loads issued just before them (the SASS at 2555614: the whole
+// memory latency once per chunk). A slot holds two pieces, UP the gate and up
+// sets of one K step (4 chunks), DOWN two K steps; a piece is codes [16 rows]
+// [64 B], then scales [16 rows][8 B]. Lane l copies row l / 2's half l % 2 (two
+// 16-byte pieces of codes, one 4-byte word of scales), so that a lane holds
+// two pointers; the lanes then read the fragments of rows g and g + 8.
+// The two pieces' MMAs go to four accumulators, a piece's words alternating
+// between two, word by word of both pieces: four independent chains in one
+// stream. A piece at a time (one chain per piece, or two for DOWN) ran ~600
+// cycles a piece with neither copies nor decode (expert_bench probe 5: the
+// warp issues in order, so each MMA waited for the one before it).
 // c_beg and c_end are even (whole scale words; gvm_expert_tile_reg).
 template <bool UP>
 __device__ __forceinline__ void gvm_expr_unit_ring(const gvm_ctx& c, float (&acc)[2][4], int e, long long r0, long long rl,
-                                                   int c_beg, int c_end, int nch, unsigned xrow, unsigned ring, int nst) {
-    constexpr int SETS = UP ? 2 : 1;
+                                                   int c_beg, int c_end, int nch, unsigned xrow, unsigned ring, int nsl) {
     const unsigned lane = c.tid & 31, g = lane >> 2, q = lane & 3, half = lane & 1;
     const unsigned long long pol = gvm_policy_evict_first();
     const gvm_tensor& tcd = gvm_t(c, 2);
@@ -414,81 +416,71 @@ __device__ __forceinline__ void gvm_expr_unit_ring(const gvm_ctx& c, float (&acc
     const unsigned char* cp = gvm_ptr<const unsigned char>(tcd, e * tcd.stride[0] + row * tcd.stride[rdim] + 16 * first, 1);
     const unsigned char* sp = gvm_ptr<const unsigned char>(tsc, e * tsc.stride[0] + row * tsc.stride[rdim] + 2 * first, 1);
     const int cset = UP ? (int)tcd.stride[1] : 0, sset = UP ? (int)tsc.stride[1] : 0;  // set 1 (up) from set 0 (gate)
-    const unsigned wofs = (lane >> 1) * 64 + 32 * half;  // this lane's codes in a stage (its scale word: 1024 + 4 lane)
+    const unsigned wofs = (lane >> 1) * 64 + 32 * half;  // this lane's codes in a piece (its scale word: 1024 + 4 lane)
     const unsigned rofs = g * 64 + 16 * q, rsofs = 1024 + g * 8 + 4 * (q >> 1);  // its fragments (row g; g + 8 is +512, +64)
     const unsigned h = 2 * (q & 1), sel = h | (h + 1) << 4 | (h + 4) << 8 | (h + 5) << 12;  // its two scale bytes each
-    // DOWN: a second accumulator; UP's two sets are already two chains
-    float acc2[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    float a[2][4], b[2][4];  // piece p: a[p] takes the first MMA of each word, b[p] the second
 #pragma unroll
-    for (int s = 0; s < SETS; ++s) acc[s][0] = acc[s][1] = acc[s][2] = acc[s][3] = 0.0f;
-    const int steps = (c_end - c_beg + 3) / 4;
-    const unsigned size = (unsigned)nst * GVM_EXPR_STAGE;
-    unsigned wst = 0;  // offset of the stage written next; the one read next is nst - 1 stages behind
-    // set s of K step j (past the last step: an empty group)
-    auto issue = [&](int j, int s) {
-        if (j < steps && !(GVM_EXPR_PROBE & 4)) {  // probe 4: the ring is never filled (wrong sums; times the rest)
-            // chunks first + 4 j and the next (first and c_end even: both live or both dead; dead ones are zero-filled)
-            const bool live = first + 4 * j < c_end;
-            const unsigned char* cj = live ? cp + s * cset + 64 * j : cp;
-            const unsigned st = ring + wst;
-            gvm_cp_async16(st + wofs, cj, live, pol);
-            gvm_cp_async16(st + wofs + 16, live ? cj + 16 : cp, live, pol);
-            gvm_cp_async4(st + 1024 + 4 * lane, live ? sp + s * sset + 8 * j : sp, live, pol);
+    for (int p = 0; p < 2; ++p)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) a[p][i] = b[p][i] = 0.0f;
+    const int steps = (c_end - c_beg + 3) / 4, slots = UP ? steps : (steps + 1) / 2;
+    const unsigned size = (unsigned)nsl * GVM_EXPR_SLOT;
+    unsigned wsl = 0;  // offset of the slot written next; the one read next is nsl - 1 slots behind
+    // slot i: K step UP ? i : 2 i + p of set UP ? p : 0 in piece p (a step past the unit's end is
+    // zero-filled; past the last slot: an empty group)
+    auto issue = [&](int i) {
+        if (i < slots && !(GVM_EXPR_PROBE & 4)) {  // probe 4: the ring is never filled (wrong sums; times the rest)
+#pragma unroll
+            for (int p = 0; p < 2; ++p) {
+                const int j = UP ? i : 2 * i + p, s = UP ? p : 0;
+                // chunks first + 4 j and the next (first and c_end even: both live or both dead; dead ones are zero-filled)
+                const bool live = first + 4 * j < c_end;
+                const unsigned char* cj = live ? cp + s * cset + 64 * j : cp;
+                const unsigned st = ring + wsl + p * GVM_EXPR_STAGE;
+                gvm_cp_async16(st + wofs, cj, live, pol);
+                gvm_cp_async16(st + wofs + 16, live ? cj + 16 : cp, live, pol);
+                gvm_cp_async4(st + 1024 + 4 * lane, live ? sp + s * sset + 8 * j : sp, live, pol);
+            }
         }
         gvm_cp_async_commit();
-        wst = wst + GVM_EXPR_STAGE == size ? 0 : wst + GVM_EXPR_STAGE;
+        wsl = wsl + GVM_EXPR_SLOT == size ? 0 : wsl + GVM_EXPR_SLOT;
     };
-    // nst - 1 is a multiple of SETS (gvm_expert_tile_reg), so the piece nst - 1 after one is of its set
-    const int ahead = (nst - 1) / SETS;  // K steps
 #pragma unroll 1
-    for (int j = 0; j < ahead; ++j)
-#pragma unroll
-        for (int s = 0; s < SETS; ++s) issue(j, s);
+    for (int i = 0; i < nsl - 1; ++i) issue(i);
 #pragma unroll 1
-    for (int j = 0; j < steps; ++j) {
-        const unsigned ch = (unsigned)min(c_beg + (int)q + 4 * j, nch - 1);  // past the lane's end the codes are zeros
+    for (int i = 0; i < slots; ++i) {
+        gvm_cp_async_wait_n(nsl - 2);  // this lane's copies of slot i are in
+        __syncwarp();  // so are the other lanes', and every lane is done with the slot refilled next
+        const unsigned rsl = ring + (wsl + GVM_EXPR_SLOT == size ? 0 : wsl + GVM_EXPR_SLOT);  // the oldest slot
+        issue(i + nsl - 1);
+        uint4 ca[2], cb[2];
+        unsigned sc[2], ch[2];
 #pragma unroll
-        for (int s = 0; s < SETS; ++s) {
-            gvm_cp_async_wait_n(nst - 2);  // this lane's copies of the piece are in
-            __syncwarp();  // so are the other lanes', and every lane is done with the stage refilled next
-            const unsigned rst = ring + (wst + GVM_EXPR_STAGE == size ? 0 : wst + GVM_EXPR_STAGE);  // the oldest stage
-            issue(j + ahead, s);
-            const uint4 ca = gvm_lds_u4(rst + rofs), cb = gvm_lds_u4(rst + rofs + 512);
-            const unsigned sc = __byte_perm(gvm_lds_u(rst + rsofs), gvm_lds_u(rst + rsofs + 64), sel);
-            gvm_expr_chunk(acc[s], UP ? acc[s] : acc2, ca, cb, sc, xrow, ch);
+        for (int p = 0; p < 2; ++p) {
+            const unsigned st = rsl + p * GVM_EXPR_STAGE;
+            ca[p] = gvm_lds_u4(st + rofs);
+            cb[p] = gvm_lds_u4(st + rofs + 512);
+            sc[p] = __byte_perm(gvm_lds_u(st + rsofs), gvm_lds_u(st + rsofs + 64), sel);
+            ch[p] = (unsigned)min(c_beg + (int)q + 4 * (UP ? i : 2 * i + p), nch - 1);  // past the lane's end the codes are zeros
+        }
+#pragma unroll
+        for (int w = 0; w < 4; ++w) {
+            const uint4 x0 = gvm_lds_u4(xrow + gvm_expr_xoff(ch[0], w));
+            const uint4 x1 = UP ? x0 : gvm_lds_u4(xrow + gvm_expr_xoff(ch[1], w));  // UP: one K step, one x
+            gvm_expr_word(a[0], b[0], ca[0], cb[0], sc[0], x0, w);
+            gvm_expr_word(a[1], b[1], ca[1], cb[1], sc[1], x1, w);
         }
     }
     gvm_cp_async_wait<0>();  // nothing lands in the ring after the unit
     __syncwarp();
-    if (!UP)
 #pragma unroll
-        for (int i = 0; i < 4; ++i) acc[0][i] += acc2[i];
-}
-
-// The item's weight rows, codes and scales of each set, on their way into L2
-// as the item starts (bulk prefetches of up to 8 KB, one a thread). Each warp's
-// ring holds ~9 KB in flight, and a one-token item (16 rows of 4,096, ~72 KB
-// for UP) is two or three turns of it, each a whole HBM latency that its
-// K loop waits out; so every byte of the item is asked for at once, before x
-// is staged. Rows are whole (16-byte) lines of codes; a scale row range is
-// widened to 16 bytes at both ends, inside the tensor's allocation.
-template <bool UP>
-__device__ __forceinline__ void gvm_expr_prefetch(const gvm_ctx& c, int e, int n0, int nn) {
-    if (!GVM_EXPR_PF) return;
-    constexpr int SETS = UP ? 2 : 1;
-    const int rdim = UP ? 2 : 1;
-#pragma unroll
-    for (int t = 0; t < 2; ++t) {  // codes, then scales
-        const gvm_tensor& tw = gvm_t(c, 2 + t);
-        const unsigned long long row = (unsigned long long)tw.stride[rdim], bytes = (unsigned long long)nn * row;
-        const unsigned chunks = (unsigned)((bytes + GVM_EXPR_PF_CHUNK - 1) / GVM_EXPR_PF_CHUNK);
-        for (unsigned i = c.tid; i < SETS * chunks; i += 128) {
-            const unsigned s = i / chunks, k = i - s * chunks;
-            const unsigned long long set = tw.ptr + (unsigned long long)(e * tw.stride[0] + (UP ? s * tw.stride[1] : 0)) +
-                                           (unsigned long long)n0 * row;
-            const unsigned long long a = (set + (unsigned long long)k * GVM_EXPR_PF_CHUNK) & ~15ull;
-            const unsigned long long end = (min(set + (unsigned long long)(k + 1) * GVM_EXPR_PF_CHUNK, set + bytes) + 15ull) & ~15ull;
-            gvm_prefetch_l2(reinterpret_cast<const void*>(a), (unsigned)(end - a));
+    for (int i = 0; i < 4; ++i) {
+        if (UP) {
+            acc[0][i] = a[0][i] + b[0][i];
+            acc[1][i] = a[1][i] + b[1][i];
+        } else {
+            acc[0][i] = (a[0][i] + b[0][i]) + (a[1][i] + b[1][i]);
         }
     }
 }
@@ -503,12 +495,10 @@ __device__ int gvm_expert_tile_reg(const gvm_ctx& c, int e, int n0, int nn, int 
     const unsigned s_x = gvm_smem_addr(c.smem), pitch = gvm_expr_pitch(kdim);
     const unsigned s_part = s_x + (unsigned)count * pitch, s_flag = s_part + 4 * SETS * GVM_EXPR_PART;
     unsigned char* flag = c.smem + (s_flag - s_x);
-    // the 4 warps' weight rings after the flag, as many stages as fit before the walk's state
+    // the 4 warps' weight rings after the flag, as many slots as fit before the walk's state
     const unsigned s_ring = (s_flag + 16 + 15) & ~15u;
     const int room = (int)c.smem_bytes - GVM_EXP_STATE - (int)(s_ring - s_x);
-    int nst = min(GVM_EXPR_RING, max(0, room) / (4 * GVM_EXPR_STAGE));
-    if (UP) nst -= (nst - 1) & 1;  // odd: a piece and the one nst - 1 later are of the same set
-    gvm_expr_prefetch<UP>(c, e, n0, nn);
+    const int nsl = min(GVM_EXPR_RING, max(0, room) / (4 * GVM_EXPR_SLOT));
     if (c.tid == 0) gvm_sts(s_flag, 0u);
     gvm_group_sync(c);
     gvm_expr_stage_x<UP>(c, s_x, flag, count, slot0, kdim);
@@ -525,9 +515,9 @@ __device__ int gvm_expert_tile_reg(const gvm_ctx& c, int e, int n0, int nn, int 
         if (pu < nu) {
             float acc[2][4];
             const int c_beg = ps * cps, c_end = min(nch, c_beg + cps);
-            if (nst >= GVM_EXPR_RING_MIN)
+            if (nsl >= GVM_EXPR_RING_MIN)
                 gvm_expr_unit_ring<UP>(c, acc, e, n0 + (u0 + pu) * 16, n0 + nn - 1, c_beg, c_end, nch, xrow,
-                                       s_ring + warp * (unsigned)nst * GVM_EXPR_STAGE, nst);
+                                       s_ring + warp * (unsigned)nsl * GVM_EXPR_SLOT, nsl);
             else
                 gvm_expr_unit<UP>(c, acc, e, n0 + (u0 + pu) * 16, n0 + nn - 1, c_beg, c_end, nch, xrow);
 #pragma unroll
@@ -738,11 +728,11 @@ __device__ int gvm_op_expert_combine(const gvm_ctx& c) {
     const gvm_tensor& troute = gvm_t(c, 2);
     const int tok0 = c.ins->arg[0], ntok = c.ins->arg[1];
     const int nt = tf.shape[0], hdim = tf.shape[1];
-    const bool ok = gvm_is(tf, GVM_DT_BF16, 2) && gvm_aligned(tf, 2, 8) && gvm_is(ty, GVM_DT_F32, 2) &&
-                    gvm_aligned(ty, 4, 16) && ty.shape[0] == GVM_TOPK * nt && ty.shape[1] == hdim && hdim % 4 == 0 &&
-                    (long long)ty.shape[0] * ty.stride[0] < (1ll << 31) && gvm_is(troute, GVM_DT_I32, 2) &&
-                    troute.shape[0] == 5 && troute.shape[1] == GVM_TOPK * nt && tok0 >= 0 && ntok >= 0 &&
-                    tok0 + ntok <= nt && c.smem_bytes >= 256;
+    const bool ok = gvm_is(tf, GVM_DT_BF16, 2) & gvm_aligned(tf, 2, 8) & gvm_is(ty, GVM_DT_F32, 2) &
+                    gvm_aligned(ty, 4, 16) & ty.shape[0] == GVM_TOPK * nt & ty.shape[1] == hdim & hdim % 4 == 0 &
+                    (long long)ty.shape[0] * ty.stride[0] < (1ll << 31) & gvm_is(troute, GVM_DT_I32, 2) &
+                    troute.shape[0] == 5 & troute.shape[1] == GVM_TOPK * nt & tok0 >= 0 & ntok >= 0 &
+                    tok0 + ntok <= nt & c.smem_bytes >= 256;
     if (!ok) return GVM_ERR_BAD_ARGS;
     const unsigned warp = c.tid >> 5, lane = c.tid & 31;
     const unsigned red = gvm_smem_addr(c.smem);  // [2 phases][4 warps][8] f32

@@ -801,7 +801,7 @@ __device__ __forceinline__ int gvm_gemm_f32(const gvm_ctx& c, const gvm_tensor& 
 }
 
 __device__ __forceinline__ bool gvm_gemm_operand_ok(const gvm_tensor& t, int esize) {
-    return t.ndim == 2 && t.stride[1] == 1 && (t.ptr & 15ull) == 0 && ((t.stride[0] * esize) & 15) == 0;
+    return t.ndim == 2 & t.stride[1] == 1 & (t.ptr & 15ull) == 0 & ((t.stride[0] * esize) & 15) == 0;
 }
 
 __device__ __forceinline__ int gvm_op_gemm(const gvm_ctx& c) {
@@ -820,10 +820,10 @@ __device__ __forceinline__ int gvm_op_gemm(const gvm_ctx& c) {
                     (out.dtype == GVM_DT_BF16 || out.dtype == GVM_DT_F32);
     const bool f32 = x.dtype == GVM_DT_F32 && w.dtype == GVM_DT_F32 && out.dtype == GVM_DT_F32;
     const int es = bf ? 2 : 4;
-    if (!(bf || f32) || !gvm_gemm_operand_ok(x, es) || !gvm_gemm_operand_ok(w, es) || out.ndim != 2 ||
-        out.stride[1] != 1 || x.shape[1] % 8 != 0 || w.shape[1] != x.shape[1] || out.shape[0] != x.shape[0] ||
-        out.shape[1] != w.shape[0] || n0 < 0 || cnt < 0 || n0 + cnt > w.shape[0] || t0 < 0 || tn < 0 ||
-        t0 + tn > x.shape[0] || (in.arg[3] == 0 && t0 != 0))
+    if (!(bf | f32) | !gvm_gemm_operand_ok(x, es) | !gvm_gemm_operand_ok(w, es) | out.ndim != 2 |
+        out.stride[1] != 1 | x.shape[1] % 8 != 0 | w.shape[1] != x.shape[1] | out.shape[0] != x.shape[0] |
+        out.shape[1] != w.shape[0] | n0 < 0 | cnt < 0 | n0 + cnt > w.shape[0] | t0 < 0 | tn < 0 |
+        t0 + tn > x.shape[0] | (in.arg[3] == 0 && t0 != 0))
         return GVM_ERR_BAD_ARGS;
     if (cnt == 0 || tn == 0) return GVM_ERR_NONE;
     return bf ? gvm_gemm_bf16(c, out, x, w, n0, cnt, t0, tn) : gvm_gemm_f32(c, out, x, w, n0, cnt, t0, tn);

@@ -111,17 +111,17 @@ __device__ __forceinline__ void gvm_row_scale(const float4* x, unsigned stash, c
 
 // An f32 [rows, D] tensor whose rows can be read as float4s.
 __device__ __forceinline__ bool gvm_f32_rows(const gvm_tensor& t, int rows, int d) {
-    return gvm_is(t, GVM_DT_F32, 2) && t.shape[0] == rows && t.shape[1] == d && gvm_aligned(t, 4, 16);
+    return gvm_is(t, GVM_DT_F32, 2) & t.shape[0] == rows & t.shape[1] == d & gvm_aligned(t, 4, 16);
 }
 
 __device__ __forceinline__ bool gvm_f32_vec(const gvm_tensor& t, int d) {
-    return gvm_is(t, GVM_DT_F32, 1) && t.shape[0] == d && gvm_aligned(t, 4, 16);
+    return gvm_is(t, GVM_DT_F32, 1) & t.shape[0] == d & gvm_aligned(t, 4, 16);
 }
 
 // An output of [rows, D], f32 or bf16, writable four values at a time.
 __device__ __forceinline__ bool gvm_out_rows(const gvm_tensor& t, int rows, int d) {
-    return gvm_f32_rows(t, rows, d) ||
-           (gvm_is(t, GVM_DT_BF16, 2) && t.shape[0] == rows && t.shape[1] == d && gvm_aligned(t, 2, 8));
+    return gvm_f32_rows(t, rows, d) |
+           (gvm_is(t, GVM_DT_BF16, 2) & t.shape[0] == rows & t.shape[1] == d & gvm_aligned(t, 2, 8));
 }
 
 __device__ __forceinline__ unsigned long long gvm_row_addr(const gvm_tensor& t, int row) {
@@ -136,8 +136,8 @@ __device__ int gvm_op_rmsnorm(const gvm_ctx& c) {
     const gvm_tensor& tw = gvm_t(c, 2);
     const int row0 = c.ins->arg[0], rows = c.ins->arg[1];
     const int n = ti.shape[0], d = ti.shape[1];
-    const bool ok = gvm_f32_rows(ti, n, d) && gvm_f32_vec(tw, d) && gvm_out_rows(to, n, d) && d % 4 == 0 &&
-                    row0 >= 0 && rows >= 0 && row0 + rows <= n && c.smem_bytes >= GVM_ROW_STASH;
+    const bool ok = gvm_f32_rows(ti, n, d) & gvm_f32_vec(tw, d) & gvm_out_rows(to, n, d) & d % 4 == 0 &
+                    row0 >= 0 & rows >= 0 & row0 + rows <= n & c.smem_bytes >= GVM_ROW_STASH;
     if (!ok) return GVM_ERR_BAD_ARGS;
     gvm_vec_prefetch(tw, d, c.tid);
     gvm_group_sum gsum(gvm_smem_addr(c.smem));
@@ -164,12 +164,12 @@ __device__ __noinline__ bool gvm_residual_args_ok(const gvm_ctx& c) {
     const int row0 = c.ins->arg[0], rows = c.ins->arg[1];
     const int n = ts.shape[0], d = ts.shape[1];
     const bool has_w = gvm_has(c, 4), has_f = gvm_has(c, 5), has_b = gvm_has(c, 6);
-    bool ok = gvm_f32_rows(ts, n, d) && gvm_f32_rows(gvm_t(c, 1), n, d) && gvm_f32_vec(gvm_t(c, 2), d) &&
-              gvm_f32_vec(gvm_t(c, 3), d) && d % 4 == 0 && row0 >= 0 && rows >= 0 && row0 + rows <= n &&
+    bool ok = gvm_f32_rows(ts, n, d) & gvm_f32_rows(gvm_t(c, 1), n, d) & gvm_f32_vec(gvm_t(c, 2), d) &
+              gvm_f32_vec(gvm_t(c, 3), d) & d % 4 == 0 & row0 >= 0 & rows >= 0 & row0 + rows <= n &
               c.smem_bytes >= GVM_ROW_STASH;
-    if (has_w) ok = ok && gvm_f32_vec(gvm_t(c, 4), d) && (has_f || has_b);
-    if (has_w && has_f) ok = ok && gvm_f32_rows(gvm_t(c, 5), n, d);
-    if (has_w && has_b) ok = ok && gvm_is(gvm_t(c, 6), GVM_DT_BF16, 2) && gvm_out_rows(gvm_t(c, 6), n, d);
+    if (has_w) ok &= gvm_f32_vec(gvm_t(c, 4), d) & (has_f || has_b);
+    if (has_w & has_f) ok &= gvm_f32_rows(gvm_t(c, 5), n, d);
+    if (has_w & has_b) ok &= gvm_is(gvm_t(c, 6), GVM_DT_BF16, 2) & gvm_out_rows(gvm_t(c, 6), n, d);
     return ok;
 }
 

@@ -16,10 +16,10 @@ __device__ int gvm_op_topk(const gvm_ctx& c) {
     const int nt = tsc.shape[0], ne = tsc.shape[1];
     // smem: count[E], next[E] (slot of the chunk's first token per expert), mask[E][4]
     const unsigned need = (unsigned)n_local * 24u;
-    const bool ok = gvm_is(tsc, GVM_DT_F32, 2) && ne >= GVM_TOPK && ne <= GVM_TOPK_MAX_EXPERTS &&
-                    gvm_is(tmeta, GVM_DT_I32, 2) && tmeta.shape[0] == 2 && tmeta.shape[1] == n_local &&
-                    gvm_is(troute, GVM_DT_I32, 2) && troute.shape[0] == 5 && troute.shape[1] == GVM_TOPK * nt &&
-                    first >= 0 && n_local >= 0 && first + n_local <= ne && c.smem_bytes >= need &&
+    const bool ok = gvm_is(tsc, GVM_DT_F32, 2) & ne >= GVM_TOPK & ne <= GVM_TOPK_MAX_EXPERTS &
+                    gvm_is(tmeta, GVM_DT_I32, 2) & tmeta.shape[0] == 2 & tmeta.shape[1] == n_local &
+                    gvm_is(troute, GVM_DT_I32, 2) & troute.shape[0] == 5 & troute.shape[1] == GVM_TOPK * nt &
+                    first >= 0 & n_local >= 0 & first + n_local <= ne & c.smem_bytes >= need &
                     (!gvm_has(c, 3) || (gvm_is(gvm_t(c, 3), GVM_DT_I32, 2) && gvm_t(c, 3).shape[1] == 2));
     if (!ok) return GVM_ERR_BAD_ARGS;
     if (gvm_has(c, 3)) {  // the experts' work lists (items taken, items done) start this step at 0

@@ -22,9 +22,9 @@ __device__ int gvm_op_embed(const gvm_ctx& c) {
     const gvm_tensor& tk = gvm_t(c, 2);
     const int row0 = c.ins->arg[0], rows = c.ins->arg[1];
     const int n = ts.shape[0], d = ts.shape[1], vocab = tt.shape[0];
-    const bool ok = gvm_is(ts, GVM_DT_F32, 2) && gvm_is(tt, GVM_DT_BF16, 2) && gvm_is(tk, GVM_DT_I32, 1) &&
-                    tt.shape[1] == d && tk.shape[0] == n && d % 8 == 0 && gvm_aligned(ts, 4, 16) &&
-                    gvm_aligned(tt, 2, 16) && row0 >= 0 && rows >= 0 && row0 + rows <= n && c.smem_bytes >= 32;
+    const bool ok = gvm_is(ts, GVM_DT_F32, 2) & gvm_is(tt, GVM_DT_BF16, 2) & gvm_is(tk, GVM_DT_I32, 1) &
+                    tt.shape[1] == d & tk.shape[0] == n & d % 8 == 0 & gvm_aligned(ts, 4, 16) &
+                    gvm_aligned(tt, 2, 16) & row0 >= 0 & rows >= 0 & row0 + rows <= n & c.smem_bytes >= 32;
     if (!ok) return GVM_ERR_BAD_ARGS;
     const int* tok = gvm_ptr<const int>(tk, 0, 4);
     float bad = 0.0f;
@@ -90,10 +90,10 @@ __device__ int gvm_op_argmax(const gvm_ctx& c) {
     const bool has_m = gvm_has(c, 2);
     const int row0 = c.ins->arg[0], rows = c.ins->arg[1];
     const int n = tl.shape[0], vocab = tl.shape[1];
-    bool ok = gvm_is(tl, GVM_DT_F32, 2) && gvm_is(tk, GVM_DT_I32, 1) && tk.shape[0] == n && vocab > 0 &&
-              row0 >= 0 && rows >= 0 && row0 + rows <= n &&
+    bool ok = gvm_is(tl, GVM_DT_F32, 2) & gvm_is(tk, GVM_DT_I32, 1) & tk.shape[0] == n & vocab > 0 &
+              row0 >= 0 & rows >= 0 & row0 + rows <= n &
               c.smem_bytes >= GVM_ARGMAX_SMEM_HEAD + 8u * (unsigned)rows;
-    if (has_m) ok = ok && gvm_is(gvm_t(c, 2), GVM_DT_F32, 1) && gvm_t(c, 2).shape[0] == n;
+    if (has_m) ok &= gvm_is(gvm_t(c, 2), GVM_DT_F32, 1) & gvm_t(c, 2).shape[0] == n;
     if (!ok) return GVM_ERR_BAD_ARGS;
     const unsigned warp = c.tid >> 5, lane = c.tid & 31;
     const unsigned base = gvm_smem_addr(c.smem), s_part = base + 32, s_res = base + GVM_ARGMAX_SMEM_HEAD;

@@ -2,7 +2,7 @@
 # One call on the H200 (the device tool): the VM proofs and timings, the Muse
 # ops standalone, and the decode-case sweep, each under its own time limit,
 # logs and results under $OUT (at most 8 files come back: traces are tarred).
-#   GPUVM_COMMIT=<sha> bash tools/gpu_session.sh [check|ops|opstime|sweep|step|stepsweep|probe|experts|router|park|ring|lists|steptrace|tiles|rowpf|fill|fill2|xstage|trace62|xprobe|smem|tiles2|router|xpf|xbench|gputests|vmtest ...]
+#   GPUVM_COMMIT=<sha> bash tools/gpu_session.sh [check|ops|opstime|sweep|step|stepsweep|probe|experts|router|park|ring|lists|steptrace|tiles|rowpf|fill|fill2|xstage|trace62|xprobe|smem|tiles2|router|xpf|xbench|against|gputests|vmtest ...]
 # (set GPUVM_COMMIT when running a snapshot without .git: else the results name the enclosing checkout)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -96,8 +96,17 @@ for s in $steps; do
            timeout ${T_XPF_PROBE:-330} python3 tools/sched_probe.py --out "$OUT/xpf_probe.json" --modes dynamic --depths 1 --variants "pf:,nopf:GVM_EXPR_PF=0,ring12:GVM_EXPR_RING=12,row16:GVM_ROW_BATCH=16+GVM_RES_BATCH=8" --cases ${XPF_CASES:-full-c1-t1,sliding-c1-t1,full-c1-t8,sliding-c1-t8,full-c16-t1} --step ${XPF_STEPS:-1x1,1x8,16x1} > "$OUT/xpf_probe.log" 2>&1; echo "xpf probe rc=$?"; grep -v "^$" "$OUT/xpf_probe.log" | tail -40
            timeout 150 python3 tools/ops_check.py --sizes small --only expert_up,expert_down,rmsnorm,residual > "$OUT/xpf_ops_check.log" 2>&1; echo "ops_check rc=$?"; tail -1 "$OUT/xpf_ops_check.log" ;;
     xbench) # expert_bench (the list alone) with the item prefetch on / off, a 12-stage ring, and probes (4: no weight copies, 5: no copies nor decode, 128: the argument check alone, 64: nothing)
-           for v in ${XBENCH:-GVM_EXPR_PF=1 GVM_EXPR_PF=0 GVM_EXPR_PROBE=4 GVM_EXPR_PROBE=5 GVM_EXPR_PROBE=128 GVM_EXPR_PROBE=64 GVM_EXPR_RING=12}; do timeout 60 python3 tools/expert_bench.py --quick --reps 10 --define $v > "$OUT/xb_$v.log" 2>&1; echo "expert_bench $v rc=$?"; tail -4 "$OUT/xb_$v.log"; done
-           (cd "$OUT" && tar czf xbench.tgz xb_*.log && rm -f xb_*.log) ;;
+           for v in ${XBENCH:-GVM_EXPR_PF=1 GVM_EXPR_PF=0 GVM_EXPR_PROBE=4 GVM_EXPR_PROBE=5 GVM_EXPR_PROBE=128 GVM_EXPR_PROBE=64 GVM_EXPR_RING=12}; do timeout 60 python3 tools/expert_bench.py --quick --reps 10 --define $v --out "$OUT/xb_$v.json" > "$OUT/xb_$v.log" 2>&1; echo "expert_bench $v rc=$?"; tail -4 "$OUT/xb_$v.log"; done
+           (cd "$OUT" && tar czf xbench.tgz xb_* && rm -f xb_*) ;;
+    against) # this tree against the device code of an earlier commit in one run (AGAINST: a tar of `git archive <rev> isa ops runtime scheduler`
+             # in the checkout, untracked): the layers and steps of one token, expert_bench (probe 5: no copies nor decode)
+           rm -rf /tmp/against && mkdir -p /tmp/against && cp -r gpuvm tools isa ops runtime scheduler pyproject.toml /tmp/against/ && tar -xf "${AGAINST:?}" -C /tmp/against
+           (cd /tmp/against && PYTHONPATH=/tmp/against timeout 200 python3 tools/prebuild.py base GVM_EXPR_PROBE=5 | sed 's/^/against: /') & timeout 200 python3 tools/prebuild.py --trace base GVM_EXPR_PROBE=5; wait; echo "prebuild done"
+           for t in against here; do d=$PWD; [ $t = against ] && d=/tmp/against
+             (cd $d && PYTHONPATH=$d timeout ${T_AGAINST_PROBE:-150} python3 tools/sched_probe.py --out "$OUT/${t}_probe.json" --modes dynamic --depths 1 --variants base: --cases ${AGAINST_CASES:-full-c1-t1,sliding-c1-t1,full-c1-t8,sliding-c1-t8,full-c16-t1} --step ${AGAINST_STEPS:-1x1,1x8,16x1} > "$OUT/${t}_probe.log" 2>&1; echo "$t probe rc=$?"; grep -v "^$" "$OUT/${t}_probe.log" | tail -8)
+             for v in GVM_EXPR_PROBE=0 GVM_EXPR_PROBE=5; do (cd $d && PYTHONPATH=$d timeout 60 python3 tools/expert_bench.py --quick --reps 10 --define $v --out "$OUT/xb_${t}_$v.json" > "$OUT/xb_${t}_$v.log" 2>&1; echo "$t expert_bench $v rc=$?"; grep -E "^(up|down) " "$OUT/xb_${t}_$v.log"); done
+           done
+           (cd "$OUT" && tar czf against.tgz xb_* && rm -f xb_*) ;;
     gputests) timeout ${T_GPUTESTS:-200} python3 -m pytest -q -p no:cacheprovider tests/gpu > "$OUT/tests_gpu.log" 2>&1; echo "tests/gpu rc=$?"; tail -4 "$OUT/tests_gpu.log" ;;
     vmtest) timeout ${T_VMTEST:-150} python3 -m pytest -q -x -p no:cacheprovider tests/gpu/test_vm.py > "$OUT/test_vm.log" 2>&1; echo "test_vm rc=$?"; tail -8 "$OUT/test_vm.log" ;;
     *) echo "unknown step $s"; exit 2 ;;
