@@ -196,6 +196,65 @@ __device__ __forceinline__ void gvm_gemm_bf16_unit(float (&acc)[TT][4], const ch
     }
 }
 
+// ---- one token tile (T <= 8): the weights through a per-thread ring -----------------
+// The register path above holds ~160 bytes of W in flight per thread (6 steps:
+// 7 spill), ~20 KB a group, which bounded a one-token GEMM phase at ~3 TB/s
+// (H200 traces: Wsq 27 us for its 67 MB). Here each thread copies its own
+// 16-byte chunks (rows g and g + 8, token g's x) by cp.async into its own
+// slots of a ring of GVM_GEMM_RING stages in the group's scratch and reads
+// back only what it copied: no barrier, a compile-time wait, and R - 1 stages
+// in flight (288 bytes of W a thread at R = 10).
+#ifndef GVM_GEMM_RING
+#define GVM_GEMM_RING (GVM_MAX_GROUPS <= 2 ? 10 : 0)  // stages of the ring (0: the register path at every T)
+#endif
+#define GVM_GEMM_RING_STAGE (3 * 16 * GVM_GROUP_THREADS)  // rows g, g + 8 and token g's x: 16 bytes each a thread
+#define GVM_GEMM_RING_PARTS 4096                          // partial tiles before the ring: 2 row blocks a pass
+
+__device__ __forceinline__ void gvm_gemm_bf16_unit_ring(float (&acc)[4], const char* w_base, long long w_row_bytes,
+                                                        const char* x_base, long long x_row_bytes, int row0,
+                                                        int row_end, int t0, int T, int c_beg, int c_end, unsigned tid,
+                                                        unsigned ring, unsigned long long pol) {
+    constexpr int R = GVM_GEMM_RING;
+    constexpr unsigned SIZE = R * GVM_GEMM_RING_STAGE;
+    const unsigned lane = tid & 31u;
+    const int g = (int)lane >> 2, q = (int)lane & 3;
+    const int ra = row0 + g < row_end ? row0 + g : row_end - 1;
+    const int rb = row0 + g + 8 < row_end ? row0 + g + 8 : row_end - 1;
+    const int tx = t0 + g < T ? t0 + g : T - 1;
+    const long long first = (long long)(c_beg + q) * 16;
+    const char* pa = w_base + (long long)ra * w_row_bytes + first;
+    const char* pb = w_base + (long long)rb * w_row_bytes + first;
+    const char* px = x_base + (long long)tx * x_row_bytes + first;
+    const unsigned long long pol_x = gvm_policy_evict_normal();  // every tile reads x
+    const unsigned me = ring + 16 * tid;
+    acc[0] = acc[1] = acc[2] = acc[3] = 0.f;
+    const int n = (c_end - c_beg + 3) / 4;  // steps: uniform, mma.sync needs the whole warp
+    unsigned wst = 0, rst = 0;              // stage offsets written and read next
+    // step u: this lane's chunk c_beg + q + 4 u (zeros past c_end); past the last step an empty group
+    auto issue = [&](int u) {
+        if (u < n) {
+            const bool live = c_beg + q + 4 * u < c_end;
+            gvm_cp_async16(me + wst, live ? pa + 64 * u : pa, live, pol);
+            gvm_cp_async16(me + wst + 2048, live ? pb + 64 * u : pb, live, pol);
+            gvm_cp_async16(me + wst + 4096, live ? px + 64 * u : px, live, pol_x);
+        }
+        gvm_cp_async_commit();
+        wst = wst + GVM_GEMM_RING_STAGE == SIZE ? 0 : wst + GVM_GEMM_RING_STAGE;
+    };
+#pragma unroll 1
+    for (int u = 0; u < R - 1; ++u) issue(u);
+#pragma unroll 1
+    for (int u = 0; u < n; ++u) {
+        gvm_cp_async_wait<R - 2>();  // step u is in (this thread's own copies: no barrier)
+        const uint4 a = gvm_lds_u4(me + rst), b = gvm_lds_u4(me + rst + 2048), xx = gvm_lds_u4(me + rst + 4096);
+        rst = rst + GVM_GEMM_RING_STAGE == SIZE ? 0 : rst + GVM_GEMM_RING_STAGE;
+        issue(u + R - 1);  // into the stage of step u - 1, read by this thread before
+        gvm_mma_bf16(acc, a.x, b.x, a.y, b.y, xx.x, xx.y);
+        gvm_mma_bf16(acc, a.z, b.z, a.w, b.w, xx.z, xx.w);
+    }
+    gvm_cp_async_wait<0>();  // nothing lands in the ring after the unit
+}
+
 // Token tiles of 8 per pass over the weights when T > 8 (GVM_GEMM_TT; 1: every
 // token tile re-reads the weights from L2), and the k-steps held for them.
 #ifndef GVM_GEMM_TT  // the 4-group kernel (96 registers) spills with 2 or 4 under tracing
@@ -214,7 +273,8 @@ __device__ __forceinline__ int gvm_gemm_bf16_tiles(const gvm_ctx& c, const gvm_t
     const unsigned lane = c.tid & 31u, warp = c.tid >> 5;
     const int nch = x.shape[1] / 8;
     const int row_end = n0 + cnt, n_rb = (cnt + 15) / 16;
-    const int max_units = (int)(c.smem_bytes / (TT * GVM_GEMM_TILE_BYTES));
+    const bool ring = TT == 1 && GVM_GEMM_RING > 1 && c.smem_bytes >= GVM_GEMM_RING_PARTS + GVM_GEMM_RING * GVM_GEMM_RING_STAGE;
+    const int max_units = (int)((ring ? GVM_GEMM_RING_PARTS : c.smem_bytes) / (TT * GVM_GEMM_TILE_BYTES));
     const int per_pass = max_units / 4;  // row blocks per pass: room for 4 K splits each
     if (per_pass < 1) return GVM_ERR_BAD_ARGS;
     float* part = reinterpret_cast<float*>(c.smem);
@@ -232,8 +292,12 @@ __device__ __forceinline__ int gvm_gemm_bf16_tiles(const gvm_ctx& c, const gvm_t
             const int rb = u / S, s = u - rb * S;
             const int c_beg = s * cps, c_end = c_beg + cps < nch ? c_beg + cps : nch;
             float acc[TT][4];
-            gvm_gemm_bf16_unit<TT, STEPS>(acc, w_base, w_row, x_base, x_row, n0 + (rb0 + rb) * 16, row_end, t0, T,
-                                          c_beg, c_end, lane, pol);
+            if (ring)
+                gvm_gemm_bf16_unit_ring(acc[0], w_base, w_row, x_base, x_row, n0 + (rb0 + rb) * 16, row_end, t0, T,
+                                        c_beg, c_end, c.tid, gvm_smem_addr(c.smem) + GVM_GEMM_RING_PARTS, pol);
+            else
+                gvm_gemm_bf16_unit<TT, STEPS>(acc, w_base, w_row, x_base, x_row, n0 + (rb0 + rb) * 16, row_end, t0, T,
+                                              c_beg, c_end, lane, pol);
             const int g = lane >> 2, q = lane & 3;
 #pragma unroll
             for (int j = 0; j < TT; ++j) {

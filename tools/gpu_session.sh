@@ -2,7 +2,7 @@
 # One call on the H200 (the device tool): the VM proofs and timings, the Muse
 # ops standalone, and the decode-case sweep, each under its own time limit,
 # logs and results under $OUT (at most 8 files come back: traces are tarred).
-#   GPUVM_COMMIT=<sha> bash tools/gpu_session.sh [check|ops|opstime|sweep|step|stepsweep|probe|experts|router|park|ring|lists|steptrace|tiles|rowpf|fill|fill2|xstage|trace62|xprobe|smem|tiles2|router|xpf|xbench|against|gputests|vmtest ...]
+#   GPUVM_COMMIT=<sha> bash tools/gpu_session.sh [check|ops|opstime|sweep|step|stepsweep|probe|experts|router|park|ring|lists|steptrace|tiles|rowpf|fill|fill2|xstage|trace62|xprobe|smem|tiles2|router|xpf|xbench|against|gring|gputests|vmtest ...]
 # (set GPUVM_COMMIT when running a snapshot without .git: else the results name the enclosing checkout)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -107,6 +107,14 @@ for s in $steps; do
              for v in GVM_EXPR_PROBE=0 GVM_EXPR_PROBE=5; do (cd $d && PYTHONPATH=$d timeout 60 python3 tools/expert_bench.py --quick --reps 10 --define $v --out "$OUT/xb_${t}_$v.json" > "$OUT/xb_${t}_$v.log" 2>&1; echo "$t expert_bench $v rc=$?"; grep -E "^(up|down) " "$OUT/xb_${t}_$v.log"); done
            done
            (cd "$OUT" && tar czf against.tgz xb_* && rm -f xb_*) ;;
+    gring) # the one-token-tile GEMM's per-thread cp.async ring (GVM_GEMM_RING 10, the default) against 6 stages and the register path (0);
+           # ops_check of the GEMM and experts at small sizes; a traced 8-layer 1 x 1 step (step-trace-1x1.npz in traces.tgz)
+           timeout 200 python3 tools/prebuild.py --trace base GVM_GEMM_RING=0 GVM_GEMM_RING=6; echo "prebuild rc=$?"
+           timeout ${T_GRING_PROBE:-240} python3 tools/sched_probe.py --out "$OUT/gring_probe.json" --modes dynamic --depths 1 --variants "r10:,r0:GVM_GEMM_RING=0,r6:GVM_GEMM_RING=6" --cases ${GRING_CASES:-full-c1-t1,sliding-c1-t1,full-c1-t8,sliding-c1-t8,full-c16-t1} --step ${GRING_STEPS:-1x1,1x8} > "$OUT/gring_probe.log" 2>&1; echo "gring probe rc=$?"; grep -v "^$" "$OUT/gring_probe.log" | tail -21
+           timeout 150 python3 tools/ops_check.py --sizes small --only gemm,expert_up,expert_down > "$OUT/gring_ops_check.log" 2>&1; echo "ops_check rc=$?"; grep -i "spill\|ALL\|FAIL" "$OUT/gring_ops_check.log" | head -5
+           mkdir -p "$OUT/tr"
+           timeout 100 python3 tools/step_trace.py --layers 8 --shape 1x1 --out "$OUT/tr/step-trace-1x1.npz" > "$OUT/step_trace.log" 2>&1; echo "step trace rc=$?"; tail -18 "$OUT/step_trace.log"
+           (cd "$OUT" && tar czf traces.tgz tr && rm -rf tr) ;;
     gputests) timeout ${T_GPUTESTS:-200} python3 -m pytest -q -p no:cacheprovider tests/gpu > "$OUT/tests_gpu.log" 2>&1; echo "tests/gpu rc=$?"; tail -4 "$OUT/tests_gpu.log" ;;
     vmtest) timeout ${T_VMTEST:-150} python3 -m pytest -q -x -p no:cacheprovider tests/gpu/test_vm.py > "$OUT/test_vm.log" 2>&1; echo "test_vm rc=$?"; tail -8 "$OUT/test_vm.log" ;;
     *) echo "unknown step $s"; exit 2 ;;
