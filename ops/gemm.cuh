@@ -205,7 +205,7 @@ __device__ __forceinline__ void gvm_gemm_bf16_unit(float (&acc)[TT][4], const ch
 // back only what it copied: no barrier, a compile-time wait, and R - 1 stages
 // in flight (288 bytes of W a thread at R = 10).
 #ifndef GVM_GEMM_RING
-#define GVM_GEMM_RING (GVM_MAX_GROUPS <= 2 ? 10 : 0)  // stages of the ring (0: the register path at every T)
+#define GVM_GEMM_RING 0  // stages of the ring (at most 10 in 64 KB; 0: the register path at every T)
 #endif
 #define GVM_GEMM_RING_STAGE (3 * 16 * GVM_GROUP_THREADS)  // rows g, g + 8 and token g's x: 16 bytes each a thread
 #define GVM_GEMM_RING_PARTS 4096                          // partial tiles before the ring: 2 row blocks a pass
