@@ -207,6 +207,9 @@ __device__ __forceinline__ void gvm_gemm_bf16_unit(float (&acc)[TT][4], const ch
 #ifndef GVM_GEMM_RING
 #define GVM_GEMM_RING 0  // stages of the ring (at most 10 in 64 KB; 0: the register path at every T)
 #endif
+#ifndef GVM_GEMM_TPF
+#define GVM_GEMM_TPF 0  // 1: a one-token-tile GEMM instruction fetches its weight rows into L2 as it starts
+#endif
 #define GVM_GEMM_RING_STAGE (3 * 16 * GVM_GROUP_THREADS)  // rows g, g + 8 and token g's x: 16 bytes each a thread
 #define GVM_GEMM_RING_PARTS 4096                          // partial tiles before the ring: 2 row blocks a pass
 
@@ -227,6 +230,11 @@ __device__ __forceinline__ void gvm_gemm_bf16_unit_ring(float (&acc)[4], const c
     const char* px = x_base + (long long)tx * x_row_bytes + first;
     const unsigned long long pol_x = gvm_policy_evict_normal();  // every tile reads x
     const unsigned me = ring + 16 * tid;
+    // x: only the lanes of distinct tokens copy (at T = 1, lanes g > 0 read lane q's copy): copies of
+    // one address by 8 lanes of a warp ran the ring at 1.45 TB/s (H200, a52802a)
+    const int nt = T - t0 < 8 ? T - t0 : 8;
+    const bool copy_x = g < nt;
+    const unsigned xme = ring + 4096 + 16 * ((tid & ~31u) + (unsigned)((g < nt ? g : nt - 1) * 4 + q));
     acc[0] = acc[1] = acc[2] = acc[3] = 0.f;
     const int n = (c_end - c_beg + 3) / 4;  // steps: uniform, mma.sync needs the whole warp
     unsigned wst = 0, rst = 0;              // stage offsets written and read next
@@ -236,7 +244,7 @@ __device__ __forceinline__ void gvm_gemm_bf16_unit_ring(float (&acc)[4], const c
             const bool live = c_beg + q + 4 * u < c_end;
             gvm_cp_async16(me + wst, live ? pa + 64 * u : pa, live, pol);
             gvm_cp_async16(me + wst + 2048, live ? pb + 64 * u : pb, live, pol);
-            gvm_cp_async16(me + wst + 4096, live ? px + 64 * u : px, live, pol_x);
+            if (copy_x) gvm_cp_async16(me + wst + 4096, live ? px + 64 * u : px, live, pol_x);
         }
         gvm_cp_async_commit();
         wst = wst + GVM_GEMM_RING_STAGE == SIZE ? 0 : wst + GVM_GEMM_RING_STAGE;
@@ -245,14 +253,16 @@ __device__ __forceinline__ void gvm_gemm_bf16_unit_ring(float (&acc)[4], const c
     for (int u = 0; u < R - 1; ++u) issue(u);
 #pragma unroll 1
     for (int u = 0; u < n; ++u) {
-        gvm_cp_async_wait<R - 2>();  // step u is in (this thread's own copies: no barrier)
-        const uint4 a = gvm_lds_u4(me + rst), b = gvm_lds_u4(me + rst + 2048), xx = gvm_lds_u4(me + rst + 4096);
+        gvm_cp_async_wait<R - 2>();  // step u is in: this thread's copies,
+        __syncwarp();                // and the x of the lane it reads; every lane is done with step u - 1
+        const uint4 a = gvm_lds_u4(me + rst), b = gvm_lds_u4(me + rst + 2048), xx = gvm_lds_u4(xme + rst);
         rst = rst + GVM_GEMM_RING_STAGE == SIZE ? 0 : rst + GVM_GEMM_RING_STAGE;
         issue(u + R - 1);  // into the stage of step u - 1, read by this thread before
         gvm_mma_bf16(acc, a.x, b.x, a.y, b.y, xx.x, xx.y);
         gvm_mma_bf16(acc, a.z, b.z, a.w, b.w, xx.z, xx.w);
     }
     gvm_cp_async_wait<0>();  // nothing lands in the ring after the unit
+    __syncwarp();
 }
 
 // Token tiles of 8 per pass over the weights when T > 8 (GVM_GEMM_TT; 1: every
@@ -280,6 +290,12 @@ __device__ __forceinline__ int gvm_gemm_bf16_tiles(const gvm_ctx& c, const gvm_t
     float* part = reinterpret_cast<float*>(c.smem);
     const unsigned long long pol = gvm_gemm_policy();
     const char* w_base = reinterpret_cast<const char*>(w.ptr);
+    if (GVM_GEMM_TPF && TT == 1) {  // the tile's rows into L2 at once, 8 KB a thread (an A/B probe)
+        const unsigned long long a0 = (w.ptr + (unsigned long long)n0 * (unsigned long long)(w.stride[0] * 2)) & ~15ull;
+        const unsigned long long a1 = (w.ptr + (unsigned long long)(n0 + cnt) * (unsigned long long)(w.stride[0] * 2) + 15ull) & ~15ull;
+        for (unsigned long long a = a0 + 8192ull * c.tid; a < a1; a += 8192ull * GVM_GROUP_THREADS)
+            gvm_prefetch_l2(reinterpret_cast<const void*>(a), (unsigned)(a1 - a < 8192ull ? a1 - a : 8192ull));
+    }
     const char* x_base = reinterpret_cast<const char*>(x.ptr);
     const long long w_row = w.stride[0] * 2, x_row = x.stride[0] * 2;
 #pragma unroll 1

@@ -2,7 +2,7 @@
 # One call on the H200 (the device tool): the VM proofs and timings, the Muse
 # ops standalone, and the decode-case sweep, each under its own time limit,
 # logs and results under $OUT (at most 8 files come back: traces are tarred).
-#   GPUVM_COMMIT=<sha> bash tools/gpu_session.sh [check|ops|opstime|sweep|step|stepsweep|probe|experts|router|park|ring|lists|steptrace|tiles|rowpf|fill|fill2|xstage|trace62|xprobe|smem|tiles2|router|xpf|xbench|against|gring|l2pf|gputests|vmtest ...]
+#   GPUVM_COMMIT=<sha> bash tools/gpu_session.sh [check|ops|opstime|sweep|step|stepsweep|probe|experts|router|park|ring|lists|steptrace|tiles|rowpf|fill|fill2|xstage|trace62|xprobe|smem|tiles2|router|xpf|xbench|against|gring|l2pf|early|gputests|vmtest ...]
 # (set GPUVM_COMMIT when running a snapshot without .git: else the results name the enclosing checkout)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -121,6 +121,11 @@ for s in $steps; do
            timeout ${T_L2PF_PROBE:-300} python3 tools/sched_probe.py --out "$OUT/l2pf_probe.json" --modes dynamic --depths 1 --variants "base:,pf:GVM_CP_L2PF=1,pfring:GVM_CP_L2PF=1+GVM_GEMM_RING=10" --cases ${L2PF_CASES:-full-c1-t1,sliding-c1-t1,full-c1-t8,sliding-c32-t8} --step ${L2PF_STEPS:-1x1,1x8} > "$OUT/l2pf_probe.log" 2>&1; echo "l2pf probe rc=$?"; grep -v "^$" "$OUT/l2pf_probe.log" | tail -18
            for v in GVM_CP_L2PF=0 GVM_CP_L2PF=1; do timeout 60 python3 tools/expert_bench.py --quick --reps 10 --define $v --out "$OUT/xb_$v.json" > "$OUT/xb_$v.log" 2>&1; echo "expert_bench $v rc=$?"; grep -E "^(up|down) " "$OUT/xb_$v.log"; done
            (cd "$OUT" && tar czf xbench.tgz xb_* && rm -f xb_*) ;;
+    early) # the experts' first ring slots issued before x is staged (GVM_EXPR_EARLY 1, the default) against after (0); the one-token-tile
+           # GEMM ring again, its x copied once per token (GVM_GEMM_RING 10); the GEMM tile's rows fetched into L2 as it starts (GVM_GEMM_TPF 1)
+           timeout 200 python3 tools/prebuild.py base GVM_EXPR_EARLY=0 GVM_GEMM_RING=10 GVM_GEMM_TPF=1; echo "prebuild rc=$?"
+           timeout ${T_EARLY_PROBE:-300} python3 tools/sched_probe.py --out "$OUT/early_probe.json" --modes dynamic --depths 1 --variants "base:,noearly:GVM_EXPR_EARLY=0,ring:GVM_GEMM_RING=10,tpf:GVM_GEMM_TPF=1" --cases ${EARLY_CASES:-full-c1-t1,sliding-c1-t1,full-c1-t8,sliding-c1-t8} --step ${EARLY_STEPS:-1x1,1x8} > "$OUT/early_probe.log" 2>&1; echo "early probe rc=$?"; grep -v "^$" "$OUT/early_probe.log" | tail -24
+           timeout 150 python3 tools/ops_check.py --sizes small --only gemm,expert_up,expert_down > "$OUT/early_ops_check.log" 2>&1; echo "ops_check rc=$?"; grep -i "spill\|ALL\|FAIL" "$OUT/early_ops_check.log" | head -5 ;;
     gputests) timeout ${T_GPUTESTS:-200} python3 -m pytest -q -p no:cacheprovider tests/gpu > "$OUT/tests_gpu.log" 2>&1; echo "tests/gpu rc=$?"; tail -4 "$OUT/tests_gpu.log" ;;
     vmtest) timeout ${T_VMTEST:-150} python3 -m pytest -q -x -p no:cacheprovider tests/gpu/test_vm.py > "$OUT/test_vm.log" 2>&1; echo "test_vm rc=$?"; tail -8 "$OUT/test_vm.log" ;;
     *) echo "unknown step $s"; exit 2 ;;
