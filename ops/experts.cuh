@@ -215,9 +215,6 @@ __device__ __noinline__ bool gvm_expert_args_ok(const gvm_ctx& c) {
 #endif
 #define GVM_EXPR_STAGE 1280  // one piece of a ring slot: 16 rows x (64 B of codes + 8 B of scales)
 #define GVM_EXPR_SLOT (2 * GVM_EXPR_STAGE)
-#ifndef GVM_EXPR_EARLY
-#define GVM_EXPR_EARLY 1   // an item's first ring slots are issued before its x is staged (0: after)
-#endif
 
 // Byte offset of word w (8 values) of 32-value chunk ch in an x row: chunk
 // pairs share a 128-byte line, words swizzled so that the 4 chunks a quad
@@ -406,12 +403,9 @@ __device__ __forceinline__ void gvm_cp_async_wait_n(int n) {
 // cycles a piece with neither copies nor decode (expert_bench probe 5: the
 // warp issues in order, so each MMA waited for the one before it).
 // c_beg and c_end are even (whole scale words; gvm_expert_tile_reg).
-// part 1 issues only the ring's first nsl - 1 slots (before x is staged:
-// gvm_expert_tile_reg, GVM_EXPR_EARLY), part 2 runs the rest after them, 0 both.
 template <bool UP>
 __device__ __forceinline__ void gvm_expr_unit_ring(const gvm_ctx& c, float (&acc)[2][4], int e, long long r0, long long rl,
-                                                   int c_beg, int c_end, int nch, unsigned xrow, unsigned ring, int nsl,
-                                                   int part = 0) {
+                                                   int c_beg, int c_end, int nch, unsigned xrow, unsigned ring, int nsl) {
     const unsigned lane = c.tid & 31, g = lane >> 2, q = lane & 3, half = lane & 1;
     const unsigned long long pol = gvm_policy_evict_first();
     const gvm_tensor& tcd = gvm_t(c, 2);
@@ -432,7 +426,7 @@ __device__ __forceinline__ void gvm_expr_unit_ring(const gvm_ctx& c, float (&acc
         for (int i = 0; i < 4; ++i) a[p][i] = b[p][i] = 0.0f;
     const int steps = (c_end - c_beg + 3) / 4, slots = UP ? steps : (steps + 1) / 2;
     const unsigned size = (unsigned)nsl * GVM_EXPR_SLOT;
-    unsigned wsl = part == 2 ? (unsigned)(nsl - 1) * GVM_EXPR_SLOT : 0;  // offset of the slot written next; the one read next is nsl - 1 slots behind
+    unsigned wsl = 0;  // offset of the slot written next; the one read next is nsl - 1 slots behind
     // slot i: K step UP ? i : 2 i + p of set UP ? p : 0 in piece p (a step past the unit's end is
     // zero-filled; past the last slot: an empty group)
     auto issue = [&](int i) {
@@ -452,10 +446,8 @@ __device__ __forceinline__ void gvm_expr_unit_ring(const gvm_ctx& c, float (&acc
         gvm_cp_async_commit();
         wsl = wsl + GVM_EXPR_SLOT == size ? 0 : wsl + GVM_EXPR_SLOT;
     };
-    if (part != 2)
 #pragma unroll 1
-        for (int i = 0; i < nsl - 1; ++i) issue(i);
-    if (part == 1) return;
+    for (int i = 0; i < nsl - 1; ++i) issue(i);
 #pragma unroll 1
     for (int i = 0; i < slots; ++i) {
         gvm_cp_async_wait_n(nsl - 2);  // this lane's copies of slot i are in
@@ -507,24 +499,6 @@ __device__ int gvm_expert_tile_reg(const gvm_ctx& c, int e, int n0, int nn, int 
     const unsigned s_ring = (s_flag + 16 + 15) & ~15u;
     const int room = (int)c.smem_bytes - GVM_EXP_STATE - (int)(s_ring - s_x);
     const int nsl = min(GVM_EXPR_RING, max(0, room) / (4 * GVM_EXPR_SLOT));
-    const int units = (nn + 15) / 16;
-    // this warp's piece of the unit batch from u0: nu units, each unit's K split S ways (nu * S <= 4 pieces)
-    auto piece_of = [&](int u0, int& pu, int& c_beg, int& c_end) -> bool {
-        const int nu = min(4, units - u0), S = nu == 1 ? 4 : nu == 2 ? 2 : 1;
-        const int cps = ((nch + S - 1) / S + 1) & ~1;  // even: the ring copies whole scale words
-        pu = (int)warp / S;
-        c_beg = ((int)warp - pu * S) * cps, c_end = min(nch, c_beg + cps);
-        return pu < nu;
-    };
-    // the first batch's weights start on their way before x is staged (its latency then hides the staging's)
-    const unsigned my_ring = s_ring + warp * (unsigned)nsl * GVM_EXPR_SLOT;
-    const bool early = GVM_EXPR_EARLY && nsl >= GVM_EXPR_RING_MIN && !(GVM_EXPR_PROBE & 8);
-    if (early) {
-        int pu, c_beg, c_end;
-        float unused[2][4];
-        if (piece_of(0, pu, c_beg, c_end))
-            gvm_expr_unit_ring<UP>(c, unused, e, n0 + pu * 16, n0 + nn - 1, c_beg, c_end, nch, 0, my_ring, nsl, 1);
-    }
     if (c.tid == 0) gvm_sts(s_flag, 0u);
     gvm_group_sync(c);
     gvm_expr_stage_x<UP>(c, s_x, flag, count, slot0, kdim);
@@ -532,16 +506,18 @@ __device__ int gvm_expert_tile_reg(const gvm_ctx& c, int e, int n0, int nn, int 
     if (gvm_lds_u(s_flag)) return GVM_ERR_BAD_ARGS;
     if (GVM_EXPR_PROBE & 8) return GVM_ERR_NONE;  // probe: the item ends once x is staged (times the list's walk)
     const unsigned xrow = s_x + (unsigned)min((int)g, count - 1) * pitch;  // the B column of token g (a valid row past count)
+    const int units = (nn + 15) / 16;
 #pragma unroll 1
     for (int u0 = 0; u0 < units; u0 += 4) {
-        const int nu = min(4, units - u0), S = nu == 1 ? 4 : nu == 2 ? 2 : 1;
-        const int piece = (int)warp;
-        int pu, c_beg, c_end;
-        if (piece_of(u0, pu, c_beg, c_end)) {
+        const int nu = min(4, units - u0), S = nu == 1 ? 4 : nu == 2 ? 2 : 1;  // K splits: nu * S <= 4 pieces
+        const int cps = ((nch + S - 1) / S + 1) & ~1;  // even: the ring copies whole scale words
+        const int piece = (int)warp, pu = piece / S, ps = piece - pu * S;
+        if (pu < nu) {
             float acc[2][4];
+            const int c_beg = ps * cps, c_end = min(nch, c_beg + cps);
             if (nsl >= GVM_EXPR_RING_MIN)
-                gvm_expr_unit_ring<UP>(c, acc, e, n0 + (u0 + pu) * 16, n0 + nn - 1, c_beg, c_end, nch, xrow, my_ring, nsl,
-                                       early && u0 == 0 ? 2 : 0);
+                gvm_expr_unit_ring<UP>(c, acc, e, n0 + (u0 + pu) * 16, n0 + nn - 1, c_beg, c_end, nch, xrow,
+                                       s_ring + warp * (unsigned)nsl * GVM_EXPR_SLOT, nsl);
             else
                 gvm_expr_unit<UP>(c, acc, e, n0 + (u0 + pu) * 16, n0 + nn - 1, c_beg, c_end, nch, xrow);
 #pragma unroll

@@ -196,75 +196,6 @@ __device__ __forceinline__ void gvm_gemm_bf16_unit(float (&acc)[TT][4], const ch
     }
 }
 
-// ---- one token tile (T <= 8): the weights through a per-thread ring -----------------
-// The register path above holds ~160 bytes of W in flight per thread (6 steps:
-// 7 spill), ~20 KB a group, which bounded a one-token GEMM phase at ~3 TB/s
-// (H200 traces: Wsq 27 us for its 67 MB). Here each thread copies its own
-// 16-byte chunks (rows g and g + 8, token g's x) by cp.async into its own
-// slots of a ring of GVM_GEMM_RING stages in the group's scratch and reads
-// back only what it copied: no barrier, a compile-time wait, and R - 1 stages
-// in flight (288 bytes of W a thread at R = 10).
-#ifndef GVM_GEMM_RING
-#define GVM_GEMM_RING 0  // stages of the ring (at most 10 in 64 KB; 0: the register path at every T)
-#endif
-#ifndef GVM_GEMM_TPF
-#define GVM_GEMM_TPF 0  // 1: a one-token-tile GEMM instruction fetches its weight rows into L2 as it starts
-#endif
-#define GVM_GEMM_RING_STAGE (3 * 16 * GVM_GROUP_THREADS)  // rows g, g + 8 and token g's x: 16 bytes each a thread
-#define GVM_GEMM_RING_PARTS 4096                          // partial tiles before the ring: 2 row blocks a pass
-
-__device__ __forceinline__ void gvm_gemm_bf16_unit_ring(float (&acc)[4], const char* w_base, long long w_row_bytes,
-                                                        const char* x_base, long long x_row_bytes, int row0,
-                                                        int row_end, int t0, int T, int c_beg, int c_end, unsigned tid,
-                                                        unsigned ring, unsigned long long pol) {
-    constexpr int R = GVM_GEMM_RING;
-    constexpr unsigned SIZE = R * GVM_GEMM_RING_STAGE;
-    const unsigned lane = tid & 31u;
-    const int g = (int)lane >> 2, q = (int)lane & 3;
-    const int ra = row0 + g < row_end ? row0 + g : row_end - 1;
-    const int rb = row0 + g + 8 < row_end ? row0 + g + 8 : row_end - 1;
-    const int tx = t0 + g < T ? t0 + g : T - 1;
-    const long long first = (long long)(c_beg + q) * 16;
-    const char* pa = w_base + (long long)ra * w_row_bytes + first;
-    const char* pb = w_base + (long long)rb * w_row_bytes + first;
-    const char* px = x_base + (long long)tx * x_row_bytes + first;
-    const unsigned long long pol_x = gvm_policy_evict_normal();  // every tile reads x
-    const unsigned me = ring + 16 * tid;
-    // x: only the lanes of distinct tokens copy (at T = 1, lanes g > 0 read lane q's copy): copies of
-    // one address by 8 lanes of a warp ran the ring at 1.45 TB/s (H200, a52802a)
-    const int nt = T - t0 < 8 ? T - t0 : 8;
-    const bool copy_x = g < nt;
-    const unsigned xme = ring + 4096 + 16 * ((tid & ~31u) + (unsigned)((g < nt ? g : nt - 1) * 4 + q));
-    acc[0] = acc[1] = acc[2] = acc[3] = 0.f;
-    const int n = (c_end - c_beg + 3) / 4;  // steps: uniform, mma.sync needs the whole warp
-    unsigned wst = 0, rst = 0;              // stage offsets written and read next
-    // step u: this lane's chunk c_beg + q + 4 u (zeros past c_end); past the last step an empty group
-    auto issue = [&](int u) {
-        if (u < n) {
-            const bool live = c_beg + q + 4 * u < c_end;
-            gvm_cp_async16(me + wst, live ? pa + 64 * u : pa, live, pol);
-            gvm_cp_async16(me + wst + 2048, live ? pb + 64 * u : pb, live, pol);
-            if (copy_x) gvm_cp_async16(me + wst + 4096, live ? px + 64 * u : px, live, pol_x);
-        }
-        gvm_cp_async_commit();
-        wst = wst + GVM_GEMM_RING_STAGE == SIZE ? 0 : wst + GVM_GEMM_RING_STAGE;
-    };
-#pragma unroll 1
-    for (int u = 0; u < R - 1; ++u) issue(u);
-#pragma unroll 1
-    for (int u = 0; u < n; ++u) {
-        gvm_cp_async_wait<R - 2>();  // step u is in: this thread's copies,
-        __syncwarp();                // and the x of the lane it reads; every lane is done with step u - 1
-        const uint4 a = gvm_lds_u4(me + rst), b = gvm_lds_u4(me + rst + 2048), xx = gvm_lds_u4(xme + rst);
-        rst = rst + GVM_GEMM_RING_STAGE == SIZE ? 0 : rst + GVM_GEMM_RING_STAGE;
-        issue(u + R - 1);  // into the stage of step u - 1, read by this thread before
-        gvm_mma_bf16(acc, a.x, b.x, a.y, b.y, xx.x, xx.y);
-        gvm_mma_bf16(acc, a.z, b.z, a.w, b.w, xx.z, xx.w);
-    }
-    gvm_cp_async_wait<0>();  // nothing lands in the ring after the unit
-    __syncwarp();
-}
-
 // Token tiles of 8 per pass over the weights when T > 8 (GVM_GEMM_TT; 1: every
 // token tile re-reads the weights from L2), and the k-steps held for them.
 #ifndef GVM_GEMM_TT  // the 4-group kernel (96 registers) spills with 2 or 4 under tracing
@@ -283,19 +214,12 @@ __device__ __forceinline__ int gvm_gemm_bf16_tiles(const gvm_ctx& c, const gvm_t
     const unsigned lane = c.tid & 31u, warp = c.tid >> 5;
     const int nch = x.shape[1] / 8;
     const int row_end = n0 + cnt, n_rb = (cnt + 15) / 16;
-    const bool ring = TT == 1 && GVM_GEMM_RING > 1 && c.smem_bytes >= GVM_GEMM_RING_PARTS + GVM_GEMM_RING * GVM_GEMM_RING_STAGE;
-    const int max_units = (int)((ring ? GVM_GEMM_RING_PARTS : c.smem_bytes) / (TT * GVM_GEMM_TILE_BYTES));
+    const int max_units = (int)(c.smem_bytes / (TT * GVM_GEMM_TILE_BYTES));
     const int per_pass = max_units / 4;  // row blocks per pass: room for 4 K splits each
     if (per_pass < 1) return GVM_ERR_BAD_ARGS;
     float* part = reinterpret_cast<float*>(c.smem);
     const unsigned long long pol = gvm_gemm_policy();
     const char* w_base = reinterpret_cast<const char*>(w.ptr);
-    if (GVM_GEMM_TPF && TT == 1) {  // the tile's rows into L2 at once, 8 KB a thread (an A/B probe)
-        const unsigned long long a0 = (w.ptr + (unsigned long long)n0 * (unsigned long long)(w.stride[0] * 2)) & ~15ull;
-        const unsigned long long a1 = (w.ptr + (unsigned long long)(n0 + cnt) * (unsigned long long)(w.stride[0] * 2) + 15ull) & ~15ull;
-        for (unsigned long long a = a0 + 8192ull * c.tid; a < a1; a += 8192ull * GVM_GROUP_THREADS)
-            gvm_prefetch_l2(reinterpret_cast<const void*>(a), (unsigned)(a1 - a < 8192ull ? a1 - a : 8192ull));
-    }
     const char* x_base = reinterpret_cast<const char*>(x.ptr);
     const long long w_row = w.stride[0] * 2, x_row = x.stride[0] * 2;
 #pragma unroll 1
@@ -308,12 +232,8 @@ __device__ __forceinline__ int gvm_gemm_bf16_tiles(const gvm_ctx& c, const gvm_t
             const int rb = u / S, s = u - rb * S;
             const int c_beg = s * cps, c_end = c_beg + cps < nch ? c_beg + cps : nch;
             float acc[TT][4];
-            if (ring)
-                gvm_gemm_bf16_unit_ring(acc[0], w_base, w_row, x_base, x_row, n0 + (rb0 + rb) * 16, row_end, t0, T,
-                                        c_beg, c_end, c.tid, gvm_smem_addr(c.smem) + GVM_GEMM_RING_PARTS, pol);
-            else
-                gvm_gemm_bf16_unit<TT, STEPS>(acc, w_base, w_row, x_base, x_row, n0 + (rb0 + rb) * 16, row_end, t0, T,
-                                              c_beg, c_end, lane, pol);
+            gvm_gemm_bf16_unit<TT, STEPS>(acc, w_base, w_row, x_base, x_row, n0 + (rb0 + rb) * 16, row_end, t0, T,
+                                          c_beg, c_end, lane, pol);
             const int g = lane >> 2, q = lane & 3;
 #pragma unroll
             for (int j = 0; j < TT; ++j) {

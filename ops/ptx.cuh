@@ -77,23 +77,13 @@ __device__ __forceinline__ uint2 gvm_ld_stream8(const void* p) {
 // ---- asynchronous copies global -> shared --------------------------------------------
 // 16 bytes (L2 only) or 4 bytes, with an L2 policy; !valid reads nothing and
 // zero-fills the destination. Complete after gvm_cp_async_wait<N> once at most
-// N later commit groups are still pending. GVM_CP_L2PF 1 asks L2 to fetch the
-// whole 256-byte block around each copy (.L2::256B, as the register path's
-// weight loads do), for copies that walk a row a few chunks at a time.
-#ifndef GVM_CP_L2PF
-#define GVM_CP_L2PF 0
-#endif
-#if GVM_CP_L2PF
-#define GVM_CP_PF_SIZE ".L2::256B"
-#else
-#define GVM_CP_PF_SIZE ""
-#endif
+// N later commit groups are still pending.
 __device__ __forceinline__ void gvm_cp_async16(unsigned dst, const void* src, bool valid, unsigned long long pol) {
-    asm volatile("cp.async.cg.shared.global.L2::cache_hint" GVM_CP_PF_SIZE " [%0], [%1], 16, %2, %3;"
+    asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;"
                  :: "r"(dst), "l"(src), "r"(valid ? 16 : 0), "l"(pol) : "memory");
 }
 __device__ __forceinline__ void gvm_cp_async4(unsigned dst, const void* src, bool valid, unsigned long long pol) {
-    asm volatile("cp.async.ca.shared.global.L2::cache_hint" GVM_CP_PF_SIZE " [%0], [%1], 4, %2, %3;"
+    asm volatile("cp.async.ca.shared.global.L2::cache_hint [%0], [%1], 4, %2, %3;"
                  :: "r"(dst), "l"(src), "r"(valid ? 4 : 0), "l"(pol) : "memory");
 }
 __device__ __forceinline__ void gvm_cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }

@@ -2,7 +2,7 @@
 # One call on the H200 (the device tool): the VM proofs and timings, the Muse
 # ops standalone, and the decode-case sweep, each under its own time limit,
 # logs and results under $OUT (at most 8 files come back: traces are tarred).
-#   GPUVM_COMMIT=<sha> bash tools/gpu_session.sh [check|ops|opstime|sweep|step|stepsweep|probe|experts|router|park|ring|lists|steptrace|tiles|rowpf|fill|fill2|xstage|trace62|xprobe|smem|tiles2|router|xpf|xbench|against|gring|l2pf|early|gputests|vmtest ...]
+#   GPUVM_COMMIT=<sha> bash tools/gpu_session.sh [check|ops|opstime|sweep|step|stepsweep|probe|experts|router|park|ring|lists|steptrace|tiles|rowpf|fill|fill2|xstage|trace62|xprobe|smem|tiles2|router|xbench|against|gputests|vmtest ...]
 # (set GPUVM_COMMIT when running a snapshot without .git: else the results name the enclosing checkout)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -91,12 +91,8 @@ for s in $steps; do
            timeout 35 python3 tools/ops_check.py --only gemm > "$OUT/router_ops_check.log" 2>&1; echo "ops_check gemm rc=$?"; grep -c " ok" "$OUT/router_ops_check.log"; grep "FAIL\|staged\|ALL" "$OUT/router_ops_check.log" | head -6
            timeout 45 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_muse_layer.py -k "shard_layer_matches_reference and t8" > "$OUT/router_layers.log" 2>&1; echo "t8 layers rc=$?"; tail -2 "$OUT/router_layers.log"
            timeout 100 python3 tools/sched_probe.py --out "$OUT/router_probe.json" --modes dynamic --depths 1 --variants "rx:,reg:GVM_GEMM_F32_XS_MIN=0" --tiles "span:,whole:router_span=0" --cases ${ROUTER_CASES:-sliding-c32-t8,full-c16-t8} --step ${ROUTER_STEPS:-32x8} > "$OUT/router_probe.log" 2>&1; echo "router probe rc=$?"; grep -v "^$" "$OUT/router_probe.log" | tail -12 ;;
-    xpf) # the experts' item prefetch into L2 (GVM_EXPR_PF 1, the default) against none, a deeper ring (GVM_EXPR_RING 12), the row ops' batches at 16 / 8, in layers and steps
-           timeout 200 python3 tools/prebuild.py base GVM_EXPR_PF=0 GVM_EXPR_RING=12 GVM_ROW_BATCH=16+GVM_RES_BATCH=8; echo "prebuild rc=$?"
-           timeout ${T_XPF_PROBE:-330} python3 tools/sched_probe.py --out "$OUT/xpf_probe.json" --modes dynamic --depths 1 --variants "pf:,nopf:GVM_EXPR_PF=0,ring12:GVM_EXPR_RING=12,row16:GVM_ROW_BATCH=16+GVM_RES_BATCH=8" --cases ${XPF_CASES:-full-c1-t1,sliding-c1-t1,full-c1-t8,sliding-c1-t8,full-c16-t1} --step ${XPF_STEPS:-1x1,1x8,16x1} > "$OUT/xpf_probe.log" 2>&1; echo "xpf probe rc=$?"; grep -v "^$" "$OUT/xpf_probe.log" | tail -40
-           timeout 150 python3 tools/ops_check.py --sizes small --only expert_up,expert_down,rmsnorm,residual > "$OUT/xpf_ops_check.log" 2>&1; echo "ops_check rc=$?"; tail -1 "$OUT/xpf_ops_check.log" ;;
-    xbench) # expert_bench (the list alone) with the item prefetch on / off, a 12-stage ring, and probes (4: no weight copies, 5: no copies nor decode, 128: the argument check alone, 64: nothing)
-           for v in ${XBENCH:-GVM_EXPR_PF=1 GVM_EXPR_PF=0 GVM_EXPR_PROBE=4 GVM_EXPR_PROBE=5 GVM_EXPR_PROBE=128 GVM_EXPR_PROBE=64 GVM_EXPR_RING=12}; do timeout 60 python3 tools/expert_bench.py --quick --reps 10 --define $v --out "$OUT/xb_$v.json" > "$OUT/xb_$v.log" 2>&1; echo "expert_bench $v rc=$?"; tail -4 "$OUT/xb_$v.log"; done
+    xbench) # expert_bench (the list alone) with probes (GVM_EXPR_PROBE: 4 no weight copies, 5 no copies nor decode, 16 the walk alone, 128 the argument check alone, 64 nothing)
+           for v in ${XBENCH:-GVM_EXPR_PROBE=0 GVM_EXPR_PROBE=4 GVM_EXPR_PROBE=5 GVM_EXPR_PROBE=16 GVM_EXPR_PROBE=128 GVM_EXPR_PROBE=64}; do timeout 60 python3 tools/expert_bench.py --quick --reps 10 --define $v --out "$OUT/xb_$v.json" > "$OUT/xb_$v.log" 2>&1; echo "expert_bench $v rc=$?"; tail -4 "$OUT/xb_$v.log"; done
            (cd "$OUT" && tar czf xbench.tgz xb_* && rm -f xb_*) ;;
     against) # this tree against the device code of an earlier commit in one run (AGAINST: a tar of `git archive <rev> isa ops runtime scheduler`
              # in the checkout, untracked): the layers and steps of one token, expert_bench (probe 5: no copies nor decode)
@@ -107,25 +103,6 @@ for s in $steps; do
              for v in GVM_EXPR_PROBE=0 GVM_EXPR_PROBE=5; do (cd $d && PYTHONPATH=$d timeout 60 python3 tools/expert_bench.py --quick --reps 10 --define $v --out "$OUT/xb_${t}_$v.json" > "$OUT/xb_${t}_$v.log" 2>&1; echo "$t expert_bench $v rc=$?"; grep -E "^(up|down) " "$OUT/xb_${t}_$v.log"); done
            done
            (cd "$OUT" && tar czf against.tgz xb_* && rm -f xb_*) ;;
-    gring) # the one-token-tile GEMM's per-thread cp.async ring (GVM_GEMM_RING 10, the default) against 6 stages and the register path (0);
-           # ops_check of the GEMM and experts at small sizes; a traced 8-layer 1 x 1 step (step-trace-1x1.npz in traces.tgz)
-           timeout 200 python3 tools/prebuild.py --trace base GVM_GEMM_RING=0 GVM_GEMM_RING=6; echo "prebuild rc=$?"
-           timeout ${T_GRING_PROBE:-240} python3 tools/sched_probe.py --out "$OUT/gring_probe.json" --modes dynamic --depths 1 --variants "r10:,r0:GVM_GEMM_RING=0,r6:GVM_GEMM_RING=6" --cases ${GRING_CASES:-full-c1-t1,sliding-c1-t1,full-c1-t8,sliding-c1-t8,full-c16-t1} --step ${GRING_STEPS:-1x1,1x8} > "$OUT/gring_probe.log" 2>&1; echo "gring probe rc=$?"; grep -v "^$" "$OUT/gring_probe.log" | tail -21
-           timeout 150 python3 tools/ops_check.py --sizes small --only gemm,expert_up,expert_down > "$OUT/gring_ops_check.log" 2>&1; echo "ops_check rc=$?"; grep -i "spill\|ALL\|FAIL" "$OUT/gring_ops_check.log" | head -5
-           mkdir -p "$OUT/tr"
-           timeout 100 python3 tools/step_trace.py --layers 8 --shape 1x1 --out "$OUT/tr/step-trace-1x1.npz" > "$OUT/step_trace.log" 2>&1; echo "step trace rc=$?"; tail -18 "$OUT/step_trace.log"
-           (cd "$OUT" && tar czf traces.tgz tr && rm -rf tr) ;;
-    l2pf) # cp.async copies asking L2 for their 256-byte block (GVM_CP_L2PF 1: the experts' ring, the staged GEMM) against not (0, the default),
-          # and the one-token-tile GEMM ring with it (GVM_GEMM_RING 10); expert_bench both ways
-           timeout 200 python3 tools/prebuild.py base GVM_CP_L2PF=1 GVM_CP_L2PF=1+GVM_GEMM_RING=10; echo "prebuild rc=$?"
-           timeout ${T_L2PF_PROBE:-300} python3 tools/sched_probe.py --out "$OUT/l2pf_probe.json" --modes dynamic --depths 1 --variants "base:,pf:GVM_CP_L2PF=1,pfring:GVM_CP_L2PF=1+GVM_GEMM_RING=10" --cases ${L2PF_CASES:-full-c1-t1,sliding-c1-t1,full-c1-t8,sliding-c32-t8} --step ${L2PF_STEPS:-1x1,1x8} > "$OUT/l2pf_probe.log" 2>&1; echo "l2pf probe rc=$?"; grep -v "^$" "$OUT/l2pf_probe.log" | tail -18
-           for v in GVM_CP_L2PF=0 GVM_CP_L2PF=1; do timeout 60 python3 tools/expert_bench.py --quick --reps 10 --define $v --out "$OUT/xb_$v.json" > "$OUT/xb_$v.log" 2>&1; echo "expert_bench $v rc=$?"; grep -E "^(up|down) " "$OUT/xb_$v.log"; done
-           (cd "$OUT" && tar czf xbench.tgz xb_* && rm -f xb_*) ;;
-    early) # the experts' first ring slots issued before x is staged (GVM_EXPR_EARLY 1, the default) against after (0); the one-token-tile
-           # GEMM ring again, its x copied once per token (GVM_GEMM_RING 10); the GEMM tile's rows fetched into L2 as it starts (GVM_GEMM_TPF 1)
-           timeout 200 python3 tools/prebuild.py base GVM_EXPR_EARLY=0 GVM_GEMM_RING=10 GVM_GEMM_TPF=1; echo "prebuild rc=$?"
-           timeout ${T_EARLY_PROBE:-300} python3 tools/sched_probe.py --out "$OUT/early_probe.json" --modes dynamic --depths 1 --variants "base:,noearly:GVM_EXPR_EARLY=0,ring:GVM_GEMM_RING=10,tpf:GVM_GEMM_TPF=1" --cases ${EARLY_CASES:-full-c1-t1,sliding-c1-t1,full-c1-t8,sliding-c1-t8} --step ${EARLY_STEPS:-1x1,1x8} > "$OUT/early_probe.log" 2>&1; echo "early probe rc=$?"; grep -v "^$" "$OUT/early_probe.log" | tail -24
-           timeout 150 python3 tools/ops_check.py --sizes small --only gemm,expert_up,expert_down > "$OUT/early_ops_check.log" 2>&1; echo "ops_check rc=$?"; grep -i "spill\|ALL\|FAIL" "$OUT/early_ops_check.log" | head -5 ;;
     gputests) timeout ${T_GPUTESTS:-200} python3 -m pytest -q -p no:cacheprovider tests/gpu > "$OUT/tests_gpu.log" 2>&1; echo "tests/gpu rc=$?"; tail -4 "$OUT/tests_gpu.log" ;;
     vmtest) timeout ${T_VMTEST:-150} python3 -m pytest -q -x -p no:cacheprovider tests/gpu/test_vm.py > "$OUT/test_vm.log" 2>&1; echo "test_vm rc=$?"; tail -8 "$OUT/test_vm.log" ;;
     *) echo "unknown step $s"; exit 2 ;;
