@@ -2,7 +2,7 @@
 # One call on the H200 (the device tool): the VM proofs and timings, the Muse
 # ops standalone, and the decode-case sweep, each under its own time limit,
 # logs and results under $OUT (at most 8 files come back: traces are tarred).
-#   GPUVM_COMMIT=<sha> bash tools/gpu_session.sh [check|ops|opstime|sweep|step|stepsweep|probe|experts|router|park|ring|lists|steptrace|tiles|rowpf|fill|fill2|xstage|trace62|xprobe|smem|tiles2|router|xbench|against|gputests|vmtest ...]
+#   GPUVM_COMMIT=<sha> bash tools/gpu_session.sh [check|ops|opstime|sweep|step|stepsweep|probe|experts|router|park|ring|lists|steptrace|tiles|rowpf|fill|fill2|xstage|trace62|xprobe|smem|tiles2|router|xbench|against|slots|gputests|vmtest ...]
 # (set GPUVM_COMMIT when running a snapshot without .git: else the results name the enclosing checkout)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -30,7 +30,7 @@ for s in $steps; do
     park) # parking (GVM_PARK 1, the default since f945f51) against ready first without it, all 12 layers and the six steps in one run, and the chain
            timeout ${T_PARK:-480} python3 tools/sched_probe.py --out "$OUT/park_probe.json" --depths 1 --variants "park:,nopark:GVM_PARK=0" --cases full-c1-t1,full-c1-t8,full-c16-t1,full-c16-t8,full-c32-t1,full-c32-t8,sliding-c1-t1,sliding-c1-t8,sliding-c16-t1,sliding-c16-t8,sliding-c32-t1,sliding-c32-t8 --step 1x1,1x8,16x1,16x8,32x1,32x8 > "$OUT/park_probe.log" 2>&1; echo "park probe rc=$?"; grep -v static "$OUT/park_probe.log" | tail -36
            timeout 90 python3 tools/dispatch_probe.py --chain --variants nap32,nopark,inorder --out "$OUT/chain.json" > "$OUT/chain.log" 2>&1; echo "chain rc=$?"; tail -14 "$OUT/chain.log" ;;
-    ring) # the experts' weight ring (GVM_EXPR_RING_MIN 3, the default) against the register path it replaces at 1-3 tokens (99)
+    ring) # the experts' weight ring (GVM_EXPR_RING_MIN 2 slots, the default) against the register path it replaces at 1-3 tokens (99)
            timeout 200 python3 tools/prebuild.py --trace base GVM_EXPR_RING_MIN=99; echo "prebuild rc=$?"
            timeout 120 python3 tools/ops_check.py --sizes small --only expert_up,expert_down > "$OUT/ring_ops_check.log" 2>&1; echo "ops_check rc=$?"; tail -2 "$OUT/ring_ops_check.log"
            for v in 3 99; do timeout 100 python3 tools/expert_bench.py --reps 10 --define GVM_EXPR_RING_MIN=$v --out "$OUT/expert_bench_ring$v.json" > "$OUT/expert_bench_ring$v.log" 2>&1; echo "expert_bench ring_min=$v rc=$?"; tail -9 "$OUT/expert_bench_ring$v.log"; done
@@ -103,6 +103,9 @@ for s in $steps; do
              for v in GVM_EXPR_PROBE=0 GVM_EXPR_PROBE=5; do (cd $d && PYTHONPATH=$d timeout 60 python3 tools/expert_bench.py --quick --reps 10 --define $v --out "$OUT/xb_${t}_$v.json" > "$OUT/xb_${t}_$v.log" 2>&1; echo "$t expert_bench $v rc=$?"; grep -E "^(up|down) " "$OUT/xb_${t}_$v.log"); done
            done
            (cd "$OUT" && tar czf against.tgz xb_* && rm -f xb_*) ;;
+    slots) # the experts' ring at 4 slots a warp (GVM_EXPR_RING, the default) against 3 and 5
+           timeout 200 python3 tools/prebuild.py base GVM_EXPR_RING=3 GVM_EXPR_RING=5; echo "prebuild rc=$?"
+           timeout ${T_SLOTS_PROBE:-200} python3 tools/sched_probe.py --out "$OUT/slots_probe.json" --modes dynamic --depths 1 --variants "s4:,s3:GVM_EXPR_RING=3,s5:GVM_EXPR_RING=5" --cases ${SLOTS_CASES:-full-c1-t1,sliding-c1-t1,full-c1-t8,full-c16-t1} --step ${SLOTS_STEPS:-1x1,1x8} > "$OUT/slots_probe.log" 2>&1; echo "slots probe rc=$?"; grep -v "^$" "$OUT/slots_probe.log" | tail -18 ;;
     gputests) timeout ${T_GPUTESTS:-200} python3 -m pytest -q -p no:cacheprovider tests/gpu > "$OUT/tests_gpu.log" 2>&1; echo "tests/gpu rc=$?"; tail -4 "$OUT/tests_gpu.log" ;;
     vmtest) timeout ${T_VMTEST:-150} python3 -m pytest -q -x -p no:cacheprovider tests/gpu/test_vm.py > "$OUT/test_vm.log" 2>&1; echo "test_vm rc=$?"; tail -8 "$OUT/test_vm.log" ;;
     *) echo "unknown step $s"; exit 2 ;;
