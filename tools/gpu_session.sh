@@ -103,9 +103,9 @@ for s in $steps; do
              for v in GVM_EXPR_PROBE=0 GVM_EXPR_PROBE=5; do (cd $d && PYTHONPATH=$d timeout 60 python3 tools/expert_bench.py --quick --reps 10 --define $v --out "$OUT/xb_${t}_$v.json" > "$OUT/xb_${t}_$v.log" 2>&1; echo "$t expert_bench $v rc=$?"; grep -E "^(up|down) " "$OUT/xb_${t}_$v.log"); done
            done
            (cd "$OUT" && tar czf against.tgz xb_* && rm -f xb_*) ;;
-    slots) # the experts' ring at 4 slots a warp against 3 (GVM_EXPR_RING, the default since 036d25b) and 5
-           timeout 200 python3 tools/prebuild.py base GVM_EXPR_RING=3 GVM_EXPR_RING=5; echo "prebuild rc=$?"
-           timeout ${T_SLOTS_PROBE:-200} python3 tools/sched_probe.py --out "$OUT/slots_probe.json" --modes dynamic --depths 1 --variants "s4:,s3:GVM_EXPR_RING=3,s5:GVM_EXPR_RING=5" --cases ${SLOTS_CASES:-full-c1-t1,sliding-c1-t1,full-c1-t8,full-c16-t1} --step ${SLOTS_STEPS:-1x1,1x8} > "$OUT/slots_probe.log" 2>&1; echo "slots probe rc=$?"; grep -v "^$" "$OUT/slots_probe.log" | tail -18 ;;
+    slots) # the experts' ring at 3 slots a warp (GVM_EXPR_RING, the default since de974fc) against 4 and 5
+           timeout 200 python3 tools/prebuild.py base GVM_EXPR_RING=4 GVM_EXPR_RING=5; echo "prebuild rc=$?"
+           timeout ${T_SLOTS_PROBE:-200} python3 tools/sched_probe.py --out "$OUT/slots_probe.json" --modes dynamic --depths 1 --variants "s3:,s4:GVM_EXPR_RING=4,s5:GVM_EXPR_RING=5" --cases ${SLOTS_CASES:-full-c1-t1,sliding-c1-t1,full-c1-t8,full-c16-t1} --step ${SLOTS_STEPS:-1x1,1x8} > "$OUT/slots_probe.log" 2>&1; echo "slots probe rc=$?"; grep -v "^$" "$OUT/slots_probe.log" | tail -18 ;;
     gputests) timeout ${T_GPUTESTS:-200} python3 -m pytest -q -p no:cacheprovider tests/gpu > "$OUT/tests_gpu.log" 2>&1; echo "tests/gpu rc=$?"; tail -4 "$OUT/tests_gpu.log" ;;
     vmtest) timeout ${T_VMTEST:-150} python3 -m pytest -q -x -p no:cacheprovider tests/gpu/test_vm.py > "$OUT/test_vm.log" 2>&1; echo "test_vm rc=$?"; tail -8 "$OUT/test_vm.log" ;;
     *) echo "unknown step $s"; exit 2 ;;
