@@ -372,7 +372,7 @@ __device__ __forceinline__ void gvm_expr_unit(const gvm_ctx& c, float (&acc)[2][
     }
 }
 
-// Waits until at most n (< GVM_EXPR_RING - 1) commit groups of this thread are pending.
+// Waits until at most n (0..7: a ring of at most 9 slots waits with nsl - 2) commit groups of this thread are pending.
 __device__ __forceinline__ void gvm_cp_async_wait_n(int n) {
     switch (n) {
         case 0: gvm_cp_async_wait<0>(); break;
