@@ -2,7 +2,7 @@
 # One call on the H200 (the device tool): the VM proofs and timings, the Muse
 # ops standalone, and the decode-case sweep, each under its own time limit,
 # logs and results under $OUT (at most 8 files come back: traces are tarred).
-#   GPUVM_COMMIT=<sha> bash tools/gpu_session.sh [check|ops|opstime|sweep|step|stepsweep|probe|experts|router|park|ring|lists|steptrace|tiles|rowpf|fill|fill2|xstage|trace62|xprobe|smem|tiles2|router|xbench|against|slots|gputests|vmtest ...]
+#   GPUVM_COMMIT=<sha> bash tools/gpu_session.sh [check|ops|opstime|sweep|step|stepsweep|probe|experts|router|park|ring|lists|steptrace|tiles|rowpf|fill|fill2|xstage|trace62|xprobe|smem|tiles2|router|xbench|against|slots|naps|gputests|vmtest ...]
 # (set GPUVM_COMMIT when running a snapshot without .git: else the results name the enclosing checkout)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -106,6 +106,9 @@ for s in $steps; do
     slots) # the experts' ring at 3 slots a warp (GVM_EXPR_RING, the default since de974fc) against 4 and 5
            timeout 200 python3 tools/prebuild.py base GVM_EXPR_RING=4 GVM_EXPR_RING=5; echo "prebuild rc=$?"
            timeout ${T_SLOTS_PROBE:-200} python3 tools/sched_probe.py --out "$OUT/slots_probe.json" --modes dynamic --depths 1 --variants "s3:,s4:GVM_EXPR_RING=4,s5:GVM_EXPR_RING=5" --cases ${SLOTS_CASES:-full-c1-t1,sliding-c1-t1,full-c1-t8,full-c16-t1} --step ${SLOTS_STEPS:-1x1,1x8} > "$OUT/slots_probe.log" 2>&1; echo "slots probe rc=$?"; grep -v "^$" "$OUT/slots_probe.log" | tail -18 ;;
+    naps) # a group's counter poll napping 32 ns doubling to 256 (GVM_WAIT_NAP_MAX, the default) against a cap of 64 and a spin (0 / 0)
+           timeout 200 python3 tools/prebuild.py base GVM_WAIT_NAP_MAX=64 GVM_WAIT_NAP_MIN=0+GVM_WAIT_NAP_MAX=0; echo "prebuild rc=$?"
+           timeout ${T_NAPS_PROBE:-150} python3 tools/sched_probe.py --out "$OUT/naps_probe.json" --modes dynamic --depths 1 --variants "nap256:,nap64:GVM_WAIT_NAP_MAX=64,spin:GVM_WAIT_NAP_MIN=0+GVM_WAIT_NAP_MAX=0" --cases ${NAPS_CASES:-full-c1-t1,sliding-c1-t1} --step ${NAPS_STEPS:-1x1,1x8} > "$OUT/naps_probe.log" 2>&1; echo "naps probe rc=$?"; grep -v "^$" "$OUT/naps_probe.log" | tail -12 ;;
     gputests) timeout ${T_GPUTESTS:-200} python3 -m pytest -q -p no:cacheprovider tests/gpu > "$OUT/tests_gpu.log" 2>&1; echo "tests/gpu rc=$?"; tail -4 "$OUT/tests_gpu.log" ;;
     vmtest) timeout ${T_VMTEST:-150} python3 -m pytest -q -x -p no:cacheprovider tests/gpu/test_vm.py > "$OUT/test_vm.log" 2>&1; echo "test_vm rc=$?"; tail -8 "$OUT/test_vm.log" ;;
     *) echo "unknown step $s"; exit 2 ;;
