@@ -16,7 +16,7 @@ from gpuvm.trace.cli import trace_main
 from gpuvm.trace.format import Trace, TraceError
 from gpuvm.trace.html import rows, timeline_html
 from gpuvm.trace.perfetto import perfetto_json, write_perfetto
-from gpuvm.trace.summary import NO_DEP, block_idle, counter_waits, critical_path, op_stats, summarize
+from gpuvm.trace.summary import NO_DEP, PathHops, block_idle, counter_waits, critical_path, op_kind, op_stats, path_hops, summarize
 from gpuvm.trace.timeline import CLAIM, DONE, LOAD, READY, SIGNAL, build, op_name, op_order
 
 from trace_synth import make_trace
@@ -166,6 +166,20 @@ def test_summary_numbers_on_a_known_trace():
     assert (waits[NO_DEP].waits, waits[NO_DEP].total, waits[NO_DEP].longest) == (4, 400, 150)
 
     assert critical_path(tl) == [1, 2]
+    # A[1] signals at 2150, B[0] (claimed at 500) is ready at 2300
+    assert path_hops(tl, [1, 2]) == [PathHops("B", 1, 150.0, 150.0, 150.0, 0)]
+
+
+def test_hops_count_late_claims_and_add_up_layers():
+    t = hand_trace()
+    late = _with(t, labels=["L0.A[0]", "L3.A[1]", "L3.B[0]", "L0.C x1 y2"])
+    rec = late.records.copy()
+    rec[2]["globaltimer"][0] = 2200  # B[0] claimed after A[1]'s signal
+    tl = build(_with(late, records=rec))
+    assert path_hops(tl, [1, 2]) == [PathHops("B", 1, 150.0, 150.0, 150.0, 1)]
+    # largest total first, whatever the path's order
+    assert path_hops(tl, [0, 2, 3]) == [PathHops("B", 1, 1150.0, 1150.0, 1150.0, 1), PathHops("C", 1, -2150.0, -2150.0, -2150.0, 0)]
+    assert [op_kind(x) for x in ("L12.wqkvg", "L0.attn_chunk", "A", "Lx.a", "L.a", "L3")] == ["wqkvg", "attn_chunk", "A", "Lx.a", "L.a", "L3"]
 
 
 def test_waits_fall_back_to_the_producing_op():
@@ -178,14 +192,18 @@ def test_summary_text():
     text = summarize(hand_trace())
     assert "span: 3.350 us" in text
     lines = text.splitlines()
-    op_rows = [l.split() for l in lines if l.startswith(("A ", "B ", "C "))]
+    per_op = lines[: lines.index(next(l for l in lines if l.startswith("idle per block")))]
+    op_rows = [l.split() for l in per_op if l.startswith(("A ", "B ", "C "))]
     assert [r[0] for r in op_rows] == ["A", "C", "B"]
     assert op_rows[0][:6] == ["A", "2", "2", "0.100", "1.500", "1.900"]
     assert any(l.split()[:2] == ["a", "done"] and l.split()[2:] == ["2", "1.800", "1.650"] for l in lines)
-    path = lines[lines.index(next(l for l in lines if l.startswith("critical path"))) + 3 :]
+    start = lines.index(next(l for l in lines if l.startswith("critical path"))) + 3
+    path = lines[start : lines.index("", start)]
     assert [p.split()[0] for p in path] == ["A[1]", "B[0]"]
     assert path[1].split()[-1] == "dependency"
     assert "critical path: 2 instructions; 3.000 us compute" in text
+    hops = lines[lines.index(next(l for l in lines if l.startswith("hops of the critical path"))) + 3 :]
+    assert [h.split() for h in hops] == [["B", "1", "0.150", "0.150", "0.150", "0"]]
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -201,6 +219,9 @@ def test_summary_invariants_on_random_traces(seed):
     for p, q in zip(path, path[1:]):
         assert p in trace.deps[q]
         assert tl.t[p, SIGNAL] == max(tl.t[j, SIGNAL] for j in trace.deps[q])
+    hops = path_hops(tl, path)
+    assert sum(h.hops for h in hops) == len(path) - 1
+    assert sum(h.total for h in hops) == pytest.approx(float(sum(tl.t[q, READY] - tl.t[p, SIGNAL] for p, q in zip(path, path[1:]))))
     total_wait = sum(w.total for w in counter_waits(tl))
     assert total_wait == pytest.approx(float(np.sum(tl.t[:, READY] - tl.t[:, CLAIM])))
     stats = op_stats(tl)

@@ -16,6 +16,12 @@ Definitions (times from the Timeline, ns):
 - the critical path walks back from the last signal, each time to the
   dependency whose signal was latest among those done by the instruction's
   ready (Timeline.gating_deps: a work list's late workers held nothing back).
+- a hop of the critical path = its consumer's ready minus its producer's
+  signal stamp (taken just after the signal's release, so a hop can be a
+  stamp's error below 0); hops are totalled by the consumer's op kind (its
+  op without a layer prefix "L<n>.", so a step's 62 layers add up), with how
+  many had their consumer claimed only after that signal (a hop the claim,
+  not the hand-off, made long).
 - an op's floor = its bytes over the streaming-read bandwidth (the trace's
   meta "read_bw_TBps", measured in the run that wrote it, else MUSE.md's
   nominal 4.42 TB/s, or what the caller gives); "span / floor" is how far the
@@ -65,6 +71,16 @@ class CounterWait:
     waits: int  # instructions that waited on it
     total: float  # ns
     longest: float
+
+
+@dataclass(frozen=True)
+class PathHops:
+    op: str  # the consumer's op kind
+    hops: int
+    median: float  # ns
+    p90: float
+    total: float
+    claimed_late: int  # consumers claimed after their producer's signal
 
 
 def op_stats(tl: Timeline) -> list[OpStats]:
@@ -157,6 +173,25 @@ def critical_path(tl: Timeline) -> list[int]:
     return path[::-1]
 
 
+def op_kind(op: str) -> str:
+    """An op without its layer prefix: "L12.wqkvg" -> "wqkvg"."""
+    head, dot, rest = op.partition(".")
+    return rest if dot and len(head) > 1 and head[0] == "L" and head[1:].isdigit() else op
+
+
+def path_hops(tl: Timeline, path: list[int]) -> list[PathHops]:
+    """The critical path's hops (producer's signal -> consumer's ready) by the
+    consumer's op kind, largest total first."""
+    acc: dict[str, list[tuple[float, bool]]] = {}
+    for a, b in zip(path, path[1:]):
+        acc.setdefault(op_kind(tl.ops[b]), []).append((float(tl.t[b, READY] - tl.t[a, SIGNAL]), bool(tl.t[b, CLAIM] > tl.t[a, SIGNAL])))
+    out = []
+    for op, v in acc.items():
+        h = np.array([x for x, _ in v])
+        out.append(PathHops(op, len(v), float(np.median(h)), float(np.percentile(h, 90)), float(h.sum()), sum(late for _, late in v)))
+    return sorted(out, key=lambda x: (-x.total, x.op))
+
+
 def _table(headers: list[str], rows: list[list[str]]) -> str:
     w = [max(len(h), *(len(r[k]) for r in rows)) if rows else len(h) for k, h in enumerate(headers)]
     line = lambda cells: "  ".join(c.ljust(w[0]) if k == 0 else c.rjust(w[k]) for k, c in enumerate(cells)).rstrip()
@@ -220,6 +255,8 @@ def summarize(trace: Trace, read_bw_tbps: float | None = None) -> str:
     release = sum(t[i, SIGNAL] - t[i, DONE] for i in path)
     handoff = sum(t[b, READY] - t[a, SIGNAL] for a, b in zip(path, path[1:]))
     path_table = _table(["instruction", "block/wg", "claim us", "ready us", "done us", "signal us", "bound by"], path_rows)
+    hop_table = _table(["into op", "hops", "median us", "p90 us", "total us", "claimed after the signal"],
+                       [[h.op, str(h.hops), _us(h.median), _us(h.p90), _us(h.total), str(h.claimed_late)] for h in path_hops(tl, path)])
 
     return "\n".join(
         head
@@ -231,5 +268,8 @@ def summarize(trace: Trace, read_bw_tbps: float | None = None) -> str:
             f"critical path: {len(path)} instructions; {_us(run)} us compute, {_us(release)} us compute end to signal, "
             f"{_us(handoff)} us from a producer's signal to its consumer's ready, {_us(t[path[0], READY])} us before the first ready",
             path_table,
+            "",
+            "hops of the critical path by the op they lead into (producer's signal to consumer's ready):",
+            hop_table,
         ]
     ) + "\n"
