@@ -253,10 +253,11 @@ def summarize(trace: Trace, read_bw_tbps: float | None = None) -> str:
         )
     run = sum(t[i, DONE] - t[i, READY] for i in path)
     release = sum(t[i, SIGNAL] - t[i, DONE] for i in path)
-    handoff = sum(t[b, READY] - t[a, SIGNAL] for a, b in zip(path, path[1:]))
+    hops = path_hops(tl, path)
+    handoff = sum(h.total for h in hops)
     path_table = _table(["instruction", "block/wg", "claim us", "ready us", "done us", "signal us", "bound by"], path_rows)
     hop_table = _table(["into op", "hops", "median us", "p90 us", "total us", "claimed after the signal"],
-                       [[h.op, str(h.hops), _us(h.median), _us(h.p90), _us(h.total), str(h.claimed_late)] for h in path_hops(tl, path)])
+                       [[h.op, str(h.hops), _us(h.median), _us(h.p90), _us(h.total), str(h.claimed_late)] for h in hops])
 
     return "\n".join(
         head
