@@ -603,6 +603,18 @@ def cases_gemm(sz: Sizes, gen: torch.Generator) -> list[Case]:
             for c0, c in _gemm_cols(2 * n, (40, 16, 13, 64)):
                 b.op_([o, x, w], [c0, c])
             out.append(b.case())
+    # up to 32 tokens the weights stream through a ring of bulk copies (ops/gemm.cuh
+    # gvm_gemm_bulk): a K of 8 d has 8 stages a row block at 16 rows (the ring wraps),
+    # more at fewer rows; a K whose rows are not a multiple of a stage takes the
+    # register path
+    for t, k in ((1, 8 * d), (8, 8 * d), (20, 8 * d), (1, d + 8)):
+        b = _Build(f"gemm bf16 T={t} K={k} cnt 1,3,13,16,40,64 f32 out", Op.GEMM, gen)
+        o = b.out("out", DType.F32, (t, 2 * n), GEMM_BF16)
+        x = b.add("x", DType.BF16, b.randn(t, k, scale=2.0).bfloat16())
+        w = b.add("w", DType.BF16, b.randn(2 * n, k, scale=0.05).bfloat16())
+        for c0, c in _gemm_cols(2 * n, (40, 1, 16, 13, 64, 3)):
+            b.op_([o, x, w], [c0, c])
+        out.append(b.case())
     spans = ((0, 1), (1, 9), (10, 1), (11, 9))  # token ranges [t0, t0 + t) covering T = 20
     b = _Build("gemm f32 T=20 token ranges", Op.GEMM, gen)
     o = b.out("out", DType.F32, (20, 2 * n), GEMM_F32)
