@@ -98,11 +98,6 @@ __device__ __forceinline__ unsigned short gvm_gemm_bf16_bits(float f) {
     return h;
 }
 
-// v, as a value the compiler cannot see through (nor hoist what derives from it).
-__device__ __forceinline__ unsigned gvm_gemm_opaque(unsigned v) {
-    asm volatile("mov.u32 %0, %0;" : "+r"(v));
-    return v;
-}
 #else   // host (tools/ops_emu): the same semantics in plain C++
 inline unsigned long long gvm_gemm_policy() { return 0; }
 template <int OFF = 0> inline uint4 gvm_gemm_ld_w16(const void* p, unsigned long long) {
@@ -112,7 +107,6 @@ template <int OFF = 0> inline uint4 gvm_gemm_ld_x16(const void* p) {
     return gvm_emu_load<uint4>(static_cast<const char*>(p) + OFF);
 }
 inline unsigned short gvm_gemm_bf16_bits(float f) { return (unsigned short)(gvm_pack_bf16x2(f, 0.f) & 0xffffu); }
-inline unsigned gvm_gemm_opaque(unsigned v) { return v; }
 #endif
 
 __device__ __forceinline__ void gvm_gemm_store(const gvm_tensor& out, long long off, float v) {
@@ -261,146 +255,138 @@ __device__ __forceinline__ int gvm_gemm_bf16_tiles(const gvm_ctx& c, const gvm_t
     return GVM_ERR_NONE;
 }
 
-// ---- bf16 at few tokens: the weights through a ring of bulk copies ----------------------
-// Up to 32 tokens an instruction is bound by the weight bytes it keeps in
+// ---- bf16 at few tokens: weights and x through a ring of bulk copies ---------------------
+// Up to 8 tokens an instruction is bound by the weight bytes it keeps in
 // flight: the register path above holds ~24 KB a group (GVM_GEMM_STEPS x 2 x
 // 16 B x 128 threads), and the one-token layer's GEMM phases ran at ~3 TB/s
-// with it. Here warp 0 copies the tile's weights into a ring of
-// GVM_GEMM_BULK_STAGES stages of shared memory by bulk copies (one per row and
-// stage, completing on the stage's full mbarrier), so that every stage but
-// the one being read is in flight: ~40 KB a group. A stage holds up to 16
-// rows x kc bytes of K (16 x 512 B, 8 x 1 KB, ... ~8 KB), each row padded by
-// 16 bytes so that the 8 row groups of a warp's access hit different banks.
-// The 4 warps split each stage's K four ways and take their fragments in the
-// register path's k order (quad q of row group g: 8 consecutive k of rows g
-// and g + 8 from the stage, and of token g from global memory), then release
-// the stage on its empty mbarrier (one arrival a warp); warp 0 refills it once
-// all four have. At the end of each block of 16 rows the warps' partial tiles
-// are summed in shared memory in warp order (deterministic) and stored.
-#ifndef GVM_GEMM_BULK  // 1: tiles of up to 32 tokens stream W by bulk copies (0: the register path)
+// with it. Here warp 0 copies the tile into a ring of shared stages by bulk
+// copies, each completing on its stage's full mbarrier, so that every stage
+// but the one being read is in flight. A stage is 512 bytes of K of up to 16
+// rows and of the tile's tokens (x comes with its weights: read from global
+// memory after the stage landed, its latency held up every stage), one copy
+// per row, each row padded by 16 bytes so that the 8 rows of a warp's access
+// hit different banks; as many stages as the scratch holds (7 at 16 rows and
+// one token, ~56 KB, up to GVM_GEMM_BULK_MAX_STAGES). The 4 warps split each
+// stage's K four ways and take their fragments in the register path's k
+// order (quad q of row group g: 8 consecutive k of rows g and g + 8 and of
+// token g), then release the stage on its empty mbarrier (one arrival a
+// warp); warp 0 refills it once all four have. At the end of a block of 16
+// rows the warps' partial tiles are summed in warp order (deterministic).
+#ifndef GVM_GEMM_BULK  // 1: tiles of up to 8 tokens stream W by bulk copies (0: the register path)
 #define GVM_GEMM_BULK (GVM_MAX_GROUPS <= 2 ? 1 : 0)
 #endif
-#ifndef GVM_GEMM_BULK_STAGES
-#define GVM_GEMM_BULK_STAGES 6
+#ifndef GVM_GEMM_BULK_MAX_STAGES
+#define GVM_GEMM_BULK_MAX_STAGES 12
 #endif
-#define GVM_GEMM_BULK_BYTES 8192                  // weight bytes of a stage of 16 rows (fewer rows: longer kc)
-#define GVM_GEMM_BULK_SLOT (16 * (512 + 16))      // a stage with its row padding, for every rows x kc shape
+#define GVM_GEMM_BULK_KC 512                           // bytes of K a stage holds
+#define GVM_GEMM_BULK_PITCH (GVM_GEMM_BULK_KC + 16)    // a row of a stage, padded
+#define GVM_GEMM_BULK_HEAD (16 * GVM_GEMM_BULK_MAX_STAGES + 4 * GVM_GEMM_TILE_BYTES)  // mbarriers, partial tiles
 
-template <int TT>
-__device__ __forceinline__ unsigned gvm_gemm_bulk_smem() {
-    return 16u * GVM_GEMM_BULK_STAGES + 4u * TT * GVM_GEMM_TILE_BYTES + GVM_GEMM_BULK_STAGES * GVM_GEMM_BULK_SLOT;
-}
-
-// Bytes of K a stage holds for a tile of cnt rows: GVM_GEMM_BULK_BYTES over its
-// row block (rounded up to a power of 2), at most a whole row; 0 when a row's
-// bytes are not a multiple of it or it leaves a warp less than a step (256 B).
-__device__ __forceinline__ int gvm_gemm_bulk_kc(int k, int cnt) {
+// Stages of the ring for a tile of cnt rows and tn tokens in smem bytes (0: it does not fit two).
+__device__ __forceinline__ int gvm_gemm_bulk_stages(int cnt, int tn, unsigned smem) {
     int rows = 1;
     while (rows < cnt && rows < 16) rows *= 2;
-    const int row_bytes = 2 * k;
-    const int kc = GVM_GEMM_BULK_BYTES / rows < row_bytes ? GVM_GEMM_BULK_BYTES / rows : row_bytes;
-    return kc % 256 == 0 && row_bytes % kc == 0 ? kc : 0;
+    const int n = ((int)smem - GVM_GEMM_BULK_HEAD) / ((rows + tn) * GVM_GEMM_BULK_PITCH);
+    return n < 2 ? 0 : (n < GVM_GEMM_BULK_MAX_STAGES ? n : GVM_GEMM_BULK_MAX_STAGES);
 }
 
-// Warp 0 starts stage j (row block j / n_kc, K piece j % n_kc) into its slot.
-__device__ __forceinline__ void gvm_gemm_bulk_issue(int j, int n_kc, int kc_bytes, int cnt, const char* w_base,
-                                                    long long w_row, unsigned ring, unsigned full0, unsigned lane,
-                                                    unsigned long long pol) {
-    const int rb = j / n_kc, kc = j - rb * n_kc;
-    const int rows = cnt - 16 * rb < 16 ? cnt - 16 * rb : 16;
-    const int slot = j % GVM_GEMM_BULK_STAGES;
-    const unsigned bar = full0 + 8u * slot;
-    if (lane == 0) gvm_bar_expect(bar, (unsigned)(rows * kc_bytes));
-    if ((int)lane < rows)
-        gvm_bulk_copy(ring + slot * GVM_GEMM_BULK_SLOT + lane * (kc_bytes + 16),
-                      w_base + (16 * rb + (int)lane) * w_row + (long long)kc * kc_bytes, (unsigned)kc_bytes, bar, pol);
-}
+struct gvm_gemm_bulk_ring {
+    const char* w;  // the tile's first row
+    const char* x;  // its first token
+    int w_row, x_row;  // bytes (the operand checks bound them by the tensors' sizes)
+    unsigned ring, full0, slot_bytes;
+    int n_kc, ns, cnt, rcap, tn;
 
-// Token tiles [t0, t0 + 8 TT) (below T) x rows [n0, n0 + cnt); kc_bytes from gvm_gemm_bulk_kc.
-template <int TT>
+    // Warp 0 starts stage j (row block j / n_kc, K piece j % n_kc) into its slot.
+    __device__ __forceinline__ void issue(int j, unsigned lane) const {
+        const int rb = j / n_kc, kc = j - rb * n_kc, slot = j % ns;
+        const int rows = cnt - 16 * rb < 16 ? cnt - 16 * rb : 16;
+        const unsigned bar = full0 + 8u * slot, dst = ring + slot * slot_bytes;
+        if (lane == 0) gvm_bar_expect(bar, (unsigned)((rows + tn) * GVM_GEMM_BULK_KC));
+        if ((int)lane < rows)
+            gvm_bulk_copy(dst + lane * GVM_GEMM_BULK_PITCH, w + (long long)(16 * rb + (int)lane) * w_row + kc * GVM_GEMM_BULK_KC,
+                          GVM_GEMM_BULK_KC, bar, gvm_gemm_policy());
+        const int t = (int)lane - 16;
+        if (t >= 0 && t < tn)
+            gvm_bulk_copy(dst + (rcap + t) * GVM_GEMM_BULK_PITCH, x + (long long)t * x_row + kc * GVM_GEMM_BULK_KC,
+                          GVM_GEMM_BULK_KC, bar, gvm_policy_evict_normal());  // every tile of the phase reads x
+    }
+};
+
+// Tokens [t0, T) (at most 8) x rows [n0, n0 + cnt) through ns stages.
 __device__ __forceinline__ int gvm_gemm_bulk(const gvm_ctx& c, const gvm_tensor& out, const gvm_tensor& x,
-                                          const gvm_tensor& w, int n0, int cnt, int t0, int T, int kc_bytes) {
-    constexpr int NS = GVM_GEMM_BULK_STAGES;
+                                             const gvm_tensor& w, int n0, int cnt, int t0, int T, int ns) {
     const unsigned lane = c.tid & 31u, warp = c.tid >> 5;
     const int g = (int)(lane >> 2), q = (int)(lane & 3u);
-    const unsigned full0 = gvm_smem_addr(c.smem), empty0 = full0 + 8u * NS, ring = full0 + 16u * NS + 4u * TT * GVM_GEMM_TILE_BYTES;
-    float* part = reinterpret_cast<float*>(c.smem + 16 * NS);  // [warp][TT][16 rows][8 tokens]
-    const long long w_row = w.stride[0] * 2, x_row = x.stride[0] * 2;
-    const int n_kc = 2 * (int)x.shape[1] / kc_bytes, n_st = (cnt + 15) / 16 * n_kc;
-    const unsigned long long pol = gvm_gemm_policy();
-    const char* w_base = reinterpret_cast<const char*>(w.ptr) + n0 * w_row;
+    gvm_gemm_bulk_ring r;
+    r.w_row = (int)(w.stride[0] * 2);
+    r.x_row = (int)(x.stride[0] * 2);
+    r.w = reinterpret_cast<const char*>(w.ptr) + (long long)n0 * r.w_row;
+    r.x = reinterpret_cast<const char*>(x.ptr) + (long long)t0 * r.x_row;
+    r.full0 = gvm_smem_addr(c.smem);
+    r.ring = r.full0 + GVM_GEMM_BULK_HEAD;
+    r.n_kc = 2 * (int)x.shape[1] / GVM_GEMM_BULK_KC;
+    r.ns = ns;
+    r.cnt = cnt;
+    r.tn = T - t0;
+    r.rcap = 1;
+    while (r.rcap < cnt && r.rcap < 16) r.rcap *= 2;
+    r.slot_bytes = (unsigned)((r.rcap + r.tn) * GVM_GEMM_BULK_PITCH);
+    const unsigned empty0 = r.full0 + 8u * GVM_GEMM_BULK_MAX_STAGES;
+    float* part = reinterpret_cast<float*>(c.smem + 16 * GVM_GEMM_BULK_MAX_STAGES);  // [warp][16 rows][8 tokens]
+    const int n_st = (cnt + 15) / 16 * r.n_kc;
     if (c.tid == 0) {
-        for (int s = 0; s < NS; ++s) {
-            gvm_bar_init(full0 + 8u * s, 1);
+        for (int s = 0; s < ns; ++s) {
+            gvm_bar_init(r.full0 + 8u * s, 1);
             gvm_bar_init(empty0 + 8u * s, 4);
         }
-        gvm_bulk_fence();
     }
+    if (warp == 0) gvm_bulk_fence();  // x was written by other SMs' generic stores
     gvm_group_sync(c);
     if (warp == 0)
-        for (int j = 0; j < NS && j < n_st; ++j) gvm_gemm_bulk_issue(j, n_kc, kc_bytes, cnt, w_base, w_row, ring, full0, lane, pol);
-    // this lane's x: token g of each tile, at its warp's quarter of a stage's K
-    const char* px[TT];
-#pragma unroll
-    for (int j = 0; j < TT; ++j) {
-        const int tx = t0 + 8 * j + g < T ? t0 + 8 * j + g : T - 1;
-        px[j] = reinterpret_cast<const char*>(x.ptr) + tx * x_row + (int)warp * (kc_bytes / 4) + 16 * q;
-    }
-    float acc[TT][4];
-#pragma unroll
-    for (int j = 0; j < TT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
-    const int steps = kc_bytes / 256;
+        for (int j = 0; j < ns && j < n_st; ++j) r.issue(j, lane);
+    const unsigned xo = (unsigned)((r.rcap + (g < r.tn ? g : r.tn - 1)) * GVM_GEMM_BULK_PITCH);
+    const unsigned lo = warp * (GVM_GEMM_BULK_KC / 4) + 16 * q;  // this lane's first chunk in a row of a stage
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
     int rb = 0, kc = 0, slot = 0;
     unsigned parity = 0;
 #pragma unroll 1
     for (int i = 0; i < n_st; ++i) {
         const int rows = cnt - 16 * rb < 16 ? cnt - 16 * rb : 16;
-        const unsigned base = ring + slot * GVM_GEMM_BULK_SLOT + warp * (kc_bytes / 4) + 16 * q;
-        const unsigned ra = base + (g < rows ? g : rows - 1) * (kc_bytes + 16);
-        const unsigned rbw = base + (g + 8 < rows ? g + 8 : rows - 1) * (kc_bytes + 16);
-        const int xo = kc * kc_bytes;
-        gvm_bar_wait(full0 + 8u * slot, parity);
-#pragma unroll 2
-        for (int u = 0; u < steps; ++u) {
-            const uint4 a = gvm_lds_u4(ra + 64 * u), b = gvm_lds_u4(rbw + 64 * u);
+        const unsigned base = r.ring + slot * r.slot_bytes + lo;
+        const unsigned ra = base + (g < rows ? g : rows - 1) * GVM_GEMM_BULK_PITCH;
+        const unsigned rbw = base + (g + 8 < rows ? g + 8 : rows - 1) * GVM_GEMM_BULK_PITCH;
+        gvm_bar_wait(r.full0 + 8u * slot, parity);
 #pragma unroll
-            for (int j = 0; j < TT; ++j) {
-                const uint4 xv = gvm_gemm_ld_x16(px[j] + xo + 64 * u);
-                gvm_mma_bf16(acc[j], a.x, b.x, a.y, b.y, xv.x, xv.y);
-                gvm_mma_bf16(acc[j], a.z, b.z, a.w, b.w, xv.z, xv.w);
-            }
+        for (int u = 0; u < GVM_GEMM_BULK_KC / 256; ++u) {
+            const uint4 a = gvm_lds_u4(ra + 64 * u), b = gvm_lds_u4(rbw + 64 * u), xv = gvm_lds_u4(base + xo + 64 * u);
+            gvm_mma_bf16(acc, a.x, b.x, a.y, b.y, xv.x, xv.y);
+            gvm_mma_bf16(acc, a.z, b.z, a.w, b.w, xv.z, xv.w);
         }
         __syncwarp();
         if (lane == 0) gvm_bar_arrive(empty0 + 8u * slot);
-        if (warp == 0 && i + NS < n_st) {  // the slot's next stage, once every warp is done with this one
+        if (warp == 0 && i + ns < n_st) {  // the slot's next stage, once every warp is done with this one
             gvm_bar_wait(empty0 + 8u * slot, parity);
-            gvm_gemm_bulk_issue(i + NS, n_kc, kc_bytes, cnt, w_base, w_row, ring, full0, lane, pol);
+            r.issue(i + ns, lane);
         }
-        if (++slot == NS) {
+        if (++slot == ns) {
             slot = 0;
             parity ^= 1u;
         }
-        if (++kc < n_kc) continue;
+        if (++kc < r.n_kc) continue;
         // the row block is done: sum the 4 warps' tiles and store
-#pragma unroll
-        for (int j = 0; j < TT; ++j) {
-            float* tile = part + ((int)warp * TT + j) * 128;
-            tile[g * 8 + 2 * q] = acc[j][0];
-            tile[g * 8 + 2 * q + 1] = acc[j][1];
-            tile[(g + 8) * 8 + 2 * q] = acc[j][2];
-            tile[(g + 8) * 8 + 2 * q + 1] = acc[j][3];
-            acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
-        }
+        float* tile = part + (int)warp * 128;
+        tile[g * 8 + 2 * q] = acc[0];
+        tile[g * 8 + 2 * q + 1] = acc[1];
+        tile[(g + 8) * 8 + 2 * q] = acc[2];
+        tile[(g + 8) * 8 + 2 * q + 1] = acc[3];
+        acc[0] = acc[1] = acc[2] = acc[3] = 0.f;
         gvm_group_sync(c);
-#pragma unroll 1
-        for (int e = c.tid; e < TT * 128; e += GVM_GROUP_THREADS) {
-            const int j = e >> 7, tk = (e >> 4) & 7, r = e & 15;
-            const int tok = t0 + 8 * j + tk;
-            if (r < rows && tok < T) {
-                float sum = 0.f;
-#pragma unroll
-                for (int v = 0; v < 4; ++v) sum += part[(v * TT + j) * 128 + r * 8 + tk];
-                gvm_gemm_store(out, (long long)tok * out.stride[0] + n0 + 16 * rb + r, sum);
+        {
+            const int tk = ((int)c.tid >> 4) & 7, rr = (int)c.tid & 15;
+            if (rr < rows && t0 + tk < T) {
+                const float sum = ((part[rr * 8 + tk] + part[128 + rr * 8 + tk]) + part[256 + rr * 8 + tk]) + part[384 + rr * 8 + tk];
+                gvm_gemm_store(out, (long long)(t0 + tk) * out.stride[0] + n0 + 16 * rb + rr, sum);
             }
         }
         gvm_group_sync(c);
@@ -408,8 +394,8 @@ __device__ __forceinline__ int gvm_gemm_bulk(const gvm_ctx& c, const gvm_tensor&
         ++rb;
     }
     if (c.tid == 0)
-        for (int s = 0; s < NS; ++s) {
-            gvm_bar_inval(full0 + 8u * s);
+        for (int s = 0; s < ns; ++s) {
+            gvm_bar_inval(r.full0 + 8u * s);
             gvm_bar_inval(empty0 + 8u * s);
         }
     return GVM_ERR_NONE;
@@ -497,7 +483,7 @@ __device__ __forceinline__ void gvm_gemm_xs_pass(const gvm_ctx& c, const gvm_ten
     constexpr int NS = GVM_GEMM_XS_STAGES;
     // from an opaque thread index: what derives from it is not hoisted out of
     // the persistent kernel's loop, where it would hold registers all along
-    const unsigned tid = gvm_gemm_opaque(c.tid), lane = tid & 31u, warp = tid >> 5;
+    const unsigned tid = gvm_opaque(c.tid), lane = tid & 31u, warp = tid >> 5;
     const int wm = (int)(warp & 1u) * 32, wn = (int)(warp >> 1) * 32;  // the warp's rows and tokens in the pass
     const unsigned stage0 = gvm_smem_addr(c.smem);
     const int nk = K / 64;
@@ -578,10 +564,9 @@ __device__ __forceinline__ int gvm_gemm_bf16(const gvm_ctx& c, const gvm_tensor&
         return gvm_gemm_xs(c, out, x, w, n0, cnt, ta, tn);
     const int T = ta + tn;  // the token tiles' end: tokens past it read token T - 1 and are not stored
 #if GVM_GEMM_BULK
-    if (tn <= 32) {
-        const int kc = gvm_gemm_bulk_kc((int)x.shape[1], cnt);
-        if (kc > 0 && tn <= 8 && c.smem_bytes >= gvm_gemm_bulk_smem<1>()) return gvm_gemm_bulk<1>(c, out, x, w, n0, cnt, ta, T, kc);
-        if (kc > 0 && tn > 8 && c.smem_bytes >= gvm_gemm_bulk_smem<4>()) return gvm_gemm_bulk<4>(c, out, x, w, n0, cnt, ta, T, kc);
+    if (tn <= 8 && x.shape[1] % (GVM_GEMM_BULK_KC / 2) == 0) {
+        const int ns = gvm_gemm_bulk_stages(cnt, tn, c.smem_bytes);
+        if (ns > 0) return gvm_gemm_bulk(c, out, x, w, n0, cnt, ta, T, ns);
     }
 #endif
     int t0 = ta;
@@ -839,7 +824,7 @@ __device__ __forceinline__ void gvm_f32xs_pass(const gvm_ctx& c, float* ob, long
                                                long long w_row, int nr, const char* xb, long long x_row, int nt,
                                                int n4, unsigned long long pol) {
     constexpr int NS = GVM_GEMM_F32_XS_STAGES;
-    const unsigned tid = gvm_gemm_opaque(c.tid);  // not hoisted out of the persistent loop (registers)
+    const unsigned tid = gvm_opaque(c.tid);  // not hoisted out of the persistent loop (registers)
     const int rg = 4 * (int)(tid & 7u), tg = 4 * (int)(tid >> 3);
     const unsigned stage0 = gvm_smem_addr(c.smem);
     const int nk = n4 / 8;
@@ -921,7 +906,7 @@ __device__ __forceinline__ int gvm_gemm_f32(const gvm_ctx& c, const gvm_tensor& 
     // What the tiles derive from the thread index (addresses, lane masks) is
     // computed here rather than hoisted out of the persistent kernel's loop,
     // where it would hold registers all along.
-    const unsigned tid = gvm_gemm_opaque(c.tid);
+    const unsigned tid = gvm_opaque(c.tid);
     const int end = n0 + cnt;
     // staged: full passes of rows only (a few rows a tile, as the router has
     // below 256 tokens, keep the register tiles: H200, a7cea4d, 2-row tiles

@@ -106,10 +106,12 @@ __device__ __forceinline__ void gvm_prefetch_l2(const void* p, unsigned bytes) {
 __device__ __forceinline__ void gvm_bar_init(unsigned bar, unsigned count) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
 }
-// After gvm_bar_init and before the first bulk copy: the barriers and what the
-// generic proxy wrote to the scratch become visible to the async proxy.
+// After gvm_bar_init and before the first bulk copy, in the copying threads:
+// the barriers, and what the generic proxy wrote (this group's scratch, other
+// SMs' activations acquired through the counters), become visible to the
+// async proxy that the copies go through.
 __device__ __forceinline__ void gvm_bulk_fence() {
-    asm volatile("fence.mbarrier_init.release.cluster;\n\tfence.proxy.async.shared::cta;" ::: "memory");
+    asm volatile("fence.mbarrier_init.release.cluster;\n\tfence.proxy.async;" ::: "memory");
 }
 // Before the barrier's 8 bytes are used as plain memory again.
 __device__ __forceinline__ void gvm_bar_inval(unsigned bar) {
@@ -145,6 +147,14 @@ __device__ __forceinline__ unsigned gvm_atom_add_acq_rel(unsigned* p, unsigned v
     unsigned old;
     asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v) : "memory");
     return old;
+}
+
+// v, as a value the compiler cannot see through: what derives from it (from
+// the thread index, say) is not hoisted out of the persistent loop into
+// registers held through every op.
+__device__ __forceinline__ unsigned gvm_opaque(unsigned v) {
+    asm volatile("mov.u32 %0, %0;" : "+r"(v));
+    return v;
 }
 
 // ---- shared memory by 32-bit address ------------------------------------------------

@@ -168,6 +168,7 @@ inline void gvm_bulk_copy(unsigned dst, const void* src, unsigned bytes, unsigne
     b->tx -= bytes;
     emu::mbar_settle(b);
 }
+inline unsigned gvm_opaque(unsigned v) { return v; }
 inline unsigned gvm_atom_add_acq_rel(unsigned* p, unsigned v) { return atomicAdd(p, v); }
 inline void gvm_prefetch_l2(const void*, unsigned) {}
 
