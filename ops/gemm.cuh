@@ -42,8 +42,7 @@
 // Host build (tools/ops_emu, no __CUDA_ARCH__): the few PTX primitives below
 // have plain C++ versions, so that the emulator runs this header unchanged.
 #pragma once
-#include "op_ctx.cuh"
-#include "ptx.cuh"
+#include "common.cuh"  // op_ctx, ptx, bf16 halves, warp sums
 #include "../runtime/params.cuh"
 
 #ifndef GVM_GEMM_STEPS          // k-steps of 32 held per thread: as many as the register budget allows
@@ -255,149 +254,145 @@ __device__ __forceinline__ int gvm_gemm_bf16_tiles(const gvm_ctx& c, const gvm_t
     return GVM_ERR_NONE;
 }
 
-// ---- bf16 at few tokens: weights and x through a ring of bulk copies ---------------------
-// Up to 8 tokens an instruction is bound by the weight bytes it keeps in
-// flight: the register path above holds ~24 KB a group (GVM_GEMM_STEPS x 2 x
-// 16 B x 128 threads), and the one-token layer's GEMM phases ran at ~3 TB/s
-// with it. Here warp 0 copies the tile into a ring of shared stages by bulk
-// copies, each completing on its stage's full mbarrier, so that every stage
-// but the one being read is in flight. A stage is 512 bytes of K of up to 16
-// rows and of the tile's tokens (x comes with its weights: read from global
-// memory after the stage landed, its latency held up every stage), one copy
-// per row, each row padded by 16 bytes so that the 8 rows of a warp's access
-// hit different banks; as many stages as the scratch holds (7 at 16 rows and
-// one token, ~56 KB, up to GVM_GEMM_BULK_MAX_STAGES). The 4 warps split each
-// stage's K four ways and take their fragments in the register path's k
-// order (quad q of row group g: 8 consecutive k of rows g and g + 8 and of
-// token g), then release the stage on its empty mbarrier (one arrival a
-// warp); warp 0 refills it once all four have. At the end of a block of 16
-// rows the warps' partial tiles are summed in warp order (deterministic).
-#ifndef GVM_GEMM_BULK  // 1: tiles of up to 8 tokens stream W by bulk copies (0: the register path)
+// ---- bf16 at one token: the tile's bytes through a ring of bulk copies ---------------------
+// At one token an instruction is bound by the weight bytes it keeps in flight:
+// the register path above holds ~24 KB a group (GVM_GEMM_STEPS x 2 x 16 B x
+// 128 threads), and the one-token layer's GEMM phases ran at ~3 TB/s with it.
+// A tile's rows are one contiguous range of W, so here warp 0 streams it in
+// stages of the next 8 KB, one bulk copy each, into a ring of as many stages
+// as the scratch holds (5 at K = 8192), each completing on its stage's full
+// mbarrier. (Copies of 512 bytes, one per row of a 16-row MMA block, ran at
+// ~15 GB/s an SM on the H200 whatever the ring's depth: the copy engine's
+// cost is per copy.) x comes once, by one copy, at the start.
+// Each thread takes the 16-byte chunks t, t + 128, t + 256, t + 384 of a
+// stage and multiplies them with x's on the CUDA cores (one token needs no
+// tensor core). A warp's 32 chunks always lie in one row (rows are a multiple
+// of 512 bytes), so the warp sums its products in a running total and, when
+// its next chunks start another row, reduces the total over its lanes into
+// that row's slot for the warp; the 4 warps' sums are added in warp order at
+// the end (deterministic). A stage is released on its empty mbarrier (one
+// arrival a warp); warp 0 refills it once all four have.
+#ifndef GVM_GEMM_BULK  // 1: one-token tiles stream W by bulk copies (0: the register path)
 #define GVM_GEMM_BULK (GVM_MAX_GROUPS <= 2 ? 1 : 0)
 #endif
 #ifndef GVM_GEMM_BULK_MAX_STAGES
-#define GVM_GEMM_BULK_MAX_STAGES 12
+#define GVM_GEMM_BULK_MAX_STAGES 8
 #endif
-#define GVM_GEMM_BULK_KC 512                           // bytes of K a stage holds
-#define GVM_GEMM_BULK_PITCH (GVM_GEMM_BULK_KC + 16)    // a row of a stage, padded
-#define GVM_GEMM_BULK_HEAD (16 * GVM_GEMM_BULK_MAX_STAGES + 4 * GVM_GEMM_TILE_BYTES)  // mbarriers, partial tiles
+#define GVM_GEMM_BULK_STAGE 8192   // bytes of a stage
+#define GVM_GEMM_BULK_XMAX 16384   // bytes of x (K <= 8192)
+#define GVM_GEMM_BULK_ROWS 256     // rows of a tile (the warps' row sums: 4 KB)
+#define GVM_GEMM_BULK_SUMS 256     // bytes of mbarriers before the row sums
+#define GVM_GEMM_BULK_X (GVM_GEMM_BULK_SUMS + 16 * GVM_GEMM_BULK_ROWS)  // where x goes
 
-// Stages of the ring for a tile of cnt rows and tn tokens in smem bytes (0: it does not fit two).
-__device__ __forceinline__ int gvm_gemm_bulk_stages(int cnt, int tn, unsigned smem) {
-    int rows = 1;
-    while (rows < cnt && rows < 16) rows *= 2;
-    const int n = ((int)smem - GVM_GEMM_BULK_HEAD) / ((rows + tn) * GVM_GEMM_BULK_PITCH);
-    return n < 2 ? 0 : (n < GVM_GEMM_BULK_MAX_STAGES ? n : GVM_GEMM_BULK_MAX_STAGES);
+// Stages of the ring for one token, K of k, in smem bytes; 0 when the tile
+// cannot take this path (rows not a multiple of 512 bytes, nor a divisor or
+// multiple of a stage; not contiguous; too long a tile or x; under 2 stages).
+__device__ __forceinline__ int gvm_gemm_bulk_stages(const gvm_tensor& w, int cnt, unsigned smem) {
+    const long long row = 2 * w.shape[1];
+    const bool shape_ok = row % 512 == 0 & (row % GVM_GEMM_BULK_STAGE == 0 | GVM_GEMM_BULK_STAGE % row == 0) &
+                          w.stride[0] == w.shape[1] & row <= GVM_GEMM_BULK_XMAX & cnt <= GVM_GEMM_BULK_ROWS;
+    const int n = ((int)smem - GVM_GEMM_BULK_X - (int)row) / GVM_GEMM_BULK_STAGE;
+    return !shape_ok | n < 2 ? 0 : (n < GVM_GEMM_BULK_MAX_STAGES ? n : GVM_GEMM_BULK_MAX_STAGES);
 }
 
-struct gvm_gemm_bulk_ring {
-    const char* w;  // the tile's first row
-    const char* x;  // its first token
-    int w_row, x_row;  // bytes (the operand checks bound them by the tensors' sizes)
-    unsigned ring, full0, slot_bytes;
-    int n_kc, ns, cnt, rcap, tn;
+// Sum over the warp of a row's running total, into the warp's slot of the row.
+__device__ __forceinline__ void gvm_gemm_bulk_flush(float* sums, int row, unsigned warp, unsigned lane, float run) {
+    run = gvm_warp_sum(run);
+    if (lane == 0) sums[row * 4 + (int)warp] = run;
+}
 
-    // Warp 0 starts stage j (row block j / n_kc, K piece j % n_kc) into its slot.
-    __device__ __forceinline__ void issue(int j, unsigned lane) const {
-        const int rb = j / n_kc, kc = j - rb * n_kc, slot = j % ns;
-        const int rows = cnt - 16 * rb < 16 ? cnt - 16 * rb : 16;
-        const unsigned bar = full0 + 8u * slot, dst = ring + slot * slot_bytes;
-        if (lane == 0) gvm_bar_expect(bar, (unsigned)((rows + tn) * GVM_GEMM_BULK_KC));
-        if ((int)lane < rows)
-            gvm_bulk_copy(dst + lane * GVM_GEMM_BULK_PITCH, w + (long long)(16 * rb + (int)lane) * w_row + kc * GVM_GEMM_BULK_KC,
-                          GVM_GEMM_BULK_KC, bar, gvm_gemm_policy());
-        const int t = (int)lane - 16;
-        if (t >= 0 && t < tn)
-            gvm_bulk_copy(dst + (rcap + t) * GVM_GEMM_BULK_PITCH, x + (long long)t * x_row + kc * GVM_GEMM_BULK_KC,
-                          GVM_GEMM_BULK_KC, bar, gvm_policy_evict_normal());  // every tile of the phase reads x
-    }
-};
-
-// Tokens [t0, T) (at most 8) x rows [n0, n0 + cnt) through ns stages.
+// out[t, n0 + r] for r < cnt, one token t, through ns stages (gvm_gemm_bulk_stages).
 __device__ __forceinline__ int gvm_gemm_bulk(const gvm_ctx& c, const gvm_tensor& out, const gvm_tensor& x,
-                                             const gvm_tensor& w, int n0, int cnt, int t0, int T, int ns) {
+                                             const gvm_tensor& w, int n0, int cnt, int t, int ns) {
     const unsigned lane = c.tid & 31u, warp = c.tid >> 5;
-    const int g = (int)(lane >> 2), q = (int)(lane & 3u);
-    gvm_gemm_bulk_ring r;
-    r.w_row = (int)(w.stride[0] * 2);
-    r.x_row = (int)(x.stride[0] * 2);
-    r.w = reinterpret_cast<const char*>(w.ptr) + (long long)n0 * r.w_row;
-    r.x = reinterpret_cast<const char*>(x.ptr) + (long long)t0 * r.x_row;
-    r.full0 = gvm_smem_addr(c.smem);
-    r.ring = r.full0 + GVM_GEMM_BULK_HEAD;
-    r.n_kc = 2 * (int)x.shape[1] / GVM_GEMM_BULK_KC;
-    r.ns = ns;
-    r.cnt = cnt;
-    r.tn = T - t0;
-    r.rcap = 1;
-    while (r.rcap < cnt && r.rcap < 16) r.rcap *= 2;
-    r.slot_bytes = (unsigned)((r.rcap + r.tn) * GVM_GEMM_BULK_PITCH);
-    const unsigned empty0 = r.full0 + 8u * GVM_GEMM_BULK_MAX_STAGES;
-    float* part = reinterpret_cast<float*>(c.smem + 16 * GVM_GEMM_BULK_MAX_STAGES);  // [warp][16 rows][8 tokens]
-    const int n_st = (cnt + 15) / 16 * r.n_kc;
+    const unsigned full0 = gvm_smem_addr(c.smem), empty0 = full0 + 8u * GVM_GEMM_BULK_MAX_STAGES;
+    const unsigned xbar = full0 + 16u * GVM_GEMM_BULK_MAX_STAGES, xs = full0 + GVM_GEMM_BULK_X;
+    const int row_bytes = 2 * (int)w.shape[1], cpr = row_bytes / 16;  // chunks a row
+    const unsigned ring = xs + (unsigned)row_bytes;
+    float* sums = reinterpret_cast<float*>(c.smem + GVM_GEMM_BULK_SUMS);  // [row][warp]
+    const long long total = (long long)cnt * row_bytes;
+    const int n_st = (int)((total + GVM_GEMM_BULK_STAGE - 1) / GVM_GEMM_BULK_STAGE);
+    const char* wt = reinterpret_cast<const char*>(w.ptr) + (long long)n0 * row_bytes;
+    for (int i = (int)c.tid; i < 4 * cnt; i += GVM_GROUP_THREADS) sums[i] = 0.f;
     if (c.tid == 0) {
         for (int s = 0; s < ns; ++s) {
-            gvm_bar_init(r.full0 + 8u * s, 1);
+            gvm_bar_init(full0 + 8u * s, 1);
             gvm_bar_init(empty0 + 8u * s, 4);
         }
+        gvm_bar_init(xbar, 1);
+        gvm_bulk_fence();  // the barriers, and x written by other SMs' generic stores, for the copy engine
+        gvm_bar_expect(xbar, (unsigned)row_bytes);
+        gvm_bulk_copy(xs, reinterpret_cast<const char*>(x.ptr) + (long long)t * x.stride[0] * 2, (unsigned)row_bytes, xbar,
+                      gvm_policy_evict_normal());  // every tile of the phase reads x
     }
-    if (warp == 0) gvm_bulk_fence();  // x was written by other SMs' generic stores
     gvm_group_sync(c);
-    if (warp == 0)
-        for (int j = 0; j < ns && j < n_st; ++j) r.issue(j, lane);
-    const unsigned xo = (unsigned)((r.rcap + (g < r.tn ? g : r.tn - 1)) * GVM_GEMM_BULK_PITCH);
-    const unsigned lo = warp * (GVM_GEMM_BULK_KC / 4) + 16 * q;  // this lane's first chunk in a row of a stage
-    float acc[4] = {0.f, 0.f, 0.f, 0.f};
-    int rb = 0, kc = 0, slot = 0;
+    const auto issue = [&](int j) {  // thread 0: stage j into its slot
+        const long long off = (long long)j * GVM_GEMM_BULK_STAGE;
+        const unsigned bytes = total - off < GVM_GEMM_BULK_STAGE ? (unsigned)(total - off) : GVM_GEMM_BULK_STAGE;
+        const unsigned bar = full0 + 8u * (unsigned)(j % ns);
+        gvm_bar_expect(bar, bytes);
+        gvm_bulk_copy(ring + (unsigned)(j % ns) * GVM_GEMM_BULK_STAGE, wt + off, bytes, bar, gvm_gemm_policy());
+    };
+    if (c.tid == 0)
+        for (int j = 0; j < ns && j < n_st; ++j) issue(j);
+    gvm_bar_wait(xbar, 0);
+    // this warp's next chunks: row `row`, chunk `rem` of it (a warp's 32 lie in one row)
+    int row = (int)(32 * warp) / cpr, rem = (int)(32 * warp) % cpr;
+    float run = 0.f;
+    int slot = 0;
     unsigned parity = 0;
 #pragma unroll 1
     for (int i = 0; i < n_st; ++i) {
-        const int rows = cnt - 16 * rb < 16 ? cnt - 16 * rb : 16;
-        const unsigned base = r.ring + slot * r.slot_bytes + lo;
-        const unsigned ra = base + (g < rows ? g : rows - 1) * GVM_GEMM_BULK_PITCH;
-        const unsigned rbw = base + (g + 8 < rows ? g + 8 : rows - 1) * GVM_GEMM_BULK_PITCH;
-        gvm_bar_wait(r.full0 + 8u * slot, parity);
+        const long long left = total - (long long)i * GVM_GEMM_BULK_STAGE;
+        const int valid = left < GVM_GEMM_BULK_STAGE ? (int)(left / 16) : GVM_GEMM_BULK_STAGE / 16;  // chunks, a multiple of 32
+        const unsigned st = ring + (unsigned)slot * GVM_GEMM_BULK_STAGE + 16u * c.tid;
+        gvm_bar_wait(full0 + 8u * slot, parity);
 #pragma unroll
-        for (int u = 0; u < GVM_GEMM_BULK_KC / 256; ++u) {
-            const uint4 a = gvm_lds_u4(ra + 64 * u), b = gvm_lds_u4(rbw + 64 * u), xv = gvm_lds_u4(base + xo + 64 * u);
-            gvm_mma_bf16(acc, a.x, b.x, a.y, b.y, xv.x, xv.y);
-            gvm_mma_bf16(acc, a.z, b.z, a.w, b.w, xv.z, xv.w);
+        for (int u = 0; u < 4; ++u) {
+            if (128 * u + 32 * (int)warp < valid) {
+                const uint4 a = gvm_lds_u4(st + 2048u * u), b = gvm_lds_u4(xs + 16u * (unsigned)(rem + (int)lane));
+                float d = gvm_bf16_lo(a.x) * gvm_bf16_lo(b.x);
+                d = fmaf(gvm_bf16_hi(a.x), gvm_bf16_hi(b.x), d);
+                d = fmaf(gvm_bf16_lo(a.y), gvm_bf16_lo(b.y), d);
+                d = fmaf(gvm_bf16_hi(a.y), gvm_bf16_hi(b.y), d);
+                d = fmaf(gvm_bf16_lo(a.z), gvm_bf16_lo(b.z), d);
+                d = fmaf(gvm_bf16_hi(a.z), gvm_bf16_hi(b.z), d);
+                d = fmaf(gvm_bf16_lo(a.w), gvm_bf16_lo(b.w), d);
+                d = fmaf(gvm_bf16_hi(a.w), gvm_bf16_hi(b.w), d);
+                run += d;
+            }
+            rem += 128;  // the warp's chunks of the next u (or stage)
+            if (rem >= cpr) {
+                gvm_gemm_bulk_flush(sums, row, warp, lane, run);
+                run = 0.f;
+                do {
+                    rem -= cpr;
+                    ++row;
+                } while (rem >= cpr);
+            }
         }
         __syncwarp();
         if (lane == 0) gvm_bar_arrive(empty0 + 8u * slot);
-        if (warp == 0 && i + ns < n_st) {  // the slot's next stage, once every warp is done with this one
+        if (c.tid == 0 && i + ns < n_st) {  // the slot's next stage, once every warp is done with this one
             gvm_bar_wait(empty0 + 8u * slot, parity);
-            r.issue(i + ns, lane);
+            issue(i + ns);
         }
         if (++slot == ns) {
             slot = 0;
             parity ^= 1u;
         }
-        if (++kc < r.n_kc) continue;
-        // the row block is done: sum the 4 warps' tiles and store
-        float* tile = part + (int)warp * 128;
-        tile[g * 8 + 2 * q] = acc[0];
-        tile[g * 8 + 2 * q + 1] = acc[1];
-        tile[(g + 8) * 8 + 2 * q] = acc[2];
-        tile[(g + 8) * 8 + 2 * q + 1] = acc[3];
-        acc[0] = acc[1] = acc[2] = acc[3] = 0.f;
-        gvm_group_sync(c);
-        {
-            const int tk = ((int)c.tid >> 4) & 7, rr = (int)c.tid & 15;
-            if (rr < rows && t0 + tk < T) {
-                const float sum = ((part[rr * 8 + tk] + part[128 + rr * 8 + tk]) + part[256 + rr * 8 + tk]) + part[384 + rr * 8 + tk];
-                gvm_gemm_store(out, (long long)(t0 + tk) * out.stride[0] + n0 + 16 * rb + rr, sum);
-            }
-        }
-        gvm_group_sync(c);
-        kc = 0;
-        ++rb;
     }
-    if (c.tid == 0)
+    if (row < cnt) gvm_gemm_bulk_flush(sums, row, warp, lane, run);
+    gvm_group_sync(c);
+    for (int r = (int)c.tid; r < cnt; r += GVM_GROUP_THREADS)
+        gvm_gemm_store(out, (long long)t * out.stride[0] + n0 + r, ((sums[4 * r] + sums[4 * r + 1]) + sums[4 * r + 2]) + sums[4 * r + 3]);
+    if (c.tid == 0) {
         for (int s = 0; s < ns; ++s) {
-            gvm_bar_inval(r.full0 + 8u * s);
+            gvm_bar_inval(full0 + 8u * s);
             gvm_bar_inval(empty0 + 8u * s);
         }
+        gvm_bar_inval(xbar);
+    }
     return GVM_ERR_NONE;
 }
 
@@ -564,9 +559,9 @@ __device__ __forceinline__ int gvm_gemm_bf16(const gvm_ctx& c, const gvm_tensor&
         return gvm_gemm_xs(c, out, x, w, n0, cnt, ta, tn);
     const int T = ta + tn;  // the token tiles' end: tokens past it read token T - 1 and are not stored
 #if GVM_GEMM_BULK
-    if (tn <= 8 && x.shape[1] % (GVM_GEMM_BULK_KC / 2) == 0) {
-        const int ns = gvm_gemm_bulk_stages(cnt, tn, c.smem_bytes);
-        if (ns > 0) return gvm_gemm_bulk(c, out, x, w, n0, cnt, ta, T, ns);
+    if (tn == 1) {
+        const int ns = gvm_gemm_bulk_stages(w, cnt, c.smem_bytes);
+        if (ns > 0) return gvm_gemm_bulk(c, out, x, w, n0, cnt, ta, ns);
     }
 #endif
     int t0 = ta;

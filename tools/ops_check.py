@@ -603,11 +603,11 @@ def cases_gemm(sz: Sizes, gen: torch.Generator) -> list[Case]:
             for c0, c in _gemm_cols(2 * n, (40, 16, 13, 64)):
                 b.op_([o, x, w], [c0, c])
             out.append(b.case())
-    # up to 32 tokens the weights stream through a ring of bulk copies (ops/gemm.cuh
-    # gvm_gemm_bulk): a K of 8 d has 8 stages a row block at 16 rows (the ring wraps),
-    # more at fewer rows; a K whose rows are not a multiple of a stage takes the
-    # register path
-    for t, k in ((1, 8 * d), (8, 8 * d), (20, 8 * d), (1, d + 8)):
+    # at one token the weights stream through a ring of 8 KB bulk copies (ops/gemm.cuh
+    # gvm_gemm_bulk): rows of 2 d bytes (16 a stage: a warp's chunks in every other
+    # row), 16 d (2 a stage), 64 d (half a stage, the ring wraps); a K whose rows are
+    # not a multiple of 512 bytes takes the register path, as do 8 and 20 tokens
+    for t, k in ((1, d), (1, 8 * d), (1, 32 * d), (8, 8 * d), (20, 8 * d), (1, d + 8)):
         b = _Build(f"gemm bf16 T={t} K={k} cnt 1,3,13,16,40,64 f32 out", Op.GEMM, gen)
         o = b.out("out", DType.F32, (t, 2 * n), GEMM_BF16)
         x = b.add("x", DType.BF16, b.randn(t, k, scale=2.0).bfloat16())
@@ -632,6 +632,8 @@ def cases_gemm(sz: Sizes, gen: torch.Generator) -> list[Case]:
                             (80, d + 8, ((0, 80),), DType.BF16)):
         out.append(_ranged_gemm(f"gemm bf16 T={t} K={k} token ranges {dt.name.lower()} out", gen, DType.BF16, dt, GEMM_BF16,
                                 t, k, 2 * n, (64, 13, 40, 128, 16), spans, alternate=t == 100))
+    out.append(_ranged_gemm(f"gemm bf16 T=20 K={8 * d} one-token ranges f32 out", gen, DType.BF16, DType.F32, GEMM_BF16,
+                            20, 8 * d, 2 * n, (40, 1, 16, 13, 64, 3), ((0, 1), (7, 1), (1, 6), (8, 12)), alternate=False))
     # f32 from 64 tokens: W and x staged in shared memory (ops/gemm.cuh
     # gvm_gemm_f32_xs: 32 rows x 64 tokens a pass), over a range, all tokens,
     # and a K whose float4s are not a multiple of 8 (the register tiles)
