@@ -263,7 +263,7 @@ __device__ __forceinline__ int gvm_gemm_bf16_tiles(const gvm_ctx& c, const gvm_t
 // as the scratch holds (5 at K = 8192), each completing on its stage's full
 // mbarrier. (Copies of 512 bytes, one per row of a 16-row MMA block, ran at
 // ~15 GB/s an SM on the H200 whatever the ring's depth: the copy engine's
-// cost is per copy.) x comes once, by one copy, at the start.
+// cost is per copy.) x comes once, by plain loads, at the start.
 // Each thread takes the 16-byte chunks t, t + 128, t + 256, t + 384 of a
 // stage and multiplies them with x's on the CUDA cores (one token needs no
 // tensor core). A warp's 32 chunks always lie in one row (rows are a multiple
@@ -306,7 +306,7 @@ __device__ __forceinline__ int gvm_gemm_bulk(const gvm_ctx& c, const gvm_tensor&
                                              const gvm_tensor& w, int n0, int cnt, int t, int ns) {
     const unsigned lane = c.tid & 31u, warp = c.tid >> 5;
     const unsigned full0 = gvm_smem_addr(c.smem), empty0 = full0 + 8u * GVM_GEMM_BULK_MAX_STAGES;
-    const unsigned xbar = full0 + 16u * GVM_GEMM_BULK_MAX_STAGES, xs = full0 + GVM_GEMM_BULK_X;
+    const unsigned xs = full0 + GVM_GEMM_BULK_X;
     const int row_bytes = 2 * (int)w.shape[1], cpr = row_bytes / 16;  // chunks a row
     const unsigned ring = xs + (unsigned)row_bytes;
     float* sums = reinterpret_cast<float*>(c.smem + GVM_GEMM_BULK_SUMS);  // [row][warp]
@@ -319,11 +319,12 @@ __device__ __forceinline__ int gvm_gemm_bulk(const gvm_ctx& c, const gvm_tensor&
             gvm_bar_init(full0 + 8u * s, 1);
             gvm_bar_init(empty0 + 8u * s, 4);
         }
-        gvm_bar_init(xbar, 1);
-        gvm_bulk_fence();  // the barriers, and x written by other SMs' generic stores, for the copy engine
-        gvm_bar_expect(xbar, (unsigned)row_bytes);
-        gvm_bulk_copy(xs, reinterpret_cast<const char*>(x.ptr) + (long long)t * x.stride[0] * 2, (unsigned)row_bytes, xbar,
-                      gvm_policy_evict_normal());  // every tile of the phase reads x
+        gvm_bulk_fence();
+    }
+    {   // x by plain loads: a bulk copy of it would need a proxy fence over global memory (x was written by other SMs)
+        const char* xt = reinterpret_cast<const char*>(x.ptr) + (long long)t * x.stride[0] * 2;
+#pragma unroll 4
+        for (int i = (int)c.tid; i < row_bytes / 16; i += GVM_GROUP_THREADS) gvm_sts(xs + 16u * i, gvm_gemm_ld_x16(xt + 16 * i));
     }
     gvm_group_sync(c);
     const auto issue = [&](int j) {  // thread 0: stage j into its slot
@@ -335,7 +336,6 @@ __device__ __forceinline__ int gvm_gemm_bulk(const gvm_ctx& c, const gvm_tensor&
     };
     if (c.tid == 0)
         for (int j = 0; j < ns && j < n_st; ++j) issue(j);
-    gvm_bar_wait(xbar, 0);
     // this warp's next chunks: row `row`, chunk `rem` of it (a warp's 32 lie in one row)
     int row = (int)(32 * warp) / cpr, rem = (int)(32 * warp) % cpr;
     float run = 0.f;
@@ -391,7 +391,6 @@ __device__ __forceinline__ int gvm_gemm_bulk(const gvm_ctx& c, const gvm_tensor&
             gvm_bar_inval(full0 + 8u * s);
             gvm_bar_inval(empty0 + 8u * s);
         }
-        gvm_bar_inval(xbar);
     }
     return GVM_ERR_NONE;
 }

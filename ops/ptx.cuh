@@ -106,12 +106,11 @@ __device__ __forceinline__ void gvm_prefetch_l2(const void* p, unsigned bytes) {
 __device__ __forceinline__ void gvm_bar_init(unsigned bar, unsigned count) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
 }
-// After gvm_bar_init and before the first bulk copy, in the copying threads:
-// the barriers, and what the generic proxy wrote (this group's scratch, other
-// SMs' activations acquired through the counters), become visible to the
-// async proxy that the copies go through.
+// After gvm_bar_init and before the first bulk copy, in the copying thread:
+// the barriers, and what the generic proxy wrote to the scratch, become
+// visible to the async proxy that the copies go through.
 __device__ __forceinline__ void gvm_bulk_fence() {
-    asm volatile("fence.mbarrier_init.release.cluster;\n\tfence.proxy.async;" ::: "memory");
+    asm volatile("fence.mbarrier_init.release.cluster;\n\tfence.proxy.async.shared::cta;" ::: "memory");
 }
 // Before the barrier's 8 bytes are used as plain memory again.
 __device__ __forceinline__ void gvm_bar_inval(unsigned bar) {
