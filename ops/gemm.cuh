@@ -278,6 +278,9 @@ __device__ __forceinline__ int gvm_gemm_bf16_tiles(const gvm_ctx& c, const gvm_t
 #ifndef GVM_GEMM_BULK_MAX_STAGES
 #define GVM_GEMM_BULK_MAX_STAGES 8
 #endif
+#ifndef GVM_GEMM_BULK_PROBE  // where a tile's time goes (wrong sums, times only): 1 no products, 2 no row sums
+#define GVM_GEMM_BULK_PROBE 0
+#endif
 #define GVM_GEMM_BULK_STAGE 8192   // bytes of a stage
 #define GVM_GEMM_BULK_XMAX 16384   // bytes of x (K <= 8192)
 #define GVM_GEMM_BULK_ROWS 256     // rows of a tile (the warps' row sums: 4 KB)
@@ -349,7 +352,7 @@ __device__ __forceinline__ int gvm_gemm_bulk(const gvm_ctx& c, const gvm_tensor&
         gvm_bar_wait(full0 + 8u * slot, parity);
 #pragma unroll
         for (int u = 0; u < 4; ++u) {
-            if (128 * u + 32 * (int)warp < valid) {
+            if (!(GVM_GEMM_BULK_PROBE & 1) && 128 * u + 32 * (int)warp < valid) {
                 const uint4 a = gvm_lds_u4(st + 2048u * u), b = gvm_lds_u4(xs + 16u * (unsigned)(rem + (int)lane));
                 float d = gvm_bf16_lo(a.x) * gvm_bf16_lo(b.x);
                 d = fmaf(gvm_bf16_hi(a.x), gvm_bf16_hi(b.x), d);
@@ -363,7 +366,7 @@ __device__ __forceinline__ int gvm_gemm_bulk(const gvm_ctx& c, const gvm_tensor&
             }
             rem += 128;  // the warp's chunks of the next u (or stage)
             if (rem >= cpr) {
-                gvm_gemm_bulk_flush(sums, row, warp, lane, run);
+                if (!(GVM_GEMM_BULK_PROBE & 2)) gvm_gemm_bulk_flush(sums, row, warp, lane, run);
                 run = 0.f;
                 do {
                     rem -= cpr;

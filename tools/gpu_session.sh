@@ -112,9 +112,9 @@ for s in $steps; do
     icache) # what cold code costs: a straight-line body run three times (tools/icache_probe.py), and one-token op chains in the VM
            timeout ${T_ICACHE:-200} python3 tools/icache_probe.py --vm --out "$OUT/icache_probe.json" > "$OUT/icache_probe.log" 2>&1; echo "icache probe rc=$?"; tail -24 "$OUT/icache_probe.log" ;;
     bulk) # one-token bf16 GEMM tiles streaming W by 8 KB bulk copies into a shared ring (GVM_GEMM_BULK 1, up to 8 stages: the default) against the register path (0) and at most 3 stages
-           timeout 300 python3 tools/prebuild.py --trace base GVM_GEMM_BULK=0 GVM_GEMM_BULK_MAX_STAGES=3; echo "prebuild rc=$?"
+           timeout 300 python3 tools/prebuild.py --trace base GVM_GEMM_BULK=0 ${BULK_BUILDS:-GVM_GEMM_BULK_MAX_STAGES=3}; echo "prebuild rc=$?"
            timeout 120 python3 tools/ops_check.py --only gemm > "$OUT/bulk_ops_check.log" 2>&1; echo "ops_check gemm rc=$?"; tail -2 "$OUT/bulk_ops_check.log"
-           timeout ${T_BULK_PROBE:-330} python3 tools/sched_probe.py --out "$OUT/bulk_probe.json" --modes dynamic --depths 1 --variants "bulk:,reg:GVM_GEMM_BULK=0,ms3:GVM_GEMM_BULK_MAX_STAGES=3" --cases ${BULK_CASES:-full-c1-t1,sliding-c1-t1} --step ${BULK_STEPS:-1x1} > "$OUT/bulk_probe.log" 2>&1; echo "bulk probe rc=$?"; grep -v "^$" "$OUT/bulk_probe.log" | tail -32
+           timeout ${T_BULK_PROBE:-330} python3 tools/sched_probe.py --out "$OUT/bulk_probe.json" --modes dynamic --depths 1 --variants "bulk:,reg:GVM_GEMM_BULK=0,${BULK_VARIANTS:-ms3:GVM_GEMM_BULK_MAX_STAGES=3}" --cases ${BULK_CASES:-full-c1-t1,sliding-c1-t1} --step ${BULK_STEPS:-1x1} > "$OUT/bulk_probe.log" 2>&1; echo "bulk probe rc=$?"; grep -v "^$" "$OUT/bulk_probe.log" | tail -32
            mkdir -p "$OUT/trb"
            timeout 150 python3 tools/step_trace.py --layers 8 --shape 1x1 --out "$OUT/trb/step-trace-1x1.npz" > "$OUT/bulk_trace.log" 2>&1; echo "step trace rc=$?"; tail -3 "$OUT/bulk_trace.log"
            (cd "$OUT" && tar czf bulk_traces.tgz trb && rm -rf trb) ;;
