@@ -42,7 +42,8 @@
 // Host build (tools/ops_emu, no __CUDA_ARCH__): the few PTX primitives below
 // have plain C++ versions, so that the emulator runs this header unchanged.
 #pragma once
-#include "common.cuh"  // op_ctx, ptx, bf16 halves, warp sums
+#include "op_ctx.cuh"
+#include "ptx.cuh"
 #include "../runtime/params.cuh"
 
 #ifndef GVM_GEMM_STEPS          // k-steps of 32 held per thread: as many as the register budget allows
@@ -254,150 +255,6 @@ __device__ __forceinline__ int gvm_gemm_bf16_tiles(const gvm_ctx& c, const gvm_t
     return GVM_ERR_NONE;
 }
 
-// ---- bf16 at one token: the tile's bytes through a ring of bulk copies ---------------------
-// At one token an instruction is bound by the weight bytes it keeps in flight:
-// the register path above holds ~24 KB a group (GVM_GEMM_STEPS x 2 x 16 B x
-// 128 threads), and the one-token layer's GEMM phases ran at ~3 TB/s with it.
-// A tile's rows are one contiguous range of W, so here warp 0 streams it in
-// stages of the next 8 KB, one bulk copy each, into a ring of as many stages
-// as the scratch holds (5 at K = 8192), each completing on its stage's full
-// mbarrier. (Copies of 512 bytes, one per row of a 16-row MMA block, ran at
-// ~15 GB/s an SM on the H200 whatever the ring's depth: the copy engine's
-// cost is per copy.) x comes once, by plain loads, at the start.
-// Each thread takes the 16-byte chunks t, t + 128, t + 256, t + 384 of a
-// stage and multiplies them with x's on the CUDA cores (one token needs no
-// tensor core). A warp's 32 chunks always lie in one row (rows are a multiple
-// of 512 bytes), so the warp sums its products in a running total and, when
-// its next chunks start another row, reduces the total over its lanes into
-// that row's slot for the warp; the 4 warps' sums are added in warp order at
-// the end (deterministic). A stage is released on its empty mbarrier (one
-// arrival a warp); warp 0 refills it once all four have.
-#ifndef GVM_GEMM_BULK  // 1: one-token tiles stream W by bulk copies (0: the register path)
-#define GVM_GEMM_BULK (GVM_MAX_GROUPS <= 2 ? 1 : 0)
-#endif
-#ifndef GVM_GEMM_BULK_MAX_STAGES
-#define GVM_GEMM_BULK_MAX_STAGES 8
-#endif
-#ifndef GVM_GEMM_BULK_PROBE  // where a tile's time goes (wrong sums, times only): 1 no products, 2 no row sums
-#define GVM_GEMM_BULK_PROBE 0
-#endif
-#define GVM_GEMM_BULK_STAGE 8192   // bytes of a stage
-#define GVM_GEMM_BULK_XMAX 16384   // bytes of x (K <= 8192)
-#define GVM_GEMM_BULK_ROWS 256     // rows of a tile (the warps' row sums: 4 KB)
-#define GVM_GEMM_BULK_SUMS 256     // bytes of mbarriers before the row sums
-#define GVM_GEMM_BULK_X (GVM_GEMM_BULK_SUMS + 16 * GVM_GEMM_BULK_ROWS)  // where x goes
-
-// Stages of the ring for one token, K of k, in smem bytes; 0 when the tile
-// cannot take this path (rows not a multiple of 512 bytes, nor a divisor or
-// multiple of a stage; not contiguous; too long a tile or x; under 2 stages).
-__device__ __forceinline__ int gvm_gemm_bulk_stages(const gvm_tensor& w, int cnt, unsigned smem) {
-    const long long row = 2 * w.shape[1];
-    const bool shape_ok = row % 512 == 0 & (row % GVM_GEMM_BULK_STAGE == 0 | GVM_GEMM_BULK_STAGE % row == 0) &
-                          w.stride[0] == w.shape[1] & row <= GVM_GEMM_BULK_XMAX & cnt <= GVM_GEMM_BULK_ROWS;
-    const int n = ((int)smem - GVM_GEMM_BULK_X - (int)row) / GVM_GEMM_BULK_STAGE;
-    return !shape_ok | n < 2 ? 0 : (n < GVM_GEMM_BULK_MAX_STAGES ? n : GVM_GEMM_BULK_MAX_STAGES);
-}
-
-// Sum over the warp of a row's running total, into the warp's slot of the row.
-__device__ __forceinline__ void gvm_gemm_bulk_flush(float* sums, int row, unsigned warp, unsigned lane, float run) {
-    run = gvm_warp_sum(run);
-    if (lane == 0) sums[row * 4 + (int)warp] = run;
-}
-
-// out[t, n0 + r] for r < cnt, one token t, through ns stages (gvm_gemm_bulk_stages).
-__device__ __forceinline__ int gvm_gemm_bulk(const gvm_ctx& c, const gvm_tensor& out, const gvm_tensor& x,
-                                             const gvm_tensor& w, int n0, int cnt, int t, int ns) {
-    const unsigned lane = c.tid & 31u, warp = c.tid >> 5;
-    const unsigned full0 = gvm_smem_addr(c.smem), empty0 = full0 + 8u * GVM_GEMM_BULK_MAX_STAGES;
-    const unsigned xs = full0 + GVM_GEMM_BULK_X;
-    const int row_bytes = 2 * (int)w.shape[1], cpr = row_bytes / 16;  // chunks a row
-    const unsigned ring = xs + (unsigned)row_bytes;
-    float* sums = reinterpret_cast<float*>(c.smem + GVM_GEMM_BULK_SUMS);  // [row][warp]
-    const long long total = (long long)cnt * row_bytes;
-    const int n_st = (int)((total + GVM_GEMM_BULK_STAGE - 1) / GVM_GEMM_BULK_STAGE);
-    const char* wt = reinterpret_cast<const char*>(w.ptr) + (long long)n0 * row_bytes;
-    for (int i = (int)c.tid; i < 4 * cnt; i += GVM_GROUP_THREADS) sums[i] = 0.f;
-    if (c.tid == 0) {
-        for (int s = 0; s < ns; ++s) {
-            gvm_bar_init(full0 + 8u * s, 1);
-            gvm_bar_init(empty0 + 8u * s, 4);
-        }
-        gvm_bulk_fence();
-    }
-    {   // x by plain loads: a bulk copy of it would need a proxy fence over global memory (x was written by other SMs)
-        const char* xt = reinterpret_cast<const char*>(x.ptr) + (long long)t * x.stride[0] * 2;
-#pragma unroll 4
-        for (int i = (int)c.tid; i < row_bytes / 16; i += GVM_GROUP_THREADS) gvm_sts(xs + 16u * i, gvm_gemm_ld_x16(xt + 16 * i));
-    }
-    gvm_group_sync(c);
-    const auto issue = [&](int j) {  // thread 0: stage j into its slot
-        const long long off = (long long)j * GVM_GEMM_BULK_STAGE;
-        const unsigned bytes = total - off < GVM_GEMM_BULK_STAGE ? (unsigned)(total - off) : GVM_GEMM_BULK_STAGE;
-        const unsigned bar = full0 + 8u * (unsigned)(j % ns);
-        gvm_bar_expect(bar, bytes);
-        gvm_bulk_copy(ring + (unsigned)(j % ns) * GVM_GEMM_BULK_STAGE, wt + off, bytes, bar, gvm_gemm_policy());
-    };
-    if (c.tid == 0)
-        for (int j = 0; j < ns && j < n_st; ++j) issue(j);
-    // this warp's next chunks: row `row`, chunk `rem` of it (a warp's 32 lie in one row)
-    int row = (int)(32 * warp) / cpr, rem = (int)(32 * warp) % cpr;
-    float run = 0.f;
-    int slot = 0;
-    unsigned parity = 0;
-#pragma unroll 1
-    for (int i = 0; i < n_st; ++i) {
-        const long long left = total - (long long)i * GVM_GEMM_BULK_STAGE;
-        const int valid = left < GVM_GEMM_BULK_STAGE ? (int)(left / 16) : GVM_GEMM_BULK_STAGE / 16;  // chunks, a multiple of 32
-        const unsigned st = ring + (unsigned)slot * GVM_GEMM_BULK_STAGE + 16u * c.tid;
-        gvm_bar_wait(full0 + 8u * slot, parity);
-#pragma unroll
-        for (int u = 0; u < 4; ++u) {
-            if (!(GVM_GEMM_BULK_PROBE & 1) && 128 * u + 32 * (int)warp < valid) {
-                const uint4 a = gvm_lds_u4(st + 2048u * u), b = gvm_lds_u4(xs + 16u * (unsigned)(rem + (int)lane));
-                float d = gvm_bf16_lo(a.x) * gvm_bf16_lo(b.x);
-                d = fmaf(gvm_bf16_hi(a.x), gvm_bf16_hi(b.x), d);
-                d = fmaf(gvm_bf16_lo(a.y), gvm_bf16_lo(b.y), d);
-                d = fmaf(gvm_bf16_hi(a.y), gvm_bf16_hi(b.y), d);
-                d = fmaf(gvm_bf16_lo(a.z), gvm_bf16_lo(b.z), d);
-                d = fmaf(gvm_bf16_hi(a.z), gvm_bf16_hi(b.z), d);
-                d = fmaf(gvm_bf16_lo(a.w), gvm_bf16_lo(b.w), d);
-                d = fmaf(gvm_bf16_hi(a.w), gvm_bf16_hi(b.w), d);
-                run += d;
-            }
-            rem += 128;  // the warp's chunks of the next u (or stage)
-            if (rem >= cpr) {
-                if (!(GVM_GEMM_BULK_PROBE & 2)) gvm_gemm_bulk_flush(sums, row, warp, lane, run);
-                run = 0.f;
-                do {
-                    rem -= cpr;
-                    ++row;
-                } while (rem >= cpr);
-            }
-        }
-        __syncwarp();
-        if (lane == 0) gvm_bar_arrive(empty0 + 8u * slot);
-        if (c.tid == 0 && i + ns < n_st) {  // the slot's next stage, once every warp is done with this one
-            gvm_bar_wait(empty0 + 8u * slot, parity);
-            issue(i + ns);
-        }
-        if (++slot == ns) {
-            slot = 0;
-            parity ^= 1u;
-        }
-    }
-    if (row < cnt) gvm_gemm_bulk_flush(sums, row, warp, lane, run);
-    gvm_group_sync(c);
-    for (int r = (int)c.tid; r < cnt; r += GVM_GROUP_THREADS)
-        gvm_gemm_store(out, (long long)t * out.stride[0] + n0 + r, ((sums[4 * r] + sums[4 * r + 1]) + sums[4 * r + 2]) + sums[4 * r + 3]);
-    if (c.tid == 0) {
-        for (int s = 0; s < ns; ++s) {
-            gvm_bar_inval(full0 + 8u * s);
-            gvm_bar_inval(empty0 + 8u * s);
-        }
-    }
-    return GVM_ERR_NONE;
-}
-
 // ---- bf16 at many tokens: W and x staged in shared memory ----------------------------
 // At many tokens an instruction is bound by its math and by what it reads
 // from L2, not by its weights: the path above has every warp read x itself,
@@ -560,12 +417,6 @@ __device__ __forceinline__ int gvm_gemm_bf16(const gvm_ctx& c, const gvm_tensor&
         c.smem_bytes >= GVM_GEMM_XS_STAGES * GVM_GEMM_XS_STAGE_BYTES)
         return gvm_gemm_xs(c, out, x, w, n0, cnt, ta, tn);
     const int T = ta + tn;  // the token tiles' end: tokens past it read token T - 1 and are not stored
-#if GVM_GEMM_BULK
-    if (tn == 1) {
-        const int ns = gvm_gemm_bulk_stages(w, cnt, c.smem_bytes);
-        if (ns > 0) return gvm_gemm_bulk(c, out, x, w, n0, cnt, ta, ns);
-    }
-#endif
     int t0 = ta;
 #if GVM_GEMM_TT > 1
     for (; t0 + 8 < T; t0 += 8 * GVM_GEMM_TT) {  // more than one tile left: TT tiles a pass

@@ -98,47 +98,6 @@ __device__ __forceinline__ void gvm_prefetch_l2(const void* p, unsigned bytes) {
     asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
 }
 
-// ---- bulk copies global -> shared, completed on an mbarrier ----------------------------
-// An mbarrier (8 bytes of shared memory, 8-byte aligned) counts the arrivals
-// its phase still expects and the bytes of bulk copies still landing in it;
-// the phase completes when both reach zero, and a wait on a phase's parity
-// returns once that phase has completed. Addresses are 32-bit shared ones.
-__device__ __forceinline__ void gvm_bar_init(unsigned bar, unsigned count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
-}
-// After gvm_bar_init and before the first bulk copy, in the copying thread:
-// the barriers, and what the generic proxy wrote to the scratch, become
-// visible to the async proxy that the copies go through.
-__device__ __forceinline__ void gvm_bulk_fence() {
-    asm volatile("fence.mbarrier_init.release.cluster;\n\tfence.proxy.async.shared::cta;" ::: "memory");
-}
-// Before the barrier's 8 bytes are used as plain memory again.
-__device__ __forceinline__ void gvm_bar_inval(unsigned bar) {
-    asm volatile("mbarrier.inval.shared::cta.b64 [%0];" ::"r"(bar) : "memory");
-}
-__device__ __forceinline__ void gvm_bar_arrive(unsigned bar) {
-    asm volatile("{ .reg .b64 st; mbarrier.arrive.release.cta.shared::cta.b64 st, [%0]; }" ::"r"(bar) : "memory");
-}
-// Arrives, and expects `bytes` more of bulk copies in the current phase.
-__device__ __forceinline__ void gvm_bar_expect(unsigned bar, unsigned bytes) {
-    asm volatile("{ .reg .b64 st; mbarrier.arrive.expect_tx.release.cta.shared::cta.b64 st, [%0], %1; }" ::"r"(bar),
-                 "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void gvm_bar_wait(unsigned bar, unsigned parity) {
-    unsigned done;
-    do {
-        asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.acquire.cta.shared::cta.b64 p, [%1], %2; selp.b32 %0, 1, 0, p; }"
-                     : "=r"(done) : "r"(bar), "r"(parity) : "memory");
-    } while (!done);
-}
-// [src, src + bytes) into shared dst (both 16-byte aligned, bytes a multiple of
-// 16), with an L2 policy; its bytes complete on bar.
-__device__ __forceinline__ void gvm_bulk_copy(unsigned dst, const void* src, unsigned bytes, unsigned bar,
-                                              unsigned long long pol) {
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;"
-                 ::"r"(dst), "l"(src), "r"(bytes), "r"(bar), "l"(pol) : "memory");
-}
-
 // Global atomic add, acquire and release at GPU scope: counts a finished piece of
 // work (release: this thread's and, after a barrier, its group's stores) and
 // sees what the pieces counted before it published (acquire).

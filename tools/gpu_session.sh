@@ -2,7 +2,7 @@
 # One call on the H200 (the device tool): the VM proofs and timings, the Muse
 # ops standalone, and the decode-case sweep, each under its own time limit,
 # logs and results under $OUT (at most 8 files come back: traces are tarred).
-#   GPUVM_COMMIT=<sha> bash tools/gpu_session.sh [check|ops|opstime|sweep|step|stepsweep|probe|experts|router|park|ring|lists|steptrace|tiles|rowpf|fill|fill2|xstage|trace62|xprobe|smem|tiles2|router|xbench|against|slots|naps|icache|bulk|gputests|vmtest ...]
+#   GPUVM_COMMIT=<sha> bash tools/gpu_session.sh [check|ops|opstime|sweep|step|stepsweep|probe|experts|router|park|ring|lists|steptrace|tiles|rowpf|fill|fill2|xstage|trace62|xprobe|smem|tiles2|router|xbench|against|slots|naps|icache|gputests|vmtest ...]
 # (set GPUVM_COMMIT when running a snapshot without .git: else the results name the enclosing checkout)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -111,13 +111,6 @@ for s in $steps; do
            timeout ${T_NAPS_PROBE:-150} python3 tools/sched_probe.py --out "$OUT/naps_probe.json" --modes dynamic --depths 1 --variants "nap256:,nap64:GVM_WAIT_NAP_MAX=64,spin:GVM_WAIT_NAP_MIN=0+GVM_WAIT_NAP_MAX=0" --cases ${NAPS_CASES:-full-c1-t1,sliding-c1-t1} --step ${NAPS_STEPS:-1x1,1x8} > "$OUT/naps_probe.log" 2>&1; echo "naps probe rc=$?"; grep -v "^$" "$OUT/naps_probe.log" | tail -12 ;;
     icache) # what cold code costs: a straight-line body run three times (tools/icache_probe.py), and one-token op chains in the VM
            timeout ${T_ICACHE:-200} python3 tools/icache_probe.py --vm --out "$OUT/icache_probe.json" > "$OUT/icache_probe.log" 2>&1; echo "icache probe rc=$?"; tail -24 "$OUT/icache_probe.log" ;;
-    bulk) # one-token bf16 GEMM tiles streaming W by 8 KB bulk copies into a shared ring (GVM_GEMM_BULK 1, up to 8 stages: the default) against the register path (0) and at most 3 stages
-           timeout 300 python3 tools/prebuild.py --trace base GVM_GEMM_BULK=0 ${BULK_BUILDS:-GVM_GEMM_BULK_MAX_STAGES=3}; echo "prebuild rc=$?"
-           timeout 120 python3 tools/ops_check.py --only gemm > "$OUT/bulk_ops_check.log" 2>&1; echo "ops_check gemm rc=$?"; tail -2 "$OUT/bulk_ops_check.log"
-           timeout ${T_BULK_PROBE:-330} python3 tools/sched_probe.py --out "$OUT/bulk_probe.json" --modes dynamic --depths 1 --variants "bulk:,reg:GVM_GEMM_BULK=0,${BULK_VARIANTS:-ms3:GVM_GEMM_BULK_MAX_STAGES=3}" --cases ${BULK_CASES:-full-c1-t1,sliding-c1-t1} --step ${BULK_STEPS:-1x1} > "$OUT/bulk_probe.log" 2>&1; echo "bulk probe rc=$?"; grep -v "^$" "$OUT/bulk_probe.log" | tail -32
-           mkdir -p "$OUT/trb"
-           timeout 150 python3 tools/step_trace.py --layers 8 --shape 1x1 --out "$OUT/trb/step-trace-1x1.npz" > "$OUT/bulk_trace.log" 2>&1; echo "step trace rc=$?"; tail -3 "$OUT/bulk_trace.log"
-           (cd "$OUT" && tar czf bulk_traces.tgz trb && rm -rf trb) ;;
     gputests) timeout ${T_GPUTESTS:-200} python3 -m pytest -q -p no:cacheprovider tests/gpu > "$OUT/tests_gpu.log" 2>&1; echo "tests/gpu rc=$?"; tail -4 "$OUT/tests_gpu.log" ;;
     vmtest) timeout ${T_VMTEST:-150} python3 -m pytest -q -x -p no:cacheprovider tests/gpu/test_vm.py > "$OUT/test_vm.log" 2>&1; echo "test_vm rc=$?"; tail -8 "$OUT/test_vm.log" ;;
     *) echo "unknown step $s"; exit 2 ;;

@@ -603,10 +603,8 @@ def cases_gemm(sz: Sizes, gen: torch.Generator) -> list[Case]:
             for c0, c in _gemm_cols(2 * n, (40, 16, 13, 64)):
                 b.op_([o, x, w], [c0, c])
             out.append(b.case())
-    # at one token the weights stream through a ring of 8 KB bulk copies (ops/gemm.cuh
-    # gvm_gemm_bulk): rows of 2 d bytes (16 a stage: a warp's chunks in every other
-    # row), 16 d (2 a stage), 64 d (half a stage, the ring wraps); a K whose rows are
-    # not a multiple of 512 bytes takes the register path, as do 8 and 20 tokens
+    # one, 8 and 20 tokens at K of d, 8 d and 32 d (the shard's 8,192 at small d),
+    # and a K whose rows are not a multiple of 512 bytes, over every tile size
     for t, k in ((1, d), (1, 8 * d), (1, 32 * d), (8, 8 * d), (20, 8 * d), (1, d + 8)):
         b = _Build(f"gemm bf16 T={t} K={k} cnt 1,3,13,16,40,64 f32 out", Op.GEMM, gen)
         o = b.out("out", DType.F32, (t, 2 * n), GEMM_BF16)

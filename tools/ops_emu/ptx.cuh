@@ -114,60 +114,6 @@ inline void gvm_cp_async16(unsigned dst, const void* src, bool valid, unsigned l
 inline void gvm_cp_async4(unsigned dst, const void* src, bool valid, unsigned long long) { gvm_emu_cp_async(dst, src, valid, 4); }
 inline void gvm_cp_async_commit() {}
 template <int N> inline void gvm_cp_async_wait() {}
-// mbarriers live beside the scratch (Machine::mbars), keyed by their address;
-// a bulk copy lands at once and completes its bytes then. Neither goes through
-// the race check: on the GPU the barrier's phase is what orders the copy's
-// bytes against their readers. A completed phase counts as progress for the
-// deadlock check.
-namespace emu {
-inline Mbar* mbar_at(unsigned a, bool fresh = false) {
-    Machine* m = machine();
-    if (a % 8 != 0 || (unsigned long long)a + 8 > m->smem_bytes) fail("mbarrier at a bad shared address " + std::to_string(a));
-    auto it = m->mbars.find(a);
-    if (it == m->mbars.end()) {
-        if (!fresh) fail("mbarrier used before gvm_bar_init at " + std::to_string(a));
-        it = m->mbars.emplace(a, Mbar{}).first;
-    }
-    return &it->second;
-}
-inline void mbar_settle(Mbar* b) {
-    if (b->left == 0 && b->tx == 0) {
-        b->phase ^= 1u;
-        b->left = b->count;
-        ++machine()->progress;
-    }
-}
-}  // namespace emu
-inline void gvm_bar_init(unsigned bar, unsigned count) {
-    emu::Mbar* b = emu::mbar_at(bar, true);
-    *b = emu::Mbar{};
-    b->count = b->left = count;
-}
-inline void gvm_bulk_fence() {}
-inline void gvm_bar_inval(unsigned bar) { emu::machine()->mbars.erase(bar); }
-inline void gvm_bar_arrive(unsigned bar) {
-    emu::Mbar* b = emu::mbar_at(bar);
-    if (b->left == 0) emu::fail("mbarrier arrival past its count");
-    --b->left;
-    emu::mbar_settle(b);
-}
-inline void gvm_bar_expect(unsigned bar, unsigned bytes) {
-    emu::mbar_at(bar)->tx += bytes;
-    gvm_bar_arrive(bar);
-}
-inline void gvm_bar_wait(unsigned bar, unsigned parity) {
-    while (emu::mbar_at(bar)->phase == parity) emu::yield();
-}
-inline void gvm_bulk_copy(unsigned dst, const void* src, unsigned bytes, unsigned bar, unsigned long long) {
-    emu::Machine* m = emu::machine();
-    if (dst % 16 != 0 || bytes % 16 != 0 || (reinterpret_cast<unsigned long long>(src) & 15ull) != 0)
-        emu::fail("bulk copy not 16-byte aligned");
-    if ((unsigned long long)dst + bytes > m->smem_bytes) emu::fail("bulk copy past the scratch");
-    std::memcpy(m->smem + dst, src, bytes);
-    emu::Mbar* b = emu::mbar_at(bar);
-    b->tx -= bytes;
-    emu::mbar_settle(b);
-}
 inline unsigned gvm_opaque(unsigned v) { return v; }
 inline unsigned gvm_atom_add_acq_rel(unsigned* p, unsigned v) { return atomicAdd(p, v); }
 inline void gvm_prefetch_l2(const void*, unsigned) {}

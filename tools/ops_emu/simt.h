@@ -11,7 +11,6 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
-#include <map>
 #include <string>
 #include <vector>
 
@@ -65,13 +64,6 @@ struct Barrier {
     unsigned gen = 0;
 };
 
-// An mbarrier (ptx.cuh): its phase, the arrivals a phase expects, those still
-// missing, and the bytes of bulk copies still to land in it.
-struct Mbar {
-    unsigned phase = 0, count = 0, left = 0;
-    long long tx = 0;
-};
-
 constexpr int kThreads = 128;
 constexpr int kStack = 256 * 1024;
 
@@ -97,7 +89,6 @@ struct Machine {
     std::vector<unsigned> w_epoch, r_epoch, w_wep, r_wep;
     std::vector<short> writer, reader;
     std::vector<signed char> r_warp;
-    std::map<unsigned, Mbar> mbars;        // by shared address, from init to inval
     std::string error;                     // first failure seen by a fiber
 };
 
