@@ -260,7 +260,8 @@ __device__ __forceinline__ void gvm_controller(const gvm_params& p, gvm_shared& 
             gvm_stage_commit();
             gvm_prof_mark(pr, GVM_LEG_CLAIM);
             gvm_cslot& h = s[j];
-            if (h.state == GVM_CS_LOADED || h.state == GVM_CS_WAITING) {
+            const bool decide = h.state == GVM_CS_LOADED || h.state == GVM_CS_WAITING;
+            if (decide) {
                 unsigned n_waits;
                 const unsigned word = gvm_staged_word(stage0 + j * 128u, lane, n_waits);  // also completes the probe of a turn ago
                 gvm_retire_groups(view, group_done);
@@ -295,9 +296,15 @@ __device__ __forceinline__ void gvm_controller(const gvm_params& p, gvm_shared& 
                 }
             }
             if (h.state == GVM_CS_EMPTY && !exhausted && !aborted && held < depth) {
-                h.raw = gvm_claim_issue(claimer);
-                h.state = GVM_CS_CLAIMED;
-                ++held;
+                if (!decide) gvm_retire_groups(view, group_done);  // the view as of this visit's test
+                // with both groups parked (depth 1), a claim would be a third
+                // instruction of the phase for this block, run only after one
+                // of them: leave it to a block with a group to spare
+                if (!(GVM_PARK_ALL && depth == 1u) || (unsigned)__popc(view.parked) < groups) {
+                    h.raw = gvm_claim_issue(claimer);
+                    h.state = GVM_CS_CLAIMED;
+                    ++held;
+                }
             }
             gvm_prof_mark(pr, GVM_LEG_ISSUE);
         }
