@@ -21,13 +21,10 @@
 // waits on is finished. If a group has m, it completes. If m is not claimed
 // yet, every claimed instruction is earlier than m (claims are in stream
 // order), hence finished and no longer held, so some block has room to claim
-// m. If m is held by a block at depth 1, every instruction in that block's
-// groups was claimed before m, so is earlier than m, hence finished: its
-// groups are free and m, being ready, goes to one (so at depth 1 both groups
-// may park). If m is held at a greater depth: with ready first, one of that
-// block's groups only ever gets instructions whose waits were seen met
-// (parking, below, then leaves one group unparked), which finish, so it comes
-// free and m goes to it; in claim order (GVM_READY_FIRST 0), the entries
+// m. If m is held by a block: with ready first, one of that block's groups
+// only ever gets instructions whose waits were seen met (parking, below,
+// leaves one group unparked), which finish, so it comes free and m, being
+// ready, goes to it; in claim order (GVM_READY_FIRST 0), the entries
 // ahead of m and every instruction in that block's groups are earlier than m,
 // hence finished, so m is at the head when a group comes free. In dynamic mode
 // this needs no co-residency (an unstarted block holds nothing); static mode
@@ -69,9 +66,8 @@
 #endif
 #define GVM_READY_PATIENCE_NS 20000000u  // 20 ms
 
-// Parking: an instruction whose waits are not met still goes to a free group
-// (at depth > 1 only while another stays free of such instructions:
-// gvm_can_park): the
+// Parking: an instruction whose waits are not met still goes to a group when
+// one is free and another stays free of such instructions (gvm_can_park): the
 // group then waits on the counters itself, which sees a signal sooner than
 // the controller's probe a turn later (H200, b8a60d7, a chain of dependent
 // empty instructions at depth 1: 1.02 us per link when the groups wait, 2.30
@@ -260,8 +256,7 @@ __device__ __forceinline__ void gvm_controller(const gvm_params& p, gvm_shared& 
             gvm_stage_commit();
             gvm_prof_mark(pr, GVM_LEG_CLAIM);
             gvm_cslot& h = s[j];
-            const bool decide = h.state == GVM_CS_LOADED || h.state == GVM_CS_WAITING;
-            if (decide) {
+            if (h.state == GVM_CS_LOADED || h.state == GVM_CS_WAITING) {
                 unsigned n_waits;
                 const unsigned word = gvm_staged_word(stage0 + j * 128u, lane, n_waits);  // also completes the probe of a turn ago
                 gvm_retire_groups(view, group_done);
@@ -274,7 +269,7 @@ __device__ __forceinline__ void gvm_controller(const gvm_params& p, gvm_shared& 
                     const unsigned now = (unsigned)__shfl_sync(0xffffffffu, lane == 0 ? gvm_globaltimer() : 0ull, 0);
                     go = h.state == GVM_CS_WAITING &&
                          (gvm_probe_met(sh.probe[j], ctr, target, lane) || now - h.since > GVM_READY_PATIENCE_NS);
-                    if (!go && GVM_PARK && gvm_can_park(view, groups, depth)) {
+                    if (!go && GVM_PARK && gvm_can_park(view, groups)) {
                         if (h.state == GVM_CS_LOADED)  // its weights start loading now, as it waits in the group
                             gvm_queue_prefetch(p, sh, ring_head, h.idx, word, lane, n_waits, ctr, target);
                         go = park = true;
@@ -296,15 +291,9 @@ __device__ __forceinline__ void gvm_controller(const gvm_params& p, gvm_shared& 
                 }
             }
             if (h.state == GVM_CS_EMPTY && !exhausted && !aborted && held < depth) {
-                if (!decide) gvm_retire_groups(view, group_done);  // the view as of this visit's test
-                // with both groups parked (depth 1), a claim would be a third
-                // instruction of the phase for this block, run only after one
-                // of them: leave it to a block with a group to spare
-                if (!(GVM_PARK_ALL && depth == 1u) || (unsigned)__popc(view.parked) < groups) {
-                    h.raw = gvm_claim_issue(claimer);
-                    h.state = GVM_CS_CLAIMED;
-                    ++held;
-                }
+                h.raw = gvm_claim_issue(claimer);
+                h.state = GVM_CS_CLAIMED;
+                ++held;
             }
             gvm_prof_mark(pr, GVM_LEG_ISSUE);
         }

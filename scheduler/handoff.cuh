@@ -101,18 +101,11 @@ __device__ __forceinline__ void gvm_mark_busy(gvm_groups_view& v, unsigned g, bo
 }
 
 // May an instruction whose waits are not met yet go to a free group, to wait
-// on its counters there? With one claim held (depth 1), into any free group;
-// with more, only while another group stays free of such waits (the deadlock
-// argument in runtime/controller.cuh: at depth 1 every instruction a block's
-// groups hold is earlier in the stream than its held claim, so none of them
-// can wait on it; deeper, ready first hands out later instructions past a
-// waiting one, and one group must stay able to take it).
-#ifndef GVM_PARK_ALL  // 1: at depth 1 both groups may park (0: one group of a block always stays unparked)
-#define GVM_PARK_ALL 1
-#endif
-__device__ __forceinline__ bool gvm_can_park(const gvm_groups_view& v, unsigned groups, unsigned depth) {
+// on its counters there? Only while another group stays free of such waits
+// (the deadlock argument in runtime/controller.cuh needs one per block).
+__device__ __forceinline__ bool gvm_can_park(const gvm_groups_view& v, unsigned groups) {
     const unsigned all = (1u << groups) - 1u;
-    return (~v.busy & all) != 0u && ((GVM_PARK_ALL && depth == 1u) || (unsigned)__popc(v.parked) + 2u <= groups);
+    return (~v.busy & all) != 0u && (unsigned)__popc(v.parked) + 2u <= groups;
 }
 
 // Lane g < groups: has busy group g finished (its empty phase completed)?
