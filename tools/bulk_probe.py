@@ -2,12 +2,14 @@
 weights on this GPU, outside the VM (issue 6).
 
 Inside the VM a one-token GEMM that streamed its tile through a ring of bulk
-copies ran at 2.0-2.6 TB/s, whatever the ring's depth, against 4.1 for the
+copies ran at 1.9-2.6 TB/s, whatever the ring's depth, against 4.1 for the
 register loads. This asks the copy engine alone: 2 blocks of 128 threads per
 SM (the VM's two groups) each stream their share of 1 GiB through a ring of
 `stages` slots of `copies` x `bytes`; thread 0 issues, every warp waits on a
 slot's full barrier and releases it on its empty barrier (4 arrivals), as
-gvm_gemm_bulk does; `waiters` 1 has only warp 0 wait (the others idle). Host-timed over 10 launches (a launch is ~0.25 ms).
+session 11's bulk-copy GEMM path did (since removed: NOTES.md); `waiters` 1
+has only warp 0 wait (the others idle). Host-timed over 10 launches (a
+launch is ~0.25 ms).
 
     PYTHONPATH=. python3 tools/bulk_probe.py --out out/bulk_probe.json
 """
