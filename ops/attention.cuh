@@ -39,8 +39,7 @@ __device__ int gvm_op_qk_rope_kv(const gvm_ctx& c) {
 
     const unsigned warp = c.tid >> 5, lane = c.tid & 31;
     const int heads = hq + 2 * hkv;
-    // from an opaque lane: else the compiler hoists this double to the kernel's start and holds it through every op
-    const double turns = exp2(-(double)gvm_opaque(lane) * (GVM_LOG2_ROPE_BASE / 32.0)) * GVM_INV_PI;  // inv_freq / pi
+    const double turns = exp2(-(double)lane * (GVM_LOG2_ROPE_BASE / 32.0)) * GVM_INV_PI;  // inv_freq / pi
     const float* wq = reinterpret_cast<const float*>(twq.ptr);
     const float* wk = reinterpret_cast<const float*>(twk.ptr);
     const float wq0 = 1.0f + wq[2 * lane], wq1 = 1.0f + wq[2 * lane + 1];
