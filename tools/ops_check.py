@@ -561,7 +561,8 @@ def _gemm_cols(n: int, cnts: tuple[int, ...]) -> list[tuple[int, int]]:
 def _ranged_gemm(name: str, gen: torch.Generator, xdt: DType, odt: DType, chk: Check, t: int, k: int, n_out: int,
                  cnts: tuple[int, ...], spans: tuple[tuple[int, int], ...], alternate: bool) -> Case:
     """A GEMM case whose column tiles (cnts in turn) each cover the token
-    ranges `spans`, or, with alternate, every other one all tokens (a3 = 0)."""
+    ranges `spans` ((0, 0): all tokens), or, with alternate, every other one
+    all tokens (a3 = 0)."""
     b = _Build(name, Op.GEMM, gen)
     o = b.out("out", odt, (t, n_out), chk)
     x = b.add("x", xdt, b.randn(t, k, scale=2.0).to(torch_dtype(xdt)))
@@ -606,13 +607,8 @@ def cases_gemm(sz: Sizes, gen: torch.Generator) -> list[Case]:
     # one, 8 and 20 tokens at K of d, 8 d and 32 d (the shard's 8,192 at small d),
     # and a K whose rows are not a multiple of 512 bytes, over every tile size
     for t, k in ((1, d), (1, 8 * d), (1, 32 * d), (8, 8 * d), (20, 8 * d), (1, d + 8)):
-        b = _Build(f"gemm bf16 T={t} K={k} cnt 1,3,13,16,40,64 f32 out", Op.GEMM, gen)
-        o = b.out("out", DType.F32, (t, 2 * n), GEMM_BF16)
-        x = b.add("x", DType.BF16, b.randn(t, k, scale=2.0).bfloat16())
-        w = b.add("w", DType.BF16, b.randn(2 * n, k, scale=0.05).bfloat16())
-        for c0, c in _gemm_cols(2 * n, (40, 1, 16, 13, 64, 3)):
-            b.op_([o, x, w], [c0, c])
-        out.append(b.case())
+        out.append(_ranged_gemm(f"gemm bf16 T={t} K={k} cnt 1,3,13,16,40,64 f32 out", gen, DType.BF16, DType.F32, GEMM_BF16,
+                                t, k, 2 * n, (40, 1, 16, 13, 64, 3), ((0, 0),), alternate=False))
     spans = ((0, 1), (1, 9), (10, 1), (11, 9))  # token ranges [t0, t0 + t) covering T = 20
     b = _Build("gemm f32 T=20 token ranges", Op.GEMM, gen)
     o = b.out("out", DType.F32, (20, 2 * n), GEMM_F32)

@@ -175,16 +175,15 @@ def _fill_rows(n_rows: int, row_bytes: int, groups: int, lo_bytes: int, hi_bytes
     """Rows per column tile: the fewest 2^k rows (align > 0: multiple of align
     rows) whose tiles number at most groups, kept within [lo_bytes, hi_bytes]
     of weights (Tiles.gemm_fill, Tiles.gemm_align)."""
-    if not align:
-        rows = _fewest_rows(n_rows, groups)
-        return min(max(rows, _pow2_rows(n_rows, row_bytes, lo_bytes)), _pow2_rows(n_rows, row_bytes, hi_bytes))
-    def up(r: int) -> int:
-        return align * -(-r // align)
+    if align:
+        def up(r: int) -> int:
+            return align * -(-r // align)
 
-    rows = up(-(-n_rows // groups))
-    lo = up(max(1, lo_bytes // max(1, row_bytes)))
-    hi = max(align, max(1, hi_bytes // max(1, row_bytes)) // align * align)
-    return min(n_rows, max(rows, lo) if max(rows, lo) <= hi else hi)
+        rows, lo = up(-(-n_rows // groups)), up(max(1, lo_bytes // max(1, row_bytes)))
+        hi = max(align, max(1, hi_bytes // max(1, row_bytes)) // align * align)
+    else:
+        rows, lo, hi = _fewest_rows(n_rows, groups), _pow2_rows(n_rows, row_bytes, lo_bytes), _pow2_rows(n_rows, row_bytes, hi_bytes)
+    return min(n_rows, max(rows, lo), hi)
 
 
 def _span_rows(n_rows: int, spans: int, groups: int, lo_rows: int = 64) -> int:
