@@ -76,6 +76,17 @@
 #define GVM_PARK 1
 #endif
 
+// A held claim at claim depth 1 is all the controller has to do: it can claim
+// nothing else until that one goes. So instead of a probe a ring turn
+// (cp.async, read a turn later) it acquire-polls the counters itself, and
+// hands the instruction over as soon as they are met, with its waits cleared
+// in the group's copy: the controller's acquire, then the hand-off's mbarrier
+// (release / acquire in the block), order the producers' writes before the
+// op's reads, so the group does not read the counters again.
+#ifndef GVM_HELD_SPIN
+#define GVM_HELD_SPIN 1
+#endif
+
 struct gvm_cslot {
     unsigned state;  // GVM_CS_*, the same in every lane
     unsigned raw;    // the claim as issued (gvm_claim_issue)
@@ -92,6 +103,22 @@ __device__ __forceinline__ void gvm_wait_of(const gvm_params& p, unsigned word, 
     const unsigned base = __shfl_sync(0xffffffffu, word, 4 + w), per_step = __shfl_sync(0xffffffffu, word, 8 + w);
     ctr = lane < n_waits && lane < GVM_MAX_WAITS ? (w & 1u ? cword >> 16 : cword & 0xffffu) : GVM_NONE;
     target = base + p.step * per_step;
+}
+
+// Acquire-polls this lane's counter (from gvm_wait_of) until every wait is
+// met: true in every lane. False when another block failed or past the
+// patience (the group's own wait then enforces the watchdog). It need not
+// watch for a group to come free meanwhile: parking there would not see the
+// signal sooner than this poll does.
+__device__ __forceinline__ bool gvm_spin_met(const gvm_params& p, unsigned ctr, unsigned target, unsigned lane) {
+    const unsigned long long t0 = gvm_globaltimer();
+    for (;;) {
+        const bool ok = ctr == GVM_NONE || gvm_reached(gvm_ld_acquire(p.counters + ctr), target);
+        if (__all_sync(0xffffffffu, ok)) return true;
+        const bool stop = lane == 0 && (gvm_ld_relaxed(p.state + GVM_STATE_ABORT) != 0u ||
+                                        gvm_globaltimer() - t0 > GVM_READY_PATIENCE_NS);
+        if (__any_sync(0xffffffffu, stop)) return false;
+    }
 }
 
 // Starts copying the 16-byte line of this lane's counter into the probe area.
@@ -184,11 +211,11 @@ __device__ __forceinline__ void gvm_queue_prefetch(const gvm_params& p, gvm_shar
 // hand-off is broken, see gvm_mbar_wait).
 __device__ __forceinline__ void gvm_hand_off(const gvm_params& p, gvm_shared& sh, gvm_groups_view& view,
                                              unsigned& ring_head, const gvm_cslot& s, unsigned word, unsigned n_waits,
-                                             unsigned groups, bool parked, unsigned lane, gvm_prof& pr) {
-    // A waiting or parked instruction's prefetch was queued by the caller.
+                                             unsigned groups, bool parked, bool met, unsigned lane, gvm_prof& pr) {
+    // A waiting, parked or spun-on (met) instruction's prefetch was queued by the caller.
     // Ready first hands out any other only when it has no waits: the loader
     // would not prefetch for it, so nothing is queued.
-    if (s.state != GVM_CS_WAITING && !parked) {
+    if (s.state != GVM_CS_WAITING && !parked && !met) {
         if (GVM_READY_FIRST) {
             if (lane == 0) GVM_STAMP_COPY(p.trace, s.idx, GVM_STAMP_LOAD, GVM_STAMP_CLAIM);
         } else {
@@ -201,7 +228,8 @@ __device__ __forceinline__ void gvm_hand_off(const gvm_params& p, gvm_shared& sh
     const unsigned g = gvm_acquire_group(view, sh.empty, groups, gvm_handoff_bound(p.watchdog_ns));
     if (g == GVM_NONE) gvm_handoff_trap();
     gvm_prof_mark(pr, GVM_LEG_ACQUIRE);
-    reinterpret_cast<unsigned*>(&sh.slot[g].ins)[lane] = word;
+    // met: its waits were acquired here (gvm_spin_met); word 1 is signal | n_waits << 16
+    reinterpret_cast<unsigned*>(&sh.slot[g].ins)[lane] = met && lane == 1u ? word & 0xffffu : word;
     if (lane == 0) sh.slot[g].idx = s.idx;
     __syncwarp();
     if (lane == 0) gvm_mbar_arrive(&sh.full[g]);
@@ -262,7 +290,7 @@ __device__ __forceinline__ void gvm_controller(const gvm_params& p, gvm_shared& 
                 gvm_retire_groups(view, group_done);
                 gvm_prof_mark(pr, GVM_LEG_RECORD);
                 bool go = !GVM_READY_FIRST || aborted || n_waits == 0;
-                bool park = false;
+                bool park = false, met = false;
                 if (!go) {
                     unsigned ctr, target;
                     gvm_wait_of(p, word, n_waits, lane, ctr, target);
@@ -273,6 +301,12 @@ __device__ __forceinline__ void gvm_controller(const gvm_params& p, gvm_shared& 
                         if (h.state == GVM_CS_LOADED)  // its weights start loading now, as it waits in the group
                             gvm_queue_prefetch(p, sh, ring_head, h.idx, word, lane, n_waits, ctr, target);
                         go = park = true;
+                    }
+                    if (!go && GVM_HELD_SPIN && depth == 1u) {
+                        if (h.state == GVM_CS_LOADED)
+                            gvm_queue_prefetch(p, sh, ring_head, h.idx, word, lane, n_waits, ctr, target);
+                        met = gvm_spin_met(p, ctr, target, lane);
+                        go = true;
                     }
                     if (!go) {
                         gvm_probe_issue(p, sh.probe[j], ctr, lane);  // in the next visit's commit group
@@ -285,7 +319,7 @@ __device__ __forceinline__ void gvm_controller(const gvm_params& p, gvm_shared& 
                 }
                 gvm_prof_mark(pr, GVM_LEG_DECIDE);
                 if (go) {
-                    if (!aborted) gvm_hand_off(p, sh, view, ring_head, h, word, n_waits, groups, park, lane, pr);
+                    if (!aborted) gvm_hand_off(p, sh, view, ring_head, h, word, n_waits, groups, park, met, lane, pr);
                     h.state = GVM_CS_EMPTY;
                     --held;
                 }
