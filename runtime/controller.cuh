@@ -106,18 +106,21 @@ __device__ __forceinline__ void gvm_wait_of(const gvm_params& p, unsigned word, 
 }
 
 // Acquire-polls this lane's counter (from gvm_wait_of) until every wait is
-// met: true in every lane. False when another block failed or past the
-// patience (the group's own wait then enforces the watchdog). It need not
-// watch for a group to come free meanwhile: parking there would not see the
-// signal sooner than this poll does.
-__device__ __forceinline__ bool gvm_spin_met(const gvm_params& p, unsigned ctr, unsigned target, unsigned lane) {
-    const unsigned long long t0 = gvm_globaltimer();
+// met: true in every lane. False, for the caller's usual probe and decision,
+// as soon as one of its groups finishes (the instruction may park in it,
+// and the controller claim again: waiting on here instead stalled the
+// claims of the next phase), when another block failed, or past the
+// patience (counted from `since`).
+__device__ __forceinline__ bool gvm_spin_met(const gvm_params& p, const gvm_shared& sh, const gvm_groups_view& view,
+                                             unsigned groups, unsigned ctr, unsigned target, unsigned lane,
+                                             unsigned since) {
     for (;;) {
         const bool ok = ctr == GVM_NONE || gvm_reached(gvm_ld_acquire(p.counters + ctr), target);
         if (__all_sync(0xffffffffu, ok)) return true;
+        const bool done = gvm_test_group(view, const_cast<unsigned long long*>(sh.empty), groups);
         const bool stop = lane == 0 && (gvm_ld_relaxed(p.state + GVM_STATE_ABORT) != 0u ||
-                                        gvm_globaltimer() - t0 > GVM_READY_PATIENCE_NS);
-        if (__any_sync(0xffffffffu, stop)) return false;
+                                        (unsigned)gvm_globaltimer() - since > GVM_READY_PATIENCE_NS);
+        if (__any_sync(0xffffffffu, done || stop)) return false;
     }
 }
 
@@ -212,10 +215,10 @@ __device__ __forceinline__ void gvm_queue_prefetch(const gvm_params& p, gvm_shar
 __device__ __forceinline__ void gvm_hand_off(const gvm_params& p, gvm_shared& sh, gvm_groups_view& view,
                                              unsigned& ring_head, const gvm_cslot& s, unsigned word, unsigned n_waits,
                                              unsigned groups, bool parked, bool met, unsigned lane, gvm_prof& pr) {
-    // A waiting, parked or spun-on (met) instruction's prefetch was queued by the caller.
+    // A waiting or parked instruction's prefetch was queued by the caller.
     // Ready first hands out any other only when it has no waits: the loader
     // would not prefetch for it, so nothing is queued.
-    if (s.state != GVM_CS_WAITING && !parked && !met) {
+    if (s.state != GVM_CS_WAITING && !parked) {
         if (GVM_READY_FIRST) {
             if (lane == 0) GVM_STAMP_COPY(p.trace, s.idx, GVM_STAMP_LOAD, GVM_STAMP_CLAIM);
         } else {
@@ -303,10 +306,12 @@ __device__ __forceinline__ void gvm_controller(const gvm_params& p, gvm_shared& 
                         go = park = true;
                     }
                     if (!go && GVM_HELD_SPIN && depth == 1u) {
-                        if (h.state == GVM_CS_LOADED)
+                        if (h.state == GVM_CS_LOADED) {  // as below: its weights start loading now
                             gvm_queue_prefetch(p, sh, ring_head, h.idx, word, lane, n_waits, ctr, target);
-                        met = gvm_spin_met(p, ctr, target, lane);
-                        go = true;
+                            h.since = now;
+                            h.state = GVM_CS_WAITING;
+                        }
+                        go = met = gvm_spin_met(p, sh, view, groups, ctr, target, lane, h.since);
                     }
                     if (!go) {
                         gvm_probe_issue(p, sh.probe[j], ctr, lane);  // in the next visit's commit group
