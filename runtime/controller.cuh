@@ -84,7 +84,7 @@
 // (release / acquire in the block), order the producers' writes before the
 // op's reads, so the group does not read the counters again.
 #ifndef GVM_HELD_SPIN
-#define GVM_HELD_SPIN 1
+#define GVM_HELD_SPIN 1  // 2: GEMM tiles only
 #endif
 
 struct gvm_cslot {
@@ -314,7 +314,9 @@ __device__ __forceinline__ void gvm_controller(const gvm_params& p, gvm_shared& 
                             gvm_queue_prefetch(p, sh, ring_head, h.idx, word, lane, n_waits, ctr, target);
                         go = park = true;
                     }
-                    if (!go && GVM_HELD_SPIN && depth == 1u) {
+                    const bool spin = GVM_HELD_SPIN == 1 ||
+                                      (GVM_HELD_SPIN == 2 && (__shfl_sync(0xffffffffu, word, 0) & 0xffffu) == GVM_OP_GEMM);
+                    if (!go && spin && depth == 1u) {
                         if (h.state == GVM_CS_LOADED) {  // as below: its weights start loading now
                             gvm_queue_prefetch(p, sh, ring_head, h.idx, word, lane, n_waits, ctr, target);
                             h.since = now;
