@@ -76,17 +76,6 @@
 #define GVM_PARK 1
 #endif
 
-// A held claim at claim depth 1 is all the controller has to do: it can claim
-// nothing else until that one goes. So instead of a probe a ring turn
-// (cp.async, read a turn later) it acquire-polls the counters itself, and
-// hands the instruction over as soon as they are met, with its waits cleared
-// in the group's copy: the controller's acquire fence, then the hand-off's mbarrier
-// (release / acquire in the block), order the producers' writes before the
-// op's reads, so the group does not read the counters again.
-#ifndef GVM_HELD_SPIN
-#define GVM_HELD_SPIN 1  // 2: GEMM tiles only
-#endif
-
 struct gvm_cslot {
     unsigned state;  // GVM_CS_*, the same in every lane
     unsigned raw;    // the claim as issued (gvm_claim_issue)
@@ -103,34 +92,6 @@ __device__ __forceinline__ void gvm_wait_of(const gvm_params& p, unsigned word, 
     const unsigned base = __shfl_sync(0xffffffffu, word, 4 + w), per_step = __shfl_sync(0xffffffffu, word, 8 + w);
     ctr = lane < n_waits && lane < GVM_MAX_WAITS ? (w & 1u ? cword >> 16 : cword & 0xffffu) : GVM_NONE;
     target = base + p.step * per_step;
-}
-
-// Polls this lane's counter (from gvm_wait_of) until every wait is met:
-// true in every lane, after an acquire fence. False, for the caller's usual
-// probe and decision, as soon as one of its groups finishes (the instruction
-// may park in it, and the controller claim again: waiting on here instead
-// stalled the claims of the next phase), when another block failed, or past
-// the patience (counted from `since`). The polls are relaxed, the fence comes
-// once: an acquire load invalidates the SM's L1, where the running ops keep
-// their descriptors (acquire polls made every op 10-30% slower: H200, 86d026a).
-#ifndef GVM_HELD_SPIN_NAP
-#define GVM_HELD_SPIN_NAP 0  // ns between polls
-#endif
-__device__ __forceinline__ bool gvm_spin_met(const gvm_params& p, const gvm_shared& sh, const gvm_groups_view& view,
-                                             unsigned groups, unsigned ctr, unsigned target, unsigned lane,
-                                             unsigned since) {
-    for (;;) {
-        const bool ok = ctr == GVM_NONE || gvm_reached(gvm_ld_relaxed(p.counters + ctr), target);
-        if (__all_sync(0xffffffffu, ok)) {
-            asm volatile("fence.acq_rel.gpu;" ::: "memory");
-            return true;
-        }
-        const bool done = gvm_test_group(view, const_cast<unsigned long long*>(sh.empty), groups);
-        const bool stop = lane == 0 && (gvm_ld_relaxed(p.state + GVM_STATE_ABORT) != 0u ||
-                                        (unsigned)gvm_globaltimer() - since > GVM_READY_PATIENCE_NS);
-        if (__any_sync(0xffffffffu, done || stop)) return false;
-        if (GVM_HELD_SPIN_NAP != 0) gvm_nanosleep(GVM_HELD_SPIN_NAP);
-    }
 }
 
 // Starts copying the 16-byte line of this lane's counter into the probe area.
@@ -223,7 +184,7 @@ __device__ __forceinline__ void gvm_queue_prefetch(const gvm_params& p, gvm_shar
 // hand-off is broken, see gvm_mbar_wait).
 __device__ __forceinline__ void gvm_hand_off(const gvm_params& p, gvm_shared& sh, gvm_groups_view& view,
                                              unsigned& ring_head, const gvm_cslot& s, unsigned word, unsigned n_waits,
-                                             unsigned groups, bool parked, bool met, unsigned lane, gvm_prof& pr) {
+                                             unsigned groups, bool parked, unsigned lane, gvm_prof& pr) {
     // A waiting or parked instruction's prefetch was queued by the caller.
     // Ready first hands out any other only when it has no waits: the loader
     // would not prefetch for it, so nothing is queued.
@@ -240,8 +201,7 @@ __device__ __forceinline__ void gvm_hand_off(const gvm_params& p, gvm_shared& sh
     const unsigned g = gvm_acquire_group(view, sh.empty, groups, gvm_handoff_bound(p.watchdog_ns));
     if (g == GVM_NONE) gvm_handoff_trap();
     gvm_prof_mark(pr, GVM_LEG_ACQUIRE);
-    // met: its waits were acquired here (gvm_spin_met); word 1 is signal | n_waits << 16
-    reinterpret_cast<unsigned*>(&sh.slot[g].ins)[lane] = met && lane == 1u ? word & 0xffffu : word;
+    reinterpret_cast<unsigned*>(&sh.slot[g].ins)[lane] = word;
     if (lane == 0) sh.slot[g].idx = s.idx;
     __syncwarp();
     if (lane == 0) gvm_mbar_arrive(&sh.full[g]);
@@ -302,7 +262,7 @@ __device__ __forceinline__ void gvm_controller(const gvm_params& p, gvm_shared& 
                 gvm_retire_groups(view, group_done);
                 gvm_prof_mark(pr, GVM_LEG_RECORD);
                 bool go = !GVM_READY_FIRST || aborted || n_waits == 0;
-                bool park = false, met = false;
+                bool park = false;
                 if (!go) {
                     unsigned ctr, target;
                     gvm_wait_of(p, word, n_waits, lane, ctr, target);
@@ -313,16 +273,6 @@ __device__ __forceinline__ void gvm_controller(const gvm_params& p, gvm_shared& 
                         if (h.state == GVM_CS_LOADED)  // its weights start loading now, as it waits in the group
                             gvm_queue_prefetch(p, sh, ring_head, h.idx, word, lane, n_waits, ctr, target);
                         go = park = true;
-                    }
-                    const bool spin = GVM_HELD_SPIN == 1 ||
-                                      (GVM_HELD_SPIN == 2 && (__shfl_sync(0xffffffffu, word, 0) & 0xffffu) == GVM_OP_GEMM);
-                    if (!go && spin && depth == 1u) {
-                        if (h.state == GVM_CS_LOADED) {  // as below: its weights start loading now
-                            gvm_queue_prefetch(p, sh, ring_head, h.idx, word, lane, n_waits, ctr, target);
-                            h.since = now;
-                            h.state = GVM_CS_WAITING;
-                        }
-                        go = met = gvm_spin_met(p, sh, view, groups, ctr, target, lane, h.since);
                     }
                     if (!go) {
                         gvm_probe_issue(p, sh.probe[j], ctr, lane);  // in the next visit's commit group
@@ -335,7 +285,7 @@ __device__ __forceinline__ void gvm_controller(const gvm_params& p, gvm_shared& 
                 }
                 gvm_prof_mark(pr, GVM_LEG_DECIDE);
                 if (go) {
-                    if (!aborted) gvm_hand_off(p, sh, view, ring_head, h, word, n_waits, groups, park, met, lane, pr);
+                    if (!aborted) gvm_hand_off(p, sh, view, ring_head, h, word, n_waits, groups, park, lane, pr);
                     h.state = GVM_CS_EMPTY;
                     --held;
                 }

@@ -230,20 +230,6 @@ def test_gemm_fill_sizes_tiles_to_one_wave() -> None:
     assert per_out == {"L0.qkvg": 72, "L0.a": 32, "L0.scores": 1, "L0.x": 8, "L0.f": 8}
     with pytest.raises(ProgramError, match="gemm_fill"):
         Tiles(gemm_fill=-1)
-    with pytest.raises(ProgramError, match="gemm_align"):
-        Tiles(gemm_align=-8)
-
-
-def test_gemm_align_lets_a_gemm_fill_the_groups_left() -> None:
-    # multiples of 8 rows: Wsq beside 64 router tiles gets 24 rows, 171 tiles of 384 KB
-    assert _fill_rows(4096, 16384, 264 - 64, 65536, 524288, 8) == 24
-    assert _fill_rows(8192, 2048, 1000, 65536, 524288, 8) == 32  # never below gemm_min_bytes
-    assert _fill_rows(25256, 16384, 8, 65536, 524288, 8) == 32  # nor above gemm_max_bytes
-    assert _fill_rows(5, 100, 264, 64, 1 << 20, 1) == 1 and _fill_rows(5, 100, 1, 64, 1 << 20, 1) == 5
-    lp = lower_layer(SHARD, "sliding", 1, 1, 4096, tiles=Tiles(gemm_align=8, router_bytes=128 * 1024))
-    per_out = Tally(o.tensors[0].name for o in _ops(lp.stream, Op.GEMM))
-    assert per_out["L0.scores"] == 64 and per_out["L0.x"] == 171
-    assert per_out["L0.scores"] + per_out["L0.x"] <= 264
     with pytest.raises(ProgramError, match="router_span"):
         Tiles(router_span=-1)
     with pytest.raises(ProgramError, match="exceeds gemm_max_bytes"):

@@ -2,7 +2,7 @@
 # One call on the H200 (the device tool): the VM proofs and timings, the Muse
 # ops standalone, and the decode-case sweep, each under its own time limit,
 # logs and results under $OUT (at most 8 files come back: traces are tarred).
-#   GPUVM_COMMIT=<sha> bash tools/gpu_session.sh [check|ops|opstime|sweep|step|stepsweep|probe|experts|router|park|ring|lists|steptrace|tiles|rowpf|fill|fill2|xstage|trace62|xprobe|smem|tiles2|router|xbench|against|slots|naps|icache|align|spin|opsgemm|gputests|vmtest ...]
+#   GPUVM_COMMIT=<sha> bash tools/gpu_session.sh [check|ops|opstime|sweep|step|stepsweep|probe|experts|router|park|ring|lists|steptrace|tiles|rowpf|fill|fill2|xstage|trace62|xprobe|smem|tiles2|router|xbench|against|slots|naps|icache|workers|opsgemm|gputests|vmtest ...]
 # (set GPUVM_COMMIT when running a snapshot without .git: else the results name the enclosing checkout)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -111,15 +111,8 @@ for s in $steps; do
            timeout ${T_NAPS_PROBE:-150} python3 tools/sched_probe.py --out "$OUT/naps_probe.json" --modes dynamic --depths 1 --variants "nap256:,nap64:GVM_WAIT_NAP_MAX=64,spin:GVM_WAIT_NAP_MIN=0+GVM_WAIT_NAP_MAX=0" --cases ${NAPS_CASES:-full-c1-t1,sliding-c1-t1} --step ${NAPS_STEPS:-1x1,1x8} > "$OUT/naps_probe.log" 2>&1; echo "naps probe rc=$?"; grep -v "^$" "$OUT/naps_probe.log" | tail -12 ;;
     icache) # what cold code costs: a straight-line body run three times (tools/icache_probe.py), and one-token op chains in the VM
            timeout ${T_ICACHE:-200} python3 tools/icache_probe.py --vm --out "$OUT/icache_probe.json" > "$OUT/icache_probe.log" 2>&1; echo "icache probe rc=$?"; tail -24 "$OUT/icache_probe.log" ;;
-    align) # GEMM tiles of any multiple of 8 rows (Tiles.gemm_align 8), with the router in 64 tiles of 128 KB, against the 2^k tiles (prepared in session 11, not run)
-           timeout ${T_ALIGN_PROBE:-300} python3 tools/sched_probe.py --out "$OUT/align_probe.json" --modes dynamic --depths 1 --variants base: --tiles "pow2:,a8r:gemm_align=8+router_bytes=131072,a8:gemm_align=8,r128:router_bytes=131072" --cases ${ALIGN_CASES:-full-c1-t1,sliding-c1-t1,full-c1-t8,full-c16-t1} --step ${ALIGN_STEPS:-1x1,1x8,16x1} > "$OUT/align_probe.log" 2>&1; echo "align probe rc=$?"; grep -v "^$" "$OUT/align_probe.log" | tail -28 ;;
-    spin) # the controller acquire-polling its held claim at depth 1 (GVM_HELD_SPIN 1, the default) against a probe a ring turn (0); 8-layer 1x1 traces of both
-           timeout 200 python3 tools/prebuild.py --trace base GVM_HELD_SPIN=0 GVM_HELD_SPIN=2; echo "prebuild rc=$?"
-           timeout ${T_SPIN_PROBE:-330} python3 tools/sched_probe.py --out "$OUT/spin_probe.json" --modes dynamic --depths 1 --variants "probe:GVM_HELD_SPIN=0,spin:,spingemm:GVM_HELD_SPIN=2" --cases ${SPIN_CASES:-full-c1-t1,sliding-c1-t1,full-c1-t8,full-c16-t1,full-c32-t8} --step ${SPIN_STEPS:-1x1,1x8,16x1,32x8} > "$OUT/spin_probe.log" 2>&1; echo "spin probe rc=$?"; grep -v "^$" "$OUT/spin_probe.log" | tail -28
-           mkdir -p "$OUT/tr"
-           timeout 80 python3 tools/step_trace.py --layers 8 --shape 1x1 --out "$OUT/tr/step-trace-1x1-spin.npz" > "$OUT/step_trace_spin.log" 2>&1; echo "step trace rc=$?"; tail -4 "$OUT/step_trace_spin.log"
-           timeout 80 python3 tools/step_trace.py --layers 8 --shape 1x1 --define GVM_HELD_SPIN=2 --out "$OUT/tr/step-trace-1x1-spingemm.npz" > "$OUT/step_trace_spingemm.log" 2>&1; echo "step trace spingemm rc=$?"; tail -4 "$OUT/step_trace_spingemm.log"
-           (cd "$OUT" && tar czf traces.tgz tr && rm -rf tr) ;;
+    workers) # expert work lists of 264 workers (Tiles.expert_workers, the default: one per group) against fewer, so that groups stay free to claim the next op's instructions while the up list runs
+           timeout ${T_WORKERS_PROBE:-300} python3 tools/sched_probe.py --out "$OUT/workers_probe.json" --modes dynamic --depths 1 --variants base: --tiles "${WORKERS_TILES:-w264:,w232:expert_workers=232,w200:expert_workers=200,w132:expert_workers=132}" --cases ${WORKERS_CASES:-full-c1-t1,sliding-c1-t1,full-c1-t8,full-c16-t1,full-c32-t8,sliding-c32-t8} --step ${WORKERS_STEPS:-1x1,1x8,16x1,32x8} > "$OUT/workers_probe.log" 2>&1; echo "workers probe rc=$?"; grep -v "^$" "$OUT/workers_probe.log" | tail -40 ;;
     opsgemm) timeout 150 python3 tools/ops_check.py --only gemm,qk_rope_kv > "$OUT/ops_gemm_qk.log" 2>&1; echo "ops_check gemm,qk_rope_kv rc=$?"; tail -2 "$OUT/ops_gemm_qk.log" ;;
     gputests) timeout ${T_GPUTESTS:-200} python3 -m pytest -q -p no:cacheprovider tests/gpu > "$OUT/tests_gpu.log" 2>&1; echo "tests/gpu rc=$?"; tail -4 "$OUT/tests_gpu.log" ;;
     vmtest) timeout ${T_VMTEST:-150} python3 -m pytest -q -x -p no:cacheprovider tests/gpu/test_vm.py > "$OUT/test_vm.log" 2>&1; echo "test_vm rc=$?"; tail -8 "$OUT/test_vm.log" ;;

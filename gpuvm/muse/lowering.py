@@ -55,13 +55,6 @@ class Tiles:
     gemm_fill: int = 264
     gemm_min_bytes: int = 64 * 1024
     gemm_max_bytes: int = 512 * 1024
-    # gemm_align > 0: the fill's tiles are the fewest multiple of gemm_align
-    # rows (not 2^k) that still fit the groups left, so that a GEMM beside
-    # another (Wsq beside the router) can take nearly all of them: at one
-    # token Wsq's 128 tiles of 512 KB run beside the router's 128 of 64 KB,
-    # which finish in ~6 us, and half the groups stream 89% of the bytes
-    # (NOTES.md session 11). Not measured yet: 0 keeps the measured 2^k tiles.
-    gemm_align: int = 0
     # From gemm_span tokens on (with gemm_fill > 0) a bf16 GEMM is also cut
     # over tokens, in spans of gemm_span, into tiles of at least 64 rows. The
     # device stages W and x in shared memory for such tiles, 64 rows x 64
@@ -94,8 +87,6 @@ class Tiles:
     def __post_init__(self) -> None:
         if not isinstance(self.gemm_fill, int) or self.gemm_fill < 0:
             raise ProgramError(f"Tiles.gemm_fill must be an int >= 0, not {self.gemm_fill!r}")
-        if not isinstance(self.gemm_align, int) or self.gemm_align < 0:
-            raise ProgramError(f"Tiles.gemm_align must be an int >= 0, not {self.gemm_align!r}")
         if self.gemm_min_bytes > self.gemm_max_bytes:
             raise ProgramError(f"Tiles.gemm_min_bytes {self.gemm_min_bytes} exceeds gemm_max_bytes {self.gemm_max_bytes}")
         if not isinstance(self.router_span, int) or self.router_span < 0:
@@ -171,19 +162,11 @@ def _fewest_rows(n_rows: int, groups: int, rows: int = 1, spans: int = 1) -> int
     return rows
 
 
-def _fill_rows(n_rows: int, row_bytes: int, groups: int, lo_bytes: int, hi_bytes: int, align: int = 0) -> int:
-    """Rows per column tile: the fewest 2^k rows (align > 0: multiple of align
-    rows) whose tiles number at most groups, kept within [lo_bytes, hi_bytes]
-    of weights (Tiles.gemm_fill, Tiles.gemm_align)."""
-    if align:
-        def up(r: int) -> int:
-            return align * -(-r // align)
-
-        rows, lo = up(-(-n_rows // groups)), up(max(1, lo_bytes // max(1, row_bytes)))
-        hi = max(align, max(1, hi_bytes // max(1, row_bytes)) // align * align)
-    else:
-        rows, lo, hi = _fewest_rows(n_rows, groups), _pow2_rows(n_rows, row_bytes, lo_bytes), _pow2_rows(n_rows, row_bytes, hi_bytes)
-    return min(n_rows, max(rows, lo), hi)
+def _fill_rows(n_rows: int, row_bytes: int, groups: int, lo_bytes: int, hi_bytes: int) -> int:
+    """Rows per column tile: the fewest 2^k rows whose tiles number at most
+    groups, kept within [lo_bytes, hi_bytes] of weights (Tiles.gemm_fill)."""
+    rows = _fewest_rows(n_rows, groups)
+    return min(max(rows, _pow2_rows(n_rows, row_bytes, lo_bytes)), _pow2_rows(n_rows, row_bytes, hi_bytes))
 
 
 def _span_rows(n_rows: int, spans: int, groups: int, lo_rows: int = 64) -> int:
@@ -316,7 +299,7 @@ def emit_layer(
         elif tile_bytes:
             rows = _pow2_rows(n1 - n0, wt.row_bytes, tile_bytes)
         elif tl.gemm_fill:
-            rows = _fill_rows(n1 - n0, wt.row_bytes, max(1, tl.gemm_fill - beside), tl.gemm_min_bytes, tl.gemm_max_bytes, tl.gemm_align)
+            rows = _fill_rows(n1 - n0, wt.row_bytes, max(1, tl.gemm_fill - beside), tl.gemm_min_bytes, tl.gemm_max_bytes)
         else:
             rows = _pow2_rows(n1 - n0, wt.row_bytes, tl.gemm_bytes)
         # each column tile over all T tokens (args t0 = t = 0), or over token ranges
