@@ -22,20 +22,6 @@
 #define GVM_WAIT_NAP_MAX 256
 #endif
 
-// A poll that is not met yet reads relaxed, and the one that is met is made an
-// acquire by a fence (PTX: a strong read then fence.acq_rel synchronizes with
-// the release it read): an acquire load at gpu scope invalidates the SM's L1
-// (SASS: LDG.E.STRONG.GPU then CCTL.IVALL), where the other group of the block
-// keeps its op's descriptors and inputs, and a parked group polls for tens of
-// microseconds (the controller polling that way made every op 10-30% slower:
-// H200, 86d026a, NOTES.md session 12). The first read, met at once in most
-// waits, stays one acquire load.
-#ifndef GVM_WAIT_RELAXED
-#define GVM_WAIT_RELAXED 1
-#endif
-
-__device__ __forceinline__ void gvm_fence_acquire() { asm volatile("fence.acq_rel.gpu;" ::: "memory"); }
-
 __device__ __forceinline__ unsigned gvm_ld_acquire(const unsigned* p) {
     unsigned v;
     asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
@@ -87,11 +73,8 @@ __device__ __forceinline__ unsigned gvm_wait_counter(const unsigned* counter_ptr
     for (;;) {
         if (backoff != 0) gvm_nanosleep(backoff);
         backoff = backoff * 2 < GVM_WAIT_NAP_MAX ? backoff * 2 : GVM_WAIT_NAP_MAX;
-        v = GVM_WAIT_RELAXED ? gvm_ld_relaxed(counter_ptr) : gvm_ld_acquire(counter_ptr);
-        if (gvm_reached(v, target)) {
-            if (GVM_WAIT_RELAXED) gvm_fence_acquire();
-            return GVM_ERR_NONE;
-        }
+        v = gvm_ld_acquire(counter_ptr);
+        if (gvm_reached(v, target)) return GVM_ERR_NONE;
         if (gvm_ld_relaxed(abort_flag) != 0u) return GVM_ERR_ABORTED;
         const unsigned long long waited = gvm_globaltimer() - t0;
         if (waited > bound_ns) {
