@@ -141,6 +141,15 @@ def _check_gemm(ts: Slots, a: Args) -> None:
     if a[3] == 0 and a[2] != 0:
         raise ProgramError(f"GEMM token count 0 means all {x.shape[0]} tokens, so t0 must be 0, not {a[2]}")
     _range(a[2], a[3], x.shape[0], "GEMM token")
+    if _opt(ts, 3) is not None:  # residual statistics of the tile
+        stats = _t(ts, 3, "stats", F, 3)
+        s = _t(ts, 4, "s", F, 2)
+        al, be = _t(ts, 5, "alpha", F, 1), _t(ts, 6, "beta", F, 1)
+        if not (out.dtype == DType.F32 and stats.shape[0] == out.shape[0] and stats.shape[2] == 4 and s.shape == out.shape
+                and al.shape == be.shape == (out.shape[1],)):
+            raise ProgramError(f"GEMM statistics need out f32 {out.shape}, stats [T,P,4], s like out and alpha, beta [N]: got "
+                               f"out {out.dtype.name}, stats {stats.shape}, s {s.shape}, alpha {al.shape}, beta {be.shape}")
+        _range(a[4], 1, stats.shape[1], "GEMM statistics slot")
 
 
 def gemm_tokens(x_rows: int, a: Args) -> int:
@@ -153,7 +162,8 @@ def _cost_gemm(ts: Slots, a: Args) -> Cost:
     assert out and x and w
     k = x.shape[1]
     t = gemm_tokens(x.shape[0], a)
-    return Cost(weight_bytes=a[1] * w.row_bytes, act_bytes=t * x.row_bytes + t * a[1] * DTYPE_BYTES[out.dtype], flops=2 * t * k * a[1])
+    stats = 3 * t * a[1] * 4 + 2 * a[1] * 4 if _opt(ts, 3) is not None else 0  # out and s read back, alpha, beta
+    return Cost(weight_bytes=a[1] * w.row_bytes, act_bytes=t * x.row_bytes + t * a[1] * DTYPE_BYTES[out.dtype] + stats, flops=2 * t * k * a[1])
 
 
 def _check_rmsnorm(ts: Slots, a: Args) -> None:
@@ -299,12 +309,25 @@ def _check_residual(ts: Slots, a: Args) -> None:
             if not (_t(ts, 6, "out bf16", BF, 2).shape == s.shape):
                 raise ProgramError("RESIDUAL t6 shape")
     _range(a[0], a[1], s.shape[0], "RESIDUAL row")
+    stats = _opt(ts, 7)
+    if stats is None:
+        if a[2] or a[3]:
+            raise ProgramError(f"RESIDUAL columns [{a[2]}, {a[2] + a[3]}) need the rows' statistics in t7")
+        return
+    _t(ts, 7, "stats", F, 3)
+    if not (stats.shape[0] == s.shape[0] and stats.shape[1] >= 1 and stats.shape[2] == 4):
+        raise ProgramError(f"RESIDUAL stats {stats.shape} must be [{s.shape[0]},P,4]")
+    if a[2] % 4 or a[3] % 4 or (a[3] == 0 and a[2] != 0):
+        raise ProgramError(f"RESIDUAL columns [{a[2]}, {a[2] + a[3]}) must start and end at multiples of 4 (a3 = 0: all, from 0)")
+    _range(a[2], a[3], d, "RESIDUAL column")
 
 
 def _cost_residual(ts: Slots, a: Args) -> Cost:
     s = ts[0]
     assert s
-    return Cost(act_bytes=5 * a[1] * s.row_bytes, flops=10 * a[1] * s.shape[1])
+    stats = _opt(ts, 7)
+    cols = (a[3] or s.shape[1]) if stats is not None else s.shape[1]
+    return Cost(act_bytes=a[1] * (5 * cols * 4 + (stats.row_bytes if stats is not None else 0)), flops=10 * a[1] * cols)
 
 
 def _work(ts: Slots, i: int) -> TensorSpec:
@@ -451,12 +474,12 @@ SPECS: dict[Op, OpSpec] = {
     Op.SLEEP: OpSpec((), ("ns",), _check_sleep, lambda ts, a: Cost()),
     Op.COPY: OpSpec(("dst", "src"), ("i0", "n"), _check_copy, _cost_elementwise(2)),
     Op.SCALE_ADD: OpSpec(("dst", "x", "y"), ("i0", "n", "f_a", "f_b"), _check_scale_add, _cost_elementwise(3)),
-    Op.GEMM: OpSpec(("out", "x", "W"), ("n0", "n", "t0", "t"), _check_gemm, _cost_gemm),
+    Op.GEMM: OpSpec(("out", "x", "W", "stats", "s", "alpha", "beta"), ("n0", "n", "t0", "t", "slot"), _check_gemm, _cost_gemm),
     Op.RMSNORM: OpSpec(("out", "in", "w"), ("row0", "rows"), _check_rmsnorm, _cost_rows),
     Op.QK_ROPE_KV: OpSpec(("qkvg", "q", "w_qn", "w_kn", "k_cache", "v_cache", "convs"), ("conv", "rope", "f_kscale", "f_vscale"), _check_qk_rope_kv, _cost_qk),
     Op.ATTN_CHUNK: OpSpec(("q", "k_cache", "v_cache", "convs", "part_o", "part_ml"), ("conv", "kv_head", "chunk", "chunk_len", "window", "f_kscale", "f_vscale"), _check_attn_chunk, _cost_attn_chunk),
     Op.ATTN_MERGE: OpSpec(("o", "part_o", "part_ml", "qkvg"), ("tok0", "tokens", "head0", "heads"), _check_attn_merge, _cost_merge),
-    Op.RESIDUAL: OpSpec(("s", "a", "alpha", "beta", "w_next", "out_f32", "out_bf16"), ("row0", "rows"), _check_residual, _cost_residual),
+    Op.RESIDUAL: OpSpec(("s", "a", "alpha", "beta", "w_next", "out_f32", "out_bf16", "stats"), ("row0", "rows", "col0", "cols"), _check_residual, _cost_residual),
     Op.TOPK: OpSpec(("scores", "route_meta", "route", "work"), ("first_local", "n_local"), _check_topk, _cost_topk),
     Op.EXPERT_UP: OpSpec(("hbuf", "x", "codes", "scales", "tscales", "route_meta", "route", "work"), ("list", "workers", "grain", "cap"), lambda ts, a: _check_expert(ts, a, True), lambda ts, a: _cost_expert(ts, a, 2)),
     Op.EXPERT_DOWN: OpSpec(("y", "hbuf", "codes", "scales", "tscales", "route_meta", "route", "work"), ("list", "workers", "grain", "cap"), lambda ts, a: _check_expert(ts, a, False), lambda ts, a: _cost_expert(ts, a, 1)),

@@ -85,7 +85,12 @@ enum gvm_opcode {
      * out[t, n] = sum_k x[t,k] * W[n,k] for n in [n0, n0+a1), t in [a2, a2+a3),
      * f32 accumulate.
      * dtypes (x, W, out): (bf16, bf16, bf16|f32) or (f32, f32, f32). The weight
-     * rows [n0, n0+a1) are what the loader prefetches. */
+     * rows [n0, n0+a1) are what the loader prefetches.
+     * Residual statistics (optional, out f32): t3 stats [T,P,4] f32, t4 s [T,N]
+     * f32, t5 alpha [N] f32, t6 beta [N] f32, a4 slot p < P. For each token t
+     * of the range, stats[t, p] = (sum a^2, sum alpha*beta*s*a, sum beta^2*a^2,
+     * sum alpha^2*s^2) over n in [n0, n0+a1), a = out[t, n] as stored (the
+     * sums RESIDUAL needs for s = alpha*s + beta*rms(a) and rms of the new s). */
     GVM_OP_RMSNORM = 17,
     /* t0 out [T,D] bf16|f32, t1 in [T,D] f32, t2 w [D] f32; a0 row0, a1 rows.
      * out = rms(in) * (1 + w). */
@@ -119,7 +124,11 @@ enum gvm_opcode {
     /* t0 s [T,D] f32 (in place), t1 a [T,D] f32, t2 alpha [D] f32, t3 beta [D] f32,
      * t4 w_next [D] f32 or none, t5 out f32 [T,D] or none, t6 out bf16 [T,D] or none;
      * a0 row0, a1 rows. s = alpha*s + beta*rms(a); then, if t4 is set,
-     * n = rms(s)*(1 + w_next) is written to t5 and/or t6. */
+     * n = rms(s)*(1 + w_next) is written to t5 and/or t6.
+     * t7 stats [T,P,4] f32 or none (GEMM's residual statistics of a, summed
+     * over the P slots, instead of the op's own sums over the row); with t7,
+     * only columns [a2, a2+a3) (a3 = 0: all; multiples of 4) are read and
+     * written; without it a2 = a3 = 0. */
     GVM_OP_TOPK = 22,
     /* t0 scores [T,NE] f32, t1 route_meta [2,E] i32, t2 route [5,8T] i32,
      * t3 work [K,2] i32 or none (the experts' work lists: set to 0);

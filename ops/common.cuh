@@ -96,3 +96,21 @@ struct gvm_group_sum {
         return (r.x + r.y) + (r.z + r.w);
     }
 };
+
+// Four sums over the group at once (gvm_group_sum for float4s), in the same
+// fixed order, with 32 floats of scratch as two alternating halves.
+struct gvm_group_sum4 {
+    unsigned buf;   // shared address of 32 floats, 16-byte aligned
+    unsigned phase;
+    __device__ __forceinline__ gvm_group_sum4(unsigned addr) : buf(addr), phase(0) {}
+    __device__ __forceinline__ float4 operator()(const gvm_ctx& c, float4 v) {
+        v = make_float4(gvm_warp_sum(v.x), gvm_warp_sum(v.y), gvm_warp_sum(v.z), gvm_warp_sum(v.w));
+        if ((c.tid & 31) == 0) gvm_sts(buf + (phase * 4 + (c.tid >> 5)) * 16, v);
+        gvm_group_sync(c);
+        const unsigned h = buf + phase * 64;
+        const float4 a = gvm_lds_f4(h), b = gvm_lds_f4(h + 16), d = gvm_lds_f4(h + 32), e = gvm_lds_f4(h + 48);
+        phase ^= 1u;
+        return make_float4((a.x + b.x) + (d.x + e.x), (a.y + b.y) + (d.y + e.y), (a.z + b.z) + (d.z + e.z),
+                           (a.w + b.w) + (d.w + e.w));
+    }
+};

@@ -42,8 +42,7 @@
 // Host build (tools/ops_emu, no __CUDA_ARCH__): the few PTX primitives below
 // have plain C++ versions, so that the emulator runs this header unchanged.
 #pragma once
-#include "op_ctx.cuh"
-#include "ptx.cuh"
+#include "common.cuh"
 #include "../runtime/params.cuh"
 
 #ifndef GVM_GEMM_STEPS          // k-steps of 32 held per thread: as many as the register budget allows
@@ -798,6 +797,111 @@ __device__ __forceinline__ bool gvm_gemm_operand_ok(const gvm_tensor& t, int esi
     return t.ndim == 2 & t.stride[1] == 1 & (t.ptr & 15ull) == 0 & ((t.stride[0] * esize) & 15) == 0;
 }
 
+// ---- residual statistics (optional t3..t6) ------------------------------------------
+// The norms of RESIDUAL (ops/norm.cuh) need two sums over a whole row, rms(a)
+// and then rms of the new s; one group walking a one-token row of 8,192 makes
+// them a chain of round trips (~7.6 us an op on the H200 step's critical path).
+// A GEMM that produces a can hand RESIDUAL the sums instead: per token and
+// column tile, (sum a^2, sum alpha beta s a, sum beta^2 a^2, sum alpha^2 s^2)
+// give both norms (s' = alpha s + beta a r_a has sum s'^2 = S + 2 r_a C + r_a^2 B),
+// so RESIDUAL can be cut over columns. Read back from out after the group's
+// stores: warp w takes tokens 4w.. four at a time, lanes stride over the
+// columns, butterfly sums: a fixed order, so the sums do not depend on the schedule.
+__device__ __noinline__ bool gvm_gemm_stats_ok(const gvm_ctx& c) {
+    if (!(gvm_has(c, 4) && gvm_has(c, 5) && gvm_has(c, 6))) return false;
+    const gvm_tensor& out = gvm_t(c, 0);
+    const gvm_tensor& st = gvm_t(c, 3);
+    const gvm_tensor& s = gvm_t(c, 4);
+    const int t = out.shape[0], n = out.shape[1], slot = c.ins->arg[4];
+    return (out.dtype == GVM_DT_F32) & gvm_is(st, GVM_DT_F32, 3) & (st.shape[0] == t) & (st.shape[2] == 4) &
+           (st.stride[1] == 4) & gvm_aligned(st, 4, 16) & (slot >= 0) & (slot < st.shape[1]) & gvm_is(s, GVM_DT_F32, 2) &
+           (s.shape[0] == t) & (s.shape[1] == n) & gvm_is(gvm_t(c, 5), GVM_DT_F32, 1) & (gvm_t(c, 5).shape[0] == n) &
+           gvm_is(gvm_t(c, 6), GVM_DT_F32, 1) & (gvm_t(c, 6).shape[0] == n);
+}
+
+#ifndef GVM_GEMM_STATS_PF
+#define GVM_GEMM_STATS_PF 0  // 1: the lines the statistics read back go to L1 as the op starts (at most GVM_GEMM_STATS_PF_LINES)
+#endif
+#define GVM_GEMM_STATS_PF_LINES 512
+
+// The instruction's range, read again from the instruction: held across the
+// GEMM's body it cost a spill.
+__device__ __forceinline__ void gvm_gemm_stats_range(const gvm_ctx& c, int& n0, int& cnt, int& t0, int& tn) {
+    n0 = c.ins->arg[0], cnt = c.ins->arg[1];
+    t0 = GVM_MAX_GROUPS <= 2 ? c.ins->arg[2] : 0;
+    tn = GVM_MAX_GROUPS <= 2 && c.ins->arg[3] ? c.ins->arg[3] : gvm_t(c, 0).shape[0];
+}
+
+// Line i of the tile's columns in row t of an f32 [T, N] tensor with row stride ld.
+__device__ __forceinline__ const float* gvm_gemm_stats_line(const gvm_tensor& t, long long row, int n0, int i) {
+    return reinterpret_cast<const float*>(t.ptr) + row * t.stride[0] + (n0 & ~31) + 32 * i;
+}
+
+__device__ __forceinline__ void gvm_gemm_stats_prefetch(const gvm_ctx& c) {
+    int n0, cnt, t0, tn;
+    gvm_gemm_stats_range(c, n0, cnt, t0, tn);
+    const int nl = ((n0 + cnt + 31) >> 5) - (n0 >> 5);  // lines of a row's columns
+    const int rows = 2 * tn + 2;                         // out and s of each token, alpha, beta
+    const int total = min(rows * nl, GVM_GEMM_STATS_PF_LINES);
+    for (int i = (int)c.tid; i < total; i += 128) {
+        const int r = i / nl, l = i - r * nl;
+        const gvm_tensor& t = gvm_t(c, r < 2 ? 5 + r : r & 1 ? 4 : 0);
+        gvm_prefetch_l1(gvm_gemm_stats_line(t, r < 2 ? 0 : t0 + (r - 2) / 2, n0, l));
+    }
+}
+
+__device__ __forceinline__ void gvm_gemm_stats(const gvm_ctx& c) {
+    gvm_group_sync(c);  // out was stored by the whole group
+    const gvm_tensor& out = gvm_t(c, 0);
+    int n0, cnt, t0, tn;
+    gvm_gemm_stats_range(c, n0, cnt, t0, tn);
+    const gvm_tensor& st = gvm_t(c, 3);
+    const gvm_tensor& ts = gvm_t(c, 4);
+    const float* a = reinterpret_cast<const float*>(out.ptr);
+    const float* s = reinterpret_cast<const float*>(ts.ptr);
+    const float* al = reinterpret_cast<const float*>(gvm_t(c, 5).ptr);
+    const float* be = reinterpret_cast<const float*>(gvm_t(c, 6).ptr);
+    const long long ao = out.stride[0], so = ts.stride[0];
+    const unsigned lane = c.tid & 31u;
+    const int end = t0 + tn;
+#pragma unroll 1
+    for (int tb = t0 + 4 * (int)(c.tid >> 5); tb < end; tb += 16) {
+        float r[4][4];
+#pragma unroll
+        for (int u = 0; u < 4; ++u) r[u][0] = r[u][1] = r[u][2] = r[u][3] = 0.0f;
+#pragma unroll 1
+        for (int n = n0 + (int)lane; n < n0 + cnt; n += 32) {
+            const float alpha = al[n], beta = be[n];
+            float av[4], sv[4];
+#pragma unroll
+            for (int u = 0; u < 4; ++u) {  // tokens past the end repeat the last one (not stored)
+                const long long t = tb + u < end ? tb + u : end - 1;
+                av[u] = a[t * ao + n];
+                sv[u] = s[t * so + n];
+            }
+#pragma unroll
+            for (int u = 0; u < 4; ++u) {
+                const float ba = beta * av[u], as = alpha * sv[u];
+                r[u][0] = fmaf(av[u], av[u], r[u][0]);
+                r[u][1] = fmaf(as, ba, r[u][1]);
+                r[u][2] = fmaf(ba, ba, r[u][2]);
+                r[u][3] = fmaf(as, as, r[u][3]);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < 4; ++u)
+#pragma unroll
+            for (int k = 0; k < 4; ++k) r[u][k] = gvm_warp_sum(r[u][k]);
+        if (lane == 0) {
+#pragma unroll
+            for (int u = 0; u < 4; ++u)
+                if (tb + u < end)
+                    *gvm_ptr<float4>(st, (long long)(tb + u) * st.stride[0] + 4ll * c.ins->arg[4], 4) =
+                        make_float4(r[u][0], r[u][1], r[u][2], r[u][3]);
+        }
+    }
+}
+
 __device__ __forceinline__ int gvm_op_gemm(const gvm_ctx& c) {
     const gvm_instr& in = *c.ins;
     if (in.tensor[0] == GVM_NONE || in.tensor[1] == GVM_NONE || in.tensor[2] == GVM_NONE) return GVM_ERR_BAD_ARGS;
@@ -819,6 +923,10 @@ __device__ __forceinline__ int gvm_op_gemm(const gvm_ctx& c) {
         out.shape[1] != w.shape[0] | n0 < 0 | cnt < 0 | n0 + cnt > w.shape[0] | t0 < 0 | tn < 0 |
         t0 + tn > x.shape[0] | (in.arg[3] == 0 && t0 != 0))
         return GVM_ERR_BAD_ARGS;
+    if (gvm_has(c, 3) && !gvm_gemm_stats_ok(c)) return GVM_ERR_BAD_ARGS;
     if (cnt == 0 || tn == 0) return GVM_ERR_NONE;
-    return bf ? gvm_gemm_bf16(c, out, x, w, n0, cnt, t0, tn) : gvm_gemm_f32(c, out, x, w, n0, cnt, t0, tn);
+    if (GVM_GEMM_STATS_PF && gvm_has(c, 3)) gvm_gemm_stats_prefetch(c);
+    const int rc = bf ? gvm_gemm_bf16(c, out, x, w, n0, cnt, t0, tn) : gvm_gemm_f32(c, out, x, w, n0, cnt, t0, tn);
+    if (rc == GVM_ERR_NONE && gvm_has(c, 3)) gvm_gemm_stats(c);
+    return rc;
 }

@@ -155,7 +155,8 @@ __device__ int gvm_op_rmsnorm(const gvm_ctx& c) {
 }
 
 // t0 s = alpha * s + beta * rms(t1 a); with t4 w_next set, also
-// n = rms(s) * (1 + w_next) into t5 (f32) and/or t6 (bf16). Rows [a0, a0 + a1).
+// n = rms(s) * (1 + w_next) into t5 (f32) and/or t6 (bf16). Rows [a0, a0 + a1);
+// with t7 (the rows' statistics), columns [a2, a2 + a3) only (gvm_residual_cols).
 // The stash holds a, then (same slots, same thread) the new s.
 // Kept out of line: checking seven descriptors inline hoists their fields into
 // registers that the batched loads below need.
@@ -170,11 +171,88 @@ __device__ __noinline__ bool gvm_residual_args_ok(const gvm_ctx& c) {
     if (has_w) ok &= gvm_f32_vec(gvm_t(c, 4), d) & (has_f || has_b);
     if (has_w & has_f) ok &= gvm_f32_rows(gvm_t(c, 5), n, d);
     if (has_w & has_b) ok &= gvm_is(gvm_t(c, 6), GVM_DT_BF16, 2) & gvm_out_rows(gvm_t(c, 6), n, d);
+    const int c0 = c.ins->arg[2], cols = c.ins->arg[3];
+    if (gvm_has(c, 7)) {  // a column range with its rows' statistics: float4s of whole slots
+        const gvm_tensor& st = gvm_t(c, 7);
+        ok &= gvm_is(st, GVM_DT_F32, 3) & st.shape[0] == n & st.shape[1] >= 1 & st.shape[2] == 4 & st.stride[1] == 4 &
+              gvm_aligned(st, 4, 16) & c0 >= 0 & cols >= 0 & c0 % 4 == 0 & cols % 4 == 0 & c0 + cols <= d &
+              (cols > 0 | c0 == 0) & c.smem_bytes >= 128;
+    } else {
+        ok &= c0 == 0 & cols == 0;  // whole rows: the op takes both sums itself
+    }
     return ok;
+}
+
+// RESIDUAL over columns [a2, a2 + a3) (a3 = 0: all) of rows whose sums came
+// with t7 (GEMM's residual statistics, ops/gemm.cuh): per row, the P slots'
+// (A, C, B, S) summed over the group in a fixed order (every column range
+// gets the same norms), then r_a = rms factor of A, r_s of S + 2 r_a C + r_a^2 B,
+// and s' = alpha s + beta a r_a, n = s' r_s (1 + w_next) column by column. A
+// row's slots and its first batch of columns are loaded before the group sum,
+// so a one-token range of up to 1,024 columns is one round trip.
+#define GVM_RES_COL_BATCH 2  // float4s of each vector per thread and batch
+__device__ int gvm_residual_cols(const gvm_ctx& c) {
+    const gvm_tensor& ts = gvm_t(c, 0);
+    const gvm_tensor& ta = gvm_t(c, 1);
+    const gvm_tensor& st = gvm_t(c, 7);
+    const int row0 = c.ins->arg[0], rows = c.ins->arg[1], d = ts.shape[1], np = st.shape[1];
+    const int c4 = c.ins->arg[2] / 4, e4 = c.ins->arg[3] ? c4 + c.ins->arg[3] / 4 : d / 4;
+    const bool has_w = gvm_has(c, 4), has_f = gvm_has(c, 5), has_b = gvm_has(c, 6);
+    const float4* alpha = reinterpret_cast<const float4*>(gvm_t(c, 2).ptr);
+    const float4* beta = reinterpret_cast<const float4*>(gvm_t(c, 3).ptr);
+    const float4* wn = has_w ? reinterpret_cast<const float4*>(gvm_t(c, 4).ptr) : alpha;
+    gvm_group_sum4 gsum(gvm_smem_addr(c.smem));
+    constexpr int B = GVM_RES_COL_BATCH;
+    for (int r = row0; r < row0 + rows; ++r) {
+        const float4* sl = gvm_ptr<const float4>(st, (long long)r * st.stride[0], 4);
+        float4 part = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        for (int j0 = 0; j0 < np; j0 += 256) {  // uniform trip count; slots past np read slot np - 1, not added
+            const int j = j0 + (int)c.tid;
+            const float4 u = sl[min(j, np - 1)], v = sl[min(j + 128, np - 1)];
+            if (j < np) part = make_float4(part.x + u.x, part.y + u.y, part.z + u.z, part.w + u.w);
+            if (j + 128 < np) part = make_float4(part.x + v.x, part.y + v.y, part.z + v.z, part.w + v.w);
+        }
+        float4* s = reinterpret_cast<float4*>(gvm_row_addr(ts, r));
+        const float4* a = reinterpret_cast<const float4*>(gvm_row_addr(ta, r));
+        float inv_a = 0.0f, inv_s = 0.0f;
+        for (int b0 = c4; b0 < e4; b0 += 128 * B) {  // uniform: the first batch holds the group sum's barrier
+            float4 sv[B], av[B], al[B], be[B], wv[B];
+#pragma unroll
+            for (int u = 0; u < B; ++u) {
+                const int j = min(b0 + (int)c.tid + 128 * u, e4 - 1);
+                sv[u] = s[j];
+                av[u] = a[j];
+                al[u] = alpha[j];
+                be[u] = beta[j];
+                wv[u] = wn[j];
+            }
+            if (b0 == c4) {
+                const float4 sum = gsum(c, part);  // (A, C, B, S)
+                inv_a = gvm_rms_inv(sum.x, d);
+                inv_s = gvm_rms_inv(fmaxf(sum.w + inv_a * (2.0f * sum.y + inv_a * sum.z), 0.0f), d);
+            }
+#pragma unroll
+            for (int u = 0; u < B; ++u) {
+                const int i = b0 + (int)c.tid + 128 * u;
+                if (i >= e4) continue;
+                const float4 nv = make_float4(al[u].x * sv[u].x + be[u].x * (av[u].x * inv_a),
+                                              al[u].y * sv[u].y + be[u].y * (av[u].y * inv_a),
+                                              al[u].z * sv[u].z + be[u].z * (av[u].z * inv_a),
+                                              al[u].w * sv[u].w + be[u].w * (av[u].w * inv_a));
+                s[i] = nv;
+                if (!has_w) continue;
+                const float4 v = gvm_norm4(nv, inv_s, wv[u]);
+                if (has_f) gvm_store_row4(gvm_row_addr(gvm_t(c, 5), r), false, i, v);
+                if (has_b) gvm_store_row4(gvm_row_addr(gvm_t(c, 6), r), true, i, v);
+            }
+        }
+    }
+    return GVM_ERR_NONE;
 }
 
 __device__ int gvm_op_residual(const gvm_ctx& c) {
     if (!gvm_residual_args_ok(c)) return GVM_ERR_BAD_ARGS;
+    if (gvm_has(c, 7)) return gvm_residual_cols(c);
     const gvm_tensor& ts = gvm_t(c, 0);
     const gvm_tensor& ta = gvm_t(c, 1);
     const int row0 = c.ins->arg[0], rows = c.ins->arg[1], d = ts.shape[1];

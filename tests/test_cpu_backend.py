@@ -77,6 +77,27 @@ def test_residual_and_fused_norm() -> None:
     assert o32[0].isnan().all()
 
 
+def test_residual_over_columns_from_gemm_statistics() -> None:
+    """GEMM tiles leave their residual statistics; RESIDUAL cut into column
+    ranges then gives what the whole-row op gives, and writes only its columns."""
+    t, d, k = 3, 32, 24
+    x, w = randn(t, k).bfloat16(), randn(d, k).bfloat16()
+    s, al, be, wn = randn(t, d), 1 + 0.1 * randn(d), 0.3 + 0.1 * randn(d), randn(d)
+    a, stats = nan(t, d), nan(t, 3, 4)
+    for slot, (c0, n) in enumerate(((0, 13), (13, 3), (16, 16))):
+        ops.gemm([a, x, w, stats, s, al, be], [c0, n, 0, 0, slot])
+    torch.testing.assert_close(stats[0, 0, 0], (a[0, :13] ** 2).sum())
+    whole_s, whole_o = s.clone(), nan(t, d)
+    ops.residual([whole_s, a, al, be, wn, whole_o], [0, t])
+    cut_o, cut_b = nan(t, d), nan(t, d, dtype=torch.bfloat16)
+    for c0, n in ((0, 8), (8, 20)):
+        ops.residual([s, a, al, be, wn, cut_o, cut_b, stats], [0, t, c0, n])
+    assert cut_o[:, 28:].isnan().all()
+    torch.testing.assert_close(s[:, :28], whole_s[:, :28])
+    torch.testing.assert_close(cut_o[:, :28], whole_o[:, :28])
+    torch.testing.assert_close(cut_b[:, :28], whole_o[:, :28].bfloat16(), atol=0, rtol=2**-7)
+
+
 def test_copy_and_scale_add() -> None:
     x, y, d = randn(4, 8), randn(32), nan(32)
     ops.copy([d, x], [3, 10])

@@ -106,8 +106,12 @@ def test_tiles_cover_every_output_once(kind: str, tiling: str) -> None:
     for opcode in (Op.RMSNORM, Op.EXPERT_COMBINE):
         _cover([(o.args[0], o.args[1]) for o in _ops(s, opcode)], T)
     res = _ops(s, Op.RESIDUAL)
-    _cover([(o.args[0], o.args[1]) for o in res if o.tensors[1].name == "L0.a"], T)
-    _cover([(o.args[0], o.args[1]) for o in res if o.tensors[1].name == "L0.f"], T)
+    for src in ("L0.a", "L0.f"):  # every column range (args 2, 3; 0, 0: whole rows) over every row once
+        ranges = {(o.args[2], o.args[3]) for o in res if o.tensors[1].name == src}
+        if ranges != {(0, 0)}:
+            _cover(sorted(ranges), cfg.d)
+        for c0, cn in ranges:
+            _cover([(o.args[0], o.args[1]) for o in res if o.tensors[1].name == src and (o.args[2], o.args[3]) == (c0, cn)], T)
     merges = _ops(s, Op.ATTN_MERGE)
     pairs = sorted((t, h) for o in merges for t in range(o.args[0], o.args[0] + o.args[1]) for h in range(o.args[2], o.args[2] + o.args[3]))
     assert pairs == [(t, h) for t in range(T) for h in range(cfg.heads_q)]
@@ -169,6 +173,29 @@ def test_dependencies_are_fine_grained() -> None:
     for o in _ops(s, Op.GEMM):
         if o.tensors[1].name in ("L0.h2", "L0.h2_bf16"):
             assert _waits_on(s, o) == res1
+
+
+def test_residuals_cut_over_columns_take_the_gemm_statistics() -> None:
+    """Each RESIDUAL row block is cut into Tiles.residual_slices column ranges
+    (fewer when the ops would pass residual_max_ops) that read the sums Wo's or
+    Wex's column tiles leave, one slot each; residual_slices 1 keeps whole rows."""
+    d = SMALL.d
+    for tl, rows, want in ((Tiles(rows=1), 3, 8), (Tiles(rows=1, residual_max_ops=6), 3, 2), (Tiles(rows=3, residual_slices=1), 1, 1)):
+        s = lower_layer(SMALL, "sliding", 3, 1, 100, tiles=tl).stream
+        for res, gemm_out in (("residual1", "L0.a"), ("residual2", "L0.f")):
+            ops = [o for o in _ops(s, Op.RESIDUAL) if res in o.label]
+            assert len(ops) == rows * want
+            tiles = [o for o in _ops(s, Op.GEMM) if o.tensors[0].name == gemm_out]
+            if want == 1:
+                assert all(len(o.tensors) <= 7 or o.tensors[7] is None for o in ops) and all(o.args[2:4] == (0, 0) for o in ops)
+                assert all(len(o.tensors) == 3 for o in tiles)
+                continue
+            stats = ops[0].tensors[7]
+            assert stats.shape == (3, len(tiles), 4) and all(o.tensors[7] is stats for o in ops)
+            assert sorted(o.args[4] for o in tiles) == list(range(len(tiles))) and all(o.tensors[3] is stats for o in tiles)
+            for r in range(rows):
+                _cover([(o.args[2], o.args[3]) for o in ops if o.args[0] == r], d)
+            assert all(o.args[2] % 4 == 0 and o.args[3] % 4 == 0 for o in ops)
 
 
 def test_weights_and_tensors_are_named_after_layer_weights() -> None:

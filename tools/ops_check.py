@@ -48,7 +48,7 @@ if str(ROOT) not in sys.path:
 
 from gpuvm.cpu.backend import run_stream  # noqa: E402
 from gpuvm.device.build import BuildOptions  # noqa: E402
-from gpuvm.cpu.ops import OPS as CPU_OPS  # noqa: E402
+from gpuvm.cpu.ops import OPS as CPU_OPS, residual_stats  # noqa: E402
 from gpuvm.isa import TENSOR_DTYPE, DType, ErrorCode, Op, f2i  # noqa: E402
 from gpuvm.muse.formats import from_e4m3, to_e4m3  # noqa: E402
 from gpuvm.opspec import TensorSpec  # noqa: E402
@@ -331,6 +331,32 @@ def cases_norm(sz: Sizes, gen: torch.Generator) -> list[Case]:
         for r, n in _row_blocks(t, sz.rows):
             b.op_(slots, [r, n])
         out.append(b.case())
+    # columns of rows whose sums come with them (GEMM residual statistics, P
+    # slots over uneven column tiles): column ranges of whole float4s, uneven
+    for variant in ("f32+bf16 out", "no w_next"):
+        b = _Build(f"residual columns {variant}", Op.RESIDUAL, gen)
+        sv, av = b.randn(t, d, scale=2.0), _tiny_rows(b.randn(t, d, scale=5.0))
+        alv, bev = 1.0 + b.randn(d, scale=0.1), 0.3 + b.randn(d, scale=0.1)
+        s = b.add("s", DType.F32, sv.clone(), F32)
+        a = b.add("a", DType.F32, av)
+        al, be = b.add("alpha", DType.F32, alv), b.add("beta", DType.F32, bev)
+        tiles = _gemm_cols(d, (40, 13, 64, 7))
+        stats = torch.stack([residual_stats(av[:, c0:c0 + n], sv[:, c0:c0 + n], alv[c0:c0 + n], bev[c0:c0 + n]) for c0, n in tiles], 1)
+        st = b.add("stats", DType.F32, stats)
+        slots = [s, a, al, be]
+        if variant != "no w_next":
+            slots += [b.add("w_next", DType.F32, b.randn(d, scale=0.2)), b.out("n_f32", DType.F32, (t, d), F32),
+                      b.out("n_bf16", DType.BF16, (t, d), BF16)]
+        else:
+            slots += [None, None, None]
+        for r, n in _row_blocks(t, sz.rows):
+            for c0, cn in _gemm_cols(d, (4 * (d // 20), 8, 4 * (d // 7))):
+                b.op_([*slots, st], [r, n, c0, cn])
+        out.append(b.case())
+    b = _Build("residual columns not of whole float4s -> BAD_ARGS", Op.RESIDUAL, gen)
+    b.op_([b.add("s", DType.F32, b.randn(2, 64), EXACT), b.add("a", DType.F32, b.randn(2, 64)), b.add("alpha", DType.F32, b.randn(64)),
+           b.add("beta", DType.F32, b.randn(64)), None, None, None, b.add("stats", DType.F32, b.randn(2, 3, 4))], [0, 2, 0, 32])
+    out.append(b.case(int(ErrorCode.BAD_ARGS), _set_arg(3, 30)))
     b = _Build("rmsnorm w said bf16 -> BAD_ARGS", Op.RMSNORM, gen)
     b.op_([b.out("out", DType.F32, (4, 64), EXACT), b.add("x", DType.F32, b.randn(4, 64)), b.add("w", DType.F32, b.randn(64))], [0, 4])
     out.append(b.case(int(ErrorCode.BAD_ARGS), _set_table("w", "dtype", int(DType.BF16), b)))
@@ -546,6 +572,7 @@ def cases_experts(sz: Sizes, gen: torch.Generator) -> list[Case]:
 GEMM_F32 = Check("float", rtol=1e-5, atol_max=1e-6, norm=1e-5)  # f32 sums in another order: a few ulp of max|ref|
 GEMM_BF16 = Check("float", rtol=2.0**-7, atol_max=2e-3, norm=5e-3)  # bf16 out; f32 out: exact products, sums reordered
 GEMM_CNTS = (13, 1, 8, 4, 2, 3, 16, 5, 7)  # rows per instruction, in turn
+STATS = Check("float", rtol=1e-4, atol_max=1e-5, norm=1e-5)  # f32 sums of a tile's products, reordered (the cross term has both signs)
 
 
 def _gemm_cols(n: int, cnts: tuple[int, ...]) -> list[tuple[int, int]]:
@@ -635,6 +662,26 @@ def cases_gemm(sz: Sizes, gen: torch.Generator) -> list[Case]:
     for t, k, spans, alternate in ((100, d, ((0, 64), (64, 36)), True), (70, k_odd, ((0, 70),), False)):
         out.append(_ranged_gemm(f"gemm f32 T={t} K={k} token ranges, staged", gen, DType.F32, DType.F32, GEMM_F32,
                                 t, k, 2 * n, (32, 13, 40, 64), spans, alternate))
+    # residual statistics of each column tile (t3..t6, slot a4), at 1, 8 and 20
+    # tokens, over token ranges, and staged from 64 tokens
+    for t, spans in ((1, ((0, 0),)), (8, ((0, 0),)), (20, ((0, 7), (7, 13))), (70, ((0, 64), (64, 6)))):
+        b = _Build(f"gemm bf16 T={t} residual statistics" + (" over token ranges" if spans[0][1] else ""), Op.GEMM, gen)
+        o = b.out("out", DType.F32, (t, 2 * n), GEMM_BF16)
+        x = b.add("x", DType.BF16, b.randn(t, d, scale=2.0).bfloat16())
+        w = b.add("w", DType.BF16, b.randn(2 * n, d, scale=0.05).bfloat16())
+        cols = _gemm_cols(2 * n, (40, 13, 64, 1))
+        st = b.out("stats", DType.F32, (t, len(cols), 4), STATS)
+        extra = [b.add("s", DType.F32, b.randn(t, 2 * n, scale=2.0)), b.add("alpha", DType.F32, 1.0 + b.randn(2 * n, scale=0.1)),
+                 b.add("beta", DType.F32, 0.3 + b.randn(2 * n, scale=0.1))]
+        for i, (c0, c) in enumerate(cols):
+            for t0, tn in spans:
+                b.op_([o, x, w, st, *extra], [c0, c, t0, tn, i])
+        out.append(b.case())
+    b = _Build("gemm statistics slot past P -> BAD_ARGS", Op.GEMM, gen)
+    b.op_([b.out("out", DType.F32, (2, 16), EXACT), b.add("x", DType.BF16, b.randn(2, 64).bfloat16()), b.add("w", DType.BF16, b.randn(16, 64).bfloat16()),
+           b.out("stats", DType.F32, (2, 2, 4), EXACT), b.add("s", DType.F32, b.randn(2, 16)), b.add("alpha", DType.F32, b.randn(16)),
+           b.add("beta", DType.F32, b.randn(16))], [0, 16, 0, 0, 1])
+    out.append(b.case(int(ErrorCode.BAD_ARGS), _set_arg(4, 2)))
     b = _Build("gemm bf16 token range past x -> BAD_ARGS", Op.GEMM, gen)
     b.op_([b.out("out", DType.F32, (40, 16), EXACT), b.add("x", DType.BF16, b.randn(40, 64).bfloat16()),
            b.add("w", DType.BF16, b.randn(16, 64).bfloat16())], [0, 16, 0, 40])

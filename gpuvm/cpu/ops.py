@@ -110,6 +110,17 @@ def gemm(ts: Slots, a: Args) -> None:
     cols = slice(a[0], a[0] + a[1])
     rows = slice(a[2], a[2] + a[3]) if a[3] else slice(None)
     out[rows, cols] = (x[rows].float() @ w[cols].float().T).to(out.dtype)
+    if len(ts) > 3 and ts[3] is not None:  # residual statistics of the tile (isa/gvm_isa.h GEMM)
+        stats, s, alpha, beta = ts[3:7]
+        assert s is not None and alpha is not None and beta is not None
+        stats[rows, a[4]] = residual_stats(out[rows, cols].float(), s[rows, cols], alpha[cols], beta[cols])
+
+
+def residual_stats(a: torch.Tensor, s: torch.Tensor, alpha: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
+    """GEMM's residual statistics of rows a, s [n, cols] (alpha, beta [cols]):
+    [n, 4] = (sum a^2, sum alpha beta s a, sum beta^2 a^2, sum alpha^2 s^2)."""
+    ba, as_ = beta * a, alpha * s
+    return torch.stack(((a * a).sum(-1), (as_ * ba).sum(-1), (ba * ba).sum(-1), (as_ * as_).sum(-1)), dim=-1)
 
 
 def rmsnorm(ts: Slots, a: Args) -> None:
@@ -195,12 +206,25 @@ def attn_merge(ts: Slots, a: Args) -> None:
 def residual(ts: Slots, a: Args) -> None:
     s, x, alpha, beta = ts[:4]
     assert s is not None and x is not None and alpha is not None and beta is not None
-    w_next, out32, out16 = (list(ts[4:7]) + [None] * 3)[:3]
+    w_next, out32, out16, stats = (list(ts[4:8]) + [None] * 4)[:4]
     rows = slice(a[0], a[0] + a[1])
-    new = alpha * s[rows] + beta * _rms(x[rows])
-    s[rows] = new
+    if stats is None:
+        new = alpha * s[rows] + beta * _rms(x[rows])
+        s[rows] = new
+        inv_s = torch.rsqrt(new.pow(2).mean(-1, keepdim=True) + RMS_EPS)
+    else:  # the sums of GEMM's residual statistics; columns [a2, a2 + a3) only
+        d = s.shape[1]
+        sums = stats[rows].double().sum(1)  # (A, C, B, S) per row
+        inv_a = torch.rsqrt(sums[:, 0] / d + RMS_EPS)
+        ss = (sums[:, 3] + inv_a * (2 * sums[:, 1] + inv_a * sums[:, 2])).clamp(min=0)
+        inv_s = torch.rsqrt(ss / d + RMS_EPS).float()[:, None]
+        cols = slice(a[2], a[2] + a[3]) if a[3] else slice(None)
+        new = alpha[cols] * s[rows, cols] + beta[cols] * (x[rows, cols] * inv_a.float()[:, None])
+        s[rows, cols] = new
+        rows = (rows, cols)
+        w_next = w_next[cols] if w_next is not None else None
     if w_next is not None:
-        normed = _rms(new) * (1.0 + w_next)
+        normed = new * inv_s * (1.0 + w_next)
         if out32 is not None:
             out32[rows] = normed
         if out16 is not None:

@@ -72,6 +72,13 @@ class Tiles:
     router_splits: int = 1  # token ranges per router tile at T > 1 (2 measured no faster on the H200: NOTES.md session 5)
     expert_workers: int = 264  # EXPERT_UP / EXPERT_DOWN instructions per layer (H200: 132 SMs x 2 groups)
     rows: int = 1  # token rows per RMSNORM / RESIDUAL / EXPERT_COMBINE op (latency bound: one row each ran fastest)
+    # A RESIDUAL row block is cut into residual_slices column ranges (at most
+    # residual_max_ops ops a layer point), its norms taken from the sums that
+    # the GEMM producing a (Wo, Wex) leaves per column tile (isa/gvm_isa.h,
+    # GEMM statistics); 1: whole rows, each op taking both sums over the row
+    # itself (one group, a chain of round trips at one token).
+    residual_slices: int = 8
+    residual_max_ops: int = 264
     chunk: int = 1024  # cached keys per ATTN_CHUNK op of a full layer
     # A sliding layer's window goes in the shortest chunk of sliding_chunk x 2^k
     # (at most `chunk`) that keeps its ATTN_CHUNK ops within sliding_ops, so
@@ -91,10 +98,18 @@ class Tiles:
             raise ProgramError(f"Tiles.gemm_min_bytes {self.gemm_min_bytes} exceeds gemm_max_bytes {self.gemm_max_bytes}")
         if not isinstance(self.router_span, int) or self.router_span < 0:
             raise ProgramError(f"Tiles.router_span must be an int >= 0, not {self.router_span!r}")
-        for name in ("gemm_bytes", "gemm_min_bytes", "gemm_max_bytes", "gemm_span", "router_bytes", "router_splits", "expert_workers", "rows", "chunk", "sliding_chunk", "sliding_ops"):
+        for name in ("gemm_bytes", "gemm_min_bytes", "gemm_max_bytes", "gemm_span", "router_bytes", "router_splits", "expert_workers", "rows", "residual_slices", "residual_max_ops", "chunk", "sliding_chunk", "sliding_ops"):
             v = getattr(self, name)
             if not isinstance(v, int) or v <= 0:
                 raise ProgramError(f"Tiles.{name} must be a positive int, not {v!r}")
+
+    def residual_cols(self, d: int, row_blocks: int) -> list[tuple[int, int]]:
+        """Column ranges [c0, c0 + n) of a RESIDUAL row (multiples of 4); one
+        range (0, 0), the whole row, when it is not cut."""
+        k = min(self.residual_slices, max(1, self.residual_max_ops // max(1, row_blocks)), max(1, d // 4))
+        if k <= 1:
+            return [(0, 0)]
+        return _tiles(0, d, -(-d // (4 * k)) * 4)
 
     def chunk_of(self, cfg: MuseConfig, kind: str, conversations: int, tokens_each: int, cache_slots: int) -> int:
         """Cached keys per ATTN_CHUNK op of a layer of this kind and shape (see sliding_chunk)."""
@@ -287,10 +302,9 @@ def emit_layer(
     def ctr(name: str) -> Counter:
         return p.counter(prefix + name)
 
-    def gemm(out: TensorSpec, xin: TensorSpec, wt: TensorSpec, n0: int, n1: int, waits: list[Counter], sig: Counter, tag: str,
-             tile_bytes: int = 0, token_splits: int = 1, beside: int = 0) -> int:
-        """Column tiles of wt over [n0, n1) (tile_bytes: a fixed size; beside:
-        tiles of another GEMM that run at the same time); returns how many."""
+    def gemm_plan(wt: TensorSpec, n0: int, n1: int, tile_bytes: int = 0, token_splits: int = 1, beside: int = 0) -> tuple[int, list[tuple[int, int]]]:
+        """Rows per column tile of wt over [n0, n1) and the token spans of each
+        (tile_bytes: a fixed size; beside: tiles of another GEMM that run at the same time)."""
         spans = [(0, 0)] if token_splits == 1 or T == 1 else _tiles(0, T, -(-T // token_splits))
         start = tl.router_span if wt.dtype == DType.F32 else tl.gemm_span
         if tl.gemm_fill and start and T >= start:  # staged on the device: spans x 64+ bf16 rows, or 32 f32 rows (a pass)
@@ -302,13 +316,37 @@ def emit_layer(
             rows = _fill_rows(n1 - n0, wt.row_bytes, max(1, tl.gemm_fill - beside), tl.gemm_min_bytes, tl.gemm_max_bytes)
         else:
             rows = _pow2_rows(n1 - n0, wt.row_bytes, tl.gemm_bytes)
-        # each column tile over all T tokens (args t0 = t = 0), or over token ranges
-        for (c0, n), (t0, tn) in itertools.product(_tiles(n0, n1, rows), spans):
+        return rows, spans
+
+    def gemm(out: TensorSpec, xin: TensorSpec, wt: TensorSpec, n0: int, n1: int, waits: list[Counter], sig: Counter, tag: str,
+             tile_bytes: int = 0, token_splits: int = 1, beside: int = 0, stats: list[TensorSpec] | None = None) -> int:
+        """Column tiles of wt over [n0, n1) (see gemm_plan), each over all T
+        tokens (args t0 = t = 0) or over token ranges; with stats ([stats, s,
+        alpha, beta]) column tile i also leaves its residual statistics in
+        slot i. Returns how many instructions."""
+        rows, spans = gemm_plan(wt, n0, n1, tile_bytes, token_splits, beside)
+        for i, ((c0, n), (t0, tn)) in enumerate(itertools.product(_tiles(n0, n1, rows), spans)):
             where = f"{c0}:{c0 + n}" + (f"|t{t0}:{t0 + tn}" if tn else "")
-            p.op(Op.GEMM, [out, xin, wt], [c0, n, t0, tn], waits=waits, signal=sig, prefetch=(wt, c0 * wt.row_bytes, n * wt.row_bytes), label=f"{prefix}{tag}[{where}]")
+            p.op(Op.GEMM, [out, xin, wt, *(stats or [])], [c0, n, t0, tn] + ([i // len(spans)] if stats else []), waits=waits, signal=sig, prefetch=(wt, c0 * wt.row_bytes, n * wt.row_bytes), label=f"{prefix}{tag}[{where}]")
         return -(-(n1 - n0) // rows) * len(spans)
 
     row_blocks = _tiles(0, T, tl.rows)
+    res_cols = tl.residual_cols(d, len(row_blocks))
+
+    def residual_stats(role: str, wt: TensorSpec, alpha: TensorSpec, beta: TensorSpec) -> list[TensorSpec] | None:
+        """The GEMM statistics tensors of a RESIDUAL cut over columns (None: whole rows)."""
+        if res_cols == [(0, 0)]:
+            return None
+        rows, _ = gemm_plan(wt, 0, d)
+        return [act(role, (T, -(-d // rows), 4), DType.F32), s, alpha, beta]
+
+    def residual(slots: list[TensorSpec | None], stats: list[TensorSpec] | None, waits: list[Counter], sig: Counter, tag: str) -> None:
+        """RESIDUAL ops of every row block, each cut into the column ranges when stats come with them."""
+        for (r0, n), (c0, cn) in itertools.product(row_blocks, res_cols):
+            where = f"{r0}:{r0 + n}" + (f"|c{c0}:{c0 + cn}" if cn else "")
+            tail = [None] * (7 - len(slots)) + [stats[0]] if stats else []
+            p.op(Op.RESIDUAL, [*slots, *tail], [r0, n, c0, cn], waits=waits, signal=sig, label=f"{prefix}{tag}[{where}]")
+
     start = [after] if after is not None else []
 
     # attention
@@ -337,10 +375,10 @@ def emit_layer(
         for h0 in range(0, hq, merge_heads):
             p.op(Op.ATTN_MERGE, [o, part_o, part_ml, qkvg], [c * tokens_each, tokens_each, h0, merge_heads], waits=[attn_c, g_done], signal=merged, label=f"{prefix}attn_merge[{c},{h0}]")
     wo_done = ctr("a")
-    gemm(a, o, w["Wo"], 0, d, [merged], wo_done, "Wo")
+    a_stats = residual_stats("a_stats", w["Wo"], w["alpha1"], w["beta1"])
+    gemm(a, o, w["Wo"], 0, d, [merged], wo_done, "Wo", stats=a_stats)
     res1 = ctr("h2")
-    for r0, n in row_blocks:
-        p.op(Op.RESIDUAL, [s, a, w["alpha1"], w["beta1"], w["w_moe"], h2, h2b], [r0, n], waits=[wo_done], signal=res1, label=f"{prefix}residual1[{r0}:{r0 + n}]")
+    residual([s, a, w["alpha1"], w["beta1"], w["w_moe"], h2, h2b], a_stats, [wo_done], res1, "residual1")
 
     # mixture of experts
     scored, routed, squeezed = ctr("scores"), ctr("route"), ctr("x")
@@ -362,11 +400,11 @@ def emit_layer(
     for r0, n in _tiles(0, T, tl.rows):
         p.op(Op.EXPERT_COMBINE, [fsq, y, route], [r0, n], waits=[down_done], signal=combined, label=f"{prefix}expert_combine[{r0}:{r0 + n}]")
     ex_done = ctr("f")
-    gemm(f, fsq, w["Wex"], 0, d, [combined], ex_done, "Wex")
+    f_stats = residual_stats("f_stats", w["Wex"], w["alpha2"], w["beta2"])
+    gemm(f, fsq, w["Wex"], 0, d, [combined], ex_done, "Wex", stats=f_stats)
     done = ctr("done")
-    for r0, n in row_blocks:
-        fused = [next_norm, None, next_h] if next_norm is not None else []
-        p.op(Op.RESIDUAL, [s, f, w["alpha2"], w["beta2"], *fused], [r0, n], waits=[ex_done], signal=done, label=f"{prefix}residual2[{r0}:{r0 + n}]")
+    fused = [next_norm, None, next_h] if next_norm is not None else []
+    residual([s, f, w["alpha2"], w["beta2"], *fused], f_stats, [ex_done], done, "residual2")
     return LayerHandles(done, ts)
 
 
