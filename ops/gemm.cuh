@@ -819,35 +819,12 @@ __device__ __noinline__ bool gvm_gemm_stats_ok(const gvm_ctx& c) {
            gvm_is(gvm_t(c, 6), GVM_DT_F32, 1) & (gvm_t(c, 6).shape[0] == n);
 }
 
-#ifndef GVM_GEMM_STATS_PF
-#define GVM_GEMM_STATS_PF 0  // 1: the lines the statistics read back go to L1 as the op starts (at most GVM_GEMM_STATS_PF_LINES)
-#endif
-#define GVM_GEMM_STATS_PF_LINES 512
-
 // The instruction's range, read again from the instruction: held across the
 // GEMM's body it cost a spill.
 __device__ __forceinline__ void gvm_gemm_stats_range(const gvm_ctx& c, int& n0, int& cnt, int& t0, int& tn) {
     n0 = c.ins->arg[0], cnt = c.ins->arg[1];
     t0 = GVM_MAX_GROUPS <= 2 ? c.ins->arg[2] : 0;
     tn = GVM_MAX_GROUPS <= 2 && c.ins->arg[3] ? c.ins->arg[3] : gvm_t(c, 0).shape[0];
-}
-
-// Line i of the tile's columns in row t of an f32 [T, N] tensor with row stride ld.
-__device__ __forceinline__ const float* gvm_gemm_stats_line(const gvm_tensor& t, long long row, int n0, int i) {
-    return reinterpret_cast<const float*>(t.ptr) + row * t.stride[0] + (n0 & ~31) + 32 * i;
-}
-
-__device__ __forceinline__ void gvm_gemm_stats_prefetch(const gvm_ctx& c) {
-    int n0, cnt, t0, tn;
-    gvm_gemm_stats_range(c, n0, cnt, t0, tn);
-    const int nl = ((n0 + cnt + 31) >> 5) - (n0 >> 5);  // lines of a row's columns
-    const int rows = 2 * tn + 2;                         // out and s of each token, alpha, beta
-    const int total = min(rows * nl, GVM_GEMM_STATS_PF_LINES);
-    for (int i = (int)c.tid; i < total; i += 128) {
-        const int r = i / nl, l = i - r * nl;
-        const gvm_tensor& t = gvm_t(c, r < 2 ? 5 + r : r & 1 ? 4 : 0);
-        gvm_prefetch_l1(gvm_gemm_stats_line(t, r < 2 ? 0 : t0 + (r - 2) / 2, n0, l));
-    }
 }
 
 __device__ __forceinline__ void gvm_gemm_stats(const gvm_ctx& c) {
@@ -925,7 +902,6 @@ __device__ __forceinline__ int gvm_op_gemm(const gvm_ctx& c) {
         return GVM_ERR_BAD_ARGS;
     if (gvm_has(c, 3) && !gvm_gemm_stats_ok(c)) return GVM_ERR_BAD_ARGS;
     if (cnt == 0 || tn == 0) return GVM_ERR_NONE;
-    if (GVM_GEMM_STATS_PF && gvm_has(c, 3)) gvm_gemm_stats_prefetch(c);
     const int rc = bf ? gvm_gemm_bf16(c, out, x, w, n0, cnt, t0, tn) : gvm_gemm_f32(c, out, x, w, n0, cnt, t0, tn);
     if (rc == GVM_ERR_NONE && gvm_has(c, 3)) gvm_gemm_stats(c);
     return rc;

@@ -572,7 +572,7 @@ def cases_experts(sz: Sizes, gen: torch.Generator) -> list[Case]:
 GEMM_F32 = Check("float", rtol=1e-5, atol_max=1e-6, norm=1e-5)  # f32 sums in another order: a few ulp of max|ref|
 GEMM_BF16 = Check("float", rtol=2.0**-7, atol_max=2e-3, norm=5e-3)  # bf16 out; f32 out: exact products, sums reordered
 GEMM_CNTS = (13, 1, 8, 4, 2, 3, 16, 5, 7)  # rows per instruction, in turn
-STATS = Check("float", rtol=1e-4, atol_max=1e-5, norm=1e-5)  # f32 sums of a tile's products, reordered (the cross term has both signs)
+STATS = Check("float", rtol=1e-4, atol_max=1e-4, norm=1e-4)  # sums of squares of an f32 GEMM output whose K sums are reordered (~1e-5 at K = 8,192), the cross term of both signs
 
 
 def _gemm_cols(n: int, cnts: tuple[int, ...]) -> list[tuple[int, int]]:
