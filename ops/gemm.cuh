@@ -198,6 +198,113 @@ __device__ __forceinline__ void gvm_gemm_bf16_unit(float (&acc)[TT][4], const ch
 #define GVM_GEMM_TT_STEPS (GVM_GEMM_STEPS * 4 / (3 * GVM_GEMM_TT) > 1 ? GVM_GEMM_STEPS * 4 / (3 * GVM_GEMM_TT) : 1)
 #endif
 
+// ---- residual statistics (optional t3..t6) ------------------------------------------
+// The norms of RESIDUAL (ops/norm.cuh) need two sums over a whole row, rms(a)
+// and then rms of the new s; one group walking a one-token row of 8,192 makes
+// them a chain of round trips (~7.6 us an op on the H200 step's critical path).
+// A GEMM that produces a can hand RESIDUAL the sums instead: per token and
+// column tile, (sum a^2, sum alpha beta s a, sum beta^2 a^2, sum alpha^2 s^2)
+// give both norms (s' = alpha s + beta a r_a has sum s'^2 = S + 2 r_a C + r_a^2 B),
+// so RESIDUAL can be cut over columns. The register tiles (gvm_gemm_bf16_tiles)
+// add them up from their sums as they store them; the other paths read out
+// back after their stores (gvm_gemm_stats: warp w takes tokens 4w.. four at a
+// time, lanes stride over the columns). Butterfly sums in a fixed order: the
+// sums do not depend on the schedule. Reading back cost a round trip a tile
+// (Wo and Wex tiles ~2 us longer at one token, H200, cf027d9).
+__device__ __noinline__ bool gvm_gemm_stats_ok(const gvm_ctx& c) {
+    if (!(gvm_has(c, 4) && gvm_has(c, 5) && gvm_has(c, 6))) return false;
+    const gvm_tensor& out = gvm_t(c, 0);
+    const gvm_tensor& st = gvm_t(c, 3);
+    const gvm_tensor& s = gvm_t(c, 4);
+    const int t = out.shape[0], n = out.shape[1], slot = c.ins->arg[4];
+    return (out.dtype == GVM_DT_F32) & gvm_is(st, GVM_DT_F32, 3) & (st.shape[0] == t) & (st.shape[2] == 4) &
+           (st.stride[1] == 4) & gvm_aligned(st, 4, 16) & (slot >= 0) & (slot < st.shape[1]) & gvm_is(s, GVM_DT_F32, 2) &
+           (s.shape[0] == t) & (s.shape[1] == n) & gvm_is(gvm_t(c, 5), GVM_DT_F32, 1) & (gvm_t(c, 5).shape[0] == n) &
+           gvm_is(gvm_t(c, 6), GVM_DT_F32, 1) & (gvm_t(c, 6).shape[0] == n);
+}
+
+// The instruction's columns and tokens, read again from the instruction: held
+// across the GEMM's body they cost a spill.
+__device__ __forceinline__ void gvm_gemm_range(const gvm_ctx& c, int& n0, int& cnt, int& t0, int& tn) {
+    n0 = c.ins->arg[0], cnt = c.ins->arg[1];
+    t0 = GVM_MAX_GROUPS <= 2 ? c.ins->arg[2] : 0;
+    tn = GVM_MAX_GROUPS <= 2 && c.ins->arg[3] ? c.ins->arg[3] : gvm_t(c, 0).shape[0];
+}
+
+__device__ __forceinline__ void gvm_stats_add(float (&r)[4], float a, float s, float alpha, float beta) {
+    const float ba = beta * a, as = alpha * s;
+    r[0] = fmaf(a, a, r[0]);
+    r[1] = fmaf(as, ba, r[1]);
+    r[2] = fmaf(ba, ba, r[2]);
+    r[3] = fmaf(as, as, r[3]);
+}
+
+__device__ __forceinline__ void gvm_stats_store(const gvm_ctx& c, int t, const float (&r)[4]) {
+    const gvm_tensor& st = gvm_t(c, 3);
+    *gvm_ptr<float4>(st, (long long)t * st.stride[0] + 4ll * c.ins->arg[4], 4) = make_float4(r[0], r[1], r[2], r[3]);
+}
+
+// The lines of s, alpha and beta the statistics will read go to L1 as the op
+// starts (at most GVM_GEMM_STATS_PF lines; 0: none), so that the epilogue finds them on chip.
+#ifndef GVM_GEMM_STATS_PF
+#define GVM_GEMM_STATS_PF 512
+#endif
+__device__ __forceinline__ void gvm_gemm_stats_prefetch(const gvm_ctx& c) {
+    int n0, cnt, t0, tn;
+    gvm_gemm_range(c, n0, cnt, t0, tn);
+    const int nl = ((n0 + cnt + 31) >> 5) - (n0 >> 5);  // 128-byte lines of a row's columns
+    const int total = min((tn + 2) * nl, GVM_GEMM_STATS_PF);
+    for (int i = (int)c.tid; i < total; i += 128) {
+        const int r = i / nl, col = ((n0 >> 5) + i - r * nl) << 5;
+        const gvm_tensor& t = gvm_t(c, r < 2 ? 5 + r : 4);
+        gvm_prefetch_l1(reinterpret_cast<const float*>(t.ptr) + (r < 2 ? 0 : (long long)(t0 + r - 2) * t.stride[0]) + col);
+    }
+}
+
+// The statistics of tokens [t_beg, t_end) read back from out, after a group
+// barrier (the group's own stores); the register tiles take theirs from their
+// sums instead (gvm_gemm_bf16_tiles).
+__device__ __forceinline__ void gvm_gemm_stats(const gvm_ctx& c, int t_beg, int t_end) {
+    gvm_group_sync(c);  // out was stored by the whole group
+    const gvm_tensor& out = gvm_t(c, 0);
+    const gvm_tensor& ts = gvm_t(c, 4);
+    const int n0 = c.ins->arg[0], cnt = c.ins->arg[1];
+    const float* a = reinterpret_cast<const float*>(out.ptr);
+    const float* s = reinterpret_cast<const float*>(ts.ptr);
+    const float* al = reinterpret_cast<const float*>(gvm_t(c, 5).ptr);
+    const float* be = reinterpret_cast<const float*>(gvm_t(c, 6).ptr);
+    const long long ao = out.stride[0], so = ts.stride[0];
+    const unsigned lane = c.tid & 31u;
+#pragma unroll 1
+    for (int tb = t_beg + 4 * (int)(c.tid >> 5); tb < t_end; tb += 16) {
+        float r[4][4];
+#pragma unroll
+        for (int u = 0; u < 4; ++u) r[u][0] = r[u][1] = r[u][2] = r[u][3] = 0.0f;
+#pragma unroll 1
+        for (int n = n0 + (int)lane; n < n0 + cnt; n += 32) {
+            const float alpha = al[n], beta = be[n];
+            float av[4], sv[4];
+#pragma unroll
+            for (int u = 0; u < 4; ++u) {  // tokens past the end repeat the last one (not stored)
+                const long long t = tb + u < t_end ? tb + u : t_end - 1;
+                av[u] = a[t * ao + n];
+                sv[u] = s[t * so + n];
+            }
+#pragma unroll
+            for (int u = 0; u < 4; ++u) gvm_stats_add(r[u], av[u], sv[u], alpha, beta);
+        }
+#pragma unroll
+        for (int u = 0; u < 4; ++u)
+#pragma unroll
+            for (int k = 0; k < 4; ++k) r[u][k] = gvm_warp_sum(r[u][k]);
+        if (lane == 0) {
+#pragma unroll
+            for (int u = 0; u < 4; ++u)
+                if (tb + u < t_end) gvm_stats_store(c, tb + u, r[u]);
+        }
+    }
+}
+
 // Token tiles [t0, t0 + 8 TT) (below T) x the instruction's rows, in passes of row
 // blocks, each unit's K split S ways; partial tiles summed in shared memory
 // in split order (deterministic) and stored.
@@ -239,18 +346,48 @@ __device__ __forceinline__ int gvm_gemm_bf16_tiles(const gvm_ctx& c, const gvm_t
         }
         gvm_group_sync(c);
         // Sum the K splits and store; consecutive threads write consecutive n.
+        // Thread tid's elements all hold token tk = tid / 16 of a token tile
+        // (row r = tid % 16). With statistics and one pass, the thread adds up
+        // (a, s, alpha, beta) of its token per token tile j, then the 16
+        // threads of a token sum theirs (below).
+        // (read here: a flag held across the K loop spilled; the 4-group kernel has no registers for it)
+        const bool fused = GVM_MAX_GROUPS <= 2 && nrb == n_rb && gvm_has(c, 3);
+        float sr[TT][4];
+#pragma unroll
+        for (int j = 0; j < TT; ++j) sr[j][0] = sr[j][1] = sr[j][2] = sr[j][3] = 0.f;
+        const int tk = (int)(c.tid >> 4), r = (int)(c.tid & 15u);
 #pragma unroll 1
         for (int e = c.tid; e < nrb * TT * 128; e += GVM_GROUP_THREADS) {
-            const int rb = e / (TT * 128), j = (e >> 7) % TT, tk = (e >> 4) & 7, r = e & 15;
+            const int rb = e / (TT * 128), j = (e >> 7) % TT;
             const int row = n0 + (rb0 + rb) * 16 + r, tok = t0 + 8 * j + tk;
             if (row < row_end && tok < T) {
                 float sum = 0.f;
                 for (int s = 0; s < S; ++s) sum += part[((rb * S + s) * TT + j) * 128 + r * 8 + tk];
                 gvm_gemm_store(out, (long long)tok * out.stride[0] + row, sum);
+                if (fused) {
+                    float q[4] = {0.f, 0.f, 0.f, 0.f};
+                    gvm_stats_add(q, sum, gvm_ptr<const float>(gvm_t(c, 4), (long long)tok * gvm_t(c, 4).stride[0] + row, 4)[0],
+                                  gvm_ptr<const float>(gvm_t(c, 5), row, 4)[0], gvm_ptr<const float>(gvm_t(c, 6), row, 4)[0]);
+#pragma unroll
+                    for (int jj = 0; jj < TT; ++jj)  // j is not a constant: select, not index (local memory)
+#pragma unroll
+                        for (int k = 0; k < 4; ++k) sr[jj][k] += jj == j ? q[k] : 0.f;
+                }
+            }
+        }
+        if (fused) {
+#pragma unroll
+            for (int j = 0; j < TT; ++j) {
+#pragma unroll
+                for (int k = 0; k < 4; ++k)
+#pragma unroll
+                    for (int o = 8; o > 0; o >>= 1) sr[j][k] += __shfl_xor_sync(0xffffffffu, sr[j][k], o);
+                if (r == 0 && t0 + 8 * j + tk < T) gvm_stats_store(c, t0 + 8 * j + tk, sr[j]);
             }
         }
         gvm_group_sync(c);
     }
+    if ((GVM_MAX_GROUPS > 2 || per_pass < n_rb) && gvm_has(c, 3)) gvm_gemm_stats(c, t0, min(t0 + 8 * TT, T));  // not summed above: read back
     return GVM_ERR_NONE;
 }
 
@@ -410,11 +547,14 @@ __device__ __forceinline__ int gvm_gemm_xs(const gvm_ctx& c, const gvm_tensor& o
 
 // Tokens [ta, ta + tn): staged (above) from GVM_GEMM_XS_MIN tokens when K
 // is a multiple of 64 and the scratch holds the stages, else token tiles of 8.
+__device__ __forceinline__ bool gvm_gemm_bf16_staged(const gvm_ctx& c, const gvm_tensor& x, int tn) {
+    return GVM_GEMM_XS_MIN > 0 && tn >= GVM_GEMM_XS_MIN && x.shape[1] % 64 == 0 &&
+           c.smem_bytes >= GVM_GEMM_XS_STAGES * GVM_GEMM_XS_STAGE_BYTES;
+}
+
 __device__ __forceinline__ int gvm_gemm_bf16(const gvm_ctx& c, const gvm_tensor& out, const gvm_tensor& x,
                                              const gvm_tensor& w, int n0, int cnt, int ta, int tn) {
-    if (GVM_GEMM_XS_MIN > 0 && tn >= GVM_GEMM_XS_MIN && x.shape[1] % 64 == 0 &&
-        c.smem_bytes >= GVM_GEMM_XS_STAGES * GVM_GEMM_XS_STAGE_BYTES)
-        return gvm_gemm_xs(c, out, x, w, n0, cnt, ta, tn);
+    if (gvm_gemm_bf16_staged(c, x, tn)) return gvm_gemm_xs(c, out, x, w, n0, cnt, ta, tn);
     const int T = ta + tn;  // the token tiles' end: tokens past it read token T - 1 and are not stored
     int t0 = ta;
 #if GVM_GEMM_TT > 1
@@ -797,88 +937,6 @@ __device__ __forceinline__ bool gvm_gemm_operand_ok(const gvm_tensor& t, int esi
     return t.ndim == 2 & t.stride[1] == 1 & (t.ptr & 15ull) == 0 & ((t.stride[0] * esize) & 15) == 0;
 }
 
-// ---- residual statistics (optional t3..t6) ------------------------------------------
-// The norms of RESIDUAL (ops/norm.cuh) need two sums over a whole row, rms(a)
-// and then rms of the new s; one group walking a one-token row of 8,192 makes
-// them a chain of round trips (~7.6 us an op on the H200 step's critical path).
-// A GEMM that produces a can hand RESIDUAL the sums instead: per token and
-// column tile, (sum a^2, sum alpha beta s a, sum beta^2 a^2, sum alpha^2 s^2)
-// give both norms (s' = alpha s + beta a r_a has sum s'^2 = S + 2 r_a C + r_a^2 B),
-// so RESIDUAL can be cut over columns. Read back from out after the group's
-// stores: warp w takes tokens 4w.. four at a time, lanes stride over the
-// columns, butterfly sums: a fixed order, so the sums do not depend on the schedule.
-__device__ __noinline__ bool gvm_gemm_stats_ok(const gvm_ctx& c) {
-    if (!(gvm_has(c, 4) && gvm_has(c, 5) && gvm_has(c, 6))) return false;
-    const gvm_tensor& out = gvm_t(c, 0);
-    const gvm_tensor& st = gvm_t(c, 3);
-    const gvm_tensor& s = gvm_t(c, 4);
-    const int t = out.shape[0], n = out.shape[1], slot = c.ins->arg[4];
-    return (out.dtype == GVM_DT_F32) & gvm_is(st, GVM_DT_F32, 3) & (st.shape[0] == t) & (st.shape[2] == 4) &
-           (st.stride[1] == 4) & gvm_aligned(st, 4, 16) & (slot >= 0) & (slot < st.shape[1]) & gvm_is(s, GVM_DT_F32, 2) &
-           (s.shape[0] == t) & (s.shape[1] == n) & gvm_is(gvm_t(c, 5), GVM_DT_F32, 1) & (gvm_t(c, 5).shape[0] == n) &
-           gvm_is(gvm_t(c, 6), GVM_DT_F32, 1) & (gvm_t(c, 6).shape[0] == n);
-}
-
-// The instruction's range, read again from the instruction: held across the
-// GEMM's body it cost a spill.
-__device__ __forceinline__ void gvm_gemm_stats_range(const gvm_ctx& c, int& n0, int& cnt, int& t0, int& tn) {
-    n0 = c.ins->arg[0], cnt = c.ins->arg[1];
-    t0 = GVM_MAX_GROUPS <= 2 ? c.ins->arg[2] : 0;
-    tn = GVM_MAX_GROUPS <= 2 && c.ins->arg[3] ? c.ins->arg[3] : gvm_t(c, 0).shape[0];
-}
-
-__device__ __forceinline__ void gvm_gemm_stats(const gvm_ctx& c) {
-    gvm_group_sync(c);  // out was stored by the whole group
-    const gvm_tensor& out = gvm_t(c, 0);
-    int n0, cnt, t0, tn;
-    gvm_gemm_stats_range(c, n0, cnt, t0, tn);
-    const gvm_tensor& st = gvm_t(c, 3);
-    const gvm_tensor& ts = gvm_t(c, 4);
-    const float* a = reinterpret_cast<const float*>(out.ptr);
-    const float* s = reinterpret_cast<const float*>(ts.ptr);
-    const float* al = reinterpret_cast<const float*>(gvm_t(c, 5).ptr);
-    const float* be = reinterpret_cast<const float*>(gvm_t(c, 6).ptr);
-    const long long ao = out.stride[0], so = ts.stride[0];
-    const unsigned lane = c.tid & 31u;
-    const int end = t0 + tn;
-#pragma unroll 1
-    for (int tb = t0 + 4 * (int)(c.tid >> 5); tb < end; tb += 16) {
-        float r[4][4];
-#pragma unroll
-        for (int u = 0; u < 4; ++u) r[u][0] = r[u][1] = r[u][2] = r[u][3] = 0.0f;
-#pragma unroll 1
-        for (int n = n0 + (int)lane; n < n0 + cnt; n += 32) {
-            const float alpha = al[n], beta = be[n];
-            float av[4], sv[4];
-#pragma unroll
-            for (int u = 0; u < 4; ++u) {  // tokens past the end repeat the last one (not stored)
-                const long long t = tb + u < end ? tb + u : end - 1;
-                av[u] = a[t * ao + n];
-                sv[u] = s[t * so + n];
-            }
-#pragma unroll
-            for (int u = 0; u < 4; ++u) {
-                const float ba = beta * av[u], as = alpha * sv[u];
-                r[u][0] = fmaf(av[u], av[u], r[u][0]);
-                r[u][1] = fmaf(as, ba, r[u][1]);
-                r[u][2] = fmaf(ba, ba, r[u][2]);
-                r[u][3] = fmaf(as, as, r[u][3]);
-            }
-        }
-#pragma unroll
-        for (int u = 0; u < 4; ++u)
-#pragma unroll
-            for (int k = 0; k < 4; ++k) r[u][k] = gvm_warp_sum(r[u][k]);
-        if (lane == 0) {
-#pragma unroll
-            for (int u = 0; u < 4; ++u)
-                if (tb + u < end)
-                    *gvm_ptr<float4>(st, (long long)(tb + u) * st.stride[0] + 4ll * c.ins->arg[4], 4) =
-                        make_float4(r[u][0], r[u][1], r[u][2], r[u][3]);
-        }
-    }
-}
-
 __device__ __forceinline__ int gvm_op_gemm(const gvm_ctx& c) {
     const gvm_instr& in = *c.ins;
     if (in.tensor[0] == GVM_NONE || in.tensor[1] == GVM_NONE || in.tensor[2] == GVM_NONE) return GVM_ERR_BAD_ARGS;
@@ -902,7 +960,13 @@ __device__ __forceinline__ int gvm_op_gemm(const gvm_ctx& c) {
         return GVM_ERR_BAD_ARGS;
     if (gvm_has(c, 3) && !gvm_gemm_stats_ok(c)) return GVM_ERR_BAD_ARGS;
     if (cnt == 0 || tn == 0) return GVM_ERR_NONE;
+    if (GVM_GEMM_STATS_PF && gvm_has(c, 3)) gvm_gemm_stats_prefetch(c);
     const int rc = bf ? gvm_gemm_bf16(c, out, x, w, n0, cnt, t0, tn) : gvm_gemm_f32(c, out, x, w, n0, cnt, t0, tn);
-    if (rc == GVM_ERR_NONE && gvm_has(c, 3)) gvm_gemm_stats(c);
+    if (rc == GVM_ERR_NONE && gvm_has(c, 3)) {
+        int n0_, cnt_, t0_, tn_;
+        gvm_gemm_range(c, n0_, cnt_, t0_, tn_);
+        const bool tiles = gvm_t(c, 2).dtype == GVM_DT_BF16 && !gvm_gemm_bf16_staged(c, gvm_t(c, 1), tn_);
+        if (!tiles) gvm_gemm_stats(c, t0_, t0_ + tn_);  // the register tiles took theirs
+    }
     return rc;
 }

@@ -267,10 +267,8 @@ __device__ __forceinline__ void gvm_controller(const gvm_params& p, gvm_shared& 
                     unsigned ctr, target;
                     gvm_wait_of(p, word, n_waits, lane, ctr, target);
                     const unsigned now = (unsigned)__shfl_sync(0xffffffffu, lane == 0 ? gvm_globaltimer() : 0ull, 0);
-                    const bool seen = GVM_MET_BOARD && __all_sync(0xffffffffu, ctr == GVM_NONE || gvm_met_seen(sh, ctr, target));
-                    if (seen) asm volatile("fence.acq_rel.cta;" ::: "memory");
-                    go = seen || (h.state == GVM_CS_WAITING &&
-                                  (gvm_probe_met(sh.probe[j], ctr, target, lane) || now - h.since > GVM_READY_PATIENCE_NS));
+                    go = h.state == GVM_CS_WAITING &&
+                         (gvm_probe_met(sh.probe[j], ctr, target, lane) || now - h.since > GVM_READY_PATIENCE_NS);
                     if (!go && GVM_PARK && gvm_can_park(view, groups)) {
                         if (h.state == GVM_CS_LOADED)  // its weights start loading now, as it waits in the group
                             gvm_queue_prefetch(p, sh, ring_head, h.idx, word, lane, n_waits, ctr, target);

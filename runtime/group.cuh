@@ -58,7 +58,6 @@ __device__ __forceinline__ void gvm_group(const gvm_params& p, gvm_shared& sh, u
                 const unsigned target = ins.wait_base[c.tid] + p.step * ins.wait_step[c.tid];
                 failed = gvm_wait_counter(p.counters + ctr, ctr, target, idx, p.step, p.watchdog_ns, p.error,
                                           p.state + GVM_STATE_ABORT);
-                if (GVM_MET_BOARD && failed == GVM_ERR_NONE) gvm_met_post(sh, ctr, target);
             }
             // With no waits there is nothing to share (n_waits is the same in
             // every thread): skip the barrier.

@@ -23,7 +23,6 @@ extern "C" __global__ void __launch_bounds__(GVM_BLOCK_THREADS, 1) gvm_kernel(co
         sh.ring_tail = 0;
         sh.ring_closed = 0;
     }
-    gvm_met_init(sh, threadIdx.x);
     __syncthreads();
     const unsigned warp = threadIdx.x >> 5;
     if (warp == 0) {

@@ -4,12 +4,6 @@
 #include "params.cuh"
 #include "../scheduler/handoff.cuh"
 
-#ifndef GVM_MET_BOARD
-#define GVM_MET_BOARD 1  // groups post the counter waits they saw met for the controller (0: off, for A/B runs)
-#endif
-#define GVM_MET_SLOTS 8
-#define GVM_NONE_U32 0xffffffffu
-
 // A claimed instruction's weight range, queued from the controller to the
 // loader, with its dependency waits (the loader prefetches only for an
 // instruction that will wait: see runtime/loader.cuh).
@@ -36,33 +30,4 @@ struct gvm_shared {
     volatile unsigned ring_head;    // entries pushed (controller)
     volatile unsigned ring_tail;    // entries done (loader)
     volatile unsigned ring_closed;  // the controller claims no more
-    __align__(8) unsigned met[GVM_MET_SLOTS][2];  // the met board: (counter, target) by counter % GVM_MET_SLOTS
 };
-
-// The met board (GVM_MET_BOARD): a group whose counter wait was met posts
-// (counter, target), so that the controller can hand out a held instruction
-// that waits on the same counter at its next visit, instead of when its own
-// probe comes back a ring turn later (the hop into each GEMM phase: ~2.7 us on
-// the H200 step, session 10). fence + store / load + fence at CTA scope carry
-// the group's acquire of the counter to the controller, whose hand-off
-// (mbarrier arrive, release) carries it on to the group that runs the op.
-__device__ __forceinline__ void gvm_met_init(gvm_shared& sh, unsigned tid) {
-    if (tid < 2 * GVM_MET_SLOTS) (&sh.met[0][0])[tid] = GVM_NONE_U32;
-}
-
-__device__ __forceinline__ void gvm_met_post(gvm_shared& sh, unsigned ctr, unsigned target) {
-    asm volatile("fence.acq_rel.cta;" ::: "memory");
-    asm volatile("st.volatile.shared.v2.u32 [%0], {%1, %2};" ::"r"(gvm_smem_u32(&sh.met[ctr % GVM_MET_SLOTS][0])), "r"(ctr),
-                 "r"(target)
-                 : "memory");
-}
-
-// Whether a group saw counter ctr reach target (the caller fences before using it).
-__device__ __forceinline__ bool gvm_met_seen(const gvm_shared& sh, unsigned ctr, unsigned target) {
-    unsigned c, t;
-    asm volatile("ld.volatile.shared.v2.u32 {%0, %1}, [%2];"
-                 : "=r"(c), "=r"(t)
-                 : "r"(gvm_smem_u32(&sh.met[ctr % GVM_MET_SLOTS][0]))
-                 : "memory");
-    return c == ctr && (int)(t - target) >= 0;
-}

@@ -2,7 +2,7 @@
 # One call on the H200 (the device tool): the VM proofs and timings, the Muse
 # ops standalone, and the decode-case sweep, each under its own time limit,
 # logs and results under $OUT (at most 8 files come back: traces are tarred).
-#   GPUVM_COMMIT=<sha> bash tools/gpu_session.sh [check|ops|opstime|sweep|step|stepsweep|probe|experts|router|park|ring|lists|steptrace|tiles|rowpf|fill|fill2|xstage|trace62|xprobe|smem|tiles2|router|xbench|against|slots|naps|icache|workers|slices|board|opsgemm|gputests|vmtest ...]
+#   GPUVM_COMMIT=<sha> bash tools/gpu_session.sh [check|ops|opstime|sweep|step|stepsweep|probe|experts|router|park|ring|lists|steptrace|tiles|rowpf|fill|fill2|xstage|trace62|xprobe|smem|tiles2|router|xbench|against|slots|naps|icache|workers|slices|opsgemm|gputests|vmtest ...]
 # (set GPUVM_COMMIT when running a snapshot without .git: else the results name the enclosing checkout)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -113,14 +113,14 @@ for s in $steps; do
            timeout ${T_ICACHE:-200} python3 tools/icache_probe.py --vm --out "$OUT/icache_probe.json" > "$OUT/icache_probe.log" 2>&1; echo "icache probe rc=$?"; tail -24 "$OUT/icache_probe.log" ;;
     workers) # expert work lists of 264 workers (Tiles.expert_workers, the default: one per group) against fewer, so that groups stay free to claim the next op's instructions while the up list runs
            timeout ${T_WORKERS_PROBE:-300} python3 tools/sched_probe.py --out "$OUT/workers_probe.json" --modes dynamic --depths 1 --variants base: --tiles "${WORKERS_TILES:-w264:,w232:expert_workers=232,w200:expert_workers=200,w132:expert_workers=132}" --cases ${WORKERS_CASES:-full-c1-t1,sliding-c1-t1,full-c1-t8,full-c16-t1,full-c32-t8,sliding-c32-t8} --step ${WORKERS_STEPS:-1x1,1x8,16x1,32x8} > "$OUT/workers_probe.log" 2>&1; echo "workers probe rc=$?"; grep -v "^$" "$OUT/workers_probe.log" | tail -40 ;;
-    slices) # RESIDUAL cut into column ranges fed by Wo's / Wex's statistics (Tiles.residual_slices 8, the default) against whole rows (1), 4 and 16
+    slices) # RESIDUAL cut into column ranges fed by Wo's / Wex's statistics (Tiles.residual_slices 8, the default) against whole rows (1);
+            # the lines of s, alpha, beta prefetched into L1 as a GEMM with statistics starts (GVM_GEMM_STATS_PF 512, the default) or not (0);
+            # an 8-layer traced step at 1 x 1
+           timeout 100 python3 tools/prebuild.py --trace base GVM_GEMM_STATS_PF=0; echo "prebuild rc=$?"
            timeout 150 python3 tools/ops_check.py --only gemm,residual > "$OUT/ops_gemm_residual.log" 2>&1; echo "ops_check gemm,residual rc=$?"; tail -1 "$OUT/ops_gemm_residual.log"; grep -i "statistics\|columns" "$OUT/ops_gemm_residual.log" | head -8
-           timeout ${T_SLICES_PROBE:-400} python3 tools/sched_probe.py --out "$OUT/slices_probe.json" --modes dynamic --depths 1 --variants base: --tiles "${SLICES_TILES:-rs8:,rs1:residual_slices=1,rs4:residual_slices=4,rs16:residual_slices=16}" --cases ${SLICES_CASES:-full-c1-t1,sliding-c1-t1,full-c1-t8,sliding-c1-t8,full-c16-t1,full-c32-t1,full-c16-t8} --step ${SLICES_STEPS:-1x1,1x8,16x1,32x1} > "$OUT/slices_probe.log" 2>&1; echo "slices probe rc=$?"; grep -v "^$" "$OUT/slices_probe.log" | tail -40 ;;
-    board) # the met board (GVM_MET_BOARD 1, the default: groups post the counter waits they saw met, the controller hands out held instructions on them) against off (0); tests/gpu; 8-layer traces of both
-           timeout 100 python3 tools/prebuild.py --trace base GVM_MET_BOARD=0; echo "prebuild rc=$?"
-           timeout ${T_BOARD_PROBE:-240} python3 tools/sched_probe.py --out "$OUT/board_probe.json" --modes dynamic --depths 1 --variants "board:,noboard:GVM_MET_BOARD=0" --cases ${BOARD_CASES:-full-c1-t1,sliding-c1-t1,full-c1-t8,full-c16-t1,full-c32-t8,sliding-c32-t8} --step ${BOARD_STEPS:-1x1,1x8,16x1,32x8} > "$OUT/board_probe.log" 2>&1; echo "board probe rc=$?"; grep -v "^$" "$OUT/board_probe.log" | tail -24
+           timeout ${T_SLICES_PROBE:-400} python3 tools/sched_probe.py --out "$OUT/slices_probe.json" --modes dynamic --depths 1 --variants "${SLICES_VARIANTS:-pf:,nopf:GVM_GEMM_STATS_PF=0}" --tiles "${SLICES_TILES:-rs8:,rs1:residual_slices=1}" --cases ${SLICES_CASES:-full-c1-t1,sliding-c1-t1,full-c1-t8,full-c16-t1,full-c32-t1,full-c16-t8} --step ${SLICES_STEPS:-1x1,1x8,16x1,32x1} > "$OUT/slices_probe.log" 2>&1; echo "slices probe rc=$?"; grep -v "^$" "$OUT/slices_probe.log" | tail -40
            mkdir -p "$OUT/tr"
-           for v in 1 0; do timeout 100 python3 tools/step_trace.py --layers 8 --shape 1x1 --define GVM_MET_BOARD=$v --out "$OUT/tr/step-trace-1x1-board$v.npz" > "$OUT/step_trace_board$v.log" 2>&1; echo "step trace board=$v rc=$?"; tail -17 "$OUT/step_trace_board$v.log"; done
+           timeout 100 python3 tools/step_trace.py --layers 8 --shape 1x1 --out "$OUT/tr/step-trace-1x1.npz" > "$OUT/step_trace.log" 2>&1; echo "step trace rc=$?"; tail -17 "$OUT/step_trace.log"
            (cd "$OUT" && tar czf traces.tgz tr && rm -rf tr) ;;
     opsgemm) timeout 150 python3 tools/ops_check.py --only gemm,qk_rope_kv > "$OUT/ops_gemm_qk.log" 2>&1; echo "ops_check gemm,qk_rope_kv rc=$?"; tail -2 "$OUT/ops_gemm_qk.log" ;;
     gputests) timeout ${T_GPUTESTS:-200} python3 -m pytest -q -p no:cacheprovider tests/gpu > "$OUT/tests_gpu.log" 2>&1; echo "tests/gpu rc=$?"; tail -4 "$OUT/tests_gpu.log" ;;

@@ -663,16 +663,17 @@ def cases_gemm(sz: Sizes, gen: torch.Generator) -> list[Case]:
         out.append(_ranged_gemm(f"gemm f32 T={t} K={k} token ranges, staged", gen, DType.F32, DType.F32, GEMM_F32,
                                 t, k, 2 * n, (32, 13, 40, 64), spans, alternate))
     # residual statistics of each column tile (t3..t6, slot a4), at 1, 8 and 20
-    # tokens, over token ranges, and staged from 64 tokens
-    for t, spans in ((1, ((0, 0),)), (8, ((0, 0),)), (20, ((0, 7), (7, 13))), (70, ((0, 64), (64, 6)))):
+    # tokens, over token ranges, and staged from 64 tokens; the 150-row tile
+    # takes two passes of the 4-token-tile registers (read back), the others one
+    for t, spans in ((1, ((0, 0),)), (8, ((0, 0),)), (20, ((0, 0),)), (20, ((0, 7), (7, 13))), (70, ((0, 64), (64, 6)))):
         b = _Build(f"gemm bf16 T={t} residual statistics" + (" over token ranges" if spans[0][1] else ""), Op.GEMM, gen)
-        o = b.out("out", DType.F32, (t, 2 * n), GEMM_BF16)
+        o = b.out("out", DType.F32, (t, 4 * n), GEMM_BF16)
         x = b.add("x", DType.BF16, b.randn(t, d, scale=2.0).bfloat16())
-        w = b.add("w", DType.BF16, b.randn(2 * n, d, scale=0.05).bfloat16())
-        cols = _gemm_cols(2 * n, (40, 13, 64, 1))
+        w = b.add("w", DType.BF16, b.randn(4 * n, d, scale=0.05).bfloat16())
+        cols = _gemm_cols(4 * n, (40, 13, 150, 1, 64))
         st = b.out("stats", DType.F32, (t, len(cols), 4), STATS)
-        extra = [b.add("s", DType.F32, b.randn(t, 2 * n, scale=2.0)), b.add("alpha", DType.F32, 1.0 + b.randn(2 * n, scale=0.1)),
-                 b.add("beta", DType.F32, 0.3 + b.randn(2 * n, scale=0.1))]
+        extra = [b.add("s", DType.F32, b.randn(t, 4 * n, scale=2.0)), b.add("alpha", DType.F32, 1.0 + b.randn(4 * n, scale=0.1)),
+                 b.add("beta", DType.F32, 0.3 + b.randn(4 * n, scale=0.1))]
         for i, (c0, c) in enumerate(cols):
             for t0, tn in spans:
                 b.op_([o, x, w, st, *extra], [c0, c, t0, tn, i])
