@@ -2,7 +2,7 @@
 # One call on the H200 (the device tool): the VM proofs and timings, the Muse
 # ops standalone, and the decode-case sweep, each under its own time limit,
 # logs and results under $OUT (at most 8 files come back: traces are tarred).
-#   GPUVM_COMMIT=<sha> bash tools/gpu_session.sh [check|ops|opstime|sweep|step|stepsweep|probe|experts|router|park|ring|lists|steptrace|tiles|rowpf|fill|fill2|xstage|trace62|xprobe|smem|tiles2|router|xbench|against|slots|naps|icache|workers|slices|opsgemm|gputests|vmtest ...]
+#   GPUVM_COMMIT=<sha> bash tools/gpu_session.sh [check|ops|opstime|sweep|step|stepsweep|probe|experts|router|park|ring|lists|steptrace|tiles|rowpf|fill|fill2|xstage|trace62|xprobe|smem|tiles2|router|xbench|against|slots|naps|icache|workers|slices|statsprobe|opsgemm|gputests|vmtest ...]
 # (set GPUVM_COMMIT when running a snapshot without .git: else the results name the enclosing checkout)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -122,6 +122,13 @@ for s in $steps; do
            mkdir -p "$OUT/tr"
            timeout 100 python3 tools/step_trace.py --layers 8 --shape 1x1 --out "$OUT/tr/step-trace-1x1.npz" > "$OUT/step_trace.log" 2>&1; echo "step trace rc=$?"; tail -17 "$OUT/step_trace.log"
            (cd "$OUT" && tar czf traces.tgz tr && rm -rf tr) ;;
+    statsprobe) # where a GEMM tile with statistics spends its extra ~2 us: 8-layer traced steps at 1 x 1 with the L1 prefetch (default) and without (PF 0),
+                # and without it with timing probes (GVM_GEMM_STATS_PROBE: 1 no s / alpha / beta loads, 4 no argument check; wrong sums)
+           for v in ${STATS_VARIANTS:-rs1 base GVM_GEMM_STATS_PF=0 GVM_GEMM_STATS_PF=0+GVM_GEMM_STATS_PROBE=1 GVM_GEMM_STATS_PF=0+GVM_GEMM_STATS_PROBE=4}; do
+             defs=""; [ "$v" = rs1 ] && defs="--tiles residual_slices=1"; [ "$v" != base ] && [ "$v" != rs1 ] && for d in ${v//+/ }; do defs="$defs --define $d"; done
+             timeout 100 python3 tools/step_trace.py --layers 8 --shape 1x1 $defs --out "$OUT/st_$v.npz" > "$OUT/st_$v.log" 2>&1; echo "step trace $v rc=$?"; grep -E "^(Wo|Wex|Wr|residual1|residual2) " "$OUT/st_$v.log"
+           done
+           (cd "$OUT" && tar czf statsprobe.tgz st_* && rm -f st_*) ;;
     opsgemm) timeout 150 python3 tools/ops_check.py --only gemm,qk_rope_kv > "$OUT/ops_gemm_qk.log" 2>&1; echo "ops_check gemm,qk_rope_kv rc=$?"; tail -2 "$OUT/ops_gemm_qk.log" ;;
     gputests) timeout ${T_GPUTESTS:-200} python3 -m pytest -q -p no:cacheprovider tests/gpu > "$OUT/tests_gpu.log" 2>&1; echo "tests/gpu rc=$?"; tail -4 "$OUT/tests_gpu.log" ;;
     vmtest) timeout ${T_VMTEST:-150} python3 -m pytest -q -x -p no:cacheprovider tests/gpu/test_vm.py > "$OUT/test_vm.log" 2>&1; echo "test_vm rc=$?"; tail -8 "$OUT/test_vm.log" ;;

@@ -22,6 +22,7 @@ from gpuvm.device import VM  # noqa: E402
 from gpuvm.device.bench import L2Flush  # noqa: E402
 from gpuvm.muse.cases import DECODE_CONTEXT  # noqa: E402
 from gpuvm.muse.config import SHARD  # noqa: E402
+from gpuvm.muse.lowering import Tiles  # noqa: E402
 from gpuvm.muse.step import bind_step, lower_step, make_step_state  # noqa: E402
 from gpuvm.muse.weights import make_model_weights  # noqa: E402
 from gpuvm.trace.format import Trace  # noqa: E402
@@ -48,12 +49,14 @@ def main() -> int:
     ap.add_argument("--shape", default="1x1", help="conversations x tokens each")
     ap.add_argument("--out", default="out/step-trace.npz")
     ap.add_argument("--define", action="append", default=[], help="MACRO=value of a build variant (repeatable)")
+    ap.add_argument("--tiles", default="", help="field=value[+field=value] of lowering.Tiles (default: Tiles())")
     a = ap.parse_args()
+    tiles = Tiles(**{k: int(v) for k, v in (d.split("=", 1) for d in a.tiles.split("+") if d)})
     conv, each = (int(v) for v in a.shape.split("x"))
     vm = VM(groups=2, trace=True, defines=tuple(tuple(d.split("=", 1)) for d in a.define))  # type: ignore[misc]
     weights = make_model_weights(SHARD, 2026, device="cuda", layers=a.layers)
     state = make_step_state(SHARD, conv, each, DECODE_CONTEXT, 2027, device="cuda", layers=a.layers)
-    sp = lower_step(SHARD, conv, each, state.context_capacity, layers=a.layers)
+    sp = lower_step(SHARD, conv, each, state.context_capacity, layers=a.layers, tiles=tiles)
     tokens = torch.randint(0, SHARD.vocab_shard, (sp.tokens,), generator=torch.Generator().manual_seed(1), dtype=torch.int32).cuda()
     ld = vm.load(sp.stream, bind_step(sp, weights, state, tokens, device="cuda"))
     ld.run(0, "dynamic")
