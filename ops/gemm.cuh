@@ -211,16 +211,24 @@ __device__ __forceinline__ void gvm_gemm_bf16_unit(float (&acc)[TT][4], const ch
 // time, lanes stride over the columns). Butterfly sums in a fixed order: the
 // sums do not depend on the schedule. Reading back cost a round trip a tile
 // (Wo and Wex tiles ~2 us longer at one token, H200, cf027d9).
-__device__ __noinline__ bool gvm_gemm_stats_ok(const gvm_ctx& c) {
-    if (!(gvm_has(c, 4) && gvm_has(c, 5) && gvm_has(c, 6))) return false;
-    const gvm_tensor& out = gvm_t(c, 0);
-    const gvm_tensor& st = gvm_t(c, 3);
-    const gvm_tensor& s = gvm_t(c, 4);
+
+// True without statistics. Branch-free (an absent slot reads slot 0's
+// descriptor, masked out), so that its reads go out with the op's other checks.
+__device__ __forceinline__ bool gvm_gemm_stats_ok(const gvm_ctx& c) {
+    const bool has = gvm_has(c, 3), all = gvm_has(c, 4) & gvm_has(c, 5) & gvm_has(c, 6);
+    const unsigned short* ti = c.ins->tensor;
+    const unsigned k = has & all;
+    const gvm_tensor& out = c.tab[ti[0]];
+    const gvm_tensor& st = c.tab[ti[k ? 3 : 0]];
+    const gvm_tensor& s = c.tab[ti[k ? 4 : 0]];
+    const gvm_tensor& al = c.tab[ti[k ? 5 : 0]];
+    const gvm_tensor& be = c.tab[ti[k ? 6 : 0]];
     const int t = out.shape[0], n = out.shape[1], slot = c.ins->arg[4];
-    return (out.dtype == GVM_DT_F32) & gvm_is(st, GVM_DT_F32, 3) & (st.shape[0] == t) & (st.shape[2] == 4) &
-           (st.stride[1] == 4) & gvm_aligned(st, 4, 16) & (slot >= 0) & (slot < st.shape[1]) & gvm_is(s, GVM_DT_F32, 2) &
-           (s.shape[0] == t) & (s.shape[1] == n) & gvm_is(gvm_t(c, 5), GVM_DT_F32, 1) & (gvm_t(c, 5).shape[0] == n) &
-           gvm_is(gvm_t(c, 6), GVM_DT_F32, 1) & (gvm_t(c, 6).shape[0] == n);
+    const bool ok = all & (out.dtype == GVM_DT_F32) & gvm_is(st, GVM_DT_F32, 3) & (st.shape[0] == t) & (st.shape[2] == 4) &
+                    (st.stride[1] == 4) & gvm_aligned(st, 4, 16) & (slot >= 0) & (slot < st.shape[1]) & gvm_is(s, GVM_DT_F32, 2) &
+                    (s.shape[0] == t) & (s.shape[1] == n) & gvm_is(al, GVM_DT_F32, 1) & (al.shape[0] == n) &
+                    gvm_is(be, GVM_DT_F32, 1) & (be.shape[0] == n);
+    return !has | ok;
 }
 
 // The instruction's columns and tokens, read again from the instruction: held
@@ -244,26 +252,9 @@ __device__ __forceinline__ void gvm_stats_store(const gvm_ctx& c, int t, const f
     *gvm_ptr<float4>(st, (long long)t * st.stride[0] + 4ll * c.ins->arg[4], 4) = make_float4(r[0], r[1], r[2], r[3]);
 }
 
-// The lines of s, alpha and beta the statistics will read go to L1 as the op
-// starts (at most GVM_GEMM_STATS_PF lines; 0: none), so that the epilogue finds them on chip.
-#ifndef GVM_GEMM_STATS_PF
-#define GVM_GEMM_STATS_PF 512
-#endif
 #ifndef GVM_GEMM_STATS_PROBE
 #define GVM_GEMM_STATS_PROBE 0  // timing probes (wrong sums): 1 the register tiles load no s, alpha, beta; 4 no argument check of t3..t6
 #endif
-__device__ __forceinline__ void gvm_gemm_stats_prefetch(const gvm_ctx& c) {
-    int n0, cnt, t0, tn;
-    gvm_gemm_range(c, n0, cnt, t0, tn);
-    const int nl = ((n0 + cnt + 31) >> 5) - (n0 >> 5);  // 128-byte lines of a row's columns
-    const int total = min((tn + 2) * nl, GVM_GEMM_STATS_PF);
-    for (int i = (int)c.tid; i < total; i += 128) {
-        const int r = i / nl, col = ((n0 >> 5) + i - r * nl) << 5;
-        const gvm_tensor& t = gvm_t(c, r < 2 ? 5 + r : 4);
-        gvm_prefetch_l1(reinterpret_cast<const float*>(t.ptr) + (r < 2 ? 0 : (long long)(t0 + r - 2) * t.stride[0]) + col);
-    }
-}
-
 // The statistics of tokens [t_beg, t_end) read back from out, after a group
 // barrier (the group's own stores); the register tiles take theirs from their
 // sums instead (gvm_gemm_bf16_tiles).
@@ -347,18 +338,36 @@ __device__ __forceinline__ int gvm_gemm_bf16_tiles(const gvm_ctx& c, const gvm_t
                 tile[(g + 8) * 8 + 2 * q + 1] = acc[j][3];
             }
         }
-        gvm_group_sync(c);
         // Sum the K splits and store; consecutive threads write consecutive n.
         // Thread tid's elements all hold token tk = tid / 16 of a token tile
         // (row r = tid % 16). With statistics and one pass, the thread adds up
         // (a, s, alpha, beta) of its token per token tile j, then the 16
-        // threads of a token sum theirs (below).
+        // threads of a token sum theirs (below). s, alpha and beta of its
+        // first two row blocks are loaded before the barrier, while the other
+        // warps finish their units (loaded in the loop they cost a round trip
+        // a tile: H200, aee71da, Wo 7.3 us a tile, 6.6 without the loads).
         // (read here: a flag held across the K loop spilled; the 4-group kernel has no registers for it)
         const bool fused = GVM_MAX_GROUPS <= 2 && nrb == n_rb && gvm_has(c, 3);
+        const int tk = (int)(c.tid >> 4), r = (int)(c.tid & 15u);
+        float ps[2][TT], pa[2], pb[2];
+#pragma unroll
+        for (int q = 0; q < 2; ++q) {
+            pa[q] = pb[q] = 0.f;
+#pragma unroll
+            for (int j = 0; j < TT; ++j) ps[q][j] = 0.f;
+            if (TT == 1 && fused && !(GVM_GEMM_STATS_PROBE & 1)) {  // (4 token tiles: they spilled)
+                const int row = min(n0 + q * 16 + r, row_end - 1);  // a valid row (its sums unused past the end)
+                pa[q] = gvm_ptr<const float>(gvm_t(c, 5), row, 4)[0];
+                pb[q] = gvm_ptr<const float>(gvm_t(c, 6), row, 4)[0];
+#pragma unroll
+                for (int j = 0; j < TT; ++j)
+                    ps[q][j] = gvm_ptr<const float>(gvm_t(c, 4), (long long)min(t0 + 8 * j + tk, T - 1) * gvm_t(c, 4).stride[0] + row, 4)[0];
+            }
+        }
+        gvm_group_sync(c);
         float sr[TT][4];
 #pragma unroll
         for (int j = 0; j < TT; ++j) sr[j][0] = sr[j][1] = sr[j][2] = sr[j][3] = 0.f;
-        const int tk = (int)(c.tid >> 4), r = (int)(c.tid & 15u);
 #pragma unroll 1
         for (int e = c.tid; e < nrb * TT * 128; e += GVM_GROUP_THREADS) {
             const int rb = e / (TT * 128), j = (e >> 7) % TT;
@@ -368,12 +377,20 @@ __device__ __forceinline__ int gvm_gemm_bf16_tiles(const gvm_ctx& c, const gvm_t
                 for (int s = 0; s < S; ++s) sum += part[((rb * S + s) * TT + j) * 128 + r * 8 + tk];
                 gvm_gemm_store(out, (long long)tok * out.stride[0] + row, sum);
                 if (fused) {
-                    float q[4] = {0.f, 0.f, 0.f, 0.f};
-                    if (GVM_GEMM_STATS_PROBE & 1)
-                        gvm_stats_add(q, sum, sum, 1.0f, 0.5f);
-                    else
-                        gvm_stats_add(q, sum, gvm_ptr<const float>(gvm_t(c, 4), (long long)tok * gvm_t(c, 4).stride[0] + row, 4)[0],
-                                      gvm_ptr<const float>(gvm_t(c, 5), row, 4)[0], gvm_ptr<const float>(gvm_t(c, 6), row, 4)[0]);
+                    float q[4] = {0.f, 0.f, 0.f, 0.f}, sv = 0.f, al = 0.f, be = 0.f;
+#pragma unroll
+                    for (int qq = 0; qq < 2; ++qq) {  // rb and j are not constants: select, not index (local memory)
+                        if (rb != qq) continue;
+                        al = pa[qq], be = pb[qq];
+#pragma unroll
+                        for (int jj = 0; jj < TT; ++jj) sv = jj == j ? ps[qq][jj] : sv;
+                    }
+                    if ((TT > 1 || rb >= 2) && !(GVM_GEMM_STATS_PROBE & 1)) {
+                        sv = gvm_ptr<const float>(gvm_t(c, 4), (long long)tok * gvm_t(c, 4).stride[0] + row, 4)[0];
+                        al = gvm_ptr<const float>(gvm_t(c, 5), row, 4)[0];
+                        be = gvm_ptr<const float>(gvm_t(c, 6), row, 4)[0];
+                    }
+                    gvm_stats_add(q, sum, sv, al, be);
 #pragma unroll
                     for (int jj = 0; jj < TT; ++jj)  // j is not a constant: select, not index (local memory)
 #pragma unroll
@@ -959,14 +976,13 @@ __device__ __forceinline__ int gvm_op_gemm(const gvm_ctx& c) {
                     (out.dtype == GVM_DT_BF16 || out.dtype == GVM_DT_F32);
     const bool f32 = x.dtype == GVM_DT_F32 && w.dtype == GVM_DT_F32 && out.dtype == GVM_DT_F32;
     const int es = bf ? 2 : 4;
-    if (!(bf | f32) | !gvm_gemm_operand_ok(x, es) | !gvm_gemm_operand_ok(w, es) | out.ndim != 2 |
+    const bool stats_ok = (GVM_GEMM_STATS_PROBE & 4) || gvm_gemm_stats_ok(c);
+    if (!(bf | f32) | !stats_ok | !gvm_gemm_operand_ok(x, es) | !gvm_gemm_operand_ok(w, es) | out.ndim != 2 |
         out.stride[1] != 1 | x.shape[1] % 8 != 0 | w.shape[1] != x.shape[1] | out.shape[0] != x.shape[0] |
         out.shape[1] != w.shape[0] | n0 < 0 | cnt < 0 | n0 + cnt > w.shape[0] | t0 < 0 | tn < 0 |
         t0 + tn > x.shape[0] | (in.arg[3] == 0 && t0 != 0))
         return GVM_ERR_BAD_ARGS;
-    if (!(GVM_GEMM_STATS_PROBE & 4) && gvm_has(c, 3) && !gvm_gemm_stats_ok(c)) return GVM_ERR_BAD_ARGS;
     if (cnt == 0 || tn == 0) return GVM_ERR_NONE;
-    if (GVM_GEMM_STATS_PF && gvm_has(c, 3)) gvm_gemm_stats_prefetch(c);
     const int rc = bf ? gvm_gemm_bf16(c, out, x, w, n0, cnt, t0, tn) : gvm_gemm_f32(c, out, x, w, n0, cnt, t0, tn);
     if (rc == GVM_ERR_NONE && gvm_has(c, 3)) {
         int n0_, cnt_, t0_, tn_;

@@ -98,11 +98,6 @@ __device__ __forceinline__ void gvm_prefetch_l2(const void* p, unsigned bytes) {
     asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
 }
 
-// Starts fetching p's line into this SM's L1; costs no register.
-__device__ __forceinline__ void gvm_prefetch_l1(const void* p) {
-    asm volatile("prefetch.global.L1 [%0];" ::"l"(p));
-}
-
 // Global atomic add, acquire and release at GPU scope: counts a finished piece of
 // work (release: this thread's and, after a barrier, its group's stores) and
 // sees what the pieces counted before it published (acquire).

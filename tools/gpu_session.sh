@@ -113,18 +113,15 @@ for s in $steps; do
            timeout ${T_ICACHE:-200} python3 tools/icache_probe.py --vm --out "$OUT/icache_probe.json" > "$OUT/icache_probe.log" 2>&1; echo "icache probe rc=$?"; tail -24 "$OUT/icache_probe.log" ;;
     workers) # expert work lists of 264 workers (Tiles.expert_workers, the default: one per group) against fewer, so that groups stay free to claim the next op's instructions while the up list runs
            timeout ${T_WORKERS_PROBE:-300} python3 tools/sched_probe.py --out "$OUT/workers_probe.json" --modes dynamic --depths 1 --variants base: --tiles "${WORKERS_TILES:-w264:,w232:expert_workers=232,w200:expert_workers=200,w132:expert_workers=132}" --cases ${WORKERS_CASES:-full-c1-t1,sliding-c1-t1,full-c1-t8,full-c16-t1,full-c32-t8,sliding-c32-t8} --step ${WORKERS_STEPS:-1x1,1x8,16x1,32x8} > "$OUT/workers_probe.log" 2>&1; echo "workers probe rc=$?"; grep -v "^$" "$OUT/workers_probe.log" | tail -40 ;;
-    slices) # RESIDUAL cut into column ranges fed by Wo's / Wex's statistics (Tiles.residual_slices 8, the default) against whole rows (1);
-            # the lines of s, alpha, beta prefetched into L1 as a GEMM with statistics starts (GVM_GEMM_STATS_PF 512, the default) or not (0);
-            # an 8-layer traced step at 1 x 1
-           timeout 100 python3 tools/prebuild.py --trace base GVM_GEMM_STATS_PF=0; echo "prebuild rc=$?"
+    slices) # RESIDUAL cut into column ranges fed by Wo's / Wex's statistics (Tiles.residual_slices 8, the default) against whole rows (1); an 8-layer traced step at 1 x 1 of each
            timeout 150 python3 tools/ops_check.py --only gemm,residual > "$OUT/ops_gemm_residual.log" 2>&1; echo "ops_check gemm,residual rc=$?"; tail -1 "$OUT/ops_gemm_residual.log"; grep -i "statistics\|columns" "$OUT/ops_gemm_residual.log" | head -8
-           timeout ${T_SLICES_PROBE:-400} python3 tools/sched_probe.py --out "$OUT/slices_probe.json" --modes dynamic --depths 1 --variants "${SLICES_VARIANTS:-pf:,nopf:GVM_GEMM_STATS_PF=0}" --tiles "${SLICES_TILES:-rs8:,rs1:residual_slices=1}" --cases ${SLICES_CASES:-full-c1-t1,sliding-c1-t1,full-c1-t8,full-c16-t1,full-c32-t1,full-c16-t8} --step ${SLICES_STEPS:-1x1,1x8,16x1,32x1} > "$OUT/slices_probe.log" 2>&1; echo "slices probe rc=$?"; grep -v "^$" "$OUT/slices_probe.log" | tail -40
+           timeout ${T_SLICES_PROBE:-400} python3 tools/sched_probe.py --out "$OUT/slices_probe.json" --modes dynamic --depths 1 --variants base: --tiles "${SLICES_TILES:-rs8:,rs1:residual_slices=1}" --cases ${SLICES_CASES:-full-c1-t1,sliding-c1-t1,full-c1-t8,full-c16-t1,full-c32-t1} --step ${SLICES_STEPS:-1x1,1x8,16x1,32x1} > "$OUT/slices_probe.log" 2>&1; echo "slices probe rc=$?"; grep -v "^$" "$OUT/slices_probe.log" | tail -40
            mkdir -p "$OUT/tr"
-           timeout 100 python3 tools/step_trace.py --layers 8 --shape 1x1 --out "$OUT/tr/step-trace-1x1.npz" > "$OUT/step_trace.log" 2>&1; echo "step trace rc=$?"; tail -17 "$OUT/step_trace.log"
+           for t in rs8 rs1; do timeout 100 python3 tools/step_trace.py --layers 8 --shape 1x1 $([ $t = rs1 ] && echo --tiles residual_slices=1) --out "$OUT/tr/step-trace-1x1-$t.npz" > "$OUT/step_trace_$t.log" 2>&1; echo "step trace $t rc=$?"; tail -16 "$OUT/step_trace_$t.log"; done
            (cd "$OUT" && tar czf traces.tgz tr && rm -rf tr) ;;
-    statsprobe) # where a GEMM tile with statistics spends its extra ~2 us: 8-layer traced steps at 1 x 1 with the L1 prefetch (default) and without (PF 0),
-                # and without it with timing probes (GVM_GEMM_STATS_PROBE: 1 no s / alpha / beta loads, 4 no argument check; wrong sums)
-           for v in ${STATS_VARIANTS:-rs1 base GVM_GEMM_STATS_PF=0 GVM_GEMM_STATS_PF=0+GVM_GEMM_STATS_PROBE=1 GVM_GEMM_STATS_PF=0+GVM_GEMM_STATS_PROBE=4}; do
+    statsprobe) # where a GEMM tile with statistics spends its extra time: 8-layer traced steps at 1 x 1 with whole-row RESIDUALs (rs1), the default,
+                # and timing probes (GVM_GEMM_STATS_PROBE: 1 no s / alpha / beta loads, 4 no argument check of t3..t6; wrong sums)
+           for v in ${STATS_VARIANTS:-rs1 base GVM_GEMM_STATS_PROBE=1 GVM_GEMM_STATS_PROBE=4}; do
              defs=""; [ "$v" = rs1 ] && defs="--tiles residual_slices=1"; [ "$v" != base ] && [ "$v" != rs1 ] && for d in ${v//+/ }; do defs="$defs --define $d"; done
              timeout 100 python3 tools/step_trace.py --layers 8 --shape 1x1 $defs --out "$OUT/st_$v.npz" > "$OUT/st_$v.log" 2>&1; echo "step trace $v rc=$?"; grep -E "^(Wo|Wex|Wr|residual1|residual2) " "$OUT/st_$v.log"
            done

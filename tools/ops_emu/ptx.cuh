@@ -117,7 +117,6 @@ template <int N> inline void gvm_cp_async_wait() {}
 inline unsigned gvm_opaque(unsigned v) { return v; }
 inline unsigned gvm_atom_add_acq_rel(unsigned* p, unsigned v) { return atomicAdd(p, v); }
 inline void gvm_prefetch_l2(const void*, unsigned) {}
-inline void gvm_prefetch_l1(const void*) {}
 
 inline unsigned gvm_smem_addr(const void* p) {
     const long long off = (const unsigned char*)p - emu::machine()->smem;
