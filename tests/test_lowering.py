@@ -177,10 +177,12 @@ def test_dependencies_are_fine_grained() -> None:
 
 def test_residuals_cut_over_columns_take_the_gemm_statistics() -> None:
     """Each RESIDUAL row block is cut into Tiles.residual_slices column ranges
-    (fewer when the ops would pass residual_max_ops) that read the sums Wo's or
-    Wex's column tiles leave, one slot each; residual_slices 1 keeps whole rows."""
+    (whole rows when the cuts would pass residual_max_ops) that read the sums
+    Wo's or Wex's column tiles leave, one slot each; residual_slices 1 keeps
+    whole rows."""
     d = SMALL.d
-    for tl, rows, want in ((Tiles(rows=1), 3, 8), (Tiles(rows=1, residual_max_ops=6), 3, 2), (Tiles(rows=3, residual_slices=1), 1, 1)):
+    for tl, rows, want in ((Tiles(rows=1), 3, 8), (Tiles(rows=1, residual_slices=2, residual_max_ops=6), 3, 2),
+                           (Tiles(rows=1, residual_max_ops=23), 3, 1), (Tiles(rows=3, residual_slices=1), 1, 1)):
         s = lower_layer(SMALL, "sliding", 3, 1, 100, tiles=tl).stream
         for res, gemm_out in (("residual1", "L0.a"), ("residual2", "L0.f")):
             ops = [o for o in _ops(s, Op.RESIDUAL) if res in o.label]
