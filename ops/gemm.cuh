@@ -207,8 +207,8 @@ __device__ __forceinline__ void gvm_gemm_bf16_unit(float (&acc)[TT][4], const ch
 // give both norms (s' = alpha s + beta a r_a has sum s'^2 = S + 2 r_a C + r_a^2 B),
 // so RESIDUAL can be cut over columns. The register tiles (gvm_gemm_bf16_tiles)
 // add them up from their sums as they store them; the other paths read out
-// back after their stores (gvm_gemm_stats: warp w takes tokens w, w + 4, ..,
-// lanes stride over the columns). Butterfly sums in a fixed order: the
+// back after their stores (gvm_gemm_stats: warp w takes tokens 4w.. four at a
+// time, lanes stride over the columns). Butterfly sums in a fixed order: the
 // sums do not depend on the schedule. Reading back cost a round trip a tile
 // (Wo and Wex tiles ~2 us longer at one token, H200, cf027d9).
 
@@ -255,13 +255,6 @@ __device__ __forceinline__ void gvm_stats_store(const gvm_ctx& c, int t, const f
 #ifndef GVM_GEMM_STATS_PROBE
 #define GVM_GEMM_STATS_PROBE 0  // timing probes (wrong sums): 1 the register tiles load no s, alpha, beta; 4 no argument check of t3..t6
 #endif
-// Whether the register tiles sum a tile's statistics themselves: every call
-// of the instruction is one pass over its rows (at most the row blocks a pass
-// of GVM_GEMM_TT token tiles holds); otherwise gvm_op_gemm reads them back.
-__device__ __forceinline__ bool gvm_gemm_tiles_stats(const gvm_ctx& c, int cnt) {
-    return GVM_MAX_GROUPS <= 2 && (cnt + 15) / 16 <= (int)(c.smem_bytes / (GVM_GEMM_TT * GVM_GEMM_TILE_BYTES)) / 4;
-}
-
 // The statistics of tokens [t_beg, t_end) read back from out, after a group
 // barrier (the group's own stores); the register tiles take theirs from their
 // sums instead (gvm_gemm_bf16_tiles).
@@ -270,18 +263,39 @@ __device__ __forceinline__ void gvm_gemm_stats(const gvm_ctx& c, int t_beg, int 
     const gvm_tensor& out = gvm_t(c, 0);
     const gvm_tensor& ts = gvm_t(c, 4);
     const int n0 = c.ins->arg[0], cnt = c.ins->arg[1];
+    const float* a = reinterpret_cast<const float*>(out.ptr);
+    const float* s = reinterpret_cast<const float*>(ts.ptr);
     const float* al = reinterpret_cast<const float*>(gvm_t(c, 5).ptr);
     const float* be = reinterpret_cast<const float*>(gvm_t(c, 6).ptr);
+    const long long ao = out.stride[0], so = ts.stride[0];
+    const unsigned lane = c.tid & 31u;
 #pragma unroll 1
-    for (int t = t_beg + (int)(c.tid >> 5); t < t_end; t += 4) {  // kept compact: off the one-token path
-        const float* a = reinterpret_cast<const float*>(out.ptr) + (long long)t * out.stride[0];
-        const float* s = reinterpret_cast<const float*>(ts.ptr) + (long long)t * ts.stride[0];
-        float r[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll 1
-        for (int n = n0 + (int)(c.tid & 31u); n < n0 + cnt; n += 32) gvm_stats_add(r, a[n], s[n], al[n], be[n]);
+    for (int tb = t_beg + 4 * (int)(c.tid >> 5); tb < t_end; tb += 16) {
+        float r[4][4];
 #pragma unroll
-        for (int k = 0; k < 4; ++k) r[k] = gvm_warp_sum(r[k]);
-        if ((c.tid & 31u) == 0) gvm_stats_store(c, t, r);
+        for (int u = 0; u < 4; ++u) r[u][0] = r[u][1] = r[u][2] = r[u][3] = 0.0f;
+#pragma unroll 1
+        for (int n = n0 + (int)lane; n < n0 + cnt; n += 32) {
+            const float alpha = al[n], beta = be[n];
+            float av[4], sv[4];
+#pragma unroll
+            for (int u = 0; u < 4; ++u) {  // tokens past the end repeat the last one (not stored)
+                const long long t = tb + u < t_end ? tb + u : t_end - 1;
+                av[u] = a[t * ao + n];
+                sv[u] = s[t * so + n];
+            }
+#pragma unroll
+            for (int u = 0; u < 4; ++u) gvm_stats_add(r[u], av[u], sv[u], alpha, beta);
+        }
+#pragma unroll
+        for (int u = 0; u < 4; ++u)
+#pragma unroll
+            for (int k = 0; k < 4; ++k) r[u][k] = gvm_warp_sum(r[u][k]);
+        if (lane == 0) {
+#pragma unroll
+            for (int u = 0; u < 4; ++u)
+                if (tb + u < t_end) gvm_stats_store(c, tb + u, r[u]);
+        }
     }
 }
 
@@ -333,7 +347,7 @@ __device__ __forceinline__ int gvm_gemm_bf16_tiles(const gvm_ctx& c, const gvm_t
         // warps finish their units (loaded in the loop they cost a round trip
         // a tile: H200, aee71da, Wo 7.3 us a tile, 6.6 without the loads).
         // (read here: a flag held across the K loop spilled; the 4-group kernel has no registers for it)
-        const bool fused = gvm_gemm_tiles_stats(c, cnt) && gvm_has(c, 3);
+        const bool fused = GVM_MAX_GROUPS <= 2 && nrb == n_rb && gvm_has(c, 3);
         const int tk = (int)(c.tid >> 4), r = (int)(c.tid & 15u);
         float ps[2][TT], pa[2], pb[2];
 #pragma unroll
@@ -396,6 +410,7 @@ __device__ __forceinline__ int gvm_gemm_bf16_tiles(const gvm_ctx& c, const gvm_t
         }
         gvm_group_sync(c);
     }
+    if ((GVM_MAX_GROUPS > 2 || per_pass < n_rb) && gvm_has(c, 3)) gvm_gemm_stats(c, t0, min(t0 + 8 * TT, T));  // not summed above: read back
     return GVM_ERR_NONE;
 }
 
@@ -972,7 +987,7 @@ __device__ __forceinline__ int gvm_op_gemm(const gvm_ctx& c) {
     if (rc == GVM_ERR_NONE && gvm_has(c, 3)) {
         int n0_, cnt_, t0_, tn_;
         gvm_gemm_range(c, n0_, cnt_, t0_, tn_);
-        const bool tiles = gvm_t(c, 2).dtype == GVM_DT_BF16 && !gvm_gemm_bf16_staged(c, gvm_t(c, 1), tn_) && gvm_gemm_tiles_stats(c, cnt_);
+        const bool tiles = gvm_t(c, 2).dtype == GVM_DT_BF16 && !gvm_gemm_bf16_staged(c, gvm_t(c, 1), tn_);
         if (!tiles) gvm_gemm_stats(c, t0_, t0_ + tn_);  // the register tiles took theirs
     }
     return rc;
