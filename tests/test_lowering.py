@@ -373,3 +373,67 @@ def test_two_chained_layers_equal_two_single_layers(small_weights) -> None:  # t
         assert torch.equal(two_st[kind].k_cache.view(torch.uint8), st[kind].k_cache.view(torch.uint8))
     assert l1.done.per_step == len(_ops(stream, Op.RESIDUAL)) // 4
     assert all(r["wait_counter"][0] != NONE for r in stream.records[[k for k, o in enumerate(stream.ops) if o.label.startswith("L1.Wqkvg")]])
+
+
+def _prefetched(ops: list) -> list[tuple[int, int]]:  # type: ignore[type-arg]
+    """Byte ranges (start, bytes) of a weight that PREFETCH ops fetch."""
+    out = []
+    for o in ops:
+        a0, a1, _, count, stride = o.args[:5]
+        out += [((a0 + i * stride) * 16, a1 * 16) for i in range(max(count, 1))]
+    return out
+
+
+@pytest.mark.parametrize("kb", [24, 4096])
+def test_l2_ahead_fetches_the_head_of_every_tile_before_its_gemm(kb: int) -> None:
+    """Tiles.l2_ahead_kb: PREFETCH ops fetch the first rows of every column
+    tile of Wo and Wsq after Wqkvg, and of Wex and the next layer's Wqkvg
+    after Wsq, within the budget of a window; each GEMM waits for its own."""
+    from gpuvm.muse.step import lower_step
+
+    tl = Tiles(l2_ahead_kb=kb, l2_ahead_ops=3)
+    sp = lower_step(SMALL, 2, 1, 40, layers=3, tiles=tl)
+    ops, budget = sp.stream.ops, kb << 10
+    assert not any(o.opcode == Op.PREFETCH for o in lower_step(SMALL, 2, 1, 40, layers=3).stream.ops)
+    for i in range(3):
+        pre = [o for o in ops if o.opcode == Op.PREFETCH and o.label.startswith(f"L{i}.")]
+        window: dict[str, int] = {}
+        for name, waits_on in (("Wo", "qkv"), ("Wsq", "qkv"), ("Wex", "x"), ("Wqkvg", "x")):
+            mine = [o for o in pre if o.tensors[0].name == f"L{i}.{name}"]
+            if name == "Wqkvg" and i == 0:
+                assert not mine  # nothing before the first layer to overlap with
+                continue
+            assert mine, (i, name)
+            wt = mine[0].tensors[0]
+            sigs = {o.signal.name for o in mine}
+            assert len(sigs) == (2 if name == "Wqkvg" else 1)  # Wqkvg: q|k|v's tiles and g's
+            src = f"L{i - 1}." if name == "Wqkvg" else f"L{i}."
+            assert all(any(c.name == src + waits_on for c, _ in o.waits) for o in mine)
+            for sig in sigs:
+                part = [o for o in mine if o.signal.name == sig]
+                tiles = [o for o in ops if o.opcode == Op.GEMM and o.tensors[2] is wt and any(c.name == sig for c, _ in o.waits)]
+                rb = wt.row_bytes
+                heads = {o.args[0] * rb: o.args[1] * rb for o in tiles}  # a tile's bytes
+                got = _prefetched(part)
+                assert tiles and sorted(got) == sorted(set(got))
+                if sum(n for _, n in got) == sum(heads.values()):  # every row, once
+                    _cover([(a - min(heads), n) for a, n in got], sum(heads.values()))
+                else:  # the same head of each tile
+                    k = max(n for _, n in got)
+                    assert k % rb == 0 and sorted(a for a, _ in got) == sorted(heads) and all(n == min(k, heads[a]) for a, n in got)
+                window[waits_on] = window.get(waits_on, 0) + sum(n for _, n in got)
+        assert all(v <= budget for v in window.values())
+
+
+def test_l2_ahead_changes_no_result(small_weights) -> None:  # type: ignore[no-untyped-def]
+    """PREFETCH is a hint: a layer with it computes the same bits."""
+    st = make_state(SMALL, "sliding", 2, 2, 30, seed=3)
+    s0 = make_inputs(SMALL, st, seed=4)
+    outs = []
+    for kb in (0, 24):
+        lp = lower_layer(SMALL, "sliding", 2, 2, st.slots, tiles=Tiles(l2_ahead_kb=kb))
+        assert any(o.opcode == Op.PREFETCH for o in lp.stream.ops) == (kb > 0)
+        b = bind_layer(lp, small_weights[0], st.clone(), s0)
+        run_stream(lp.stream, b, order="random", rng=random.Random(kb))
+        outs.append(b["s"])
+    assert torch.equal(outs[0], outs[1])
