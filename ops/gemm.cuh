@@ -53,9 +53,6 @@
 #endif
 #endif
 #define GVM_GEMM_TILE_BYTES 512 // one partial 16 x 8 f32 tile
-#ifndef GVM_GEMM_PF                // batches ahead that a unit's rows are bulk-prefetched into L2 (0: none)
-#define GVM_GEMM_PF 0
-#endif
 
 #ifdef __CUDA_ARCH__
 __device__ __forceinline__ unsigned long long gvm_gemm_policy() {
@@ -171,26 +168,10 @@ __device__ __forceinline__ void gvm_gemm_bf16_unit(float (&acc)[TT][4], const ch
     const int n_batches = (c_end - c_beg + BATCH - 1) / BATCH;  // uniform: mma.sync needs the whole warp
     uint4 A[S], B[S], X[S][TT];
     int left = c_end - c_beg - q;  // chunks this lane has left from the batch being loaded
-#if GVM_GEMM_PF
-    // Rows a and b, GVM_GEMM_PF whole batches past the one being loaded, into
-    // L2 (lane q = 0 of each row pair: its pointers start the batch), so that
-    // the loads find them there: more bytes in flight than the registers hold.
-    auto ahead = [&](int d) {
-        if (q == 0 && left >= (d + 1) * BATCH) {
-            gvm_prefetch_l2(pa + 64 * S * d, 64 * S);
-            gvm_prefetch_l2(pb + 64 * S * d, 64 * S);
-        }
-    };
-#pragma unroll
-    for (int d = 1; d < GVM_GEMM_PF; ++d) ahead(d);
-#endif
 #pragma unroll
     for (int u = 0; u < S; ++u) gvm_gemm_bf16_fill<TT>(A[u], B[u], X[u], pa, pb, px, u, left, pol);
 #pragma unroll 1
     for (int b = 0; b < n_batches; ++b) {
-#if GVM_GEMM_PF
-        ahead(GVM_GEMM_PF);
-#endif
         pa += 64 * S;
         pb += 64 * S;
 #pragma unroll
