@@ -2,7 +2,7 @@
 # One call on the H200 (the device tool): the VM proofs and timings, the Muse
 # ops standalone, and the decode-case sweep, each under its own time limit,
 # logs and results under $OUT (at most 8 files come back: traces are tarred).
-#   GPUVM_COMMIT=<sha> bash tools/gpu_session.sh [check|ops|opstime|sweep|step|stepsweep|probe|experts|router|park|ring|lists|steptrace|tiles|rowpf|fill|fill2|xstage|trace62|xprobe|smem|tiles2|router|xbench|against|slots|naps|icache|workers|slices|statsprobe|l2ahead|opsgemm|gputests|vmtest ...]
+#   GPUVM_COMMIT=<sha> bash tools/gpu_session.sh [check|ops|opstime|sweep|step|stepsweep|probe|experts|router|park|ring|lists|steptrace|tiles|rowpf|fill|fill2|xstage|trace62|xprobe|smem|tiles2|router|xbench|against|slots|naps|icache|workers|slices|statsprobe|opsgemm|gputests|vmtest ...]
 # (set GPUVM_COMMIT when running a snapshot without .git: else the results name the enclosing checkout)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -126,12 +126,6 @@ for s in $steps; do
              timeout 100 python3 tools/step_trace.py --layers 8 --shape 1x1 $defs --out "$OUT/st_$v.npz" > "$OUT/st_$v.log" 2>&1; echo "step trace $v rc=$?"; grep -E "^(Wo|Wex|Wr|residual1|residual2) " "$OUT/st_$v.log"
            done
            (cd "$OUT" && tar czf statsprobe.tgz st_* && rm -f st_*) ;;
-    l2ahead) # weights fetched into L2 ahead of their GEMM phase (Tiles.l2_ahead_kb: PREFETCH ops in the windows before Wo / Wsq and Wex / the next Wqkvg)
-           timeout 120 python3 tools/ops_check.py --only prefetch,gemm > "$OUT/ops_prefetch.log" 2>&1; echo "ops_check prefetch,gemm rc=$?"; tail -2 "$OUT/ops_prefetch.log"
-           timeout ${T_L2_PROBE:-420} python3 tools/sched_probe.py --out "$OUT/l2ahead_probe.json" --modes dynamic --depths 1 --variants base: --tiles "${L2_TILES:-off:,mb24:l2_ahead_kb=24576,mb40:l2_ahead_kb=40960}" --cases ${L2_CASES:-full-c1-t1,sliding-c1-t1,full-c16-t1} --step ${L2_STEPS:-1x1,1x8,16x1,32x8} > "$OUT/l2ahead_probe.log" 2>&1; echo "l2ahead probe rc=$?"; grep -v "^$" "$OUT/l2ahead_probe.log" | tail -40
-           mkdir -p "$OUT/tr"
-           for t in ${L2_TRACE:-0 24}; do timeout 100 python3 tools/step_trace.py --layers 8 --shape 1x1 --tiles l2_ahead_kb=$((t*1024)) --out "$OUT/tr/step-trace-1x1-l2mb$t.npz" > "$OUT/step_trace_l2mb$t.log" 2>&1; echo "step trace l2mb$t rc=$?"; tail -18 "$OUT/step_trace_l2mb$t.log"; done
-           (cd "$OUT" && tar czf traces.tgz tr && rm -rf tr) ;;
     opsgemm) timeout 150 python3 tools/ops_check.py --only gemm,qk_rope_kv > "$OUT/ops_gemm_qk.log" 2>&1; echo "ops_check gemm,qk_rope_kv rc=$?"; tail -2 "$OUT/ops_gemm_qk.log" ;;
     gputests) timeout ${T_GPUTESTS:-200} python3 -m pytest -q -p no:cacheprovider tests/gpu > "$OUT/tests_gpu.log" 2>&1; echo "tests/gpu rc=$?"; tail -4 "$OUT/tests_gpu.log" ;;
     vmtest) timeout ${T_VMTEST:-150} python3 -m pytest -q -x -p no:cacheprovider tests/gpu/test_vm.py > "$OUT/test_vm.log" 2>&1; echo "test_vm rc=$?"; tail -8 "$OUT/test_vm.log" ;;

@@ -93,25 +93,15 @@ class Tiles:
     # 3929 us at 512).
     sliding_chunk: int = 128
     sliding_ops: int = 512
-    # Weights fetched into L2 ahead of their GEMM phase while the latency-bound
-    # ops before it leave HBM idle (PREFETCH ops, l2_ahead_ops a weight): after
-    # Wqkvg, Wo and the head of each Wsq tile; after Wsq, the heads of Wex's
-    # and the next layer's Wqkvg tiles; l2_ahead_kb of weights a window (0:
-    # off). The GEMM waits for its PREFETCH ops (issued, not landed), which
-    # puts them in the stream just ahead of it, in depth order.
-    l2_ahead_kb: int = 0
-    l2_ahead_ops: int = 16
 
     def __post_init__(self) -> None:
         if not isinstance(self.gemm_fill, int) or self.gemm_fill < 0:
             raise ProgramError(f"Tiles.gemm_fill must be an int >= 0, not {self.gemm_fill!r}")
         if self.gemm_min_bytes > self.gemm_max_bytes:
             raise ProgramError(f"Tiles.gemm_min_bytes {self.gemm_min_bytes} exceeds gemm_max_bytes {self.gemm_max_bytes}")
-        for name in ("router_span", "l2_ahead_kb"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or v < 0:
-                raise ProgramError(f"Tiles.{name} must be an int >= 0, not {v!r}")
-        for name in ("gemm_bytes", "gemm_min_bytes", "gemm_max_bytes", "gemm_span", "router_bytes", "router_splits", "expert_workers", "rows", "residual_slices", "residual_max_ops", "chunk", "sliding_chunk", "sliding_ops", "l2_ahead_ops"):
+        if not isinstance(self.router_span, int) or self.router_span < 0:
+            raise ProgramError(f"Tiles.router_span must be an int >= 0, not {self.router_span!r}")
+        for name in ("gemm_bytes", "gemm_min_bytes", "gemm_max_bytes", "gemm_span", "router_bytes", "router_splits", "expert_workers", "rows", "residual_slices", "residual_max_ops", "chunk", "sliding_chunk", "sliding_ops"):
             v = getattr(self, name)
             if not isinstance(v, int) or v <= 0:
                 raise ProgramError(f"Tiles.{name} must be a positive int, not {v!r}")
@@ -140,7 +130,6 @@ class LayerHandles:
 
     done: Counter
     tensors: dict[str, TensorSpec] = field(default_factory=dict)
-    squeezed: Counter | None = None  # the squeeze GEMM's tiles: the next layer's Wqkvg may go into L2 after it
 
     def __getitem__(self, role: str) -> TensorSpec:
         return self.tensors[role]
@@ -249,7 +238,6 @@ def emit_layer(
     h: TensorSpec | None = None,
     k_scale: float = 1.0,
     v_scale: float = 1.0,
-    ahead_after: Counter | None = None,
 ) -> LayerHandles:
     """Append one decode layer to p; see the module docstring.
 
@@ -259,8 +247,6 @@ def emit_layer(
       (handles["next_h"]), which the next layer takes as `h`.
     h: the layer's normed input [T, d] bf16, already written by `after`'s
       signallers; the layer then has no RMSNORM of its own (nor w_attn).
-    ahead_after: with Tiles.l2_ahead_kb, the counter after which the heads of
-      this layer's Wqkvg tiles go into L2 (the previous layer's `squeezed`).
     """
     _check_shape(cfg, kind, conversations, tokens_each, cache_slots)
     tl = tiles or Tiles()
@@ -347,33 +333,6 @@ def emit_layer(
             p.op(Op.GEMM, [out, xin, wt, *(stats or [])], [c0, n, t0, tn] + ([i // len(spans)] if stats else []), waits=waits, signal=sig, prefetch=(wt, c0 * wt.row_bytes, n * wt.row_bytes), label=f"{prefix}{tag}[{where}]")
         return -(-(n1 - n0) // rows) * len(spans)
 
-    def l2_ahead(wt: TensorSpec, n0: int, n1: int, budget: int, waits: list[Counter], tag: str, beside: int = 0) -> tuple[list[Counter], int]:
-        """PREFETCH ops that fetch the head of every column tile of wt over
-        [n0, n1) (gemm_plan's tiles; the whole range when it fits) into L2,
-        at most budget bytes, after waits. Returns ([their counter] or [], the bytes)."""
-        rows = gemm_plan(wt, n0, n1, beside=beside)[0]
-        rb, tiles = wt.row_bytes, _tiles(n0, n1, rows)
-        k = min(rows, budget // (len(tiles) * rb))
-        if k <= 0:
-            return [], 0
-        sig, ops = ctr(f"l2_{tag}"), tl.l2_ahead_ops
-        if k == rows:  # every row: one range cut into ops pieces
-            lo, hi = n0 * rb // 16, n1 * rb // 16
-            pieces = _tiles(lo, hi, -(-(hi - lo) // ops))
-            for a0, a1 in pieces:
-                p.op(Op.PREFETCH, [wt], [a0, a1, 0, 1, 0], waits=waits, signal=sig, label=f"{prefix}l2_{tag}[{a0 * 16}+{a1 * 16}]")
-            return [sig], (n1 - n0) * rb
-        per = -(-len(tiles) // ops)
-        for i in range(0, len(tiles), per):
-            group = tiles[i:i + per]
-            c0, _ = group[0]
-            full = [t for t in group if t[1] >= k]  # a short last tile gets its own op
-            p.op(Op.PREFETCH, [wt], [c0 * rb // 16, k * rb // 16, 0, len(full), rows * rb // 16], waits=waits, signal=sig, label=f"{prefix}l2_{tag}[{c0}:+{k}x{len(full)}]")
-            for c1, n in group[len(full):]:
-                p.op(Op.PREFETCH, [wt], [c1 * rb // 16, n * rb // 16, 0, 1, 0], waits=waits, signal=sig, label=f"{prefix}l2_{tag}[{c1}:+{n}]")
-        return [sig], k * rb * len(tiles)
-
-    budget = tl.l2_ahead_kb << 10
     row_blocks = _tiles(0, T, tl.rows)
     res_cols = tl.residual_cols(d, len(row_blocks))
 
@@ -403,15 +362,8 @@ def emit_layer(
         h_ready = start
     qkv_done, g_done = ctr("qkv"), ctr("g")
     qkv_cols = (hq + 2 * hkv) * HEAD_DIM
-    pf_qkv: list[Counter] = []
-    pf_g: list[Counter] = []
-    if budget and ahead_after is not None:  # the budget of the previous layer's second window, split by bytes
-        half = budget // 2
-        pf_qkv, _ = l2_ahead(w["Wqkvg"], 0, qkv_cols, half * qkv_cols // cfg.qkvg_width, [ahead_after], "Wqkv")
-        n_qkv_plan = -(-qkv_cols // gemm_plan(w["Wqkvg"], 0, qkv_cols)[0])
-        pf_g, _ = l2_ahead(w["Wqkvg"], qkv_cols, cfg.qkvg_width, half - half * qkv_cols // cfg.qkvg_width, [ahead_after], "Wg", beside=n_qkv_plan)
-    n_qkv = gemm(qkvg, h, w["Wqkvg"], 0, qkv_cols, h_ready + pf_qkv, qkv_done, "Wqkvg")
-    gemm(qkvg, h, w["Wqkvg"], qkv_cols, cfg.qkvg_width, h_ready + pf_g, g_done, "Wqkvg", beside=n_qkv)
+    n_qkv = gemm(qkvg, h, w["Wqkvg"], 0, qkv_cols, h_ready, qkv_done, "Wqkvg")
+    gemm(qkvg, h, w["Wqkvg"], qkv_cols, cfg.qkvg_width, h_ready, g_done, "Wqkvg", beside=n_qkv)
     merged = ctr("o")
     # a merge is latency bound, one warp per (token, head): few pairs per
     # instruction, spread over SMs (two heads keep a one-token merge to one batch)
@@ -426,14 +378,8 @@ def emit_layer(
         for h0 in range(0, hq, merge_heads):
             p.op(Op.ATTN_MERGE, [o, part_o, part_ml, qkvg], [c * tokens_each, tokens_each, h0, merge_heads], waits=[attn_c, g_done], signal=merged, label=f"{prefix}attn_merge[{c},{h0}]")
     wo_done = ctr("a")
-    pf_wo: list[Counter] = []
-    pf_sq: list[Counter] = []
-    if budget:  # window 1: from Wqkvg's end to Wo's start (QK-norm/RoPE, attention, merge)
-        pf_wo, used = l2_ahead(w["Wo"], 0, d, budget, [qkv_done, g_done], "Wo")
-        n_router_plan = -(-cfg.n_experts // gemm_plan(w["Wr"], 0, cfg.n_experts, tl.router_bytes, tl.router_splits)[0])
-        pf_sq, _ = l2_ahead(w["Wsq"], 0, H, budget - used, [qkv_done, g_done], "Wsq", beside=n_router_plan)
     a_stats = residual_stats("a_stats", w["Wo"], w["alpha1"], w["beta1"])
-    gemm(a, o, w["Wo"], 0, d, [merged] + pf_wo, wo_done, "Wo", stats=a_stats)
+    gemm(a, o, w["Wo"], 0, d, [merged], wo_done, "Wo", stats=a_stats)
     res1 = ctr("h2")
     residual([s, a, w["alpha1"], w["beta1"], w["w_moe"], h2, h2b], a_stats, [wo_done], res1, "residual1")
 
@@ -442,7 +388,7 @@ def emit_layer(
     n_router = gemm(scores, h2, w["Wr"], 0, cfg.n_experts, [res1], scored, "Wr", tl.router_bytes, tl.router_splits)
     work = act("work", (2, 2), DType.I32, "list")  # the expert lists' (taken, done) counters (TOPK zeroes them)
     p.op(Op.TOPK, [scores, meta, route, work], [0, E], waits=[scored], signal=routed, label=f"{prefix}topk")
-    gemm(x, h2b, w["Wsq"], 0, H, [res1] + pf_sq, squeezed, "Wsq", beside=n_router)
+    gemm(x, h2b, w["Wsq"], 0, H, [res1], squeezed, "Wsq", beside=n_router)
     # work lists: which experts have tokens is known only on the GPU; workers
     # take items from a counter (ops/experts.cuh)
     up_grain, down_grain, cap = EXPERT_GRAIN[Op.EXPERT_UP], EXPERT_GRAIN[Op.EXPERT_DOWN], EXPERT_CAP
@@ -457,14 +403,12 @@ def emit_layer(
     for r0, n in _tiles(0, T, tl.rows):
         p.op(Op.EXPERT_COMBINE, [fsq, y, route], [r0, n], waits=[down_done], signal=combined, label=f"{prefix}expert_combine[{r0}:{r0 + n}]")
     ex_done = ctr("f")
-    # window 2: from Wsq's end to Wex's start (top-k, the experts, the combine); the other half is the next layer's Wqkvg's
-    pf_ex = l2_ahead(w["Wex"], 0, d, budget // 2, [squeezed], "Wex")[0] if budget else []
     f_stats = residual_stats("f_stats", w["Wex"], w["alpha2"], w["beta2"])
-    gemm(f, fsq, w["Wex"], 0, d, [combined] + pf_ex, ex_done, "Wex", stats=f_stats)
+    gemm(f, fsq, w["Wex"], 0, d, [combined], ex_done, "Wex", stats=f_stats)
     done = ctr("done")
     fused = [next_norm, None, next_h] if next_norm is not None else []
     residual([s, f, w["alpha2"], w["beta2"], *fused], f_stats, [ex_done], done, "residual2")
-    return LayerHandles(done, ts, squeezed)
+    return LayerHandles(done, ts)
 
 
 def lower_layer(

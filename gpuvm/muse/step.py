@@ -130,7 +130,7 @@ def emit_step(
         kind = layer_kind(cfg, i)
         w_next = p.tensor(f"L{i + 1}.w_attn", (d,), DType.F32, "weight") if i + 1 < n else w_final
         hd = emit_layer(p, cfg, kind, conversations, tokens_each, slots[kind], prefix=f"L{i}.", s=s, convs=convs,
-                        after=after, next_norm=w_next, tiles=tl, h=h, ahead_after=handles[-1].squeezed if handles else None)
+                        after=after, next_norm=w_next, tiles=tl, h=h)
         handles.append(hd)
         after, h = hd.done, hd["next_h"]
         if capture_layers:  # s after the layer, before the next one changes it
