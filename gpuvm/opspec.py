@@ -469,40 +469,6 @@ def _cost_argmax(ts: Slots, a: Args) -> Cost:
     return Cost(act_bytes=a[1] * (logits.row_bytes + 8), flops=2 * a[1] * logits.shape[1])
 
 
-# ---- hints ---------------------------------------------------------------------
-PREFETCH_UNIT = 16  # bytes per unit of PREFETCH's a0 and a1
-PREFETCH_CHUNK = 8192  # bytes a bulk prefetch; a paced PREFETCH issues 8 a round (a2 ns apart)
-PREFETCH_MAX_PACE_NS = 1_000_000
-
-
-def _check_prefetch(ts: Slots, a: Args) -> None:
-    t = _t(ts, 0, "src", tuple(DType))
-    if not (a[0] >= 0 and a[1] >= 1):
-        raise ProgramError(f"PREFETCH needs a0 >= 0 and a1 >= 1 (16-byte units), not {a[0]} and {a[1]}")
-    if not (a[3] >= 0 and a[4] >= 0):
-        raise ProgramError(f"PREFETCH needs a3 (ranges) >= 0 and a4 (stride, 16-byte units) >= 0, not {a[3]} and {a[4]}")
-    n = max(a[3], 1)
-    end = (a[0] + (n - 1) * a[4] + a[1]) * PREFETCH_UNIT
-    if not end <= t.nbytes:
-        raise ProgramError(f"PREFETCH range {n - 1} ends at byte {end}, outside '{t.name}' ({t.nbytes} bytes)")
-    if not n * _prefetch_chunks(a[1]) < 2**31:
-        raise ProgramError(f"PREFETCH of {n} ranges of {a[1]} units: 2^31 chunks of 8 KB or more")
-    if not (0 <= a[2] <= PREFETCH_MAX_PACE_NS):
-        raise ProgramError(f"PREFETCH pacing a2 = {a[2]} ns per 64 KB outside [0, {PREFETCH_MAX_PACE_NS}]")
-
-
-def _prefetch_chunks(units: int) -> int:
-    """8 KB chunks of one range of a PREFETCH (ops/prefetch.cuh)."""
-    return -(-units * PREFETCH_UNIT // PREFETCH_CHUNK)
-
-
-def prefetch_paced_ns(a: Args) -> int:
-    """Time a PREFETCH spends waiting between its rounds: each round of 8
-    chunks after the first starts a2 ns after the one before (none when a2 is 0)."""
-    rounds = -(-max(a[3], 1) * _prefetch_chunks(a[1]) // 8)
-    return (rounds - 1) * a[2]
-
-
 SPECS: dict[Op, OpSpec] = {
     Op.NOP: OpSpec((), (), _check_nop, lambda ts, a: Cost()),
     Op.SLEEP: OpSpec((), ("ns",), _check_sleep, lambda ts, a: Cost()),
@@ -520,10 +486,6 @@ SPECS: dict[Op, OpSpec] = {
     Op.EXPERT_COMBINE: OpSpec(("fsq", "y", "route"), ("tok0", "tokens"), _check_combine, _cost_combine),
     Op.EMBED: OpSpec(("s", "table", "tokens"), ("row0", "rows"), _check_embed, _cost_embed),
     Op.ARGMAX: OpSpec(("logits", "tokens", "margin"), ("row0", "rows"), _check_argmax, _cost_argmax),
-    # no bytes: the op that reads what a PREFETCH fetches counts them (a GEMM's or
-    # an expert's weight bytes); counted here too, the scheduler model would load
-    # them from HBM twice and its HBM total (gpuvm.sim.predict) pass the layer floor
-    Op.PREFETCH: OpSpec(("src",), ("unit0", "units", "pace_ns", "ranges", "stride"), _check_prefetch, lambda ts, a: Cost()),
 }
 
 missing = set(Op) - set(SPECS)

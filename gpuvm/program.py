@@ -159,8 +159,6 @@ class Program:
             raise ProgramError(f"{where()}: signals a counter not declared in this program")
         pf = None
         if prefetch is not None:
-            if opcode == Op.PREFETCH:
-                raise ProgramError(f"{where()}: PREFETCH fetches its range itself; the loader would fetch it twice")
             pt, off, nb = prefetch
             if pt not in tensors:
                 raise ProgramError(f"{where()}: prefetch tensor '{pt.name}' is not one of the op's tensors")

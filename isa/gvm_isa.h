@@ -176,20 +176,7 @@ enum gvm_opcode {
      * logit minus the largest of the other V-1 (0 on a tie, +inf when V = 1).
      * A NaN or infinite logit in the range is GVM_ERR_BAD_ARGS, and nothing
      * is written. */
-
-    /* hints */
-    GVM_OP_PREFETCH = 28,
-    /* t0 any tensor (only its address and bytes count: numel x element bytes,
-     * one byte per element for e2m1x2); a0 start, a1 length, a4 stride, in
-     * 16-byte units; a2 pacing, ns per 64 KB; a3 ranges (0 or 1: one). Bytes
-     * [16*(a0+i*a4), 16*(a0+i*a4+a1)) of t0, i < max(a3, 1), are fetched into
-     * L2 (e.g. the head of every column tile of a weight), a hint: nothing is
-     * written. a2 = 0 issues everything at once; a2 > 0 issues it in rounds of
-     * 8 chunks of 8 KB (the ranges' chunks in order), round r not before r*a2
-     * ns after the op started. a0 >= 0, a1 >= 1, 0 <= a2 <= 1e6, a3 >= 0,
-     * a4 >= 0, every range inside t0, fewer than 2^31 chunks and t0's address
-     * 16-byte aligned, else GVM_ERR_BAD_ARGS. */
-    GVM_OP_COUNT_ = 29
+    GVM_OP_COUNT_ = 28
 };
 
 /* ---- instruction flags ---- */

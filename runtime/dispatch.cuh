@@ -10,7 +10,6 @@
 #include "../ops/op_ctx.cuh"
 #include "../ops/synthetic.cuh"
 #include "../ops/gemm.cuh"
-#include "../ops/prefetch.cuh"
 #if !defined(GVM_NO_MUSE_OPS) && __has_include("../ops/norm.cuh")
 #include "../ops/norm.cuh"
 #endif
@@ -61,7 +60,7 @@ extern "C" __device__ const unsigned long long gvm_compiled_ops =
     GVM_HAS(GVM_OP_RESIDUAL, gvm_op_residual) | GVM_HAS(GVM_OP_TOPK, gvm_op_topk) |
     GVM_HAS(GVM_OP_EXPERT_UP, gvm_op_expert_up) | GVM_HAS(GVM_OP_EXPERT_DOWN, gvm_op_expert_down) |
     GVM_HAS(GVM_OP_EXPERT_COMBINE, gvm_op_expert_combine) | GVM_HAS(GVM_OP_EMBED, gvm_op_embed) |
-    GVM_HAS(GVM_OP_ARGMAX, gvm_op_argmax) | GVM_HAS(GVM_OP_PREFETCH, gvm_op_prefetch);
+    GVM_HAS(GVM_OP_ARGMAX, gvm_op_argmax);
 
 __device__ __forceinline__ int gvm_dispatch(const gvm_ctx& c) {
     switch (c.ins->opcode) {
@@ -81,7 +80,6 @@ __device__ __forceinline__ int gvm_dispatch(const gvm_ctx& c) {
         case GVM_OP_EXPERT_COMBINE: return gvm_op_expert_combine(c);
         case GVM_OP_EMBED: return gvm_op_embed(c);
         case GVM_OP_ARGMAX: return gvm_op_argmax(c);
-        case GVM_OP_PREFETCH: return gvm_op_prefetch(c);
         default: return GVM_ERR_BAD_OPCODE;
     }
 }

@@ -107,29 +107,6 @@ def test_copy_and_scale_add() -> None:
     torch.testing.assert_close(d, 2.0 * x.flatten() - 0.5 * y)
 
 
-def test_prefetch_between_two_ops_changes_nothing() -> None:
-    """PREFETCH (an L2 hint) between COPY and SCALE_ADD: every tensor ends as
-    without it."""
-
-    def run(prefetch: bool) -> dict[str, torch.Tensor]:
-        p = Program("pf")
-        x, y, z = (p.tensor(n, (64,), DType.F32) for n in "xyz")
-        copied, fetched = p.counter("copied"), p.counter("fetched")
-        p.op(Op.COPY, [y, x], [0, 64], signal=copied)
-        if prefetch:
-            p.op(Op.PREFETCH, [y], [0, 16, 1000], waits=[copied], signal=fetched)  # all of y's 256 bytes
-        p.op(Op.SCALE_ADD, [z, x, y], [0, 64, bits(2.0), bits(-0.5)], waits=[fetched if prefetch else copied])
-        s = p.build()
-        assert len(s) == 2 + prefetch
-        bufs = {"x": torch.arange(64.0), "y": nan(64), "z": nan(64)}
-        run_stream(s, bufs, order="random")
-        return bufs
-
-    with_pf, without = run(True), run(False)
-    assert all(torch.equal(with_pf[k], without[k]) for k in "xyz")
-    torch.testing.assert_close(with_pf["z"], 1.5 * torch.arange(64.0))
-
-
 # ---- attention ---------------------------------------------------------------------
 def test_rope_pairs_and_relative_positions() -> None:
     q, k = randn(1, 3, 64), randn(1, 3, 64)

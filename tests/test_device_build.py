@@ -26,7 +26,7 @@ from gpuvm.device.layout import CLAIM_SLOTS, PARAMS_DTYPE, LayoutError, check_la
 from gpuvm.device.elf import Elf  # noqa: E402
 from gpuvm.isa import Op  # noqa: E402
 
-SYNTHETIC = {Op.NOP, Op.SLEEP, Op.COPY, Op.SCALE_ADD, Op.GEMM, Op.PREFETCH}  # compiled into every kernel
+SYNTHETIC = {Op.NOP, Op.SLEEP, Op.COPY, Op.SCALE_ADD, Op.GEMM}
 VARIANTS = {
     "default": BuildOptions(),
     "trace": BuildOptions(trace=True),

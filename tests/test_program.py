@@ -191,7 +191,6 @@ MUSE_CASES = [
     (Op.COPY, ["s", "a"], [0, T * D], [(1, "h"), [1, T * D]]),
     (Op.SCALE_ADD, ["s", "a", "s"], [0, T * D, 0, 0], [(2, "h"), [-1, 1]]),
     (Op.SLEEP, [], [100], [[-1], [2_000_000_000]]),
-    (Op.PREFETCH, ["gu"], [0, E * 2 * I * H // 32, 1_000_000], [[-1, 1, 0], [0, 0, 0], [1, E * 2 * I * H // 32, 0], [0, 1, -1], [0, 1, 1_000_001]]),
 ]
 
 
@@ -218,27 +217,6 @@ def test_required_slot_missing() -> None:
         p.op(Op.GEMM, [t["qkvg"], t["h"], None], [0, 8])
     with pytest.raises(ProgramError, match="needs an output"):
         p.op(Op.RESIDUAL, [t["s"], t["a"], t["wD"], t["wD"], t["wD"]], [0, T])
-
-
-def test_prefetch_checks() -> None:
-    """PREFETCH: 16-byte units of any tensor's bytes (an e2m1x2 element is a
-    byte), pacing up to 1 ms per 64 KB, no bytes of cost, no loader prefetch."""
-    p = Program("pf")
-    t = _muse_tensors(p)
-    ins = p.op(Op.PREFETCH, [t["gu"]], [511, 1])  # the last 16 of 8192 bytes; a2 defaults to 0
-    assert ins.args == (511, 1, 0) and ins.cost == (0, 0, 0) and ins.prefetch is None
-    p.op(Op.PREFETCH, [t["convs"]], [0, 3, 5])  # [3, 4] i32: 48 bytes
-    with pytest.raises(ProgramError, match=r"PREFETCH bytes \[16, 8208\) outside 'gu' \(8192 bytes\)"):
-        p.op(Op.PREFETCH, [t["gu"]], [1, 512])
-    with pytest.raises(ProgramError, match="PREFETCH needs a0 >= 0 and a1 >= 1 .16-byte units., not 0 and 0"):
-        p.op(Op.PREFETCH, [t["gu"]], [0, 0])
-    with pytest.raises(ProgramError, match=r"PREFETCH pacing a2 = 1000001 ns per 64 KB outside \[0, 1000000\]"):
-        p.op(Op.PREFETCH, [t["gu"]], [0, 1, 1_000_001])
-    with pytest.raises(ProgramError, match="slot t0 .src. is required"):
-        p.op(Op.PREFETCH, [], [0, 1])
-    with pytest.raises(ProgramError, match="PREFETCH fetches its range itself"):
-        p.op(Op.PREFETCH, [t["gu"]], [0, 1], prefetch=(t["gu"], 0, 16))
-    assert (p.build().records["pf_slot"] == NONE).all()
 
 
 # ---- ordering ----------------------------------------------------------------------

@@ -20,7 +20,6 @@ from gpuvm.opspec import ProgramError
 from gpuvm.program import Program, Stream
 from gpuvm.sim import DeadlockError, Hardware, SimResult, layer_costs, predict_layer, simulate, skewed_expert_tokens
 from gpuvm.sim.share import Share
-from gpuvm.sim.work import op_work
 from gpuvm.trace.format import Trace
 from tests.randprog import random_program, streams
 from tests.test_program import _muse_tensors
@@ -163,22 +162,6 @@ def test_prefetch_loads_weights_during_the_wait(prefetch: bool) -> None:
         assert r.done[g] - r.ready[g] < 0.1 * load_ns
     else:
         assert r.done[g] - r.ready[g] >= load_ns
-
-
-def test_prefetch_is_a_fixed_cost_op() -> None:
-    """PREFETCH loads nothing in the model (the op that reads its bytes counts
-    them); paced, it also takes its waits between 64 KB rounds."""
-    p = Program("pf")
-    w = p.tensor("W", (64, 8192), DType.BF16, "weight")  # 1 MB: 16 rounds
-    p.op(Op.PREFETCH, [w], [0, w.nbytes // 16])
-    p.op(Op.PREFETCH, [w], [0, w.nbytes // 16, 5_000])
-    s = p.build(order="given")
-    hw = Hardware(n_blocks=1, groups=1)
-    work = op_work(s, hw)
-    assert [(x.prefetch_bytes, x.hbm_bytes, x.l2_bytes, x.flops) for x in work] == [(0, 0, 0, 0)] * 2
-    assert [x.fixed_ns for x in work] == [hw.launch_ns, hw.launch_ns + 15 * 5_000]
-    r = simulate(s, hw)
-    assert list(r.done - r.ready) == pytest.approx([hw.launch_ns, hw.launch_ns + 15 * 5_000])
 
 
 def test_one_block_is_132_times_slower_on_independent_work() -> None:

@@ -49,7 +49,7 @@ if str(ROOT) not in sys.path:
 from gpuvm.cpu.backend import run_stream  # noqa: E402
 from gpuvm.device.build import BuildOptions  # noqa: E402
 from gpuvm.cpu.ops import OPS as CPU_OPS, residual_stats  # noqa: E402
-from gpuvm.isa import NONE, TENSOR_DTYPE, DType, ErrorCode, Op, f2i  # noqa: E402
+from gpuvm.isa import TENSOR_DTYPE, DType, ErrorCode, Op, f2i  # noqa: E402
 from gpuvm.muse.formats import from_e4m3, to_e4m3  # noqa: E402
 from gpuvm.opspec import TensorSpec  # noqa: E402
 from gpuvm.program import Program, Stream, work_lists  # noqa: E402
@@ -67,9 +67,8 @@ OPS: dict[Op, str] = {
     Op.EXPERT_DOWN: "expert_down",
     Op.EXPERT_COMBINE: "expert_combine",
     Op.GEMM: "gemm",
-    Op.PREFETCH: "prefetch",
 }
-HEADERS = ("ops/norm.cuh", "ops/attention.cuh", "ops/route.cuh", "ops/experts.cuh", "ops/gemm.cuh", "ops/prefetch.cuh")
+HEADERS = ("ops/norm.cuh", "ops/attention.cuh", "ops/route.cuh", "ops/experts.cuh", "ops/gemm.cuh")
 SCRATCH = 65536  # shared scratch of a group (runtime/params.cuh GVM_GROUP_SMEM of the 2-group Muse kernel)
 GUARD = 4096     # guard bytes (0xFF: NaN as f32, bf16 and e4m3) on each side of every tensor
 POISON_I32 = 0x5A5A5A5A  # an int32 output before the run
@@ -699,48 +698,7 @@ def cases_gemm(sz: Sizes, gen: torch.Generator) -> list[Case]:
     return out
 
 
-def cases_prefetch(sz: Sizes, gen: torch.Generator) -> list[Case]:
-    """PREFETCH writes nothing (its tensors, checked whole, and their guard
-    bytes stay as they were): whole chunks, a short last one, a single unit,
-    paced rounds of 64 KB, strided ranges, on an e2m1x2 tensor (its shape counts bytes) and a
-    bf16 one to its last byte; then each refused argument, a tensor not
-    16-byte aligned and none at all (BAD_ARGS)."""
-    out = []
-    units = 52 * 4000 // 16  # 25 chunks of 8 KB and 3,200 bytes
-
-    def codes(b: _Build, check: Check | None = None) -> TensorSpec:
-        return b.add("codes", DType.E2M1X2, torch.randint(0, 256, (52, 4000), generator=gen, dtype=torch.uint8), check)
-
-    b = _Build("prefetch ranges, unpaced and paced", Op.PREFETCH, gen)
-    cd = codes(b, EXACT)
-    x = b.add("x", DType.BF16, b.randn(3, 1000).bfloat16(), EXACT)
-    for args in ([0, units, 0], [1, 512, 0], [7, 1, 0], [3, units - 3, 1000], [0, 8192, 1_000_000],
-                 [5, 600, 0, 20, 640], [2, 100, 700, 9, 1400], [0, 13000 // 16, 0, 1, 0]):
-        b.op_([cd], args)
-    for args in ([0, 375, 0], [370, 5, 500]):
-        b.op_([x], args)
-    out.append(b.case())
-
-    def misaligned(records: np.ndarray, table: np.ndarray) -> None:
-        table["ptr"] += 8
-
-    def no_tensor(records: np.ndarray, table: np.ndarray) -> None:
-        records["tensor"][:, 0] = NONE
-
-    def strided(records: np.ndarray, table: np.ndarray) -> None:
-        records["arg"][:, 3], records["arg"][:, 4] = 2, 1
-
-    for what, corrupt in (("range past the tensor", _set_arg(1, units + 1)), ("a0 < 0", _set_arg(0, -1)), ("a1 = 0", _set_arg(1, 0)),
-                          ("pacing past 1 ms", _set_arg(2, 1_000_001)), ("pacing < 0", _set_arg(2, -1)),
-                          ("second range past the tensor", strided), ("ranges < 0", _set_arg(3, -1)), ("stride < 0", _set_arg(4, -1)),
-                          ("tensor 8 bytes off", misaligned), ("no tensor", no_tensor)):
-        b = _Build(f"prefetch {what} -> BAD_ARGS", Op.PREFETCH, gen)
-        b.op_([codes(b)], [0, units, 0])
-        out.append(b.case(int(ErrorCode.BAD_ARGS), corrupt))
-    return out
-
-
-BUILDERS = (cases_norm, cases_qk, cases_attn, cases_route, cases_experts, cases_gemm, cases_prefetch)
+BUILDERS = (cases_norm, cases_qk, cases_attn, cases_route, cases_experts, cases_gemm)
 
 
 def build_cases(sz: Sizes, seed: int, only: set[Op] | None = None) -> list[Case]:
@@ -877,7 +835,6 @@ _EMU_FILES = {  # staged path -> source
     "isa/gvm_isa.h": ROOT / "isa/gvm_isa.h",
     "run.cpp": EMU_DIR / "run.cpp",
     "runtime/params.cuh": ROOT / "runtime/params.cuh",  # ops/gemm.cuh: GVM_MAX_GROUPS, GVM_GROUP_THREADS
-    "runtime/stamps.cuh": EMU_DIR / "stamps.cuh",  # ops/prefetch.cuh: its pacing's clock
     **{h: ROOT / h for h in HEADERS},
 }
 

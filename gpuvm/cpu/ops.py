@@ -367,11 +367,6 @@ def argmax(ts: Slots, a: Args) -> None:
     tokens[rows] = idx[:, 0].to(torch.int32)
 
 
-# ---- hints ---------------------------------------------------------------------
-def prefetch(ts: Slots, a: Args) -> None:
-    pass  # an L2 hint: it changes no tensor
-
-
 OPS: dict[Op, Callable[[Slots, Args], "int | None"]] = {
     Op.NOP: nop,
     Op.SLEEP: sleep,
@@ -389,7 +384,6 @@ OPS: dict[Op, Callable[[Slots, Args], "int | None"]] = {
     Op.EXPERT_COMBINE: expert_combine,
     Op.EMBED: embed,
     Op.ARGMAX: argmax,
-    Op.PREFETCH: prefetch,
 }
 
 _missing = set(Op) - set(OPS)

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from ..isa import Op
-from ..opspec import Cost, ProgramError, prefetch_paced_ns
+from ..opspec import Cost, ProgramError
 from ..program import Stream
 from .hardware import Hardware
 
@@ -26,7 +26,7 @@ class OpWork:
     hbm_bytes: int  # HBM bytes read once the waits are met (weights not prefetched, KV cache)
     l2_bytes: int  # activation bytes read once the waits are met
     flops: float  # matrix work, shared with the other busy groups of the SM
-    fixed_ns: float  # launch cost (+ SLEEP time, a paced PREFETCH's waits), or the caller's duration
+    fixed_ns: float  # launch cost (+ SLEEP time), or the caller's duration
 
     def alone_ns(self, hw: Hardware, load_share: float) -> float:
         """Duration of the op with a load bandwidth of load_share bytes/s and its
@@ -55,7 +55,7 @@ def op_work(stream: Stream, hw: Hardware, durations: Sequence[float] | None = No
         pf = 0 if ins.prefetch is None else min(ins.prefetch[2], c.weight_bytes)
         hbm_act = c.act_bytes if ins.opcode in HBM_ACT_OPS else 0
         if durations is None:
-            fixed = hw.launch_ns + (ins.args[0] if ins.opcode == Op.SLEEP else prefetch_paced_ns(ins.args) if ins.opcode == Op.PREFETCH else 0)
+            fixed = hw.launch_ns + (ins.args[0] if ins.opcode == Op.SLEEP else 0)
             flops = float(c.flops)
         else:
             fixed = float(durations[i])

@@ -116,11 +116,7 @@ inline void gvm_cp_async_commit() {}
 template <int N> inline void gvm_cp_async_wait() {}
 inline unsigned gvm_opaque(unsigned v) { return v; }
 inline unsigned gvm_atom_add_acq_rel(unsigned* p, unsigned v) { return atomicAdd(p, v); }
-// A hint with nothing to do here, but cp.async.bulk's contract is checked.
-inline void gvm_prefetch_l2(const void* p, unsigned bytes) {
-    if (bytes == 0 || (reinterpret_cast<unsigned long long>(p) | bytes) % 16 != 0)
-        emu::fail("bulk prefetch of " + std::to_string(bytes) + " bytes: address and size must be 16-byte multiples, size > 0");
-}
+inline void gvm_prefetch_l2(const void*, unsigned) {}
 
 inline unsigned gvm_smem_addr(const void* p) {
     const long long off = (const unsigned char*)p - emu::machine()->smem;

@@ -7,7 +7,6 @@
 #include "ops/route.cuh"
 #include "ops/experts.cuh"
 #include "ops/gemm.cuh"
-#include "ops/prefetch.cuh"
 
 namespace {
 
@@ -25,7 +24,6 @@ OpFn op_of(int opcode) {
         case GVM_OP_EXPERT_DOWN: return gvm_op_expert_down;
         case GVM_OP_EXPERT_COMBINE: return gvm_op_expert_combine;
         case GVM_OP_GEMM: return gvm_op_gemm;
-        case GVM_OP_PREFETCH: return gvm_op_prefetch;
         default: return nullptr;
     }
 }
