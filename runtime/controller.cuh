@@ -184,7 +184,7 @@ __device__ __forceinline__ void gvm_queue_prefetch(const gvm_params& p, gvm_shar
 // hand-off is broken, see gvm_mbar_wait).
 __device__ __forceinline__ void gvm_hand_off(const gvm_params& p, gvm_shared& sh, gvm_groups_view& view,
                                              unsigned& ring_head, const gvm_cslot& s, unsigned word, unsigned n_waits,
-                                             unsigned groups, bool parked, bool met, unsigned lane, gvm_prof& pr) {
+                                             unsigned groups, bool parked, unsigned lane, gvm_prof& pr) {
     // A waiting or parked instruction's prefetch was queued by the caller.
     // Ready first hands out any other only when it has no waits: the loader
     // would not prefetch for it, so nothing is queued.
@@ -202,7 +202,7 @@ __device__ __forceinline__ void gvm_hand_off(const gvm_params& p, gvm_shared& sh
     if (g == GVM_NONE) gvm_handoff_trap();
     gvm_prof_mark(pr, GVM_LEG_ACQUIRE);
     reinterpret_cast<unsigned*>(&sh.slot[g].ins)[lane] = word;
-    if (lane == 0) sh.slot[g].idx = s.idx | (GVM_MET_FENCE && met ? GVM_SLOT_MET : 0u);
+    if (lane == 0) sh.slot[g].idx = s.idx;
     __syncwarp();
     if (lane == 0) gvm_mbar_arrive(&sh.full[g]);
     gvm_mark_busy(view, g, parked);
@@ -262,13 +262,13 @@ __device__ __forceinline__ void gvm_controller(const gvm_params& p, gvm_shared& 
                 gvm_retire_groups(view, group_done);
                 gvm_prof_mark(pr, GVM_LEG_RECORD);
                 bool go = !GVM_READY_FIRST || aborted || n_waits == 0;
-                bool park = false, met = false;
+                bool park = false;
                 if (!go) {
                     unsigned ctr, target;
                     gvm_wait_of(p, word, n_waits, lane, ctr, target);
                     const unsigned now = (unsigned)__shfl_sync(0xffffffffu, lane == 0 ? gvm_globaltimer() : 0ull, 0);
-                    met = h.state == GVM_CS_WAITING && gvm_probe_met(sh.probe[j], ctr, target, lane);
-                    go = met || (h.state == GVM_CS_WAITING && now - h.since > GVM_READY_PATIENCE_NS);
+                    go = h.state == GVM_CS_WAITING &&
+                         (gvm_probe_met(sh.probe[j], ctr, target, lane) || now - h.since > GVM_READY_PATIENCE_NS);
                     if (!go && GVM_PARK && gvm_can_park(view, groups)) {
                         if (h.state == GVM_CS_LOADED)  // its weights start loading now, as it waits in the group
                             gvm_queue_prefetch(p, sh, ring_head, h.idx, word, lane, n_waits, ctr, target);
@@ -285,7 +285,7 @@ __device__ __forceinline__ void gvm_controller(const gvm_params& p, gvm_shared& 
                 }
                 gvm_prof_mark(pr, GVM_LEG_DECIDE);
                 if (go) {
-                    if (!aborted) gvm_hand_off(p, sh, view, ring_head, h, word, n_waits, groups, park, met, lane, pr);
+                    if (!aborted) gvm_hand_off(p, sh, view, ring_head, h, word, n_waits, groups, park, lane, pr);
                     h.state = GVM_CS_EMPTY;
                     --held;
                 }

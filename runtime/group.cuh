@@ -43,10 +43,8 @@ __device__ __forceinline__ void gvm_group(const gvm_params& p, gvm_shared& sh, u
         if (c.again == 0) {
             if (!gvm_mbar_wait(&sh.full[g], state >> 31, gvm_handoff_bound(p.watchdog_ns))) gvm_handoff_trap();
             gvm_sts(loop, state ^ 0x80000000u);
-            const unsigned slot_idx = sh.slot[g].idx;
-            if (slot_idx == GVM_SLOT_EXIT) break;
-            const bool met = GVM_MET_FENCE && (slot_idx & GVM_SLOT_WARM) == 0 && (slot_idx & GVM_SLOT_MET) != 0;
-            const unsigned idx = GVM_MET_FENCE ? slot_idx & ~(met ? GVM_SLOT_MET : 0u) : slot_idx;
+            const unsigned idx = sh.slot[g].idx;
+            if (idx == GVM_SLOT_EXIT) break;
             const bool warm = (idx & GVM_SLOT_WARM) != 0;
             c.tab = warm ? p.warm_table : p.table;
             // The ops' argument checks read the descriptors field by field, each
@@ -55,9 +53,7 @@ __device__ __forceinline__ void gvm_group(const gvm_params& p, gvm_shared& sh, u
             if (GVM_DESC_PREFETCH && c.tid < GVM_MAX_TENSORS && ins.tensor[c.tid] != GVM_NONE)
                 asm volatile("prefetch.global.L1 [%0];" ::"l"(c.tab + ins.tensor[c.tid]));
             unsigned failed = 0;
-            if (met) {
-                if (c.tid == 0) asm volatile("fence.acq_rel.gpu;" ::: "memory");  // the barrier below passes it on
-            } else if (!warm && c.tid < ins.n_waits && c.tid < GVM_MAX_WAITS) {
+            if (!warm && c.tid < ins.n_waits && c.tid < GVM_MAX_WAITS) {
                 const unsigned ctr = ins.wait_counter[c.tid];
                 const unsigned target = ins.wait_base[c.tid] + p.step * ins.wait_step[c.tid];
                 failed = gvm_wait_counter(p.counters + ctr, ctr, target, idx, p.step, p.watchdog_ns, p.error,
@@ -85,7 +81,7 @@ __device__ __forceinline__ void gvm_group(const gvm_params& p, gvm_shared& sh, u
         if (c.tid == 0) {
             // read again, not held in registers across the op: the slot is
             // unchanged until this group frees it (the ops' peak is the kernel's)
-            const unsigned idx = *reinterpret_cast<volatile const unsigned*>(&sh.slot[g].idx) & (GVM_MET_FENCE ? ~GVM_SLOT_MET : ~0u);
+            const unsigned idx = *reinterpret_cast<volatile const unsigned*>(&sh.slot[g].idx);
             const bool warm = (idx & GVM_SLOT_WARM) != 0;
             if (warm) {
             } else if (rc > GVM_ERR_NONE) {

@@ -20,22 +20,10 @@
 
 #define GVM_SLOT_EXIT 0xFFFFFFFFu   // slot.idx: leave the group loop
 #define GVM_SLOT_WARM 0x80000000u   // slot.idx bit: a warm instruction, index below the bit
-#define GVM_SLOT_MET 0x40000000u    // slot.idx bit: the controller's probe saw every wait met (GVM_MET_FENCE)
-
-// A held instruction that the controller hands out because its probe saw the
-// waits met normally has its group read every counter again, with acquire
-// loads: a second round trip after the probe's on the way from a signal to
-// the op. With GVM_MET_FENCE the group takes the probe's word for it and only
-// fences (acquire, GPU scope): the probe read the counters from L2
-// (cp.async.cg), which held the producers' data before their release made the
-// count visible, and the fence drops this SM's older L1 lines.
-#ifndef GVM_MET_FENCE
-#define GVM_MET_FENCE 0
-#endif
 
 struct __align__(16) gvm_slot {
     gvm_instr ins;   // the record being run
-    unsigned idx;    // its stream index (| GVM_SLOT_MET), or GVM_SLOT_WARM | w, or GVM_SLOT_EXIT
+    unsigned idx;    // its stream index, or GVM_SLOT_WARM | w, or GVM_SLOT_EXIT
     unsigned pad[3];
 };
 

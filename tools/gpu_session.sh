@@ -2,7 +2,7 @@
 # One call on the H200 (the device tool): the VM proofs and timings, the Muse
 # ops standalone, and the decode-case sweep, each under its own time limit,
 # logs and results under $OUT (at most 8 files come back: traces are tarred).
-#   GPUVM_COMMIT=<sha> bash tools/gpu_session.sh [check|ops|opstime|sweep|step|stepsweep|probe|experts|router|park|ring|lists|steptrace|tiles|rowpf|fill|fill2|xstage|trace62|xprobe|smem|tiles2|router|xbench|against|slots|naps|icache|workers|slices|statsprobe|metfence|opsgemm|gputests|vmtest ...]
+#   GPUVM_COMMIT=<sha> bash tools/gpu_session.sh [check|ops|opstime|sweep|step|stepsweep|probe|experts|router|park|ring|lists|steptrace|tiles|rowpf|fill|fill2|xstage|trace62|xprobe|smem|tiles2|router|xbench|against|slots|naps|icache|workers|slices|statsprobe|opsgemm|gputests|vmtest ...]
 # (set GPUVM_COMMIT when running a snapshot without .git: else the results name the enclosing checkout)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -126,12 +126,6 @@ for s in $steps; do
              timeout 100 python3 tools/step_trace.py --layers 8 --shape 1x1 $defs --out "$OUT/st_$v.npz" > "$OUT/st_$v.log" 2>&1; echo "step trace $v rc=$?"; grep -E "^(Wo|Wex|Wr|residual1|residual2) " "$OUT/st_$v.log"
            done
            (cd "$OUT" && tar czf statsprobe.tgz st_* && rm -f st_*) ;;
-    metfence) # a held instruction whose waits the controller's probe saw met: its group fences instead of reading the counters again (GVM_MET_FENCE=1) against the default
-           (timeout 300 python3 tools/prebuild.py base GVM_MET_FENCE=1 & PYTHONPATH=$PWD timeout 300 python3 -c "from gpuvm.device.build import BuildOptions, build; build(BuildOptions(trace=True, defines=(('GVM_MET_FENCE', '1'),)))" & timeout 300 python3 tools/prebuild.py --trace; wait) 2>&1 | tail -4
-           timeout ${T_MF_PROBE:-400} python3 tools/sched_probe.py --out "$OUT/metfence_probe.json" --modes ${MF_MODES:-dynamic} --depths 1 --variants "${MF_VARIANTS:-base:,fence:GVM_MET_FENCE=1}" --cases ${MF_CASES:-full-c1-t1,sliding-c1-t1,full-c16-t1,sliding-c1-t8} --step ${MF_STEPS:-1x1,1x8,16x1,32x8} > "$OUT/metfence_probe.log" 2>&1; echo "metfence probe rc=$?"; grep -v "^$" "$OUT/metfence_probe.log" | tail -30
-           mkdir -p "$OUT/tr"
-           for v in ${MF_TRACE:-0 1}; do timeout 100 python3 tools/step_trace.py --layers 8 --shape 1x1 --define GVM_MET_FENCE=$v --out "$OUT/tr/step-trace-1x1-mf$v.npz" > "$OUT/step_trace_mf$v.log" 2>&1; echo "step trace mf$v rc=$?"; tail -19 "$OUT/step_trace_mf$v.log"; done
-           (cd "$OUT" && tar czf traces.tgz tr && rm -rf tr) ;;
     opsgemm) timeout 150 python3 tools/ops_check.py --only gemm,qk_rope_kv > "$OUT/ops_gemm_qk.log" 2>&1; echo "ops_check gemm,qk_rope_kv rc=$?"; tail -2 "$OUT/ops_gemm_qk.log" ;;
     gputests) timeout ${T_GPUTESTS:-200} python3 -m pytest -q -p no:cacheprovider tests/gpu > "$OUT/tests_gpu.log" 2>&1; echo "tests/gpu rc=$?"; tail -4 "$OUT/tests_gpu.log" ;;
     vmtest) timeout ${T_VMTEST:-150} python3 -m pytest -q -x -p no:cacheprovider tests/gpu/test_vm.py > "$OUT/test_vm.log" 2>&1; echo "test_vm rc=$?"; tail -8 "$OUT/test_vm.log" ;;
