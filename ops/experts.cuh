@@ -581,8 +581,22 @@ __device__ int gvm_expert_tile(const gvm_ctx& c, int e, int n0, int nn) {
     const int unit_rows = UP ? 8 : 16, units = (nn + unit_rows - 1) / unit_rows;
 
     if (c.tid == 0) gvm_sts(s_flag, 0u);
+#if GVM_EXPERT_REG
     for (int tc0 = 0; tc0 < count; tc0 += max_tok) {
         const int tm = min(max_tok, count - tc0);
+#else
+    // Without the register path the token chunks and the passes are one loop
+    // (the same order: chunk by chunk, each chunk's passes in turn, the row
+    // offsets staged at a chunk's first pass): under NVRTC 13.0 the two nested
+    // loops around gvm_exp_mma's K loop spilled the kernel's own state (4 B
+    // stored, 56 B loaded, an 8 B frame; the default build, which has both
+    // paths, does not spill and keeps the nested loops above).
+    const int passes = (units + 3) / 4, chunks = (count + max_tok - 1) / max_tok;
+    for (int it = 0; it < chunks * passes; ++it) {
+        const int chunk = it / passes, pass = it - chunk * passes, tc0 = chunk * max_tok;
+        const int tm = min(max_tok, count - tc0);
+        if (pass == 0) {
+#endif
         gvm_group_sync(c);  // the previous chunk is done with the row offsets and the tile
         if ((int)c.tid < tm) {
             const gvm_tensor& tx = gvm_t(c, 1);
@@ -593,8 +607,13 @@ __device__ int gvm_expert_tile(const gvm_ctx& c, int e, int n0, int nn) {
         }
         gvm_group_sync(c);
         if (gvm_lds_u(s_flag)) return GVM_ERR_BAD_ARGS;
+#if GVM_EXPERT_REG
 
         for (int pass = 0; pass * 4 < units; ++pass) {
+#else
+        }
+        {
+#endif
             const int unit = pass * 4 + warp, local = unit * unit_rows + g;
             const long long row = n0 + min(local, nn - 1);  // rows past the instruction point at its last
             float acc[GVM_EXP_MAXMT][2][4];
