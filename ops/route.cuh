@@ -7,9 +7,6 @@
 #include "common.cuh"
 
 #define GVM_TOPK_MAX_EXPERTS 256  // 8 candidates per lane
-#ifndef GVM_TOPK_AHEAD
-#define GVM_TOPK_AHEAD 1  // tokens a warp has in flight beside the one it picks from
-#endif
 
 __device__ int gvm_op_topk(const gvm_ctx& c) {
     const gvm_tensor& tsc = gvm_t(c, 0);
@@ -42,60 +39,54 @@ __device__ int gvm_op_topk(const gvm_ctx& c) {
     gvm_group_sync(c);
 
     // 1. one warp per token: 8 rounds of (warp max of the keys, lowest index among equals);
-    //    the scores of the warp's next GVM_TOPK_AHEAD tokens are in flight while one is picked
-    //    (one ahead: a pick is shorter than an L2 round trip, and 256 tokens took ~100 us)
-    float nxt[GVM_TOPK_AHEAD][8];
-    auto load = [&](float (&v)[8], int t) {
+    //    the warp's next token's scores are loaded while this one is picked
+    float nxt[8];
 #pragma unroll
-        for (int i = 0; i < 8; ++i)
-            v[i] = t < nt && lane + 32 * i < (unsigned)ne ? gvm_ptr<const float>(tsc, t * tsc.stride[0], 4)[lane + 32 * i] : 0.0f;
-    };
+    for (int i = 0; i < 8; ++i)
+        nxt[i] = (int)warp < nt && lane + 32 * i < (unsigned)ne ? gvm_ptr<const float>(tsc, warp * tsc.stride[0], 4)[lane + 32 * i] : 0.0f;
+    for (int t = warp; t < nt; t += 4) {
+        unsigned key[8];
 #pragma unroll
-    for (int d = 0; d < GVM_TOPK_AHEAD; ++d) load(nxt[d], (int)warp + 4 * d);
+        for (int i = 0; i < 8; ++i) key[i] = lane + 32 * i < (unsigned)ne ? gvm_sort_key(nxt[i]) : 0u;
+        if (t + 4 < nt) {
+            const float* sc = gvm_ptr<const float>(tsc, (t + 4) * tsc.stride[0], 4);
+#pragma unroll
+            for (int i = 0; i < 8; ++i)
+                if (lane + 32 * i < (unsigned)ne) nxt[i] = sc[lane + 32 * i];
+        }
+        unsigned my_x = 0, my_key = 0;
 #pragma unroll 1
-    for (int t0 = warp; t0 < nt; t0 += 4 * GVM_TOPK_AHEAD) {
+        for (int k = 0; k < GVM_TOPK; ++k) {
+            unsigned bk = key[0], bi = 0;
 #pragma unroll
-        for (int d = 0; d < GVM_TOPK_AHEAD; ++d) {
-            const int t = t0 + 4 * d;
-            if (t >= nt) break;
-            unsigned key[8];
-#pragma unroll
-            for (int i = 0; i < 8; ++i) key[i] = lane + 32 * i < (unsigned)ne ? gvm_sort_key(nxt[d][i]) : 0u;
-            load(nxt[d], t + 4 * GVM_TOPK_AHEAD);
-            unsigned my_x = 0, my_key = 0;
-#pragma unroll 1
-            for (int k = 0; k < GVM_TOPK; ++k) {
-                unsigned bk = key[0], bi = 0;
-#pragma unroll
-                for (int i = 1; i < 8; ++i) {
-                    if (key[i] > bk) {
-                        bk = key[i];
-                        bi = i;
-                    }
-                }
-                const unsigned wk = __reduce_max_sync(0xffffffffu, bk);
-                const unsigned wx = __reduce_min_sync(0xffffffffu, bk == wk ? lane + 32 * bi : 0xffffffffu);
-#pragma unroll
-                for (int i = 0; i < 8; ++i)
-                    if (wx == lane + 32 * i) key[i] = 0u;
-                if (lane == (unsigned)k) {
-                    my_x = wx;
-                    my_key = wk;
+            for (int i = 1; i < 8; ++i) {
+                if (key[i] > bk) {
+                    bk = key[i];
+                    bi = i;
                 }
             }
-            // softmax over the 8 picks, held by lanes 0..7 (the first is the largest)
-            const float s = gvm_sort_key_value(my_key);
-            const float top = __shfl_sync(0xffffffffu, s, 0);
-            const float ex = lane < GVM_TOPK ? expf(s - top) : 0.0f;
-            float sum = ex;
+            const unsigned wk = __reduce_max_sync(0xffffffffu, bk);
+            const unsigned wx = __reduce_min_sync(0xffffffffu, bk == wk ? lane + 32 * bi : 0xffffffffu);
 #pragma unroll
-            for (int o = 1; o < GVM_TOPK; o <<= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-            if (lane < GVM_TOPK) {
-                route[2][t * GVM_TOPK + lane] = (int)my_x;
-                route[3][t * GVM_TOPK + lane] = __float_as_int(ex / sum);
-                const int e = (int)my_x - first;
-                if (e >= 0 && e < n_local) atomicAdd(reinterpret_cast<unsigned*>(c.smem) + e, 1u);
+            for (int i = 0; i < 8; ++i)
+                if (wx == lane + 32 * i) key[i] = 0u;
+            if (lane == (unsigned)k) {
+                my_x = wx;
+                my_key = wk;
             }
+        }
+        // softmax over the 8 picks, held by lanes 0..7 (the first is the largest)
+        const float s = gvm_sort_key_value(my_key);
+        const float top = __shfl_sync(0xffffffffu, s, 0);
+        const float ex = lane < GVM_TOPK ? expf(s - top) : 0.0f;
+        float sum = ex;
+#pragma unroll
+        for (int o = 1; o < GVM_TOPK; o <<= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+        if (lane < GVM_TOPK) {
+            route[2][t * GVM_TOPK + lane] = (int)my_x;
+            route[3][t * GVM_TOPK + lane] = __float_as_int(ex / sum);
+            const int e = (int)my_x - first;
+            if (e >= 0 && e < n_local) atomicAdd(reinterpret_cast<unsigned*>(c.smem) + e, 1u);
         }
     }
     gvm_group_sync(c);
