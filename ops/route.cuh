@@ -7,6 +7,11 @@
 #include "common.cuh"
 
 #define GVM_TOPK_MAX_EXPERTS 256  // 8 candidates per lane
+// Timing probes (wrong results; tools/ops_check.py --time): 1 no routing table
+// (phase 3), 2 no score loads (keys from the lane), 4 no pick rounds.
+#ifndef GVM_TOPK_PROBE
+#define GVM_TOPK_PROBE 0
+#endif
 
 __device__ int gvm_op_topk(const gvm_ctx& c) {
     const gvm_tensor& tsc = gvm_t(c, 0);
@@ -48,7 +53,7 @@ __device__ int gvm_op_topk(const gvm_ctx& c) {
         unsigned key[8];
 #pragma unroll
         for (int i = 0; i < 8; ++i) key[i] = lane + 32 * i < (unsigned)ne ? gvm_sort_key(nxt[i]) : 0u;
-        if (t + 4 < nt) {
+        if (!(GVM_TOPK_PROBE & 2) && t + 4 < nt) {
             const float* sc = gvm_ptr<const float>(tsc, (t + 4) * tsc.stride[0], 4);
 #pragma unroll
             for (int i = 0; i < 8; ++i)
@@ -56,7 +61,7 @@ __device__ int gvm_op_topk(const gvm_ctx& c) {
         }
         unsigned my_x = 0, my_key = 0;
 #pragma unroll 1
-        for (int k = 0; k < GVM_TOPK; ++k) {
+        for (int k = 0; k < (GVM_TOPK_PROBE & 4 ? 0 : GVM_TOPK); ++k) {
             unsigned bk = key[0], bi = 0;
 #pragma unroll
             for (int i = 1; i < 8; ++i) {
@@ -82,6 +87,7 @@ __device__ int gvm_op_topk(const gvm_ctx& c) {
         float sum = ex;
 #pragma unroll
         for (int o = 1; o < GVM_TOPK; o <<= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+        if (GVM_TOPK_PROBE & 4) my_x = (lane * 4 + t) % ne, my_key = key[lane & 7];
         if (lane < GVM_TOPK) {
             route[2][t * GVM_TOPK + lane] = (int)my_x;
             route[3][t * GVM_TOPK + lane] = __float_as_int(ex / sum);
@@ -112,6 +118,7 @@ __device__ int gvm_op_topk(const gvm_ctx& c) {
         }
     }
 
+    if (GVM_TOPK_PROBE & 1) return GVM_ERR_NONE;
     // 3. chunks of 128 tokens, one per thread: each local pick sets the token's
     //    bit in the expert's 128-bit mask; its rank is the count of lower bits.
     for (int t0 = 0; t0 < nt; t0 += 128) {
