@@ -9,9 +9,6 @@
 #define GVM_TOPK_MAX_EXPERTS 256  // 8 candidates per lane
 // Timing probes (wrong results; tools/ops_check.py --time): 1 no routing table
 // (phase 3), 2 no score loads (keys from the lane), 4 no pick rounds.
-#ifndef GVM_TOPK_ILP
-#define GVM_TOPK_ILP 4  // tokens a warp picks for at once
-#endif
 #ifndef GVM_TOPK_PROBE
 #define GVM_TOPK_PROBE 0
 #endif
@@ -46,71 +43,56 @@ __device__ int gvm_op_topk(const gvm_ctx& c) {
     for (int e = c.tid; e < n_local; e += 128) gvm_sts(s_count + 4 * e, 0u);
     gvm_group_sync(c);
 
-    // 1. each warp picks for GVM_TOPK_ILP tokens at once (t, t + 4, ...): 8 rounds of (warp
-    //    max of the keys, lowest index among equals) per token. A round is a chain of two warp
-    //    reductions (~200 cycles), and one token alone left ~50 of a 256-token TOPK's 77 us to
-    //    that latency (H200, GVM_TOPK_PROBE 4); the tokens' chains interleave. The next
-    //    tokens' scores are loaded while these are picked.
-    constexpr int J = GVM_TOPK_ILP;
-    float nxt[J][8];
-    auto load = [&](float (&v)[8], int t) {
+    // 1. one warp per token: 8 rounds of (warp max of the keys, lowest index among equals);
+    //    the warp's next token's scores are loaded while this one is picked
+    float nxt[8];
 #pragma unroll
-        for (int i = 0; i < 8; ++i)
-            v[i] = t < nt && lane + 32 * i < (unsigned)ne ? gvm_ptr<const float>(tsc, t * tsc.stride[0], 4)[lane + 32 * i] : 0.0f;
-    };
+    for (int i = 0; i < 8; ++i)
+        nxt[i] = (int)warp < nt && lane + 32 * i < (unsigned)ne ? gvm_ptr<const float>(tsc, warp * tsc.stride[0], 4)[lane + 32 * i] : 0.0f;
+    for (int t = warp; t < nt; t += 4) {
+        unsigned key[8];
 #pragma unroll
-    for (int j = 0; j < J; ++j) load(nxt[j], (int)warp + 4 * j);
-#pragma unroll 1
-    for (int t0 = warp; t0 < nt; t0 += 4 * J) {
-        unsigned key[J][8], my_x[J], my_key[J];
+        for (int i = 0; i < 8; ++i) key[i] = lane + 32 * i < (unsigned)ne ? gvm_sort_key(nxt[i]) : 0u;
+        if (!(GVM_TOPK_PROBE & 2) && t + 4 < nt) {
+            const float* sc = gvm_ptr<const float>(tsc, (t + 4) * tsc.stride[0], 4);
 #pragma unroll
-        for (int j = 0; j < J; ++j) {
-#pragma unroll
-            for (int i = 0; i < 8; ++i) key[j][i] = lane + 32 * i < (unsigned)ne ? gvm_sort_key(nxt[j][i]) : 0u;
-            if (!(GVM_TOPK_PROBE & 2)) load(nxt[j], t0 + 4 * (J + j));
-            my_x[j] = my_key[j] = 0u;
+            for (int i = 0; i < 8; ++i)
+                if (lane + 32 * i < (unsigned)ne) nxt[i] = sc[lane + 32 * i];
         }
+        unsigned my_x = 0, my_key = 0;
 #pragma unroll 1
         for (int k = 0; k < (GVM_TOPK_PROBE & 4 ? 0 : GVM_TOPK); ++k) {
+            unsigned bk = key[0], bi = 0;
 #pragma unroll
-            for (int j = 0; j < J; ++j) {
-                unsigned bk = key[j][0], bi = 0;
-#pragma unroll
-                for (int i = 1; i < 8; ++i) {
-                    if (key[j][i] > bk) {
-                        bk = key[j][i];
-                        bi = i;
-                    }
+            for (int i = 1; i < 8; ++i) {
+                if (key[i] > bk) {
+                    bk = key[i];
+                    bi = i;
                 }
-                const unsigned wk = __reduce_max_sync(0xffffffffu, bk);
-                const unsigned wx = __reduce_min_sync(0xffffffffu, bk == wk ? lane + 32 * bi : 0xffffffffu);
+            }
+            const unsigned wk = __reduce_max_sync(0xffffffffu, bk);
+            const unsigned wx = __reduce_min_sync(0xffffffffu, bk == wk ? lane + 32 * bi : 0xffffffffu);
 #pragma unroll
-                for (int i = 0; i < 8; ++i)
-                    if (wx == lane + 32 * i) key[j][i] = 0u;
-                if (lane == (unsigned)k) {
-                    my_x[j] = wx;
-                    my_key[j] = wk;
-                }
+            for (int i = 0; i < 8; ++i)
+                if (wx == lane + 32 * i) key[i] = 0u;
+            if (lane == (unsigned)k) {
+                my_x = wx;
+                my_key = wk;
             }
         }
+        // softmax over the 8 picks, held by lanes 0..7 (the first is the largest)
+        const float s = gvm_sort_key_value(my_key);
+        const float top = __shfl_sync(0xffffffffu, s, 0);
+        const float ex = lane < GVM_TOPK ? expf(s - top) : 0.0f;
+        float sum = ex;
 #pragma unroll
-        for (int j = 0; j < J; ++j) {
-            const int t = t0 + 4 * j;
-            if (t >= nt) break;
-            // softmax over the 8 picks, held by lanes 0..7 (the first is the largest)
-            const float s = gvm_sort_key_value(my_key[j]);
-            const float top = __shfl_sync(0xffffffffu, s, 0);
-            const float ex = lane < GVM_TOPK ? expf(s - top) : 0.0f;
-            float sum = ex;
-#pragma unroll
-            for (int o = 1; o < GVM_TOPK; o <<= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-            if (GVM_TOPK_PROBE & 4) my_x[j] = (lane * 4 + t) % ne;
-            if (lane < GVM_TOPK) {
-                route[2][t * GVM_TOPK + lane] = (int)my_x[j];
-                route[3][t * GVM_TOPK + lane] = __float_as_int(ex / sum);
-                const int e = (int)my_x[j] - first;
-                if (e >= 0 && e < n_local) atomicAdd(reinterpret_cast<unsigned*>(c.smem) + e, 1u);
-            }
+        for (int o = 1; o < GVM_TOPK; o <<= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+        if (GVM_TOPK_PROBE & 4) my_x = (lane * 4 + t) % ne, my_key = key[lane & 7];
+        if (lane < GVM_TOPK) {
+            route[2][t * GVM_TOPK + lane] = (int)my_x;
+            route[3][t * GVM_TOPK + lane] = __float_as_int(ex / sum);
+            const int e = (int)my_x - first;
+            if (e >= 0 && e < n_local) atomicAdd(reinterpret_cast<unsigned*>(c.smem) + e, 1u);
         }
     }
     gvm_group_sync(c);
