@@ -16,7 +16,7 @@ from gpuvm.trace.cli import trace_main
 from gpuvm.trace.format import Trace, TraceError
 from gpuvm.trace.html import rows, timeline_html
 from gpuvm.trace.perfetto import perfetto_json, write_perfetto
-from gpuvm.trace.summary import NO_DEP, PathHops, block_idle, counter_waits, critical_path, op_kind, op_stats, path_hops, summarize
+from gpuvm.trace.summary import NO_DEP, PathHops, WakeUps, block_idle, counter_waits, critical_path, op_kind, op_stats, path_hops, summarize, wake_ups
 from gpuvm.trace.timeline import CLAIM, DONE, LOAD, READY, SIGNAL, build, op_name, op_order
 
 from trace_synth import make_trace
@@ -182,6 +182,20 @@ def test_hops_count_late_claims_and_add_up_layers():
     assert [op_kind(x) for x in ("L12.wqkvg", "L0.attn_chunk", "A", "Lx.a", "L.a", "L3")] == ["wqkvg", "attn_chunk", "A", "Lx.a", "L.a", "L3"]
 
 
+def test_wake_ups_count_instructions_claimed_before_their_signal():
+    t = hand_trace()
+    tl = build(t)
+    # B[0]: claimed at 500, released by A[1]'s signal at 2150, ready at 2300; C: claimed at
+    # 1000, released by A[0]'s signal at 1150, ready at 1200
+    assert wake_ups(tl) == [WakeUps("B", 1, 150.0, 150.0, 150.0, 0), WakeUps("C", 1, 50.0, 50.0, 50.0, 0)]
+    rec = t.records.copy()
+    rec[2]["globaltimer"][0] = 2200  # B[0] claimed after its signal: the claim held it, not the wake-up
+    rec[3]["globaltimer"][2:] = (3000, 3500, 3520)  # C woke 1850 ns after its signal: slow
+    tl = build(_with(t, labels=["L0.A[0]", "L3.A[1]", "L3.B[0]", "L0.C x1 y2"], records=rec))
+    assert wake_ups(tl) == [WakeUps("C", 1, 1850.0, 1850.0, 1850.0, 1)]
+    assert "wake-ups by op" in summarize(_with(t, records=rec))
+
+
 def test_waits_fall_back_to_the_producing_op():
     t = hand_trace()
     waits = {w.counter: w.total for w in counter_waits(build(_with(t, meta={"source": "model"})))}
@@ -202,8 +216,11 @@ def test_summary_text():
     assert [p.split()[0] for p in path] == ["A[1]", "B[0]"]
     assert path[1].split()[-1] == "dependency"
     assert "critical path: 2 instructions; 3.000 us compute" in text
-    hops = lines[lines.index(next(l for l in lines if l.startswith("hops of the critical path"))) + 3 :]
+    start = lines.index(next(l for l in lines if l.startswith("hops of the critical path"))) + 3
+    hops = lines[start : lines.index("", start)]
     assert [h.split() for h in hops] == [["B", "1", "0.150", "0.150", "0.150", "0"]]
+    wakes = lines[lines.index(next(l for l in lines if l.startswith("wake-ups by op"))) + 3 :]
+    assert [w.split() for w in wakes] == [["B", "1", "0.150", "0.150", "0.150", "0"], ["C", "1", "0.050", "0.050", "0.050", "0"]]
 
 
 @pytest.mark.parametrize("seed", range(6))

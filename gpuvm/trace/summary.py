@@ -22,6 +22,12 @@ Definitions (times from the Timeline, ns):
   op without a layer prefix "L<n>.", so a step's 62 layers add up), with how
   many had their consumer claimed only after that signal (a hop the claim,
   not the hand-off, made long).
+- a wake-up = an instruction's ready minus the signal of the dependency that
+  released it (the latest of gating_deps), for every instruction claimed
+  before that signal (so the claim did not hold it back): how long the
+  scheduler took to start what was waiting, totalled by op kind as hops are,
+  with how many took more than WAKE_SLOW_NS (on the H200 a claim parked in a
+  group wakes in ~0.5 us, one the controller holds in ~2.2: NOTES.md session 14).
 - an op's floor = its bytes over the streaming-read bandwidth (the trace's
   meta "read_bw_TBps", measured in the run that wrote it, else MUSE.md's
   nominal 4.42 TB/s, or what the caller gives); "span / floor" is how far the
@@ -38,6 +44,7 @@ from .format import Trace
 from .timeline import CLAIM, DONE, READY, SIGNAL, Timeline, build, members, op_order
 
 NO_DEP = "(no pending dependency)"
+WAKE_SLOW_NS = 1500.0
 NOMINAL_BW_TBPS = 4.42  # MUSE.md: streaming read on the H200
 
 
@@ -81,6 +88,16 @@ class PathHops:
     p90: float
     total: float
     claimed_late: int  # consumers claimed after their producer's signal
+
+
+@dataclass(frozen=True)
+class WakeUps:
+    op: str  # op kind
+    count: int
+    median: float  # ns
+    p90: float
+    longest: float
+    slow: int  # wake-ups over WAKE_SLOW_NS
 
 
 def op_stats(tl: Timeline) -> list[OpStats]:
@@ -192,6 +209,21 @@ def path_hops(tl: Timeline, path: list[int]) -> list[PathHops]:
     return sorted(out, key=lambda x: (-x.total, x.op))
 
 
+def wake_ups(tl: Timeline) -> list[WakeUps]:
+    """Signal-to-ready of every instruction claimed before the signal that
+    released it, by op kind, largest total first."""
+    acc: dict[str, list[float]] = {}
+    for i in np.flatnonzero(tl.ran):
+        j = _latest_dep(tl, int(i))
+        if j is not None and tl.t[i, CLAIM] <= tl.t[j, SIGNAL]:
+            acc.setdefault(op_kind(tl.ops[i]), []).append(float(tl.t[i, READY] - tl.t[j, SIGNAL]))
+    out = []
+    for op, v in acc.items():
+        w = np.array(v)
+        out.append(WakeUps(op, len(v), float(np.median(w)), float(np.percentile(w, 90)), float(w.max()), int((w > WAKE_SLOW_NS).sum())))
+    return sorted(out, key=lambda x: (-x.median * x.count, x.op))
+
+
 def _table(headers: list[str], rows: list[list[str]]) -> str:
     w = [max(len(h), *(len(r[k]) for r in rows)) if rows else len(h) for k, h in enumerate(headers)]
     line = lambda cells: "  ".join(c.ljust(w[0]) if k == 0 else c.rjust(w[k]) for k, c in enumerate(cells)).rstrip()
@@ -258,6 +290,8 @@ def summarize(trace: Trace, read_bw_tbps: float | None = None) -> str:
     path_table = _table(["instruction", "block/wg", "claim us", "ready us", "done us", "signal us", "bound by"], path_rows)
     hop_table = _table(["into op", "hops", "median us", "p90 us", "total us", "claimed after the signal"],
                        [[h.op, str(h.hops), _us(h.median), _us(h.p90), _us(h.total), str(h.claimed_late)] for h in hops])
+    wake_table = _table(["op", "wake-ups", "median us", "p90 us", "longest us", f"over {_us(WAKE_SLOW_NS)} us"],
+                        [[w.op, str(w.count), _us(w.median), _us(w.p90), _us(w.longest), str(w.slow)] for w in wake_ups(tl)])
 
     return "\n".join(
         head
@@ -272,5 +306,8 @@ def summarize(trace: Trace, read_bw_tbps: float | None = None) -> str:
             "",
             "hops of the critical path by the op they lead into (producer's signal to consumer's ready):",
             hop_table,
+            "",
+            "wake-ups by op (the releasing signal to ready, of every instruction claimed before it):",
+            wake_table,
         ]
     ) + "\n"
