@@ -2,7 +2,7 @@
 # One call on the H200 (the device tool): the VM proofs and timings, the Muse
 # ops standalone, and the decode-case sweep, each under its own time limit,
 # logs and results under $OUT (at most 8 files come back: traces are tarred).
-#   GPUVM_COMMIT=<sha> bash tools/gpu_session.sh [check|ops|opstime|sweep|step|stepsweep|probe|experts|router|park|ring|lists|steptrace|tiles|rowpf|fill|fill2|xstage|trace62|xprobe|smem|tiles2|router|xbench|against|slots|naps|icache|workers|slices|statsprobe|topkahead|compact|topkprobe|opsgemm|gputests|vmtest ...]
+#   GPUVM_COMMIT=<sha> bash tools/gpu_session.sh [check|ops|opstime|sweep|step|stepsweep|probe|experts|router|park|ring|lists|steptrace|tiles|rowpf|fill|fill2|xstage|trace62|xprobe|smem|tiles2|router|xbench|against|slots|naps|icache|workers|slices|statsprobe|topkahead|compact|topkprobe|layertrace|opsgemm|gputests|vmtest ...]
 # (set GPUVM_COMMIT when running a snapshot without .git: else the results name the enclosing checkout)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -139,6 +139,13 @@ for s in $steps; do
     topkprobe) # where TOPK's time goes, alone (ops_check --time; GVM_TOPK_PROBE: 1 no routing table, 2 no score loads, 4 no pick rounds; wrong results)
            timeout 300 python3 tools/prebuild.py base GVM_TOPK_PROBE=1 GVM_TOPK_PROBE=2 GVM_TOPK_PROBE=4 GVM_TOPK_PROBE=6 GVM_TOPK_PROBE=7 2>&1 | tail -1
            for v in 0 1 2 4 6 7; do timeout 60 python3 tools/ops_check.py --time 200 --only topk --define GVM_TOPK_PROBE=$v > "$OUT/topk_probe$v.log" 2>&1; echo "topk probe $v rc=$?"; grep -i "topk" "$OUT/topk_probe$v.log" | head -4; done ;;
+    layertrace) # traced steps of the first layers (default 2 at 32 x 8: layer 1 is full) in each build variant of LT_VARIANTS ("base MACRO=v+MACRO=v ..."):
+                # per op, its median run in layer 0, layer 1 and the rest, e.g. to see which op a code change elsewhere slowed
+           mkdir -p "$OUT/lt"
+           for v in ${LT_VARIANTS:-base}; do defs=""; [ "$v" != base ] && for d in ${v//+/ }; do defs="$defs --define $d"; done
+             timeout ${T_LT:-150} python3 tools/step_trace.py --layers ${LT_LAYERS:-2} --shape ${LT_SHAPE:-32x8} $defs --out "$OUT/lt/step-trace-${LT_SHAPE:-32x8}-${v//[=+]/_}.npz" > "$OUT/lt/step_trace_${v//[=+]/_}.log" 2>&1; echo "layer trace $v rc=$?"; tail -17 "$OUT/lt/step_trace_${v//[=+]/_}.log"
+           done
+           (cd "$OUT" && tar czf layertrace.tgz lt && rm -rf lt) ;;
     opsgemm) timeout 150 python3 tools/ops_check.py --only gemm,qk_rope_kv > "$OUT/ops_gemm_qk.log" 2>&1; echo "ops_check gemm,qk_rope_kv rc=$?"; tail -2 "$OUT/ops_gemm_qk.log" ;;
     gputests) timeout ${T_GPUTESTS:-200} python3 -m pytest -q -p no:cacheprovider tests/gpu > "$OUT/tests_gpu.log" 2>&1; echo "tests/gpu rc=$?"; tail -4 "$OUT/tests_gpu.log" ;;
     vmtest) timeout ${T_VMTEST:-150} python3 -m pytest -q -x -p no:cacheprovider tests/gpu/test_vm.py > "$OUT/test_vm.log" 2>&1; echo "test_vm rc=$?"; tail -8 "$OUT/test_vm.log" ;;
