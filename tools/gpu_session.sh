@@ -2,7 +2,7 @@
 # One call on the H200 (the device tool): the VM proofs and timings, the Muse
 # ops standalone, and the decode-case sweep, each under its own time limit,
 # logs and results under $OUT (at most 8 files come back: traces are tarred).
-#   GPUVM_COMMIT=<sha> bash tools/gpu_session.sh [check|ops|opstime|sweep|step|stepsweep|probe|experts|router|park|ring|lists|steptrace|tiles|rowpf|fill|fill2|xstage|trace62|xprobe|smem|tiles2|router|xbench|against|slots|naps|icache|workers|slices|statsprobe|topkahead|compact|topkprobe|layertrace|opsgemm|gputests|vmtest ...]
+#   GPUVM_COMMIT=<sha> bash tools/gpu_session.sh [check|ops|opstime|sweep|step|stepsweep|probe|experts|router|park|ring|lists|steptrace|tiles|rowpf|fill|fill2|xstage|trace62|xprobe|smem|tiles2|router|xbench|against|slots|naps|icache|workers|slices|statsprobe|topkprobe|layertrace|opsgemm|gputests|vmtest ...]
 # (set GPUVM_COMMIT when running a snapshot without .git: else the results name the enclosing checkout)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -95,14 +95,16 @@ for s in $steps; do
            for v in ${XBENCH:-GVM_EXPR_PROBE=0 GVM_EXPR_PROBE=4 GVM_EXPR_PROBE=5 GVM_EXPR_PROBE=16 GVM_EXPR_PROBE=128 GVM_EXPR_PROBE=64}; do timeout 60 python3 tools/expert_bench.py --quick --reps 10 --define $v --out "$OUT/xb_$v.json" > "$OUT/xb_$v.log" 2>&1; echo "expert_bench $v rc=$?"; tail -4 "$OUT/xb_$v.log"; done
            (cd "$OUT" && tar czf xbench.tgz xb_* && rm -f xb_*) ;;
     against) # this tree against the device code of an earlier commit in one run (AGAINST: a tar of `git archive <rev> isa ops runtime scheduler`
-             # in the checkout, untracked): the layers and steps of one token, expert_bench (probe 5: no copies nor decode)
+             # in the checkout, untracked), AGAINST_ROUNDS times alternating: the layers and steps of AGAINST_CASES / AGAINST_STEPS (one token by default),
+             # then, unless AGAINST_XBENCH=0, expert_bench in the first round (probe 5: no copies nor decode)
            rm -rf /tmp/against && mkdir -p /tmp/against && cp -r gpuvm tools isa ops runtime scheduler pyproject.toml /tmp/against/ && tar -xf "${AGAINST:?}" -C /tmp/against
-           (cd /tmp/against && PYTHONPATH=/tmp/against timeout 200 python3 tools/prebuild.py base GVM_EXPR_PROBE=5 | sed 's/^/against: /') & timeout 200 python3 tools/prebuild.py --trace base GVM_EXPR_PROBE=5; wait; echo "prebuild done"
-           for t in against here; do d=$PWD; [ $t = against ] && d=/tmp/against
-             (cd $d && PYTHONPATH=$d timeout ${T_AGAINST_PROBE:-150} python3 tools/sched_probe.py --out "$OUT/${t}_probe.json" --modes dynamic --depths 1 --variants base: --cases ${AGAINST_CASES:-full-c1-t1,sliding-c1-t1,full-c1-t8,sliding-c1-t8,full-c16-t1} --step ${AGAINST_STEPS:-1x1,1x8,16x1} > "$OUT/${t}_probe.log" 2>&1; echo "$t probe rc=$?"; grep -v "^$" "$OUT/${t}_probe.log" | tail -8)
-             for v in GVM_EXPR_PROBE=0 GVM_EXPR_PROBE=5; do (cd $d && PYTHONPATH=$d timeout 60 python3 tools/expert_bench.py --quick --reps 10 --define $v --out "$OUT/xb_${t}_$v.json" > "$OUT/xb_${t}_$v.log" 2>&1; echo "$t expert_bench $v rc=$?"; grep -E "^(up|down) " "$OUT/xb_${t}_$v.log"); done
-           done
-           (cd "$OUT" && tar czf against.tgz xb_* && rm -f xb_*) ;;
+           xb=${AGAINST_XBENCH:-1}; pre=base; [ "$xb" = 1 ] && pre="base GVM_EXPR_PROBE=5"
+           (cd /tmp/against && PYTHONPATH=/tmp/against timeout 200 python3 tools/prebuild.py $pre | sed 's/^/against: /') & timeout 200 python3 tools/prebuild.py --trace $pre; wait; echo "prebuild done"
+           for r in $(seq ${AGAINST_ROUNDS:-1}); do for t in against here; do d=$PWD; [ $t = against ] && d=/tmp/against
+             (cd $d && PYTHONPATH=$d timeout ${T_AGAINST_PROBE:-150} python3 tools/sched_probe.py --out "$OUT/${t}${r}_probe.json" --modes dynamic --depths 1 --variants base: --cases ${AGAINST_CASES:-full-c1-t1,sliding-c1-t1,full-c1-t8,sliding-c1-t8,full-c16-t1} --step ${AGAINST_STEPS:-1x1,1x8,16x1} > "$OUT/${t}${r}_probe.log" 2>&1; echo "$t round $r rc=$?"; grep -v "^$" "$OUT/${t}${r}_probe.log" | tail -8)
+             [ "$xb" = 1 ] && [ "$r" = 1 ] && for v in GVM_EXPR_PROBE=0 GVM_EXPR_PROBE=5; do (cd $d && PYTHONPATH=$d timeout 60 python3 tools/expert_bench.py --quick --reps 10 --define $v --out "$OUT/xb_${t}_$v.json" > "$OUT/xb_${t}_$v.log" 2>&1; echo "$t expert_bench $v rc=$?"; grep -E "^(up|down) " "$OUT/xb_${t}_$v.log"); done
+           done; done
+           if [ "$xb" = 1 ]; then (cd "$OUT" && tar czf against.tgz xb_* && rm -f xb_*); fi ;;
     slots) # the experts' ring at 3 slots a warp (GVM_EXPR_RING, the default since de974fc) against 4 and 5
            timeout 200 python3 tools/prebuild.py base GVM_EXPR_RING=4 GVM_EXPR_RING=5; echo "prebuild rc=$?"
            timeout ${T_SLOTS_PROBE:-200} python3 tools/sched_probe.py --out "$OUT/slots_probe.json" --modes dynamic --depths 1 --variants "s3:,s4:GVM_EXPR_RING=4,s5:GVM_EXPR_RING=5" --cases ${SLOTS_CASES:-full-c1-t1,sliding-c1-t1,full-c1-t8,full-c16-t1} --step ${SLOTS_STEPS:-1x1,1x8} > "$OUT/slots_probe.log" 2>&1; echo "slots probe rc=$?"; grep -v "^$" "$OUT/slots_probe.log" | tail -18 ;;
@@ -126,16 +128,6 @@ for s in $steps; do
              timeout 100 python3 tools/step_trace.py --layers 8 --shape 1x1 $defs --out "$OUT/st_$v.npz" > "$OUT/st_$v.log" 2>&1; echo "step trace $v rc=$?"; grep -E "^(Wo|Wex|Wr|residual1|residual2) " "$OUT/st_$v.log"
            done
            (cd "$OUT" && tar czf statsprobe.tgz st_* && rm -f st_*) ;;
-    topkahead) # TOPK with 1 (the default), 2 and 4 tokens' scores in flight per warp (GVM_TOPK_AHEAD): the 128- and 256-token layers and steps
-           timeout 300 python3 tools/prebuild.py base GVM_TOPK_AHEAD=2 GVM_TOPK_AHEAD=4 2>&1 | tail -3
-           timeout 120 python3 tools/ops_check.py --only topk --define GVM_TOPK_AHEAD=4 > "$OUT/ops_topk4.log" 2>&1; echo "ops_check topk ahead 4 rc=$?"; tail -1 "$OUT/ops_topk4.log"
-           timeout ${T_TK_PROBE:-400} python3 tools/sched_probe.py --out "$OUT/topk_probe.json" --modes dynamic --depths 1 --variants "${TK_VARIANTS:-a1:,a2:GVM_TOPK_AHEAD=2,a4:GVM_TOPK_AHEAD=4}" --cases ${TK_CASES:-full-c1-t1,full-c16-t8,sliding-c16-t8,full-c32-t8,sliding-c32-t8} --step ${TK_STEPS:-1x1,16x8,32x8} > "$OUT/topk_probe.log" 2>&1; echo "topk probe rc=$?"; grep -v "^$" "$OUT/topk_probe.log" | tail -30 ;;
-    compact) # this tree against the device code in the tar AGAINST (e.g. a prepared branch's), alternating, twice: layers and steps at 1 and 128/256 tokens
-           rm -rf /tmp/against && mkdir -p /tmp/against && cp -r gpuvm tools isa ops runtime scheduler pyproject.toml /tmp/against/ && tar -xf "${AGAINST:?}" -C /tmp/against
-           (cd /tmp/against && PYTHONPATH=/tmp/against timeout 200 python3 tools/prebuild.py base | sed 's/^/against: /') & timeout 200 python3 tools/prebuild.py base; wait
-           for r in 1 2; do for t in here against; do d=$PWD; [ $t = against ] && d=/tmp/against
-             (cd $d && PYTHONPATH=$d timeout ${T_CMP_PROBE:-150} python3 tools/sched_probe.py --out "$OUT/${t}${r}_probe.json" --modes dynamic --depths 1 --variants base: --cases ${CMP_CASES:-full-c1-t1,sliding-c1-t1,full-c16-t8,full-c32-t8,sliding-c32-t8} --step ${CMP_STEPS:-1x1,32x8} > "$OUT/${t}${r}_probe.log" 2>&1; echo "$t round $r rc=$?"; grep -v "^$" "$OUT/${t}${r}_probe.log" | tail -7)
-           done; done ;;
     topkprobe) # where TOPK's time goes, alone (ops_check --time; GVM_TOPK_PROBE: 1 no routing table, 2 no score loads, 4 no pick rounds; wrong results)
            timeout 300 python3 tools/prebuild.py base GVM_TOPK_PROBE=1 GVM_TOPK_PROBE=2 GVM_TOPK_PROBE=4 GVM_TOPK_PROBE=6 GVM_TOPK_PROBE=7 2>&1 | tail -1
            for v in 0 1 2 4 6 7; do timeout 60 python3 tools/ops_check.py --time 200 --only topk --define GVM_TOPK_PROBE=$v > "$OUT/topk_probe$v.log" 2>&1; echo "topk probe $v rc=$?"; grep -i "topk" "$OUT/topk_probe$v.log" | head -4; done ;;

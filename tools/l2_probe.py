@@ -139,11 +139,10 @@ class Probe:
         return st
 
 
-def span_us(st: torch.Tensor) -> tuple[float, float, float]:
-    """(first start, last end, last end - first start) in ns since the first start, as us."""
+def span_us(st: torch.Tensor) -> float:
+    """First block's start to last block's end of a kernel's stamps, us."""
     a = st.view(-1, 2).cpu().numpy().astype(np.int64)
-    t0 = a[:, 0].min()
-    return 0.0, (a[:, 1].max() - t0) / 1e3, (a[:, 1].max() - t0) / 1e3
+    return float(a[:, 1].max() - a[:, 0].min()) / 1e3
 
 
 def run(out: Path) -> dict:
@@ -162,8 +161,8 @@ def run(out: Path) -> dict:
         hot = []
         for _ in range(5):
             p.flush()
-            st = p.read(w); sync(); cold.append(span_us(st)[2])
-            st = p.read(w); sync(); hot.append(span_us(st)[2])
+            st = p.read(w); sync(); cold.append(span_us(st))
+            st = p.read(w); sync(); hot.append(span_us(st))
         r["cold_us"], r["hot_us"] = float(np.median(cold)), float(np.median(hot))
         for blocks, pace in ((132, 0), (32, 0), (8, 0), (132, 2000), (32, 500)):
             for delay in (5_000, 20_000, 60_000):
@@ -173,10 +172,8 @@ def run(out: Path) -> dict:
                     sp = p.prefetch(w, blocks, pace_ns=pace)
                     st = p.read(w, delay_ns=delay)
                     sync()
-                    a = sp.view(-1, 2).cpu().numpy()
-                    b = st.view(-1, 2).cpu().numpy()
-                    iss.append((a[:, 1].max() - a[:, 0].min()) / 1e3)
-                    ts.append((b[:, 1].max() - b[:, 0].min()) / 1e3)
+                    iss.append(span_us(sp))
+                    ts.append(span_us(st))
                 r[f"pf{blocks}/pace{pace}/delay{delay // 1000}us"] = {"read_us": float(np.median(ts)), "issue_us": float(np.median(iss))}
         res[f"{mb}MB"] = r
         print(f"{mb} MB: cold {r['cold_us']:.1f} us ({mb * 1.048576 / r['cold_us']:.2f} TB/s), hot {r['hot_us']:.1f} us", flush=True)

@@ -220,8 +220,8 @@ def wake_ups(tl: Timeline) -> list[WakeUps]:
     out = []
     for op, v in acc.items():
         w = np.array(v)
-        out.append(WakeUps(op, len(v), float(np.median(w)), float(np.percentile(w, 90)), float(w.max()), int((w > WAKE_SLOW_NS).sum())))
-    return sorted(out, key=lambda x: (-x.median * x.count, x.op))
+        out.append((float(w.sum()), WakeUps(op, len(v), float(np.median(w)), float(np.percentile(w, 90)), float(w.max()), int((w > WAKE_SLOW_NS).sum()))))
+    return [x for _, x in sorted(out, key=lambda x: (-x[0], x[1].op))]
 
 
 def _table(headers: list[str], rows: list[list[str]]) -> str:
