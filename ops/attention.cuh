@@ -108,9 +108,18 @@ __device__ int gvm_op_qk_rope_kv(const gvm_ctx& c) {
 // the 32 o accumulators fit the register budget. Warps split the keys of an
 // m-tile when there are fewer than three m-tiles and merge (m, l, o) through
 // shared memory.
+// A warp's K and V tiles come through its own ring of GVM_ATT_STAGES tiles in
+// shared memory, filled by cp.async GVM_ATT_STAGES - 1 tiles ahead: a tile is
+// ~0.3 us of math against ~1 us of HBM latency, so a warp that loaded the tile
+// it was about to use waited most of the time (1.9 GB/s a group, session 8).
+// The ring sits where the warp's (m, l, o) go once its keys are done.
 #define GVM_ATT_OSTRIDE 68                                   // padded f32 row of o in smem
 #define GVM_ATT_STATE_BYTES ((16 * GVM_ATT_OSTRIDE + 32) * 4)  // o[16][68], m[16], l[16]
-#define GVM_ATT_WARP_BYTES (GVM_ATT_STATE_BYTES + 2048)      // + Q fragments [4 k-steps][32 lanes] x 16 B
+#define GVM_ATT_STAGES 4
+#define GVM_ATT_TILE_BYTES 2048                              // 16 keys x 64 B of K, then of V
+#define GVM_ATT_RING_BYTES (GVM_ATT_STAGES * GVM_ATT_TILE_BYTES)
+#define GVM_ATT_AREA_BYTES (GVM_ATT_RING_BYTES > GVM_ATT_STATE_BYTES ? GVM_ATT_RING_BYTES : GVM_ATT_STATE_BYTES)
+#define GVM_ATT_WARP_BYTES (GVM_ATT_AREA_BYTES + 2048)       // + Q fragments [4 k-steps][32 lanes] x 16 B
 
 struct gvm_attn_job {
     const unsigned char* kbase;   // k cache bytes of (conv, slot 0, head h)
@@ -150,8 +159,33 @@ __device__ __forceinline__ void gvm_attn_stage_q(const gvm_ctx& c, const gvm_att
     for (int s = 0; s < 4; ++s) gvm_sts(qf + (s * 32 + lane) * 16, make_uint4(w[0][2 * s], w[1][2 * s], w[0][2 * s + 1], w[1][2 * s + 1]));
 }
 
+// Byte offset of 16-byte chunk c of key k (0..15) in a ring tile: pairs of keys
+// swap by bit 1 of k and chunks by bit 2, so that both the K reads (a lane's 16
+// B of one key) and the V reads (8 B of keys 2 t4 + c) hit 32 different banks.
+__device__ __forceinline__ unsigned gvm_attn_swz(unsigned k, unsigned c) {
+    return ((k ^ ((k >> 1) & 1)) << 6) | ((c ^ ((k >> 1) & 2)) << 4);
+}
+
+// cp.async of key tile `tile` (first key in cache slot s0) into the ring tile at
+// dst: lane copies chunks lane and lane + 32 of K and of V (key = chunk / 4).
+// Keys past the chunk are zero-filled: p = 0 times stale bytes could be NaN.
+__device__ __forceinline__ void gvm_attn_fetch(const gvm_attn_job& jb, int tile, int s0, unsigned dst, unsigned lane,
+                                               unsigned long long pol) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const unsigned k = (lane >> 2) + 8 * h, ch = lane & 3;
+        int sl = s0 + (int)k;
+        sl -= sl >= jb.cache_s ? jb.cache_s : 0;
+        const bool valid = jb.kb + tile * 16 + (int)k < jb.ke;
+        const unsigned o = gvm_attn_swz(k, ch);
+        gvm_cp_async16(dst + o, jb.kbase + (long long)sl * jb.krow + 16 * ch, valid, pol);
+        gvm_cp_async16(dst + GVM_ATT_TILE_BYTES / 2 + o, jb.vbase + (long long)sl * jb.vrow + 16 * ch, valid, pol);
+    }
+}
+
 // Running (m [log2 units], l, o) of m-tile mt over key tiles first, first+step, ...
-// written to the warp's state area st; qf holds the staged Q fragments.
+// written to the warp's state area st (its ring until then); qf holds the staged
+// Q fragments.
 __device__ __forceinline__ void gvm_attn_tile(const gvm_attn_job& jb, int mt, int first, int step, unsigned lane,
                                               unsigned st, unsigned qf) {
     const unsigned g = lane >> 2, t4 = lane & 3;
@@ -163,28 +197,39 @@ __device__ __forceinline__ void gvm_attn_tile(const gvm_attn_job& jb, int mt, in
 #pragma unroll
     for (int d = 0; d < 8; ++d) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.0f;
 
-    int s0 = first < jb.nt ? (jb.kb + first * 16) % jb.cache_s : 0;  // cache slot of the tile's first key
+    const unsigned long long pol = gvm_policy_evict_first();  // the cache is read once a step
+    int tf = first;                                           // next tile to fetch
+    int sf = first < jb.nt ? (jb.kb + first * 16) % jb.cache_s : 0;  // cache slot of its first key
     const int s_step = (step * 16) % jb.cache_s;
 #pragma unroll 1
+    for (int d = 0; d < GVM_ATT_STAGES - 1; ++d) {
+        if (tf < jb.nt) gvm_attn_fetch(jb, tf, sf, st + d * GVM_ATT_TILE_BYTES, lane, pol);
+        gvm_cp_async_commit();  // empty groups too: the wait below counts groups
+        tf += step;
+        sf += s_step;
+        sf -= sf >= jb.cache_s ? jb.cache_s : 0;
+    }
+    int stage = 0;
+#pragma unroll 1
     for (int tile = first; tile < jb.nt; tile += step) {
+        __syncwarp();  // the stage refilled next was read by every lane in the previous tile
+        const int fill = stage == 0 ? GVM_ATT_STAGES - 1 : stage - 1;
+        if (tf < jb.nt) gvm_attn_fetch(jb, tf, sf, st + fill * GVM_ATT_TILE_BYTES, lane, pol);
+        gvm_cp_async_commit();
+        tf += step;
+        sf += s_step;
+        sf -= sf >= jb.cache_s ? jb.cache_s : 0;
+        gvm_cp_async_wait<GVM_ATT_STAGES - 1>();  // this lane's copies of the tile landed
+        __syncwarp();                              // and every other lane's
+        const unsigned kt = st + stage * GVM_ATT_TILE_BYTES, vt = kt + GVM_ATT_TILE_BYTES / 2;
+        stage = stage == GVM_ATT_STAGES - 1 ? 0 : stage + 1;
         const int kp0 = jb.kb + tile * 16;
         uint4 kr[2];
 #pragma unroll
-        for (int nb = 0; nb < 2; ++nb) {
-            const int off = nb * 8 + g;
-            int sl = s0 + off;
-            sl -= sl >= jb.cache_s ? jb.cache_s : 0;
-            kr[nb] = kp0 + off < jb.ke ? gvm_ld_stream16(jb.kbase + (long long)sl * jb.krow + 16 * t4) : make_uint4(0, 0, 0, 0);
-        }
+        for (int nb = 0; nb < 2; ++nb) kr[nb] = gvm_lds_u4(kt + gvm_attn_swz(nb * 8 + g, t4));
         uint2 vr[4];
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const int off = (i >> 1) * 8 + 2 * t4 + (i & 1);
-            int sl = s0 + off;
-            sl -= sl >= jb.cache_s ? jb.cache_s : 0;
-            // zero, not stale bytes, past the chunk: p = 0 times a NaN would poison o
-            vr[i] = kp0 + off < jb.ke ? gvm_ld_stream8(jb.vbase + (long long)sl * jb.vrow + 8 * g) : make_uint2(0, 0);
-        }
+        for (int i = 0; i < 4; ++i) vr[i] = gvm_lds_u2(vt + gvm_attn_swz((i >> 1) * 8 + 2 * t4 + (i & 1), g >> 1) + 8 * (g & 1));
         float sc[2][4];
 #pragma unroll
         for (int nb = 0; nb < 2; ++nb) sc[nb][0] = sc[nb][1] = sc[nb][2] = sc[nb][3] = 0.0f;
@@ -246,9 +291,8 @@ __device__ __forceinline__ void gvm_attn_tile(const gvm_attn_job& jb, int mt, in
                             (d & 1) ? gvm_e4m3x2_hi_to_f16x2(wc) : gvm_e4m3x2_to_f16x2(wc));
             }
         }
-        s0 += s_step;
-        s0 -= s0 >= jb.cache_s ? jb.cache_s : 0;
     }
+    __syncwarp();  // the state below overwrites the ring
     l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
     l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
     l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
@@ -371,8 +415,9 @@ __device__ int gvm_op_attn_chunk(const gvm_ctx& c) {
     for (int round = 0; round * per_round < mtiles; ++round) {
         const int mt = round * per_round + warp / split;
         if (mt < mtiles) {
-            gvm_attn_stage_q(c, jb, mt, st + GVM_ATT_STATE_BYTES);
-            gvm_attn_tile(jb, mt, warp % split, split, c.tid & 31, st, st + GVM_ATT_STATE_BYTES);
+            gvm_attn_stage_q(c, jb, mt, st + GVM_ATT_AREA_BYTES);
+            // lane opaque: its ring offsets are not hoisted out of the persistent loop (168 registers)
+            gvm_attn_tile(jb, mt, warp % split, split, gvm_opaque(c.tid) & 31, st, st + GVM_ATT_AREA_BYTES);
         }
         gvm_group_sync(c);
         gvm_attn_write(c, jb, round, per_round, split, smem);

@@ -136,6 +136,7 @@ inline void gvm_sts(unsigned a, uint4 v) { gvm_emu_sts(a, v); }
 inline float gvm_lds_f(unsigned a) { return gvm_emu_lds<float>(a); }
 inline unsigned gvm_lds_u(unsigned a) { return gvm_emu_lds<unsigned>(a); }
 inline float4 gvm_lds_f4(unsigned a) { return gvm_emu_lds<float4>(a); }
+inline uint2 gvm_lds_u2(unsigned a) { return gvm_emu_lds<uint2>(a); }
 inline uint4 gvm_lds_u4(unsigned a) { return gvm_emu_lds<uint4>(a); }
 
 // ldmatrix .x4: every lane's row address, then lane (g, q) reads row g of
