@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, NamedTuple, Sequence
 
-from .isa import DTYPE_BYTES, HEAD_DIM, MAX_WORKLIST_EXPERTS, TOPK, DType, Op
+from .isa import DTYPE_BYTES, HEAD_DIM, MAX_WORKLIST_EXPERTS, TOPK, DType, Op, i2f
 
 
 class ProgramError(ValueError):
@@ -247,6 +247,8 @@ def _check_attn_chunk(ts: Slots, a: Args) -> None:
         raise ProgramError("chunk length must be positive")
     if not (a[4] >= 0):
         raise ProgramError("window must be >= 0")
+    if not (i2f(a[5]) > 0.0):  # NaN fails too; the device's running max assumes it
+        raise ProgramError(f"k scale must be positive, got {i2f(a[5])}")
 
 
 def _cost_attn_chunk(ts: Slots, a: Args) -> Cost:

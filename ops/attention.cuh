@@ -108,16 +108,22 @@ __device__ int gvm_op_qk_rope_kv(const gvm_ctx& c) {
 // the 32 o accumulators fit the register budget. Warps split the keys of an
 // m-tile when there are fewer than three m-tiles and merge (m, l, o) through
 // shared memory.
-// A warp's K and V tiles come through its own ring of GVM_ATT_STAGES tiles in
-// shared memory, filled by cp.async GVM_ATT_STAGES - 1 tiles ahead: a tile is
+// A warp's K and V tiles come through its own ring of GVM_ATT_STAGES stages in
+// shared memory, filled by cp.async GVM_ATT_STAGES - 1 stages ahead: a tile was
 // ~0.3 us of math against ~1 us of HBM latency, so a warp that loaded the tile
 // it was about to use waited most of the time (1.9 GB/s a group, session 8).
-// The ring sits where the warp's (m, l, o) go once its keys are done.
+// A stage is GVM_ATT_SUB tiles of 16 keys, taken in one softmax update (one max
+// exchange, one o rescale, independent MMA chains to overlap). The ring sits
+// where the warp's (m, l, o) go once its keys are done.
 #define GVM_ATT_OSTRIDE 68                                   // padded f32 row of o in smem
 #define GVM_ATT_STATE_BYTES ((16 * GVM_ATT_OSTRIDE + 32) * 4)  // o[16][68], m[16], l[16]
-#define GVM_ATT_STAGES 4
+#ifndef GVM_ATT_SUB
+#define GVM_ATT_SUB 2
+#endif
+#define GVM_ATT_STAGES (GVM_ATT_SUB == 1 ? 4 : 3)
 #define GVM_ATT_TILE_BYTES 2048                              // 16 keys x 64 B of K, then of V
-#define GVM_ATT_RING_BYTES (GVM_ATT_STAGES * GVM_ATT_TILE_BYTES)
+#define GVM_ATT_STAGE_BYTES (GVM_ATT_SUB * GVM_ATT_TILE_BYTES)
+#define GVM_ATT_RING_BYTES (GVM_ATT_STAGES * GVM_ATT_STAGE_BYTES)
 #define GVM_ATT_AREA_BYTES (GVM_ATT_RING_BYTES > GVM_ATT_STATE_BYTES ? GVM_ATT_RING_BYTES : GVM_ATT_STATE_BYTES)
 #define GVM_ATT_WARP_BYTES (GVM_ATT_AREA_BYTES + 2048)       // + Q fragments [4 k-steps][32 lanes] x 16 B
 
@@ -166,6 +172,12 @@ __device__ __forceinline__ unsigned gvm_attn_swz(unsigned k, unsigned c) {
     return ((k ^ ((k >> 1) & 1)) << 6) | ((c ^ ((k >> 1) & 2)) << 4);
 }
 
+// (s + d) mod n for s in [0, n) and d in [0, n].
+__device__ __forceinline__ int gvm_attn_slot_add(int s, int d, int n) {
+    s += d;
+    return s >= n ? s - n : s;
+}
+
 // cp.async of key tile `tile` (first key in cache slot s0) into the ring tile at
 // dst: lane copies chunks lane and lane + 32 of K and of V (key = chunk / 4).
 // Keys past the chunk are zero-filled: p = 0 times stale bytes could be NaN.
@@ -174,12 +186,22 @@ __device__ __forceinline__ void gvm_attn_fetch(const gvm_attn_job& jb, int tile,
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         const unsigned k = (lane >> 2) + 8 * h, ch = lane & 3;
-        int sl = s0 + (int)k;
-        sl -= sl >= jb.cache_s ? jb.cache_s : 0;
+        const int sl = gvm_attn_slot_add(s0, (int)k, jb.cache_s);
         const bool valid = jb.kb + tile * 16 + (int)k < jb.ke;
         const unsigned o = gvm_attn_swz(k, ch);
         gvm_cp_async16(dst + o, jb.kbase + (long long)sl * jb.krow + 16 * ch, valid, pol);
         gvm_cp_async16(dst + GVM_ATT_TILE_BYTES / 2 + o, jb.vbase + (long long)sl * jb.vrow + 16 * ch, valid, pol);
+    }
+}
+
+// The GVM_ATT_SUB tiles tile, tile + step, ... (slots s0, s0 + s_step, ...) of a
+// stage; tiles past the chunk come zero-filled.
+__device__ __forceinline__ void gvm_attn_fetch_stage(const gvm_attn_job& jb, int tile, int step, int s0, int s_step,
+                                                     unsigned dst, unsigned lane, unsigned long long pol) {
+#pragma unroll
+    for (int u = 0; u < GVM_ATT_SUB; ++u) {
+        gvm_attn_fetch(jb, tile + u * step, s0, dst + u * GVM_ATT_TILE_BYTES, lane, pol);
+        s0 = gvm_attn_slot_add(s0, s_step, jb.cache_s);
     }
 }
 
@@ -198,97 +220,132 @@ __device__ __forceinline__ void gvm_attn_tile(const gvm_attn_job& jb, int mt, in
     for (int d = 0; d < 8; ++d) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.0f;
 
     const unsigned long long pol = gvm_policy_evict_first();  // the cache is read once a step
-    int tf = first;                                           // next tile to fetch
+    const int s_step = (step * 16) % jb.cache_s;              // cache slots between the warp's tiles
+    const int s_stage = (GVM_ATT_SUB * step * 16) % jb.cache_s;  // and between its stages
+    const int pos_hi = jb.pos0 + (jb.rows - 1) / jb.g;        // the job's last query position
+    int tf = first;                                           // first tile of the next stage to fetch
     int sf = first < jb.nt ? (jb.kb + first * 16) % jb.cache_s : 0;  // cache slot of its first key
-    const int s_step = (step * 16) % jb.cache_s;
 #pragma unroll 1
     for (int d = 0; d < GVM_ATT_STAGES - 1; ++d) {
-        if (tf < jb.nt) gvm_attn_fetch(jb, tf, sf, st + d * GVM_ATT_TILE_BYTES, lane, pol);
+        if (tf < jb.nt) gvm_attn_fetch_stage(jb, tf, step, sf, s_step, st + d * GVM_ATT_STAGE_BYTES, lane, pol);
         gvm_cp_async_commit();  // empty groups too: the wait below counts groups
-        tf += step;
-        sf += s_step;
-        sf -= sf >= jb.cache_s ? jb.cache_s : 0;
+        tf += GVM_ATT_SUB * step;
+        sf = gvm_attn_slot_add(sf, s_stage, jb.cache_s);
     }
     int stage = 0;
 #pragma unroll 1
-    for (int tile = first; tile < jb.nt; tile += step) {
-        __syncwarp();  // the stage refilled next was read by every lane in the previous tile
+    for (int tile = first; tile < jb.nt; tile += GVM_ATT_SUB * step) {
+        __syncwarp();  // the stage refilled next was read by every lane in the previous step
         const int fill = stage == 0 ? GVM_ATT_STAGES - 1 : stage - 1;
-        if (tf < jb.nt) gvm_attn_fetch(jb, tf, sf, st + fill * GVM_ATT_TILE_BYTES, lane, pol);
+        if (tf < jb.nt) gvm_attn_fetch_stage(jb, tf, step, sf, s_step, st + fill * GVM_ATT_STAGE_BYTES, lane, pol);
         gvm_cp_async_commit();
-        tf += step;
-        sf += s_step;
-        sf -= sf >= jb.cache_s ? jb.cache_s : 0;
-        gvm_cp_async_wait<GVM_ATT_STAGES - 1>();  // this lane's copies of the tile landed
+        tf += GVM_ATT_SUB * step;
+        sf = gvm_attn_slot_add(sf, s_stage, jb.cache_s);
+        gvm_cp_async_wait<GVM_ATT_STAGES - 1>();  // this lane's copies of the stage landed
         __syncwarp();                              // and every other lane's
-        const unsigned kt = st + stage * GVM_ATT_TILE_BYTES, vt = kt + GVM_ATT_TILE_BYTES / 2;
+        const unsigned kt = st + stage * GVM_ATT_STAGE_BYTES;
         stage = stage == GVM_ATT_STAGES - 1 ? 0 : stage + 1;
-        const int kp0 = jb.kb + tile * 16;
-        uint4 kr[2];
+
+        float sc[GVM_ATT_SUB][2][4];  // raw scores q.k of sub-tile u, keys 8 nb + 2 t4 + (i & 1)
 #pragma unroll
-        for (int nb = 0; nb < 2; ++nb) kr[nb] = gvm_lds_u4(kt + gvm_attn_swz(nb * 8 + g, t4));
-        uint2 vr[4];
+        for (int u = 0; u < GVM_ATT_SUB; ++u)
 #pragma unroll
-        for (int i = 0; i < 4; ++i) vr[i] = gvm_lds_u2(vt + gvm_attn_swz((i >> 1) * 8 + 2 * t4 + (i & 1), g >> 1) + 8 * (g & 1));
-        float sc[2][4];
+            for (int nb = 0; nb < 2; ++nb) sc[u][nb][0] = sc[u][nb][1] = sc[u][nb][2] = sc[u][nb][3] = 0.0f;
+        uint4 kr[GVM_ATT_SUB][2];  // this lane's 16 B of keys 8 nb + g
 #pragma unroll
-        for (int nb = 0; nb < 2; ++nb) sc[nb][0] = sc[nb][1] = sc[nb][2] = sc[nb][3] = 0.0f;
+        for (int u = 0; u < GVM_ATT_SUB; ++u)
+#pragma unroll
+            for (int nb = 0; nb < 2; ++nb) kr[u][nb] = gvm_lds_u4(kt + u * GVM_ATT_TILE_BYTES + gvm_attn_swz(nb * 8 + g, t4));
 #pragma unroll
         for (int s = 0; s < 4; ++s) {
             const uint4 a = gvm_lds_u4(qf + (s * 32 + lane) * 16);
 #pragma unroll
-            for (int nb = 0; nb < 2; ++nb) {
-                const unsigned kw = s == 0 ? kr[nb].x : s == 1 ? kr[nb].y : s == 2 ? kr[nb].z : kr[nb].w;
-                gvm_mma_f16(sc[nb], a.x, a.y, a.z, a.w, gvm_e4m3x2_to_f16x2(kw), gvm_e4m3x2_hi_to_f16x2(kw));
-            }
+            for (int u = 0; u < GVM_ATT_SUB; ++u)
+#pragma unroll
+                for (int nb = 0; nb < 2; ++nb) {
+                    const uint4& k4 = kr[u][nb];
+                    const unsigned kw = s == 0 ? k4.x : s == 1 ? k4.y : s == 2 ? k4.z : k4.w;
+                    gvm_mma_f16(sc[u][nb], a.x, a.y, a.z, a.w, gvm_e4m3x2_to_f16x2(kw), gvm_e4m3x2_hi_to_f16x2(kw));
+                }
         }
 #pragma unroll
-        for (int nb = 0; nb < 2; ++nb)
+        for (int u = 0; u < GVM_ATT_SUB; ++u) {
+            const int kp0 = jb.kb + (tile + u * step) * 16;
+            // every query row sees every key of the sub-tile: no per-score test (the usual case)
+            const bool whole = kp0 + 15 < jb.ke && kp0 + 15 <= jb.pos0 && (jb.window == 0 || kp0 > pos_hi - jb.window);
+            if (!whole) {
 #pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                const int key = kp0 + nb * 8 + 2 * t4 + (i & 1);
-                sc[nb][i] = gvm_attn_visible(jb, key, i < 2 ? p0 : p1) ? sc[nb][i] * jb.score_scale : GVM_NEG_INF;
+                for (int nb = 0; nb < 2; ++nb)
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) {
+                        const int key = kp0 + nb * 8 + 2 * t4 + (i & 1);
+                        if (!gvm_attn_visible(jb, key, i < 2 ? p0 : p1)) sc[u][nb][i] = GVM_NEG_INF;
+                    }
             }
-        float mx0 = fmaxf(fmaxf(sc[0][0], sc[0][1]), fmaxf(sc[1][0], sc[1][1]));
-        float mx1 = fmaxf(fmaxf(sc[0][2], sc[0][3]), fmaxf(sc[1][2], sc[1][3]));
+        }
+        float mx0 = GVM_NEG_INF, mx1 = GVM_NEG_INF;
+#pragma unroll
+        for (int u = 0; u < GVM_ATT_SUB; ++u)
+#pragma unroll
+            for (int nb = 0; nb < 2; ++nb) {
+                mx0 = fmaxf(mx0, fmaxf(sc[u][nb][0], sc[u][nb][1]));
+                mx1 = fmaxf(mx1, fmaxf(sc[u][nb][2], sc[u][nb][3]));
+            }
         mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
         mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
         mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
         mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-        const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
+        // m in log2 units of the scaled scores (score_scale > 0: the max commutes with it)
+        const float mn0 = fmaxf(m0, mx0 * jb.score_scale), mn1 = fmaxf(m1, mx1 * jb.score_scale);
         // a row with nothing visible yet keeps m = -inf; subtract 0 instead so no inf - inf
         const float mu0 = mn0 == GVM_NEG_INF ? 0.0f : mn0, mu1 = mn1 == GVM_NEG_INF ? 0.0f : mn1;
-        const float al0 = exp2f(m0 - mu0), al1 = exp2f(m1 - mu1);
+        const float al0 = gvm_ex2(m0 - mu0), al1 = gvm_ex2(m1 - mu1);
         m0 = mn0;
         m1 = mn1;
+        float ls0 = 0.0f, ls1 = 0.0f;
 #pragma unroll
-        for (int nb = 0; nb < 2; ++nb) {
-            sc[nb][0] = exp2f(sc[nb][0] - mu0);
-            sc[nb][1] = exp2f(sc[nb][1] - mu0);
-            sc[nb][2] = exp2f(sc[nb][2] - mu1);
-            sc[nb][3] = exp2f(sc[nb][3] - mu1);
+        for (int u = 0; u < GVM_ATT_SUB; ++u)
+#pragma unroll
+            for (int nb = 0; nb < 2; ++nb) {
+                sc[u][nb][0] = gvm_ex2(fmaf(sc[u][nb][0], jb.score_scale, -mu0));
+                sc[u][nb][1] = gvm_ex2(fmaf(sc[u][nb][1], jb.score_scale, -mu0));
+                sc[u][nb][2] = gvm_ex2(fmaf(sc[u][nb][2], jb.score_scale, -mu1));
+                sc[u][nb][3] = gvm_ex2(fmaf(sc[u][nb][3], jb.score_scale, -mu1));
+                ls0 += sc[u][nb][0] + sc[u][nb][1];
+                ls1 += sc[u][nb][2] + sc[u][nb][3];
+            }
+        l0 = l0 * al0 + ls0;
+        l1 = l1 * al1 + ls1;
+#pragma unroll
+        for (int d = 0; d < 8; ++d) {
+            o[d][0] *= al0;
+            o[d][1] *= al0;
+            o[d][2] *= al1;
+            o[d][3] *= al1;
         }
-        l0 = l0 * al0 + ((sc[0][0] + sc[0][1]) + (sc[1][0] + sc[1][1]));
-        l1 = l1 * al1 + ((sc[0][2] + sc[0][3]) + (sc[1][2] + sc[1][3]));
-        const unsigned pa0 = gvm_pack_f16x2(sc[0][0], sc[0][1]), pa1 = gvm_pack_f16x2(sc[0][2], sc[0][3]);
-        const unsigned pa2 = gvm_pack_f16x2(sc[1][0], sc[1][1]), pa3 = gvm_pack_f16x2(sc[1][2], sc[1][3]);
 #pragma unroll
-        for (int half = 0; half < 2; ++half) {
-            const unsigned a0 = half ? vr[0].y : vr[0].x, a1 = half ? vr[1].y : vr[1].x;
-            const unsigned c0 = half ? vr[2].y : vr[2].x, c1 = half ? vr[3].y : vr[3].x;
-            // byte d of key k0 next to byte d of key k1: (k0, k1) pairs of dims 8g + 4*half + d
-            const unsigned lo_a = __byte_perm(a0, a1, 0x5140), hi_a = __byte_perm(a0, a1, 0x7362);
-            const unsigned lo_c = __byte_perm(c0, c1, 0x5140), hi_c = __byte_perm(c0, c1, 0x7362);
+        for (int u = 0; u < GVM_ATT_SUB; ++u) {
+            const unsigned pa0 = gvm_pack_f16x2(sc[u][0][0], sc[u][0][1]), pa1 = gvm_pack_f16x2(sc[u][0][2], sc[u][0][3]);
+            const unsigned pa2 = gvm_pack_f16x2(sc[u][1][0], sc[u][1][1]), pa3 = gvm_pack_f16x2(sc[u][1][2], sc[u][1][3]);
+            const unsigned vt = kt + u * GVM_ATT_TILE_BYTES + GVM_ATT_TILE_BYTES / 2;
+            uint2 vr[4];
 #pragma unroll
-            for (int d = 0; d < 4; ++d) {
-                const unsigned wa = d < 2 ? lo_a : hi_a, wc = d < 2 ? lo_c : hi_c;
-                float(&od)[4] = o[4 * half + d];
-                od[0] *= al0;
-                od[1] *= al0;
-                od[2] *= al1;
-                od[3] *= al1;
-                gvm_mma_f16(od, pa0, pa1, pa2, pa3, (d & 1) ? gvm_e4m3x2_hi_to_f16x2(wa) : gvm_e4m3x2_to_f16x2(wa),
-                            (d & 1) ? gvm_e4m3x2_hi_to_f16x2(wc) : gvm_e4m3x2_to_f16x2(wc));
+            for (int i = 0; i < 4; ++i)
+                vr[i] = gvm_lds_u2(vt + gvm_attn_swz((i >> 1) * 8 + 2 * t4 + (i & 1), g >> 1) + 8 * (g & 1));
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+                const unsigned a0 = half ? vr[0].y : vr[0].x, a1 = half ? vr[1].y : vr[1].x;
+                const unsigned c0 = half ? vr[2].y : vr[2].x, c1 = half ? vr[3].y : vr[3].x;
+                // byte d of key k0 next to byte d of key k1: (k0, k1) pairs of dims 8g + 4*half + d
+                const unsigned lo_a = __byte_perm(a0, a1, 0x5140), hi_a = __byte_perm(a0, a1, 0x7362);
+                const unsigned lo_c = __byte_perm(c0, c1, 0x5140), hi_c = __byte_perm(c0, c1, 0x7362);
+#pragma unroll
+                for (int d = 0; d < 4; ++d) {
+                    const unsigned wa = d < 2 ? lo_a : hi_a, wc = d < 2 ? lo_c : hi_c;
+                    gvm_mma_f16(o[4 * half + d], pa0, pa1, pa2, pa3,
+                                (d & 1) ? gvm_e4m3x2_hi_to_f16x2(wa) : gvm_e4m3x2_to_f16x2(wa),
+                                (d & 1) ? gvm_e4m3x2_hi_to_f16x2(wc) : gvm_e4m3x2_to_f16x2(wc));
+                }
             }
         }
     }
@@ -375,7 +432,7 @@ __device__ __noinline__ bool gvm_attn_chunk_args_ok(const gvm_ctx& c) {
                     tpo.shape[3] == 64 & gvm_is(tml, GVM_DT_F32, 4) & gvm_aligned(tml, 4, 8) & tml.shape[0] == nt &
                     tml.shape[1] == hq & tml.shape[2] == nch & tml.shape[3] == 2 & conv >= 0 & conv < n_conv &
                     h >= 0 & h < hkv & j >= 0 & j < nch & len > 0 & window >= 0 &
-                    c.smem_bytes >= 4 * GVM_ATT_WARP_BYTES;
+                    gvm_argf(c, 5) > 0.0f & c.smem_bytes >= 4 * GVM_ATT_WARP_BYTES;  // k scale > 0: the running max commutes with it
     if (!ok) return false;
     const int* cv = gvm_ptr<const int>(tc, conv * tc.stride[0], 4);
     return cv[0] >= 0 & cv[1] >= 0 & cv[0] + cv[1] <= nt & cv[2] >= 0;

@@ -170,6 +170,14 @@ __device__ __forceinline__ uint4 gvm_ldsm_x4(unsigned addr) {
     return v;
 }
 
+// 2^x by the SFU alone: -inf -> 0, subnormal results flushed to 0 (exp2f adds
+// three instructions to scale those back, which softmax weights never need).
+__device__ __forceinline__ float gvm_ex2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
 // ---- tensor cores ---------------------------------------------------------------------
 // D += A(16x16, row) * B(16x8, col), f16 or bf16 in, f32 accumulate (PTX fragment layout).
 __device__ __forceinline__ void gvm_mma_f16(float (&d)[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3,

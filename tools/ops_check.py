@@ -420,6 +420,7 @@ def cases_attn(sz: Sizes, gen: torch.Generator) -> list[Case]:
         _attn_case("attn_chunk sliding, ring cache", sz, gen, sz.attn_sliding, sz.chunk // 2, sz.window, sz.ring),
         _attn_case("attn_chunk ragged tokens, odd chunks", sz, gen, sz.attn_odd, sz.odd_chunk, 0, sz.ring),
         _attn_case("attn_chunk chunk past NCH -> BAD_ARGS", sz, gen, ((1, 3),), 16, 0, 16, nch=2, bad=_set_arg(2, 2)),
+        _attn_case("attn_chunk k scale 0 -> BAD_ARGS", sz, gen, ((1, 3),), 16, 0, 16, bad=_set_arg(5, f2i(0.0))),
     ]
     # ATTN_MERGE: every head (the two-argument form), then head ranges; outputs of
     # the heads left out stay NaN on both sides, so a stray write fails

@@ -172,6 +172,12 @@ inline void gvm_emu_mma(float (&d)[4], unsigned a0, unsigned a1, unsigned a2, un
         return 0;
     });
 }
+// ex2.approx.ftz: subnormal inputs and results flush to zero
+inline float gvm_ex2(float x) {
+    if (std::fpclassify(x) == FP_SUBNORMAL) x = 0.0f;
+    const float y = std::exp2(x);
+    return std::fpclassify(y) == FP_SUBNORMAL ? 0.0f : y;
+}
 inline void gvm_mma_f16(float (&d)[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0, unsigned b1) {
     gvm_emu_mma(d, a0, a1, a2, a3, b0, b1,
                 [](unsigned w, int k) { return (double)emu::f16_value((unsigned short)(k & 1 ? w >> 16 : w & 0xffff)); });
