@@ -146,7 +146,7 @@ __device__ __forceinline__ unsigned gvm_staged_word(unsigned stage, unsigned lan
 // skipped (it is only a hint).
 __device__ __forceinline__ void gvm_queue_prefetch(const gvm_params& p, gvm_shared& sh, unsigned& ring_head,
                                                    unsigned idx, unsigned word, unsigned lane, unsigned n_waits,
-                                                   unsigned ctr, unsigned target, unsigned slot) {
+                                                   unsigned ctr, unsigned target) {
     // words: 1 signal | n_waits << 16, 2-3 wait_counter[4], 4-7 wait_base, 8-11 wait_step,
     // 12-15 tensor[8], 16-17 pf_offset, 18 pf_bytes, 19 pf_slot | reserved << 16
     const unsigned pf_slot = __shfl_sync(0xffffffffu, word, 19) & 0xffffu;
@@ -155,10 +155,6 @@ __device__ __forceinline__ void gvm_queue_prefetch(const gvm_params& p, gvm_shar
     const unsigned tword = __shfl_sync(0xffffffffu, word, 12 + ((pf_slot >> 1) & 3u));
     const unsigned tensor = pf_slot & 1u ? tword >> 16 : tword & 0xffffu;
     bool push = pf_slot < GVM_MAX_TENSORS && pf_bytes != 0 && tensor != GVM_NONE;
-    if (GVM_WATCH) {  // every waiting instruction goes to the loader, which watches its waits: wait for room
-        while (__shfl_sync(0xffffffffu, ring_head - sh.ring_tail >= GVM_PF_RING, 0)) gvm_nanosleep(32);
-        push = true;
-    }
     push = __shfl_sync(0xffffffffu, push && ring_head - sh.ring_tail < GVM_PF_RING, 0);
     if (!push) {
         if (lane == 0) GVM_STAMP_COPY(p.trace, idx, GVM_STAMP_LOAD, GVM_STAMP_CLAIM);
@@ -173,12 +169,7 @@ __device__ __forceinline__ void gvm_queue_prefetch(const gvm_params& p, gvm_shar
         e.idx = idx;
         e.tensor = tensor;
         e.offset = (unsigned long long)hi << 32 | lo;
-#if GVM_WATCH
-        e.bytes = pf_slot < GVM_MAX_TENSORS && tensor != GVM_NONE ? pf_bytes : 0u;  // 0: only watched
-        e.slot = slot;
-#else
         e.bytes = pf_bytes;
-#endif
         e.n_waits = n_waits;
     }
     __syncwarp();
@@ -203,7 +194,7 @@ __device__ __forceinline__ void gvm_hand_off(const gvm_params& p, gvm_shared& sh
         } else {
             unsigned ctr, target;
             gvm_wait_of(p, word, n_waits, lane, ctr, target);
-            gvm_queue_prefetch(p, sh, ring_head, s.idx, word, lane, n_waits, ctr, target, GVM_NONE);
+            gvm_queue_prefetch(p, sh, ring_head, s.idx, word, lane, n_waits, ctr, target);
         }
     }
     gvm_prof_mark(pr, GVM_LEG_QUEUE);
@@ -277,21 +268,16 @@ __device__ __forceinline__ void gvm_controller(const gvm_params& p, gvm_shared& 
                     gvm_wait_of(p, word, n_waits, lane, ctr, target);
                     const unsigned now = (unsigned)__shfl_sync(0xffffffffu, lane == 0 ? gvm_globaltimer() : 0ull, 0);
                     go = h.state == GVM_CS_WAITING &&
-#if GVM_WATCH
-                         (sh.watch_met[j] == h.idx + 1u ||  // one shared load for the warp: uniform
-#else
-                         (gvm_probe_met(sh.probe[j], ctr, target, lane) ||
-#endif
-                          now - h.since > GVM_READY_PATIENCE_NS);
+                         (gvm_probe_met(sh.probe[j], ctr, target, lane) || now - h.since > GVM_READY_PATIENCE_NS);
                     if (!go && GVM_PARK && gvm_can_park(view, groups)) {
-                        if (h.state == GVM_CS_LOADED)  // its weights start loading now, as it waits in the group (which watches itself)
-                            gvm_queue_prefetch(p, sh, ring_head, h.idx, word, lane, n_waits, ctr, target, GVM_NONE);
+                        if (h.state == GVM_CS_LOADED)  // its weights start loading now, as it waits in the group
+                            gvm_queue_prefetch(p, sh, ring_head, h.idx, word, lane, n_waits, ctr, target);
                         go = park = true;
                     }
                     if (!go) {
-                        if (!GVM_WATCH) gvm_probe_issue(p, sh.probe[j], ctr, lane);  // in the next visit's commit group
+                        gvm_probe_issue(p, sh.probe[j], ctr, lane);  // in the next visit's commit group
                         if (h.state == GVM_CS_LOADED) {  // its weights start loading now, before its waits are met
-                            gvm_queue_prefetch(p, sh, ring_head, h.idx, word, lane, n_waits, ctr, target, j);
+                            gvm_queue_prefetch(p, sh, ring_head, h.idx, word, lane, n_waits, ctr, target);
                             h.since = now;
                         }
                         h.state = GVM_CS_WAITING;

@@ -23,9 +23,6 @@ extern "C" __global__ void __launch_bounds__(GVM_BLOCK_THREADS, 1) gvm_kernel(co
         sh.ring_tail = 0;
         sh.ring_closed = 0;
     }
-#if GVM_WATCH
-    if (threadIdx.x < GVM_CLAIM_SLOTS) sh.watch_met[threadIdx.x] = 0u;
-#endif
     __syncthreads();
     const unsigned warp = threadIdx.x >> 5;
     if (warp == 0) {

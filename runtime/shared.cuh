@@ -15,26 +15,7 @@ struct __align__(16) gvm_pf_entry {
     unsigned n_waits;
     unsigned counter[GVM_MAX_WAITS]; // wait w: counter[w] must reach target[w] (this step's)
     unsigned target[GVM_MAX_WAITS];
-    unsigned slot;                   // the controller's claim slot it was held in (GVM_WATCH)
-    unsigned pad;
-};
-
-// Watch (GVM_WATCH): the loader keeps polling the waits of every instruction
-// queued to it whose waits were not met, with relaxed loads, and when they
-// are, writes idx + 1 to its claim slot's watch_met word: the controller
-// then hands a held claim out at its next visit, reading shared memory,
-// instead of issuing a cp.async probe of the counters and reading it a ring
-// turn later (a parked group starts ~0.5 us after its signal, a held claim
-// ~2.2: H200, session 14). Only a hint: the group that gets the instruction
-// still acquires its counters itself.
-#ifndef GVM_WATCH
-#define GVM_WATCH 0
-#endif
-#define GVM_WATCH_LIST 16  // instructions a loader watches: held (<= GVM_CLAIM_SLOTS) and parked, with room for met ones not yet cleared
-struct __align__(16) gvm_watch_entry {
-    unsigned counter[GVM_MAX_WAITS];  // GVM_NONE past the instruction's waits
-    unsigned target[GVM_MAX_WAITS];
-    unsigned idx, slot, pad[2];
+    unsigned pad[2];
 };
 
 struct gvm_shared {
@@ -44,10 +25,6 @@ struct gvm_shared {
     unsigned long long full[GVM_MAX_GROUPS];
     unsigned long long empty[GVM_MAX_GROUPS];
     gvm_pf_entry ring[GVM_PF_RING];
-#if GVM_WATCH
-    volatile unsigned watch_met[GVM_CLAIM_SLOTS];  // written by the loader, read by the controller
-    gvm_watch_entry watch[GVM_WATCH_LIST];         // the loader's own
-#endif
     // each compute thread's loop state (runtime/group.cuh): mbarrier parity << 31 | calls of the op so far
     unsigned loop[GVM_MAX_GROUPS][GVM_GROUP_THREADS];
     volatile unsigned ring_head;    // entries pushed (controller)

@@ -2,7 +2,7 @@
 # One call on the H200 (the device tool): the VM proofs and timings, the Muse
 # ops standalone, and the decode-case sweep, each under its own time limit,
 # logs and results under $OUT (at most 8 files come back: traces are tarred).
-#   GPUVM_COMMIT=<sha> bash tools/gpu_session.sh [check|ops|opstime|sweep|step|stepsweep|probe|experts|router|park|ring|lists|steptrace|tiles|rowpf|fill|fill2|xstage|trace62|xprobe|smem|tiles2|router|xbench|against|slots|naps|icache|workers|slices|statsprobe|topkprobe|topkvote|watch|layertrace|opsgemm|gputests|vmtest ...]
+#   GPUVM_COMMIT=<sha> bash tools/gpu_session.sh [check|ops|opstime|sweep|step|stepsweep|probe|experts|router|park|ring|lists|steptrace|tiles|rowpf|fill|fill2|xstage|trace62|xprobe|smem|tiles2|router|xbench|against|slots|naps|icache|workers|slices|statsprobe|topkprobe|topkvote|layertrace|opsgemm|gputests|vmtest ...]
 # (set GPUVM_COMMIT when running a snapshot without .git: else the results name the enclosing checkout)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -143,15 +143,6 @@ for s in $steps; do
            timeout 120 python3 tools/ops_check.py --only topk --define GVM_TOPK_VOTE=1 > "$OUT/ops_topk_vote.log" 2>&1; echo "ops_check topk vote rc=$?"; tail -1 "$OUT/ops_topk_vote.log"
            for v in 0 1; do timeout 60 python3 tools/ops_check.py --time 200 --only topk --define GVM_TOPK_VOTE=$v > "$OUT/topk_time_vote$v.log" 2>&1; echo "topk alone vote $v rc=$?"; grep -i "topk" "$OUT/topk_time_vote$v.log" | head -3; done
            timeout ${T_VOTE_PROBE:-300} python3 tools/sched_probe.py --out "$OUT/topkvote_probe.json" --modes dynamic --depths 1 --variants "base:,vote:GVM_TOPK_VOTE=1" --cases ${VOTE_CASES:-full-c1-t1,full-c16-t8,full-c32-t8,sliding-c32-t8} --step ${VOTE_STEPS:-1x1,32x8} > "$OUT/topkvote_probe.log" 2>&1; echo "topk vote probe rc=$?"; grep -v "^$" "$OUT/topkvote_probe.log" | tail -14 ;;
-    watch) # held claims handed out on the loader's relaxed polls of their waits (GVM_WATCH=1) against the controller's cp.async probe (the default):
-           # layers and steps, 8-layer traced steps of both (the hops: python3 -m gpuvm trace), then tests/gpu with GVM_WATCH=1 as the default (a copy of the tree)
-           (timeout 300 python3 tools/prebuild.py --trace base GVM_WATCH=1 & PYTHONPATH=$PWD timeout 300 python3 -c "from gpuvm.device.build import BuildOptions, build; build(BuildOptions(trace=True, defines=(('GVM_WATCH', '1'),)))" & wait) 2>&1 | tail -3
-           timeout ${T_WATCH_PROBE:-300} python3 tools/sched_probe.py --out "$OUT/watch_probe.json" --modes dynamic,static --depths 1 --variants "base:,watch:GVM_WATCH=1" --cases ${WATCH_CASES:-full-c1-t1,sliding-c1-t1,full-c16-t1,sliding-c32-t8} --step ${WATCH_STEPS:-1x1,1x8,16x1,32x8} > "$OUT/watch_probe.log" 2>&1; echo "watch probe rc=$?"; grep -v "^$" "$OUT/watch_probe.log" | tail -34
-           mkdir -p "$OUT/tr"
-           for v in 0 1; do timeout 100 python3 tools/step_trace.py --layers 8 --shape 1x1 --define GVM_WATCH=$v --out "$OUT/tr/step-trace-1x1-watch$v.npz" > "$OUT/step_trace_watch$v.log" 2>&1; echo "step trace watch$v rc=$?"; tail -17 "$OUT/step_trace_watch$v.log"; done
-           (cd "$OUT" && tar czf traces.tgz tr && rm -rf tr)
-           rm -rf /tmp/watchtree && mkdir -p /tmp/watchtree && cp -r gpuvm tools tests isa ops runtime scheduler pyproject.toml /tmp/watchtree/ && sed -i 's/^#define GVM_WATCH 0$/#define GVM_WATCH 1/' /tmp/watchtree/runtime/shared.cuh
-           (cd /tmp/watchtree && PYTHONPATH=/tmp/watchtree timeout ${T_GPUTESTS:-200} python3 -m pytest -q -p no:cacheprovider tests/gpu > "$OUT/tests_gpu_watch.log" 2>&1; echo "tests/gpu with GVM_WATCH=1 rc=$?"; tail -3 "$OUT/tests_gpu_watch.log") ;;
     opsgemm) timeout 150 python3 tools/ops_check.py --only gemm,qk_rope_kv > "$OUT/ops_gemm_qk.log" 2>&1; echo "ops_check gemm,qk_rope_kv rc=$?"; tail -2 "$OUT/ops_gemm_qk.log" ;;
     gputests) timeout ${T_GPUTESTS:-200} python3 -m pytest -q -p no:cacheprovider tests/gpu > "$OUT/tests_gpu.log" 2>&1; echo "tests/gpu rc=$?"; tail -4 "$OUT/tests_gpu.log" ;;
     vmtest) timeout ${T_VMTEST:-150} python3 -m pytest -q -x -p no:cacheprovider tests/gpu/test_vm.py > "$OUT/test_vm.log" 2>&1; echo "test_vm rc=$?"; tail -8 "$OUT/test_vm.log" ;;
