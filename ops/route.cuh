@@ -9,35 +9,9 @@
 #define GVM_TOPK_MAX_EXPERTS 256  // 8 candidates per lane
 // Timing probes (wrong results; tools/ops_check.py --time): 1 no routing table
 // (phase 3), 2 no score loads (keys from the lane), 4 no pick rounds.
-// GVM_TOPK_VOTE: each lane sorts its 8 candidates once (19 compare-exchanges),
-// then a pick round is one warp max of the lanes' heads and a ballot of the
-// lanes holding it (a second reduction only on a tie), in place of a scan of 8
-// keys and two reductions: the rounds were ~2/3 of a 256-token TOPK (H200,
-// session 14, GVM_TOPK_PROBE 4). Same picks: (key desc, expert asc).
-#ifndef GVM_TOPK_VOTE
-#define GVM_TOPK_VOTE 0
-#endif
 #ifndef GVM_TOPK_PROBE
 #define GVM_TOPK_PROBE 0
 #endif
-
-// Orders candidates a before b: the larger key, the lower expert on a tie.
-__device__ __forceinline__ void gvm_topk_cas(unsigned& ka, unsigned& ea, unsigned& kb, unsigned& eb) {
-    const bool swap = kb > ka || (kb == ka && eb < ea);
-    const unsigned k = swap ? kb : ka, e = swap ? eb : ea;
-    kb = swap ? ka : kb;
-    eb = swap ? ea : eb;
-    ka = k;
-    ea = e;
-}
-
-// The 8 candidates (key, expert) of a lane in pick order: an optimal network.
-__device__ __forceinline__ void gvm_topk_sort8(unsigned (&k)[8], unsigned (&e)[8]) {
-    constexpr int net[19][2] = {{0, 2}, {1, 3}, {4, 6}, {5, 7}, {0, 4}, {1, 5}, {2, 6}, {3, 7}, {0, 1}, {2, 3},
-                                {4, 5}, {6, 7}, {2, 4}, {3, 5}, {1, 4}, {3, 6}, {1, 2}, {3, 4}, {5, 6}};
-#pragma unroll
-    for (int c = 0; c < 19; ++c) gvm_topk_cas(k[net[c][0]], e[net[c][0]], k[net[c][1]], e[net[c][1]]);
-}
 
 __device__ int gvm_op_topk(const gvm_ctx& c) {
     const gvm_tensor& tsc = gvm_t(c, 0);
@@ -86,32 +60,6 @@ __device__ int gvm_op_topk(const gvm_ctx& c) {
                 if (lane + 32 * i < (unsigned)ne) nxt[i] = sc[lane + 32 * i];
         }
         unsigned my_x = 0, my_key = 0;
-#if GVM_TOPK_VOTE
-        unsigned cand[8];
-#pragma unroll
-        for (int i = 0; i < 8; ++i) cand[i] = lane + 32 * i;
-        gvm_topk_sort8(key, cand);
-#pragma unroll 1
-        for (int k = 0; k < (GVM_TOPK_PROBE & 4 ? 0 : GVM_TOPK); ++k) {
-            const unsigned wk = __reduce_max_sync(0xffffffffu, key[0]);
-            const unsigned win = __ballot_sync(0xffffffffu, key[0] == wk);
-            const unsigned wx = __popc(win) == 1 ? __shfl_sync(0xffffffffu, cand[0], __ffs(win) - 1)
-                                                 : __reduce_min_sync(0xffffffffu, key[0] == wk ? cand[0] : 0xffffffffu);
-            if (cand[0] == wx) {  // the winner's next candidate comes up
-#pragma unroll
-                for (int i = 0; i < 7; ++i) {
-                    key[i] = key[i + 1];
-                    cand[i] = cand[i + 1];
-                }
-                key[7] = 0u;
-                cand[7] = 0xffffffffu;
-            }
-            if (lane == (unsigned)k) {
-                my_x = wx;
-                my_key = wk;
-            }
-        }
-#else
 #pragma unroll 1
         for (int k = 0; k < (GVM_TOPK_PROBE & 4 ? 0 : GVM_TOPK); ++k) {
             unsigned bk = key[0], bi = 0;
@@ -132,7 +80,6 @@ __device__ int gvm_op_topk(const gvm_ctx& c) {
                 my_key = wk;
             }
         }
-#endif
         // softmax over the 8 picks, held by lanes 0..7 (the first is the largest)
         const float s = gvm_sort_key_value(my_key);
         const float top = __shfl_sync(0xffffffffu, s, 0);

@@ -49,13 +49,12 @@ def test_op_matches_cpu_backend(runner: EmuRunner, op: Op) -> None:
 
 
 @pytest.mark.parametrize(("op", "define"), [(Op.EXPERT_UP, "GVM_EXPERT_REG=0"), (Op.EXPERT_DOWN, "GVM_EXPERT_REG=0"), (Op.GEMM, "GVM_GEMM_TT=1"),
-                                            (Op.GEMM, "GVM_GEMM_F32_RN=4+GVM_GEMM_F32_TT=4"), (Op.TOPK, "GVM_TOPK_VOTE=1")],
-                         ids=["expert_up-shared-tile-only", "expert_down-shared-tile-only", "gemm-1-token-tile", "gemm-router-4x4", "topk-vote"])
+                                            (Op.GEMM, "GVM_GEMM_F32_RN=4+GVM_GEMM_F32_TT=4")],
+                         ids=["expert_up-shared-tile-only", "expert_down-shared-tile-only", "gemm-1-token-tile", "gemm-router-4x4"])
 def test_switch_alternatives(tmp_path_factory: pytest.TempPathFactory, op: Op, define: str) -> None:
     """The build switches' other settings, kept for A/B runs on the H200:
     GVM_EXPERT_REG=0 (every expert through the shared tile), GVM_GEMM_TT=1
-    (each token tile re-reads the weights), the router's old 4 x 4 tile, TOPK's
-    pre-sorted candidates with a ballot a round (GVM_TOPK_VOTE=1)."""
+    (each token tile re-reads the weights), the router's old 4 x 4 tile."""
     lib = build_emulator(tmp_path_factory.mktemp("emu_switch"), defines=tuple(tuple(d.split("=")) for d in define.split("+")))
     assert _failures(EmuRunner(lib), {op}) == []
 

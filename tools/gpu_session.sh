@@ -2,7 +2,7 @@
 # One call on the H200 (the device tool): the VM proofs and timings, the Muse
 # ops standalone, and the decode-case sweep, each under its own time limit,
 # logs and results under $OUT (at most 8 files come back: traces are tarred).
-#   GPUVM_COMMIT=<sha> bash tools/gpu_session.sh [check|ops|opstime|sweep|step|stepsweep|probe|experts|router|park|ring|lists|steptrace|tiles|rowpf|fill|fill2|xstage|trace62|xprobe|smem|tiles2|router|xbench|against|slots|naps|icache|workers|slices|statsprobe|topkprobe|topkvote|layertrace|opsgemm|gputests|vmtest ...]
+#   GPUVM_COMMIT=<sha> bash tools/gpu_session.sh [check|ops|opstime|sweep|step|stepsweep|probe|experts|router|park|ring|lists|steptrace|tiles|rowpf|fill|fill2|xstage|trace62|xprobe|smem|tiles2|router|xbench|against|slots|naps|icache|workers|slices|statsprobe|topkprobe|layertrace|opsgemm|gputests|vmtest ...]
 # (set GPUVM_COMMIT when running a snapshot without .git: else the results name the enclosing checkout)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -138,11 +138,6 @@ for s in $steps; do
              timeout ${T_LT:-150} python3 tools/step_trace.py --layers ${LT_LAYERS:-2} --shape ${LT_SHAPE:-32x8} $defs --out "$OUT/lt/step-trace-${LT_SHAPE:-32x8}-${v//[=+]/_}.npz" > "$OUT/lt/step_trace_${v//[=+]/_}.log" 2>&1; echo "layer trace $v rc=$?"; tail -17 "$OUT/lt/step_trace_${v//[=+]/_}.log"
            done
            (cd "$OUT" && tar czf layertrace.tgz lt && rm -rf lt) ;;
-    topkvote) # TOPK with each lane's candidates sorted once and a ballot a pick round (GVM_TOPK_VOTE=1) against the default: alone, checked at the shard's size, layers and steps
-           timeout 300 python3 tools/prebuild.py base GVM_TOPK_VOTE=1 2>&1 | tail -2
-           timeout 120 python3 tools/ops_check.py --only topk --define GVM_TOPK_VOTE=1 > "$OUT/ops_topk_vote.log" 2>&1; echo "ops_check topk vote rc=$?"; tail -1 "$OUT/ops_topk_vote.log"
-           for v in 0 1; do timeout 60 python3 tools/ops_check.py --time 200 --only topk --define GVM_TOPK_VOTE=$v > "$OUT/topk_time_vote$v.log" 2>&1; echo "topk alone vote $v rc=$?"; grep -i "topk" "$OUT/topk_time_vote$v.log" | head -3; done
-           timeout ${T_VOTE_PROBE:-300} python3 tools/sched_probe.py --out "$OUT/topkvote_probe.json" --modes dynamic --depths 1 --variants "base:,vote:GVM_TOPK_VOTE=1" --cases ${VOTE_CASES:-full-c1-t1,full-c16-t8,full-c32-t8,sliding-c32-t8} --step ${VOTE_STEPS:-1x1,32x8} > "$OUT/topkvote_probe.log" 2>&1; echo "topk vote probe rc=$?"; grep -v "^$" "$OUT/topkvote_probe.log" | tail -14 ;;
     opsgemm) timeout 150 python3 tools/ops_check.py --only gemm,qk_rope_kv > "$OUT/ops_gemm_qk.log" 2>&1; echo "ops_check gemm,qk_rope_kv rc=$?"; tail -2 "$OUT/ops_gemm_qk.log" ;;
     gputests) timeout ${T_GPUTESTS:-200} python3 -m pytest -q -p no:cacheprovider tests/gpu > "$OUT/tests_gpu.log" 2>&1; echo "tests/gpu rc=$?"; tail -4 "$OUT/tests_gpu.log" ;;
     vmtest) timeout ${T_VMTEST:-150} python3 -m pytest -q -x -p no:cacheprovider tests/gpu/test_vm.py > "$OUT/test_vm.log" 2>&1; echo "test_vm rc=$?"; tail -8 "$OUT/test_vm.log" ;;

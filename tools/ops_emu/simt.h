@@ -182,15 +182,6 @@ inline unsigned __reduce_max_sync(unsigned mask, unsigned v) {
         return r;
     });
 }
-inline unsigned __ballot_sync(unsigned mask, bool pred) {
-    emu::check_mask(mask);
-    unsigned v = pred ? 1u << emu::lane() : 0u;
-    return emu::exchange(&v, 1, [](unsigned (*x)[12]) {
-        unsigned r = 0;
-        for (int i = 0; i < 32; ++i) r |= x[i][0];
-        return r;
-    });
-}
 inline unsigned __reduce_min_sync(unsigned mask, unsigned v) {
     emu::check_mask(mask);
     return emu::exchange(&v, 1, [](unsigned (*x)[12]) {
