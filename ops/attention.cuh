@@ -121,15 +121,6 @@ __device__ int gvm_op_qk_rope_kv(const gvm_ctx& c) {
 #define GVM_ATT_SUB 2
 #endif
 #define GVM_ATT_STAGES (GVM_ATT_SUB == 1 ? 4 : 3)
-#ifndef GVM_ATT_PROBE
-#define GVM_ATT_PROBE 0  // timing probes, wrong results: 1 no wait for the ring, 2 no math
-#endif
-#ifndef GVM_ATT_LAZY
-#define GVM_ATT_LAZY 0   // 1: o rescaled only when a row's max moved (warp vote)
-#endif
-#ifndef GVM_ATT_NOPOL
-#define GVM_ATT_NOPOL 0  // 1: ring copies without the evict-first hint
-#endif
 #define GVM_ATT_TILE_BYTES 2048                              // 16 keys x 64 B of K, then of V
 #define GVM_ATT_STAGE_BYTES (GVM_ATT_SUB * GVM_ATT_TILE_BYTES)
 #define GVM_ATT_RING_BYTES (GVM_ATT_STAGES * GVM_ATT_STAGE_BYTES)
@@ -198,13 +189,8 @@ __device__ __forceinline__ void gvm_attn_fetch(const gvm_attn_job& jb, int tile,
         const int sl = gvm_attn_slot_add(s0, (int)k, jb.cache_s);
         const bool valid = jb.kb + tile * 16 + (int)k < jb.ke;
         const unsigned o = gvm_attn_swz(k, ch);
-#if GVM_ATT_NOPOL
-        gvm_cp_async16_nohint(dst + o, jb.kbase + (long long)sl * jb.krow + 16 * ch, valid);
-        gvm_cp_async16_nohint(dst + GVM_ATT_TILE_BYTES / 2 + o, jb.vbase + (long long)sl * jb.vrow + 16 * ch, valid);
-#else
         gvm_cp_async16(dst + o, jb.kbase + (long long)sl * jb.krow + 16 * ch, valid, pol);
         gvm_cp_async16(dst + GVM_ATT_TILE_BYTES / 2 + o, jb.vbase + (long long)sl * jb.vrow + 16 * ch, valid, pol);
-#endif
     }
 }
 
@@ -255,15 +241,10 @@ __device__ __forceinline__ void gvm_attn_tile(const gvm_attn_job& jb, int mt, in
         gvm_cp_async_commit();
         tf += GVM_ATT_SUB * step;
         sf = gvm_attn_slot_add(sf, s_stage, jb.cache_s);
-#if GVM_ATT_PROBE != 1
         gvm_cp_async_wait<GVM_ATT_STAGES - 1>();  // this lane's copies of the stage landed
-#endif
         __syncwarp();                              // and every other lane's
         const unsigned kt = st + stage * GVM_ATT_STAGE_BYTES;
         stage = stage == GVM_ATT_STAGES - 1 ? 0 : stage + 1;
-#if GVM_ATT_PROBE == 2
-        if (kt != 0xffffffffu) continue;
-#endif
 
         float sc[GVM_ATT_SUB][2][4];  // raw scores q.k of sub-tile u, keys 8 nb + 2 t4 + (i & 1)
 #pragma unroll
@@ -335,9 +316,6 @@ __device__ __forceinline__ void gvm_attn_tile(const gvm_attn_job& jb, int mt, in
             }
         l0 = l0 * al0 + ls0;
         l1 = l1 * al1 + ls1;
-#if GVM_ATT_LAZY
-        if (!__all_sync(0xffffffffu, al0 == 1.0f && al1 == 1.0f))
-#endif
 #pragma unroll
         for (int d = 0; d < 8; ++d) {
             o[d][0] *= al0;

@@ -82,9 +82,6 @@ __device__ __forceinline__ void gvm_cp_async16(unsigned dst, const void* src, bo
     asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;"
                  :: "r"(dst), "l"(src), "r"(valid ? 16 : 0), "l"(pol) : "memory");
 }
-__device__ __forceinline__ void gvm_cp_async16_nohint(unsigned dst, const void* src, bool valid) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(dst), "l"(src), "r"(valid ? 16 : 0) : "memory");
-}
 __device__ __forceinline__ void gvm_cp_async4(unsigned dst, const void* src, bool valid, unsigned long long pol) {
     asm volatile("cp.async.ca.shared.global.L2::cache_hint [%0], [%1], 4, %2, %3;"
                  :: "r"(dst), "l"(src), "r"(valid ? 4 : 0), "l"(pol) : "memory");

@@ -111,7 +111,6 @@ inline void gvm_emu_cp_async(unsigned dst, const void* src, bool valid, unsigned
         std::memset(d, 0, bytes);
 }
 inline void gvm_cp_async16(unsigned dst, const void* src, bool valid, unsigned long long) { gvm_emu_cp_async(dst, src, valid, 16); }
-inline void gvm_cp_async16_nohint(unsigned dst, const void* src, bool valid) { gvm_emu_cp_async(dst, src, valid, 16); }
 inline void gvm_cp_async4(unsigned dst, const void* src, bool valid, unsigned long long) { gvm_emu_cp_async(dst, src, valid, 4); }
 inline void gvm_cp_async_commit() {}
 template <int N> inline void gvm_cp_async_wait() {}

@@ -190,12 +190,3 @@ inline unsigned __reduce_min_sync(unsigned mask, unsigned v) {
         return r;
     });
 }
-inline int __all_sync(unsigned mask, int pred) {
-    emu::check_mask(mask);
-    unsigned v = pred ? 1u : 0u;
-    return (int)emu::exchange(&v, 1, [](unsigned (*x)[12]) {
-        unsigned r = 1;
-        for (int i = 0; i < 32; ++i) r &= x[i][0];
-        return r;
-    });
-}
