@@ -224,7 +224,10 @@ def test_attention_chunks_per_layer_kind() -> None:
     # the shard at one token (2,048-key window, 2 kv heads, at most 512 ops): 1 and 16 conversations 128 keys, 32: 256
     assert [Tiles().chunk_of(SHARD, "sliding", c, 1, 2048) for c in (1, 16, 32)] == [128, 128, 256]
     assert [Tiles().chunk_of(SHARD, "sliding", c, 8, 2048) for c in (1, 16, 32)] == [128, 256, 512]  # 2,055 keys
-    assert Tiles().chunk_of(SHARD, "full", 1, 1, 81_921) == 1024
+    # a full layer's chunk doubles past Tiles.full_ops (4,096): 32 conversations x 2 kv heads x 81 chunks of 1,024
+    assert [Tiles().chunk_of(SHARD, "full", c, 8, 81_928) for c in (1, 16, 32)] == [1024, 1024, 2048]
+    assert Tiles(chunk=64, full_ops=5).chunk_of(SMALL, "full", 1, 1, 200) == 128  # 2 kv heads x 2 chunks of 128 <= 5
+    assert Tiles(chunk=64, full_ops=1).chunk_of(SMALL, "full", 3, 1, 200) == 256  # one chunk: no further
 
 
 def test_gemm_spans_cut_many_tokens_into_64_row_tiles() -> None:

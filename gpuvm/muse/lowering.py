@@ -93,6 +93,12 @@ class Tiles:
     # 3929 us at 512).
     sliding_chunk: int = 128
     sliding_ops: int = 512
+    # A full layer's chunk doubles while it has more than full_ops ATTN_CHUNK ops:
+    # with the ring-fed chunks a merge input costs more than a longer chunk.
+    # H200, 046a761's device code, 2048 against 1024 keys: full-c32-t1 746 / 788
+    # us, full-c32-t8 2183 / 2252, step 32 x 8 113.6 / 114.8 ms; but full-c1-t8
+    # 296 / 287 and full-c16-t1 513 / 518 (so 32 conversations' 5,184 ops only).
+    full_ops: int = 4096
 
     def __post_init__(self) -> None:
         if not isinstance(self.gemm_fill, int) or self.gemm_fill < 0:
@@ -101,7 +107,7 @@ class Tiles:
             raise ProgramError(f"Tiles.gemm_min_bytes {self.gemm_min_bytes} exceeds gemm_max_bytes {self.gemm_max_bytes}")
         if not isinstance(self.router_span, int) or self.router_span < 0:
             raise ProgramError(f"Tiles.router_span must be an int >= 0, not {self.router_span!r}")
-        for name in ("gemm_bytes", "gemm_min_bytes", "gemm_max_bytes", "gemm_span", "router_bytes", "router_splits", "expert_workers", "rows", "residual_slices", "residual_max_ops", "chunk", "sliding_chunk", "sliding_ops"):
+        for name in ("gemm_bytes", "gemm_min_bytes", "gemm_max_bytes", "gemm_span", "router_bytes", "router_splits", "expert_workers", "rows", "residual_slices", "residual_max_ops", "chunk", "sliding_chunk", "sliding_ops", "full_ops"):
             v = getattr(self, name)
             if not isinstance(v, int) or v <= 0:
                 raise ProgramError(f"Tiles.{name} must be a positive int, not {v!r}")
@@ -117,7 +123,10 @@ class Tiles:
     def chunk_of(self, cfg: MuseConfig, kind: str, conversations: int, tokens_each: int, cache_slots: int) -> int:
         """Cached keys per ATTN_CHUNK op of a layer of this kind and shape (see sliding_chunk)."""
         if kind != "sliding":
-            return self.chunk
+            chunk = self.chunk
+            while (n := n_chunks(cfg, kind, tokens_each, cache_slots, chunk)) > 1 and conversations * cfg.heads_kv * n > self.full_ops:
+                chunk *= 2
+            return chunk
         chunk = min(self.sliding_chunk, self.chunk)
         while chunk < self.chunk and conversations * cfg.heads_kv * n_chunks(cfg, kind, tokens_each, cache_slots, chunk) > self.sliding_ops:
             chunk *= 2
