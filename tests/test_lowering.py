@@ -52,7 +52,8 @@ def test_full_size_op_counts_and_tiles(kind: str) -> None:
     lp = lower_layer(SHARD, kind, C, n, S)
     s = lp.stream
     count = Tally(o.opcode for o in s.ops)
-    chunk = 1024 if kind == "full" else 512  # a sliding window in shorter chunks: 32 x 2 x 5 ops
+    # full: 32 x 2 x 81 chunks of 1,024 pass Tiles.full_ops (4,096), so 2,048; a sliding window in shorter chunks: 32 x 2 x 5 ops
+    chunk = 2048 if kind == "full" else 512
     nch = -(-S // chunk) if kind == "full" else -(-(2048 + 8 - 1) // chunk)
     assert nch == n_chunks(SHARD, kind, n, S, chunk)
     # one wave of 264 groups (Tiles.gemm_fill); at 256 tokens the GEMMs go in
