@@ -37,8 +37,7 @@ __device__ int gvm_op_qk_rope_kv(const gvm_ctx& c) {
     const int tok0 = cv[0], ntok = cv[1], pos0 = cv[2];
     if (tok0 < 0 || ntok < 0 || tok0 + ntok > nt || pos0 < 0 || cache_s <= 0) return GVM_ERR_BAD_ARGS;
 
-    const unsigned tid = gvm_opaque(c.tid);  // its f64 angle step is not hoisted out of the persistent loop
-    const unsigned warp = tid >> 5, lane = tid & 31;
+    const unsigned warp = c.tid >> 5, lane = c.tid & 31;
     const int heads = hq + 2 * hkv;
     const double turns = exp2(-(double)lane * (GVM_LOG2_ROPE_BASE / 32.0)) * GVM_INV_PI;  // inv_freq / pi
     const float* wq = reinterpret_cast<const float*>(twq.ptr);
@@ -121,12 +120,12 @@ __device__ int gvm_op_qk_rope_kv(const gvm_ctx& c) {
 // H200, 046a761, 2 / 1 tiles a step (4 stages for 1): full-c32-t8 2251 / 2337 us,
 // full-c16-t8 1394 / 1438, full-c1-t1 202 / 201, step 32x8 114.8 / 116.0 ms
 #define GVM_ATT_SUB 2
-#define GVM_ATT_STAGES 4
+#define GVM_ATT_STAGES 3
 #define GVM_ATT_TILE_BYTES 2048                              // 16 keys x 64 B of K, then of V
 #define GVM_ATT_STAGE_BYTES (GVM_ATT_SUB * GVM_ATT_TILE_BYTES)
 #define GVM_ATT_RING_BYTES (GVM_ATT_STAGES * GVM_ATT_STAGE_BYTES)
 #define GVM_ATT_AREA_BYTES (GVM_ATT_RING_BYTES > GVM_ATT_STATE_BYTES ? GVM_ATT_RING_BYTES : GVM_ATT_STATE_BYTES)
-#define GVM_ATT_WARP_BYTES GVM_ATT_AREA_BYTES
+#define GVM_ATT_WARP_BYTES (GVM_ATT_AREA_BYTES + 2048)       // + Q fragments [4 k-steps][32 lanes] x 16 B
 
 struct gvm_attn_job {
     const unsigned char* kbase;   // k cache bytes of (conv, slot 0, head h)
@@ -142,12 +141,11 @@ __device__ __forceinline__ bool gvm_attn_visible(const gvm_attn_job& jb, int key
 }
 
 // The A fragments of m-tile mt (rows g, g+8; dims 16*t4 + 4s .. +3 for k-step s)
-// as f16, qa[s] for k-step s. Zero rows past the query rows.
-__device__ __forceinline__ void gvm_attn_stage_q(const gvm_ctx& c, const gvm_attn_job& jb, int mt, unsigned lane,
-                                                 uint4 (&qa)[4]) {
+// as f16, into this thread's 64 bytes of qf. Zero rows past the query rows.
+__device__ __forceinline__ void gvm_attn_stage_q(const gvm_ctx& c, const gvm_attn_job& jb, int mt, unsigned qf) {
     const gvm_tensor& tq = gvm_t(c, 0);
     const int tok0 = gvm_ptr<const int>(gvm_t(c, 3), c.ins->arg[0] * gvm_t(c, 3).stride[0], 4)[0];
-    const unsigned g = lane >> 2, t4 = lane & 3;
+    const unsigned lane = c.tid & 31, g = lane >> 2, t4 = lane & 3;
     unsigned w[2][8];
 #pragma unroll
     for (int hr = 0; hr < 2; ++hr) {
@@ -164,7 +162,7 @@ __device__ __forceinline__ void gvm_attn_stage_q(const gvm_ctx& c, const gvm_att
         for (int i = 0; i < 8; ++i) w[hr][i] = gvm_bf16x2_to_f16x2(raw[i]);
     }
 #pragma unroll
-    for (int s = 0; s < 4; ++s) qa[s] = make_uint4(w[0][2 * s], w[1][2 * s], w[0][2 * s + 1], w[1][2 * s + 1]);
+    for (int s = 0; s < 4; ++s) gvm_sts(qf + (s * 32 + lane) * 16, make_uint4(w[0][2 * s], w[1][2 * s], w[0][2 * s + 1], w[1][2 * s + 1]));
 }
 
 // Byte offset of 16-byte chunk c of key k (0..15) in a ring tile: pairs of keys
@@ -208,10 +206,10 @@ __device__ __forceinline__ void gvm_attn_fetch_stage(const gvm_attn_job& jb, int
 }
 
 // Running (m [log2 units], l, o) of m-tile mt over key tiles first, first+step, ...
-// written to the warp's state area st (its ring until then); qa holds the m-tile's
+// written to the warp's state area st (its ring until then); qf holds the staged
 // Q fragments.
 __device__ __forceinline__ void gvm_attn_tile(const gvm_attn_job& jb, int mt, int first, int step, unsigned lane,
-                                              unsigned st, const uint4 (&qa)[4]) {
+                                              unsigned st, unsigned qf) {
     const unsigned g = lane >> 2, t4 = lane & 3;
     const int r0 = mt * 16 + g, r1 = r0 + 8;
     const int p0 = r0 < jb.rows ? jb.pos0 + r0 / jb.g : -1;  // -1 sees no key
@@ -260,7 +258,7 @@ __device__ __forceinline__ void gvm_attn_tile(const gvm_attn_job& jb, int mt, in
             for (int nb = 0; nb < 2; ++nb) kr[u][nb] = gvm_lds_u4(kt + u * GVM_ATT_TILE_BYTES + gvm_attn_swz(nb * 8 + g, t4));
 #pragma unroll
         for (int s = 0; s < 4; ++s) {
-            const uint4& a = qa[s];
+            const uint4 a = gvm_lds_u4(qf + (s * 32 + lane) * 16);
 #pragma unroll
             for (int u = 0; u < GVM_ATT_SUB; ++u)
 #pragma unroll
@@ -474,11 +472,9 @@ __device__ int gvm_op_attn_chunk(const gvm_ctx& c) {
     for (int round = 0; round * per_round < mtiles; ++round) {
         const int mt = round * per_round + warp / split;
         if (mt < mtiles) {
-            // lane opaque: what derives from it is not hoisted out of the persistent loop (168 registers)
-            const unsigned lane = gvm_opaque(c.tid) & 31;
-            uint4 qa[4];
-            gvm_attn_stage_q(c, jb, mt, lane, qa);
-            gvm_attn_tile(jb, mt, warp % split, split, lane, st, qa);
+            gvm_attn_stage_q(c, jb, mt, st + GVM_ATT_AREA_BYTES);
+            // lane opaque: its ring offsets are not hoisted out of the persistent loop (168 registers)
+            gvm_attn_tile(jb, mt, warp % split, split, gvm_opaque(c.tid) & 31, st, st + GVM_ATT_AREA_BYTES);
         }
         gvm_group_sync(c);
         gvm_attn_write(c, jb, round, per_round, split, smem);
