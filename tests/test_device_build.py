@@ -25,6 +25,7 @@ from gpuvm.device.errors import CompileError, SpillError  # noqa: E402
 from gpuvm.device.layout import CLAIM_SLOTS, PARAMS_DTYPE, LayoutError, check_layout  # noqa: E402
 from gpuvm.device.elf import Elf  # noqa: E402
 from gpuvm.isa import Op  # noqa: E402
+from tests.gpu.test_muse_layer import SWITCHES  # noqa: E402
 
 SYNTHETIC = {Op.NOP, Op.SLEEP, Op.COPY, Op.SCALE_ADD, Op.GEMM}
 VARIANTS = {
@@ -36,6 +37,9 @@ VARIANTS = {
     "expert-shared-tile-only": BuildOptions(defines=(("GVM_EXPERT_REG", "0"),)),
     "gemm-1-token-tile-router-4x4": BuildOptions(trace=True, defines=(("GVM_GEMM_TT", "1"), ("GVM_GEMM_F32_RN", "4"), ("GVM_GEMM_F32_TT", "4"))),
     "gemm-2-token-tiles": BuildOptions(defines=(("GVM_GEMM_TT", "2"),)),
+    # all of them at once, as tests/gpu builds them (a change that left each alone clean
+    # spilled there: session 15)
+    "switches-together": BuildOptions(defines=tuple(tuple(d.split("=")) for s in SWITCHES for d in s.split("+"))),  # type: ignore[misc]
 }
 
 
