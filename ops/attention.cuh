@@ -99,11 +99,10 @@ __device__ int gvm_op_qk_rope_kv(const gvm_ctx& c) {
 // ---- ATTN_CHUNK -----------------------------------------------------------------------
 // Query rows r = token * G + head (G query heads share kv head h), 16 rows per
 // m-tile. Tensor cores (mma m16n8k16, f16 in, f32 accumulate) compute S = Q K^T
-// and O += P V per tile of 16 keys. K and V fragments come straight from global
-// memory: the head dimension of Q.K and the key order of P.V are permuted
-// consistently so that each thread reads 16 contiguous bytes of a key row (K) and
-// 8 contiguous bytes of a value row (V); e4m3 -> f16 is exact and the scales are
-// applied in f32. Q goes bf16 -> f16 (exact for |q| in [2^-14, 65504]; QK-normed
+// and O += P V per tile of 16 keys. The head dimension of Q.K and the key order
+// of P.V are permuted consistently so that each thread reads 16 contiguous bytes
+// of a key row (K) and 8 contiguous bytes of a value row (V); e4m3 -> f16 is exact
+// and the scales are applied in f32. Q goes bf16 -> f16 (exact for |q| in [2^-14, 65504]; QK-normed
 // q is far inside) and waits in shared memory, private to its thread, so that
 // the 32 o accumulators fit the register budget. Warps split the keys of an
 // m-tile when there are fewer than three m-tiles and merge (m, l, o) through
@@ -114,7 +113,9 @@ __device__ int gvm_op_qk_rope_kv(const gvm_ctx& c) {
 // it was about to use waited most of the time (1.9 GB/s a group, session 8).
 // A stage is GVM_ATT_SUB tiles of 16 keys, taken in one softmax update (one max
 // exchange, one o rescale, independent MMA chains to overlap). The ring sits
-// where the warp's (m, l, o) go once its keys are done.
+// where the warp's (m, l, o) go once its keys are done. A 4th stage (Q in
+// registers to make room) measured no faster: the loop is bound by its chain of
+// dependent steps, two warps a scheduler, not by loads (NOTES.md, session 15).
 #define GVM_ATT_OSTRIDE 68                                   // padded f32 row of o in smem
 #define GVM_ATT_STATE_BYTES ((16 * GVM_ATT_OSTRIDE + 32) * 4)  // o[16][68], m[16], l[16]
 // H200, 046a761, 2 / 1 tiles a step (4 stages for 1): full-c32-t8 2251 / 2337 us,
