@@ -2,7 +2,7 @@
 # One call on the H200 (the device tool): the VM proofs and timings, the Muse
 # ops standalone, and the decode-case sweep, each under its own time limit,
 # logs and results under $OUT (at most 8 files come back: traces are tarred).
-#   GPUVM_COMMIT=<sha> bash tools/gpu_session.sh [check|ops|opstime|sweep|step|stepsweep|probe|experts|router|park|ring|lists|steptrace|tiles|rowpf|fill|fill2|xstage|trace62|xprobe|smem|tiles2|router|xbench|against|slots|naps|icache|workers|slices|statsprobe|topkprobe|layertrace|opsgemm|gputests|vmtest ...]
+#   GPUVM_COMMIT=<sha> bash tools/gpu_session.sh [check|ops|opstime|sweep|step|stepsweep|probe|experts|router|park|ring|lists|steptrace|tiles|rowpf|fill|fill2|xstage|trace62|xprobe|smem|tiles2|router|xbench|against|slots|naps|icache|workers|slices|statsprobe|topkprobe|layertrace|oneop|opsgemm|gputests|vmtest ...]
 # (set GPUVM_COMMIT when running a snapshot without .git: else the results name the enclosing checkout)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -138,6 +138,8 @@ for s in $steps; do
              timeout ${T_LT:-150} python3 tools/step_trace.py --layers ${LT_LAYERS:-2} --shape ${LT_SHAPE:-32x8} $defs --out "$OUT/lt/step-trace-${LT_SHAPE:-32x8}-${v//[=+]/_}.npz" > "$OUT/lt/step_trace_${v//[=+]/_}.log" 2>&1; echo "layer trace $v rc=$?"; tail -17 "$OUT/lt/step_trace_${v//[=+]/_}.log"
            done
            (cd "$OUT" && tar czf layertrace.tgz lt && rm -rf lt) ;;
+    oneop) # the one-token decode's single-instruction ops alone (11-12 us each in a layer at 34e08d1: QK-norm/RoPE, top-k, merge), us per instruction
+           timeout ${T_ONEOP:-200} python3 tools/ops_check.py --time 200 --only qk_rope_kv,topk,attn_merge,rmsnorm,residual,expert_combine > "$OUT/oneop.log" 2>&1; echo "oneop rc=$?"; grep -iE "one token|T=1 |1 token|rmsnorm|residual|combine" "$OUT/oneop.log" | head -30 ;;
     opsgemm) timeout 150 python3 tools/ops_check.py --only gemm,qk_rope_kv > "$OUT/ops_gemm_qk.log" 2>&1; echo "ops_check gemm,qk_rope_kv rc=$?"; tail -2 "$OUT/ops_gemm_qk.log" ;;
     gputests) timeout ${T_GPUTESTS:-200} python3 -m pytest -q -p no:cacheprovider tests/gpu > "$OUT/tests_gpu.log" 2>&1; echo "tests/gpu rc=$?"; tail -4 "$OUT/tests_gpu.log" ;;
     vmtest) timeout ${T_VMTEST:-150} python3 -m pytest -q -x -p no:cacheprovider tests/gpu/test_vm.py > "$OUT/test_vm.log" 2>&1; echo "test_vm rc=$?"; tail -8 "$OUT/test_vm.log" ;;

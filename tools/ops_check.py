@@ -376,18 +376,20 @@ def cases_qk(sz: Sizes, gen: torch.Generator) -> list[Case]:
     spec = sz.attn_full
     width = (2 * sz.hq + 2 * sz.hkv) * 64
     top = max(p + n for n, p in spec)
-    for rope, slots, name in ((1, top + 16, "rope, linear cache"), (0, sz.ring // 2, "no rope, ring cache")):
+    # the last: the one-token decode's single instruction (what --time times at one token)
+    for rope, slots, name, sp in ((1, top + 16, "rope, linear cache", spec), (0, sz.ring // 2, "no rope, ring cache", spec),
+                                  (1, top + 16, "rope, one token", ((1, spec[-1][1]),))):
         b = _Build(f"qk_rope_kv {name}", Op.QK_ROPE_KV, gen)
-        convs = _convs(spec)
+        convs = _convs(sp)
         t = int(convs[:, 1].sum())
         x = b.add("qkvg", DType.BF16, _tiny_rows(b.randn(t, width)).bfloat16())
         q = b.out("q", DType.BF16, (t, sz.hq, 64), BF16)
         wq = b.add("w_qn", DType.F32, b.randn(64, scale=0.2))
         wk = b.add("w_kn", DType.F32, b.randn(64, scale=0.2))
-        kc = b.add("k_cache", DType.E4M3, b.e4m3(len(spec), slots, sz.hkv, 64), E4M3)
-        vc = b.add("v_cache", DType.E4M3, b.e4m3(len(spec), slots, sz.hkv, 64), E4M3)
+        kc = b.add("k_cache", DType.E4M3, b.e4m3(len(sp), slots, sz.hkv, 64), E4M3)
+        vc = b.add("v_cache", DType.E4M3, b.e4m3(len(sp), slots, sz.hkv, 64), E4M3)
         cv = b.add("convs", DType.I32, convs)
-        for c in range(len(spec)):
+        for c in range(len(sp)):
             b.op_([x, q, wq, wk, kc, vc, cv], [c, rope, f2i(0.5), f2i(2.0)])
         out.append(b.case())
     return out
@@ -489,7 +491,8 @@ def _routing(b: _Build, t: int, sz: Sizes) -> tuple[torch.Tensor, torch.Tensor]:
 
 def cases_route(sz: Sizes, gen: torch.Generator) -> list[Case]:
     out = []
-    for t, first, ties in ((sz.tokens, 0, True), (sz.big_tokens, sz.experts - sz.local, False)):
+    # T = 1: the one-token decode's (what --time times at one token)
+    for t, first, ties in ((sz.tokens, 0, True), (sz.big_tokens, sz.experts - sz.local, False), (1, 0, False)):
         b = _Build(f"topk T={t} local {first}..{first + sz.local - 1}" + (", ties" if ties else ""), Op.TOPK, gen)
         work = [b.out("work", DType.I32, (3, 2), EXACT)] if ties else []  # zeroed (the experts' work lists)
         b.op_([b.add("scores", DType.F32, _router(b, t, sz, first, ties)),
