@@ -226,22 +226,20 @@ __device__ __forceinline__ void gvm_attn_tile(const gvm_attn_job& jb, int mt, in
     const int pos_hi = jb.pos0 + (jb.rows - 1) / jb.g;        // the job's last query position
     int tf = first;                                           // first tile of the next stage to fetch
     int sf = first < jb.nt ? (jb.kb + first * 16) % jb.cache_s : 0;  // cache slot of its first key
-#pragma unroll 1
-    for (int d = 0; d < GVM_ATT_STAGES - 1; ++d) {
-        if (tf < jb.nt) gvm_attn_fetch_stage(jb, tf, step, sf, s_step, st + d * GVM_ATT_STAGE_BYTES, lane, pol);
-        gvm_cp_async_commit();  // empty groups too: the wait below counts groups
+    // the next stage into ring stage `into`; a commit group even when past the chunk: the wait counts groups
+    const auto fetch_next = [&](int into) {
+        if (tf < jb.nt) gvm_attn_fetch_stage(jb, tf, step, sf, s_step, st + into * GVM_ATT_STAGE_BYTES, lane, pol);
+        gvm_cp_async_commit();
         tf += GVM_ATT_SUB * step;
         sf = gvm_attn_slot_add(sf, s_stage, jb.cache_s);
-    }
+    };
+#pragma unroll 1
+    for (int d = 0; d < GVM_ATT_STAGES - 1; ++d) fetch_next(d);
     int stage = 0;
 #pragma unroll 1
     for (int tile = first; tile < jb.nt; tile += GVM_ATT_SUB * step) {
         __syncwarp();  // the stage refilled next was read by every lane in the previous step
-        const int fill = stage == 0 ? GVM_ATT_STAGES - 1 : stage - 1;
-        if (tf < jb.nt) gvm_attn_fetch_stage(jb, tf, step, sf, s_step, st + fill * GVM_ATT_STAGE_BYTES, lane, pol);
-        gvm_cp_async_commit();
-        tf += GVM_ATT_SUB * step;
-        sf = gvm_attn_slot_add(sf, s_stage, jb.cache_s);
+        fetch_next(stage == 0 ? GVM_ATT_STAGES - 1 : stage - 1);
         gvm_cp_async_wait<GVM_ATT_STAGES - 1>();  // this lane's copies of the stage landed
         __syncwarp();                              // and every other lane's
         const unsigned kt = st + stage * GVM_ATT_STAGE_BYTES;
