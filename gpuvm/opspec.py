@@ -223,18 +223,28 @@ def _cost_qk(ts: Slots, a: Args) -> Cost:
 
 
 def _check_attn_chunk(ts: Slots, a: Args) -> None:
-    q = _t(ts, 0, "q", BF, 3)
+    q = _t(ts, 0, "q or qkvg", BF)
     k, v = _t(ts, 1, "k cache", E4M3), _t(ts, 2, "v cache", E4M3)
     convs = _t(ts, 3, "convs", I32, 2)
     po = _t(ts, 4, "part_o", F, 4)
     pml = _t(ts, 5, "part_ml", F, 4)
-    hq = q.shape[1]
+    hq = po.shape[1]
     if not (len(k.shape) == 4 and k.shape == v.shape):
         raise ProgramError("k and v caches must match")
     hkv = k.shape[2]
     _check_cache(k, hkv, "k")
     if not (hq % hkv == 0):
         raise ProgramError(f"{hq} query heads do not group over {hkv} kv heads")
+    if len(q.shape) == 2:  # fused QK-norm/RoPE: qkvg, w_qn, w_kn, a7 = rope
+        if q.shape[1] != (2 * hq + 2 * hkv) * HEAD_DIM:
+            raise ProgramError(f"qkvg {q.shape} must be [T, {(2 * hq + 2 * hkv) * HEAD_DIM}] for {hq} q and {hkv} kv heads")
+        for i, name in ((6, "w_qn"), (7, "w_kn")):
+            if _t(ts, i, name, F, 1).shape != (HEAD_DIM,):
+                raise ProgramError(f"{name} must be [{HEAD_DIM}]")
+        if a[7] not in (0, 1):
+            raise ProgramError(f"rope (a7) must be 0 or 1, not {a[7]}")
+    elif not (len(q.shape) == 3 and q.shape[1:] == (hq, HEAD_DIM)):
+        raise ProgramError(f"q {q.shape} must be [T, {hq}, {HEAD_DIM}] (or qkvg [T, W] with w_qn and w_kn: fused)")
     nch = po.shape[2]
     if not (po.shape == (q.shape[0], hq, nch, HEAD_DIM)):
         raise ProgramError(f"part_o {po.shape} must be [T,{hq},NCH,{HEAD_DIM}]")
@@ -252,10 +262,10 @@ def _check_attn_chunk(ts: Slots, a: Args) -> None:
 
 
 def _cost_attn_chunk(ts: Slots, a: Args) -> Cost:
-    q = ts[0]
-    assert q
+    po = ts[4]
+    assert po
     keys = a[3]
-    g = q.shape[1] // (ts[1].shape[2] if ts[1] else 1)
+    g = po.shape[1] // (ts[1].shape[2] if ts[1] else 1)
     return Cost(act_bytes=keys * 2 * HEAD_DIM, flops=4 * keys * HEAD_DIM * g)
 
 
@@ -479,7 +489,7 @@ SPECS: dict[Op, OpSpec] = {
     Op.GEMM: OpSpec(("out", "x", "W", "stats", "s", "alpha", "beta"), ("n0", "n", "t0", "t", "slot"), _check_gemm, _cost_gemm),
     Op.RMSNORM: OpSpec(("out", "in", "w"), ("row0", "rows"), _check_rmsnorm, _cost_rows),
     Op.QK_ROPE_KV: OpSpec(("qkvg", "q", "w_qn", "w_kn", "k_cache", "v_cache", "convs"), ("conv", "rope", "f_kscale", "f_vscale"), _check_qk_rope_kv, _cost_qk),
-    Op.ATTN_CHUNK: OpSpec(("q", "k_cache", "v_cache", "convs", "part_o", "part_ml"), ("conv", "kv_head", "chunk", "chunk_len", "window", "f_kscale", "f_vscale"), _check_attn_chunk, _cost_attn_chunk),
+    Op.ATTN_CHUNK: OpSpec(("q", "k_cache", "v_cache", "convs", "part_o", "part_ml", "w_qn", "w_kn"), ("conv", "kv_head", "chunk", "chunk_len", "window", "f_kscale", "f_vscale", "rope"), _check_attn_chunk, _cost_attn_chunk),
     Op.ATTN_MERGE: OpSpec(("o", "part_o", "part_ml", "qkvg"), ("tok0", "tokens", "head0", "heads"), _check_attn_merge, _cost_merge),
     Op.RESIDUAL: OpSpec(("s", "a", "alpha", "beta", "w_next", "out_f32", "out_bf16", "stats"), ("row0", "rows", "col0", "cols"), _check_residual, _cost_residual),
     Op.TOPK: OpSpec(("scores", "route_meta", "route", "work"), ("first_local", "n_local"), _check_topk, _cost_topk),

@@ -114,7 +114,11 @@ enum gvm_opcode {
      * sees key q' when q' <= p and (W == 0 or q' > p - W). For each new token of
      * c and each query head of kv head h (heads h*G .. h*G+G-1, G = HQ/HKV): score = q.k / 8 over the visible
      * keys of the chunk, m = max score, l = sum exp(score - m),
-     * o = sum exp(score - m) * v (unnormalised); none visible: m = -inf, l = 0, o = 0. */
+     * o = sum exp(score - m) * v (unnormalised); none visible: m = -inf, l = 0, o = 0.
+     * Fused (t0 qkvg [T,(2HQ+2HKV)*64] bf16 as QK_ROPE_KV's t0, t6 w_qn, t7 w_kn
+     * [64] f32, a7 rope 0/1): the chunk's q rows are QK_ROPE_KV's, computed from
+     * qkvg; a chunk whose keys hold new positions first writes their k and v of
+     * head h into the caches as QK_ROPE_KV would. No QK_ROPE_KV op is needed. */
     GVM_OP_ATTN_MERGE = 20,
     /* t0 o out [T,HQ*64] bf16, t1 part_o, t2 part_ml, t3 qkvg bf16;
      * a0 token0, a1 tokens, a2 head0, a3 heads (0: every head from a2 on).

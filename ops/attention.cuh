@@ -14,6 +14,22 @@
 #define GVM_INV_PI 0.31830988618379067154
 #define GVM_QK_BATCH 8  // head vectors per warp loaded before any is used (20 at the shard: 5 per warp)
 
+// pi-scaled angle step of RoPE pair i (inv_freq / pi), and (sin, cos) of position p's angle
+__device__ __forceinline__ double gvm_rope_turns(int i) { return exp2(-(double)i * (GVM_LOG2_ROPE_BASE / 32.0)) * GVM_INV_PI; }
+__device__ __forceinline__ float2 gvm_rope_sincos(int p, double turns) {
+    double sd, cd;
+    sincospi((double)p * turns, &sd, &cd);
+    return make_float2((float)sd, (float)cd);
+}
+
+// Dims (x0, x1) = (2i, 2i + 1) of a head vector: x / rms * (1 + w), then rotated by
+// the angle (sc.x = sin, sc.y = cos) when rope: QK_ROPE_KV's and the fused chunks' math.
+__device__ __forceinline__ float2 gvm_qk_pair(float x0, float x1, float inv, float w0, float w1, bool rope, float2 sc) {
+    x0 = x0 * inv * w0;
+    x1 = x1 * inv * w1;
+    return rope ? make_float2(x0 * sc.y - x1 * sc.x, x0 * sc.x + x1 * sc.y) : make_float2(x0, x1);
+}
+
 __device__ int gvm_op_qk_rope_kv(const gvm_ctx& c) {
     const gvm_tensor& tx = gvm_t(c, 0);
     const gvm_tensor& tq = gvm_t(c, 1);
@@ -39,7 +55,7 @@ __device__ int gvm_op_qk_rope_kv(const gvm_ctx& c) {
 
     const unsigned warp = c.tid >> 5, lane = c.tid & 31;
     const int heads = hq + 2 * hkv;
-    const double turns = exp2(-(double)lane * (GVM_LOG2_ROPE_BASE / 32.0)) * GVM_INV_PI;  // inv_freq / pi
+    const double turns = gvm_rope_turns((int)lane);
     const float* wq = reinterpret_cast<const float*>(twq.ptr);
     const float* wk = reinterpret_cast<const float*>(twk.ptr);
     const float wq0 = 1.0f + wq[2 * lane], wq1 = 1.0f + wq[2 * lane + 1];
@@ -48,7 +64,7 @@ __device__ int gvm_op_qk_rope_kv(const gvm_ctx& c) {
     unsigned char* vc = gvm_ptr<unsigned char>(tv, conv * tv.stride[0], 1);
     for (int j = 0; j < ntok; ++j) {
         const int t = tok0 + j, p = pos0 + j, slot = p % cache_s;
-        float sn = 0.0f, cs = 1.0f;
+        float2 sc = make_float2(0.0f, 1.0f);
         const unsigned* row = gvm_ptr<const unsigned>(tx, t * tx.stride[0], 2);
         for (int h0 = warp; h0 < heads; h0 += 4 * GVM_QK_BATCH) {
             unsigned xw[GVM_QK_BATCH];  // all of the warp's head vectors in flight at once
@@ -57,12 +73,7 @@ __device__ int gvm_op_qk_rope_kv(const gvm_ctx& c) {
                 const int hh = h0 + 4 * u;
                 xw[u] = hh < heads ? row[hh * 32 + lane] : 0u;
             }
-            if (rope && h0 == (int)warp) {  // the angle, while the first loads fly
-                double sd, cd;
-                sincospi((double)p * turns, &sd, &cd);
-                sn = (float)sd;
-                cs = (float)cd;
-            }
+            if (rope && h0 == (int)warp) sc = gvm_rope_sincos(p, turns);  // the angle, while the first loads fly
 #pragma unroll
             for (int u = 0; u < GVM_QK_BATCH; ++u) {
                 const int hh = h0 + 4 * u;
@@ -76,13 +87,9 @@ __device__ int gvm_op_qk_rope_kv(const gvm_ctx& c) {
                 }
                 const bool is_q = hh < hq;
                 const float inv = 1.0f / sqrtf(gvm_warp_sum(x0 * x0 + x1 * x1) / 64.0f + GVM_RMS_EPS);
-                x0 = x0 * inv * (is_q ? wq0 : wk0);
-                x1 = x1 * inv * (is_q ? wq1 : wk1);
-                if (rope) {
-                    const float r0 = x0 * cs - x1 * sn, r1 = x0 * sn + x1 * cs;
-                    x0 = r0;
-                    x1 = r1;
-                }
+                const float2 r = gvm_qk_pair(x0, x1, inv, is_q ? wq0 : wk0, is_q ? wq1 : wk1, rope, sc);
+                x0 = r.x;
+                x1 = r.y;
                 if (is_q) {
                     *gvm_ptr<unsigned>(tq, t * tq.stride[0] + hh * tq.stride[1] + 2 * lane, 2) = gvm_pack_bf16x2(x0, x1);
                 } else {
@@ -164,6 +171,79 @@ __device__ __forceinline__ void gvm_attn_stage_q(const gvm_ctx& c, const gvm_att
     }
 #pragma unroll
     for (int s = 0; s < 4; ++s) gvm_sts(qf + (s * 32 + lane) * 16, make_uint4(w[0][2 * s], w[1][2 * s], w[0][2 * s + 1], w[1][2 * s + 1]));
+}
+
+// The same fragments straight from qkvg (fused QK-norm/RoPE, a7 of a fused
+// chunk): thread (g, t4) holds dims 16 t4 .. 16 t4 + 15 of a row, so the head's
+// sum of squares is its 4 lanes' by two shuffles and RoPE pair i = 8 t4 + k lies
+// in its own dims. Rounded to bf16 as QK_ROPE_KV stores q, then to f16.
+__device__ __forceinline__ void gvm_attn_stage_q_fused(const gvm_ctx& c, const gvm_attn_job& jb, int mt, unsigned qf,
+                                                       unsigned lane, int rope) {
+    const gvm_tensor& tx = gvm_t(c, 0);
+    const int tok0 = gvm_ptr<const int>(gvm_t(c, 3), c.ins->arg[0] * gvm_t(c, 3).stride[0], 4)[0];
+    const float* wq = reinterpret_cast<const float*>(gvm_t(c, 6).ptr) + 16 * (lane & 3);
+    const unsigned g = lane >> 2, t4 = lane & 3;
+    unsigned w[2][8];
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr) {
+        const int r = mt * 16 + g + 8 * hr;
+        uint4 a = make_uint4(0, 0, 0, 0), b = a;
+        if (r < jb.rows) {
+            const int tok = tok0 + r / jb.g, head = c.ins->arg[1] * jb.g + r % jb.g;
+            const uint4* p = gvm_ptr<const uint4>(tx, tok * tx.stride[0] + head * 64 + 16 * t4, 2);
+            a = p[0];
+            b = p[1];
+        }
+        const unsigned raw[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+        float ss = 0.0f;
+#pragma unroll
+        for (int k = 0; k < 8; ++k) ss += gvm_bf16_lo(raw[k]) * gvm_bf16_lo(raw[k]) + gvm_bf16_hi(raw[k]) * gvm_bf16_hi(raw[k]);
+        ss += __shfl_xor_sync(0xffffffffu, ss, 1);  // every lane: rows past the last are zeros
+        ss += __shfl_xor_sync(0xffffffffu, ss, 2);
+        const float inv = 1.0f / sqrtf(ss / 64.0f + GVM_RMS_EPS);
+        const int pos = jb.pos0 + r / jb.g;
+#pragma unroll
+        for (int k = 0; k < 8; ++k) w[hr][k] = 0u;
+        if (r < jb.rows) {  // no angles for the padding rows (half of a one-token m-tile)
+#pragma unroll
+            for (int k = 0; k < 8; ++k) {
+                const float2 sc = rope ? gvm_rope_sincos(pos, gvm_rope_turns(8 * (int)t4 + k)) : make_float2(0.0f, 1.0f);
+                const float2 q = gvm_qk_pair(gvm_bf16_lo(raw[k]), gvm_bf16_hi(raw[k]), inv, 1.0f + wq[2 * k],
+                                             1.0f + wq[2 * k + 1], rope, sc);
+                w[hr][k] = gvm_bf16x2_to_f16x2(gvm_pack_bf16x2(q.x, q.y));
+            }
+        }
+    }
+#pragma unroll
+    for (int s = 0; s < 4; ++s) gvm_sts(qf + (s * 32 + lane) * 16, make_uint4(w[0][2 * s], w[1][2 * s], w[0][2 * s + 1], w[1][2 * s + 1]));
+}
+
+// A fused chunk holding new positions [max(kb, pos0), ke) writes their k (normed with
+// w_kn, rotated) and v of its kv head into the caches first, one warp a position,
+// lane i dims (2i, 2i + 1): QK_ROPE_KV's bytes exactly.
+__device__ __forceinline__ void gvm_attn_new_keys(const gvm_ctx& c, const gvm_attn_job& jb, int rope) {
+    const gvm_tensor& tx = gvm_t(c, 0);
+    const gvm_tensor& tk = gvm_t(c, 1);
+    const gvm_tensor& tv = gvm_t(c, 2);
+    const int conv = c.ins->arg[0], h = c.ins->arg[1], hkv = tk.shape[2], hq = hkv * jb.g;
+    const int tok0 = gvm_ptr<const int>(gvm_t(c, 3), conv * gvm_t(c, 3).stride[0], 4)[0];
+    const float k_scale = gvm_argf(c, 5), v_scale = gvm_argf(c, 6);
+    const unsigned tid = gvm_opaque(c.tid);  // its f64 angle step is not hoisted out of the persistent loop
+    const unsigned warp = tid >> 5, lane = tid & 31;
+    const float* wk = reinterpret_cast<const float*>(gvm_t(c, 7).ptr);
+    for (int p = max(jb.kb, jb.pos0) + (int)warp; p < jb.ke; p += 4) {
+        const unsigned* row = gvm_ptr<const unsigned>(tx, (tok0 + p - jb.pos0) * tx.stride[0], 2);
+        const unsigned xk = row[(hq + h) * 32 + lane], xv = row[(hq + hkv + h) * 32 + lane];
+        const float2 sc = rope ? gvm_rope_sincos(p, gvm_rope_turns((int)lane)) : make_float2(0.0f, 1.0f);
+        const float x0 = gvm_bf16_lo(xk), x1 = gvm_bf16_hi(xk);
+        const float inv = 1.0f / sqrtf(gvm_warp_sum(x0 * x0 + x1 * x1) / 64.0f + GVM_RMS_EPS);
+        const float2 k = gvm_qk_pair(x0, x1, inv, 1.0f + wk[2 * lane], 1.0f + wk[2 * lane + 1], rope, sc);
+        const int slot = p % jb.cache_s;
+        *gvm_ptr<unsigned short>(tk, conv * tk.stride[0] + slot * tk.stride[1] + h * tk.stride[2] + 2 * lane, 1) =
+            gvm_pack_e4m3x2(k.x / k_scale, k.y / k_scale);
+        *gvm_ptr<unsigned short>(tv, conv * tv.stride[0] + slot * tv.stride[1] + h * tv.stride[2] + 2 * lane, 1) =
+            gvm_pack_e4m3x2(gvm_bf16_lo(xv) / v_scale, gvm_bf16_hi(xv) / v_scale);
+    }
 }
 
 // Byte offset of 16-byte chunk c of key k (0..15) in a ring tile: pairs of keys
@@ -419,16 +499,22 @@ __device__ __noinline__ bool gvm_attn_chunk_args_ok(const gvm_ctx& c) {
     const gvm_tensor& tpo = gvm_t(c, 4);
     const gvm_tensor& tml = gvm_t(c, 5);
     const int conv = c.ins->arg[0], h = c.ins->arg[1], j = c.ins->arg[2], len = c.ins->arg[3], window = c.ins->arg[4];
-    const int nt = tq.shape[0], hq = tq.shape[1], n_conv = tk.shape[0], cache_s = tk.shape[1], hkv = tk.shape[2];
+    const int nt = tpo.shape[0], hq = tpo.shape[1], n_conv = tk.shape[0], cache_s = tk.shape[1], hkv = tk.shape[2];
     const int nch = tpo.shape[2];
-    const bool ok = gvm_is(tq, GVM_DT_BF16, 3) & gvm_aligned(tq, 2, 16) & tq.shape[2] == 64 &
+    // slot 0: q [T, HQ, 64], or qkvg [T, (2 HQ + 2 HKV) 64] with w_qn, w_kn and a7 = rope (fused QK-norm/RoPE)
+    const bool fused = tq.ndim == 2;
+    const bool q_ok = fused ? gvm_is(tq, GVM_DT_BF16, 2) & gvm_aligned(tq, 2, 16) & tq.shape[1] == (2 * hq + 2 * hkv) * 64 &
+                                  gvm_has(c, 6) && gvm_has(c, 7) && gvm_is(gvm_t(c, 6), GVM_DT_F32, 1) &
+                                  gvm_t(c, 6).shape[0] == 64 & gvm_is(gvm_t(c, 7), GVM_DT_F32, 1) & gvm_t(c, 7).shape[0] == 64 &
+                                  (c.ins->arg[7] == 0 | c.ins->arg[7] == 1)
+                            : gvm_is(tq, GVM_DT_BF16, 3) & gvm_aligned(tq, 2, 16) & tq.shape[2] == 64 & tq.shape[1] == hq;
+    const bool ok = q_ok & tq.shape[0] == nt &
                     gvm_is(tk, GVM_DT_E4M3, 4) & gvm_is(tv, GVM_DT_E4M3, 4) & gvm_aligned(tk, 1, 16) &
                     gvm_aligned(tv, 1, 16) & tk.shape[3] == 64 & tv.shape[0] == n_conv & tv.shape[1] == cache_s &
                     tv.shape[2] == hkv & tv.shape[3] == 64 & hkv > 0 & hq % max(hkv, 1) == 0 & cache_s >= 16 &
                     tk.stride[1] < (1ll << 31) & tv.stride[1] < (1ll << 31) &
                     gvm_is(tc, GVM_DT_I32, 2) & tc.shape[0] == n_conv & tc.shape[1] >= 3 &
-                    gvm_is(tpo, GVM_DT_F32, 4) & gvm_aligned(tpo, 4, 16) & tpo.shape[0] == nt & tpo.shape[1] == hq &
-                    tpo.shape[3] == 64 & gvm_is(tml, GVM_DT_F32, 4) & gvm_aligned(tml, 4, 8) & tml.shape[0] == nt &
+                    gvm_is(tpo, GVM_DT_F32, 4) & gvm_aligned(tpo, 4, 16) & hq > 0 & tpo.shape[3] == 64 & gvm_is(tml, GVM_DT_F32, 4) & gvm_aligned(tml, 4, 8) & tml.shape[0] == nt &
                     tml.shape[1] == hq & tml.shape[2] == nch & tml.shape[3] == 2 & conv >= 0 & conv < n_conv &
                     h >= 0 & h < hkv & j >= 0 & j < nch & len > 0 & window >= 0 &
                     gvm_argf(c, 5) > 0.0f & c.smem_bytes >= 4 * GVM_ATT_WARP_BYTES;  // k scale > 0: the running max commutes with it
@@ -448,7 +534,7 @@ __device__ int gvm_op_attn_chunk(const gvm_ctx& c) {
         const int* cv = gvm_ptr<const int>(tc, conv * tc.stride[0], 4);
         const int ntok = cv[1];
         jb.pos0 = cv[2];
-        jb.g = gvm_t(c, 0).shape[1] / tk.shape[2];
+        jb.g = gvm_t(c, 4).shape[1] / tk.shape[2];
         jb.rows = ntok * jb.g;
         jb.window = c.ins->arg[4];
         jb.cache_s = tk.shape[1];
@@ -468,10 +554,19 @@ __device__ int gvm_op_attn_chunk(const gvm_ctx& c) {
     const int per_round = 4 / split;
     const unsigned warp = c.tid >> 5;
     const unsigned smem = gvm_smem_addr(c.smem), st = smem + warp * GVM_ATT_WARP_BYTES;
+    const bool fused = gvm_t(c, 0).ndim == 2;
+    if (fused && max(jb.kb, jb.pos0) < jb.ke) {  // this chunk holds new positions: their k and v first
+        gvm_attn_new_keys(c, jb, c.ins->arg[7]);
+        __threadfence();    // in L2 before the barrier: the ring's copies (.cg) read L2, not L1
+        gvm_group_sync(c);  // the ring's copies below read them
+    }
     for (int round = 0; round * per_round < mtiles; ++round) {
         const int mt = round * per_round + warp / split;
         if (mt < mtiles) {
-            gvm_attn_stage_q(c, jb, mt, st + GVM_ATT_AREA_BYTES);
+            if (fused)
+                gvm_attn_stage_q_fused(c, jb, mt, st + GVM_ATT_AREA_BYTES, gvm_opaque(c.tid) & 31, c.ins->arg[7]);
+            else
+                gvm_attn_stage_q(c, jb, mt, st + GVM_ATT_AREA_BYTES);
             // lane opaque: its ring offsets are not hoisted out of the persistent loop (168 registers)
             gvm_attn_tile(jb, mt, warp % split, split, gvm_opaque(c.tid) & 31, st, st + GVM_ATT_AREA_BYTES);
         }

@@ -2,6 +2,8 @@
 what they bind, how fast a full-size program builds, and how layers chain."""
 from __future__ import annotations
 
+import dataclasses
+
 import random
 import time
 from collections import Counter as Tally
@@ -229,6 +231,23 @@ def test_attention_chunks_per_layer_kind() -> None:
     assert [Tiles().chunk_of(SHARD, "full", c, 8, 81_928) for c in (1, 16, 32)] == [1024, 1024, 2048]
     assert Tiles(chunk=64, full_ops=5).chunk_of(SMALL, "full", 1, 1, 200) == 128  # 2 kv heads x 2 chunks of 128 <= 5
     assert Tiles(chunk=64, full_ops=1).chunk_of(SMALL, "full", 3, 1, 200) == 256  # one chunk: no further
+
+
+@pytest.mark.parametrize("kind", ["full", "sliding"])
+def test_fused_qk_puts_qk_norm_and_rope_into_the_chunks(kind: str) -> None:
+    """Up to Tiles.fuse_qk tokens a step there is no QK_ROPE_KV and no q
+    buffer: each ATTN_CHUNK takes qkvg, w_qn and w_kn, rope = sliding, and
+    waits only for the q|k|v columns."""
+    base = Tiles(gemm_fill=0, gemm_bytes=8192, rows=4, chunk=23, sliding_chunk=23)
+    for fuse, fused in ((15, True), (14, False)):  # 3 conversations x 5 tokens
+        s = lower_layer(SMALL, kind, 3, 5, 100, tiles=dataclasses.replace(base, fuse_qk=fuse)).stream
+        assert (not _ops(s, Op.QK_ROPE_KV)) == fused and ("L0.q" not in {t.name for t in s.tensors}) == fused
+        chunks = _ops(s, Op.ATTN_CHUNK)
+        if fused:
+            assert all([t.name for t in o.tensors] == ["L0.qkvg", "L0.k_cache", "L0.v_cache", "convs", "L0.part_o", "L0.part_ml", "L0.w_qn", "L0.w_kn"]
+                       and o.args[7] == (kind == "sliding") for o in chunks)
+            qkv = {o.signal for o in _ops(s, Op.GEMM) if o.tensors[0].name == "L0.qkvg" and o.args[0] == 0}
+            assert all({w[0] for w in o.waits} == qkv for o in chunks)
 
 
 def test_gemm_spans_cut_many_tokens_into_64_row_tiles() -> None:

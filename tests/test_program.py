@@ -182,6 +182,9 @@ MUSE_CASES = [
     (Op.RMSNORM, ["h", "s", "wD"], [0, T], [(1, "h"), (2, "w64"), (0, "q"), [1, T]]),
     (Op.QK_ROPE_KV, ["qkvg", "q", "w64", "w64", "kc", "vc", "convs"], [0, 1, f2i(1.0), f2i(1.0)], [(1, "o"), (4, "kc_bad"), (6, "meta"), (0, "s"), [C, 1], [0, 2]]),
     (Op.ATTN_CHUNK, ["q", "kc", "vc", "convs", "po", "pml"], [0, 1, 2, 16, 0, f2i(1.0), f2i(1.0)], [(4, "po_bad"), (1, "s"), (5, "po"), [0, HKV, 0, 16, 0], [0, 0, NCH, 16, 0], [0, 0, 0, 0, 0], [0, 0, 0, 16, -1], [0, 1, 2, 16, 0, f2i(0.0), f2i(1.0)], [0, 1, 2, 16, 0, f2i(float("nan")), f2i(1.0)]]),
+    # the fused form: qkvg with w_qn, w_kn and a7 = rope
+    (Op.ATTN_CHUNK, ["qkvg", "kc", "vc", "convs", "po", "pml", "w64", "w64"], [0, 1, 2, 16, 0, f2i(1.0), f2i(1.0), 1],
+     [(0, "s_bf"), (6, "wD"), (7, "s"), [0, 1, 2, 16, 0, f2i(1.0), f2i(1.0), 2]]),
     (Op.ATTN_MERGE, ["o", "po", "pml", "qkvg"], [0, T], [(0, "h"), (1, "po_bad"), [2, T]]),
     (Op.RESIDUAL, ["s", "a", "wD", "wD", "wD", "a", "h"], [0, T], [(0, "h"), (2, "w64"), (5, "h"), (6, "s"), [T, 1]]),
     (Op.TOPK, ["sc", "meta", "route", "work"], [0, E], [(2, "route_bad"), (0, "h"), (1, "convs"), (3, "sc"), [NE - 1, E], [0, E + 1]]),

@@ -9,6 +9,8 @@ memory estimator and its error. Broken ops must fail the same check.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import random
 
 import numpy as np
@@ -165,6 +167,14 @@ def test_decode_matches_reference(weights: ModelWeights, conversations: int, tok
     tokens = _tokens(sp.tokens, 0)
     decode(sp, weights, state, tokens, steps, orders=("stream", "random"))
     assert state.context == context + (steps - 1) * tokens_each
+
+
+def test_fused_qk_decodes_and_matches_reference(weights: ModelWeights) -> None:
+    """Tiles.fuse_qk: every layer's chunks do QK-norm/RoPE themselves, the ring wraps."""
+    state = make_step_state(CFG, 2, 4, 58, seed=1, steps=3)
+    sp = lower_step(CFG, 2, 4, state.context_capacity, tiles=dataclasses.replace(TILES, fuse_qk=8), capture_layers=True)
+    assert not any(o.opcode == Op.QK_ROPE_KV for o in sp.stream.ops)
+    decode(sp, weights, state, _tokens(sp.tokens, 0), 3, orders=("stream", "random"))
 
 
 def test_shared_scratch_with_late_list_workers_matches_reference(weights: ModelWeights) -> None:

@@ -2,7 +2,7 @@
 # One call on the H200 (the device tool): the VM proofs and timings, the Muse
 # ops standalone, and the decode-case sweep, each under its own time limit,
 # logs and results under $OUT (at most 8 files come back: traces are tarred).
-#   GPUVM_COMMIT=<sha> bash tools/gpu_session.sh [check|ops|opstime|sweep|step|stepsweep|probe|experts|router|park|ring|lists|steptrace|tiles|rowpf|fill|fill2|xstage|trace62|xprobe|smem|tiles2|router|xbench|against|slots|naps|icache|workers|slices|statsprobe|topkprobe|layertrace|oneop|opsgemm|gputests|vmtest ...]
+#   GPUVM_COMMIT=<sha> bash tools/gpu_session.sh [check|ops|opstime|sweep|step|stepsweep|probe|experts|router|park|ring|lists|steptrace|tiles|rowpf|fill|fill2|xstage|trace62|xprobe|smem|tiles2|router|xbench|against|slots|naps|icache|workers|slices|statsprobe|topkprobe|layertrace|oneop|fusedqk|opsgemm|gputests|vmtest ...]
 # (set GPUVM_COMMIT when running a snapshot without .git: else the results name the enclosing checkout)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -138,6 +138,11 @@ for s in $steps; do
              timeout ${T_LT:-150} python3 tools/step_trace.py --layers ${LT_LAYERS:-2} --shape ${LT_SHAPE:-32x8} $defs --out "$OUT/lt/step-trace-${LT_SHAPE:-32x8}-${v//[=+]/_}.npz" > "$OUT/lt/step_trace_${v//[=+]/_}.log" 2>&1; echo "layer trace $v rc=$?"; tail -17 "$OUT/lt/step_trace_${v//[=+]/_}.log"
            done
            (cd "$OUT" && tar czf layertrace.tgz lt && rm -rf lt) ;;
+    fusedqk) # ATTN_CHUNK's fused QK-norm/RoPE (Tiles.fuse_qk: no QK_ROPE_KV op) against the default: checked alone at the shard's size, the fused
+             # layer tests (one and 128 tokens, both kinds), then layers and steps at few tokens (FUSE_QK: up to that many tokens a step)
+           timeout 150 python3 tools/ops_check.py --only attn_chunk > "$OUT/ops_attn_fused.log" 2>&1; echo "ops_check attn_chunk rc=$?"; grep -E "fused|ALL" "$OUT/ops_attn_fused.log" | tail -4
+           timeout 200 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_muse_layer.py -k fused > "$OUT/fused_tests.log" 2>&1; echo "fused layer tests rc=$?"; tail -1 "$OUT/fused_tests.log"
+           timeout ${T_FUSED_PROBE:-300} python3 tools/sched_probe.py --out "$OUT/fusedqk_probe.json" --modes dynamic --depths 1 --variants base: --tiles "base:,fq:fuse_qk=${FUSE_QK:-16}" --cases ${FUSED_CASES:-full-c1-t1,sliding-c1-t1,full-c1-t8,sliding-c1-t8,full-c16-t1} --step ${FUSED_STEPS:-1x1,1x8,16x1} > "$OUT/fusedqk_probe.log" 2>&1; echo "fused probe rc=$?"; grep -v "^$" "$OUT/fusedqk_probe.log" | tail -16 ;;
     oneop) # the one-token decode's single-instruction ops alone (11-12 us each in a layer at 34e08d1: QK-norm/RoPE, top-k, merge), us per instruction
            timeout ${T_ONEOP:-200} python3 tools/ops_check.py --time 200 --only qk_rope_kv,topk,attn_merge,rmsnorm,residual,expert_combine > "$OUT/oneop.log" 2>&1; echo "oneop rc=$?"; grep -iE "one token|T=1 |1 token|rmsnorm|residual|combine" "$OUT/oneop.log" | head -30 ;;
     opsgemm) timeout 150 python3 tools/ops_check.py --only gemm,qk_rope_kv > "$OUT/ops_gemm_qk.log" 2>&1; echo "ops_check gemm,qk_rope_kv rc=$?"; tail -2 "$OUT/ops_gemm_qk.log" ;;

@@ -415,6 +415,31 @@ def _attn_case(name: str, sz: Sizes, gen: torch.Generator, spec: tuple[tuple[int
     return b.case(int(ErrorCode.BAD_ARGS), bad) if bad else b.case()
 
 
+def _attn_fused_case(name: str, sz: Sizes, gen: torch.Generator, spec: tuple[tuple[int, int], ...], chunk: int,
+                     window: int, slots: int) -> Case:
+    """ATTN_CHUNK's fused form (q from qkvg, the new keys written by the chunk
+    holding them): every chunk of every (conversation, kv head), RoPE as in a
+    sliding layer when window > 0. slots >= window + new tokens, as state.py
+    makes a sliding ring: no new key overwrites one a query still sees."""
+    b = _Build(name, Op.ATTN_CHUNK, gen)
+    convs = _convs(spec)
+    t = int(convs[:, 1].sum())
+    nch = max(math.ceil((p + n - (max(0, p - window + 1) if window else 0)) / chunk) for n, p in spec)
+    x = b.add("qkvg", DType.BF16, _tiny_rows(b.randn(t, (2 * sz.hq + 2 * sz.hkv) * 64)).bfloat16())
+    kc = b.add("k_cache", DType.E4M3, b.e4m3(len(spec), slots, sz.hkv, 64), E4M3)
+    vc = b.add("v_cache", DType.E4M3, b.e4m3(len(spec), slots, sz.hkv, 64, scale=2.0), E4M3)
+    cv = b.add("convs", DType.I32, convs)
+    po = b.out("part_o", DType.F32, (t, sz.hq, nch, 64), Check("float", rtol=1e-2, atol_max=2e-3, norm=2e-3))
+    pml = b.out("part_ml", DType.F32, (t, sz.hq, nch, 2), Check("float", rtol=1e-3, atol=1e-4, norm=1e-4))
+    wq = b.add("w_qn", DType.F32, b.randn(64, scale=0.2))
+    wk = b.add("w_kn", DType.F32, b.randn(64, scale=0.2))
+    for c in range(len(spec)):
+        for h in range(sz.hkv):
+            for j in range(nch):
+                b.op_([x, kc, vc, cv, po, pml, wq, wk], [c, h, j, chunk, window, f2i(0.75), f2i(1.5), int(window > 0)])
+    return b.case()
+
+
 def cases_attn(sz: Sizes, gen: torch.Generator) -> list[Case]:
     top = max(p + n for n, p in sz.attn_full)
     out = [
@@ -423,6 +448,14 @@ def cases_attn(sz: Sizes, gen: torch.Generator) -> list[Case]:
         _attn_case("attn_chunk ragged tokens, odd chunks", sz, gen, sz.attn_odd, sz.odd_chunk, 0, sz.ring),
         _attn_case("attn_chunk chunk past NCH -> BAD_ARGS", sz, gen, ((1, 3),), 16, 0, 16, nch=2, bad=_set_arg(2, 2)),
         _attn_case("attn_chunk k scale 0 -> BAD_ARGS", sz, gen, ((1, 3),), 16, 0, 16, bad=_set_arg(5, f2i(0.0))),
+    ]
+    # the fused form, in its own generator: the cases above keep their inputs
+    fgen = torch.Generator().manual_seed(gen.initial_seed() + 30)
+    out += [
+        _attn_fused_case("attn_chunk fused, full", sz, fgen, sz.attn_full, sz.chunk, 0, top + 16),
+        _attn_fused_case("attn_chunk fused, sliding ring, rope", sz, fgen, sz.attn_sliding, sz.chunk // 2, sz.window,
+                         sz.window + max(n for n, _ in sz.attn_sliding)),
+        _attn_fused_case("attn_chunk fused, ragged tokens, odd chunks", sz, fgen, sz.attn_odd, sz.odd_chunk, 0, sz.ring),
     ]
     # ATTN_MERGE: every head (the two-argument form), then head ranges; outputs of
     # the heads left out stay NaN on both sides, so a stray write fails

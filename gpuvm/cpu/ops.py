@@ -130,6 +130,19 @@ def rmsnorm(ts: Slots, a: Args) -> None:
     out[rows] = (_rms(x[rows]) * (1.0 + w)).to(out.dtype)
 
 
+def _qk(rows: torch.Tensor, pos: torch.Tensor, hq: int, hkv: int, w_qn: torch.Tensor, w_kn: torch.Tensor,
+        use_rope: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q, k (QK-normed, rotated when use_rope) and v of qkvg rows at positions pos."""
+    n = rows.shape[0]
+    rows = rows.float()
+    q = _rms(rows[:, : hq * HEAD_DIM].reshape(n, hq, HEAD_DIM)) * (1.0 + w_qn)
+    k = _rms(rows[:, hq * HEAD_DIM : (hq + hkv) * HEAD_DIM].reshape(n, hkv, HEAD_DIM)) * (1.0 + w_kn)
+    v = rows[:, (hq + hkv) * HEAD_DIM : (hq + 2 * hkv) * HEAD_DIM].reshape(n, hkv, HEAD_DIM)
+    if use_rope:
+        q, k = rope(q, pos), rope(k, pos)
+    return q, k, v
+
+
 def qk_rope_kv(ts: Slots, a: Args) -> None:
     qkvg, q_out, w_qn, w_kn, kc, vc, convs = ts[:7]
     assert qkvg is not None and q_out is not None and w_qn is not None and w_kn is not None
@@ -139,13 +152,8 @@ def qk_rope_kv(ts: Slots, a: Args) -> None:
     tok0, n, pos0 = _conv(convs, c, qkvg.shape[0])
     hq, hkv, slots = q_out.shape[1], kc.shape[2], kc.shape[1]
     _need(n <= slots, f"conversation {c}: {n} new tokens overflow a cache of {slots} slots")
-    rows = qkvg[tok0 : tok0 + n].float()
-    q = _rms(rows[:, : hq * HEAD_DIM].reshape(n, hq, HEAD_DIM)) * (1.0 + w_qn)
-    k = _rms(rows[:, hq * HEAD_DIM : (hq + hkv) * HEAD_DIM].reshape(n, hkv, HEAD_DIM)) * (1.0 + w_kn)
-    v = rows[:, (hq + hkv) * HEAD_DIM : (hq + 2 * hkv) * HEAD_DIM].reshape(n, hkv, HEAD_DIM)
     pos = pos0 + torch.arange(n)
-    if use_rope:
-        q, k = rope(q, pos), rope(k, pos)
+    q, k, v = _qk(qkvg[tok0 : tok0 + n], pos, hq, hkv, w_qn, w_kn, bool(use_rope))
     kc[c, pos % slots] = to_e4m3(k / k_scale)
     vc[c, pos % slots] = to_e4m3(v / v_scale)
     q_out[tok0 : tok0 + n] = q.to(q_out.dtype)
@@ -157,13 +165,24 @@ def attn_chunk(ts: Slots, a: Args) -> None:
     kc, vc = _e4m3(kc), _e4m3(vc)
     c, h, j, length, window, k_scale, v_scale = a[0], a[1], a[2], a[3], a[4], i2f(a[5]), i2f(a[6])
     tok0, n, pos0 = _conv(convs, c, q.shape[0])
-    g = q.shape[1] // kc.shape[2]
+    hq, hkv = part_o.shape[1], kc.shape[2]
+    g = hq // hkv
     slots = kc.shape[1]
     heads = slice(h * g, (h + 1) * g)
     toks = slice(tok0, tok0 + n)
     base = max(0, pos0 - window + 1) if window else 0
     k0 = base + j * length
     k1 = min(k0 + length, pos0 + n)  # no query sees past its own position
+    if q.dim() == 2:  # fused: q from qkvg; the chunk holding new positions writes their k and v first
+        w_qn, w_kn = ts[6], ts[7]
+        assert w_qn is not None and w_kn is not None
+        pos = pos0 + torch.arange(n)
+        qn, k, v = _qk(q[toks], pos, hq, hkv, w_qn, w_kn, bool(a[7]))
+        new = (pos >= k0) & (pos < k1)
+        kc[c, pos[new] % slots, h] = to_e4m3(k[new, h] / k_scale)
+        vc[c, pos[new] % slots, h] = to_e4m3(v[new, h] / v_scale)
+        q = torch.zeros(q.shape[0], hq, HEAD_DIM, dtype=torch.bfloat16)
+        q[toks] = qn.to(torch.bfloat16)
     if k1 <= k0 or n == 0:
         part_o[toks, heads, j] = 0.0
         part_ml[toks, heads, j, 0] = -math.inf

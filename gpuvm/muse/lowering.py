@@ -99,6 +99,12 @@ class Tiles:
     # us, full-c32-t8 2183 / 2252, step 32 x 8 113.6 / 114.8 ms; but full-c1-t8
     # 296 / 287 and full-c16-t1 513 / 518 (so 32 conversations' 5,184 ops only).
     full_ops: int = 4096
+    # Up to fuse_qk tokens a step (0: never) the attention chunks do QK-norm/RoPE
+    # themselves (ATTN_CHUNK's fused form: q from qkvg, the chunk holding the new
+    # positions writes their k and v) and the layer has no QK_ROPE_KV op: one
+    # latency-bound instruction and a hop less on the one-token critical path.
+    # Prepared in session 15, not yet measured: 0 until it is.
+    fuse_qk: int = 0
 
     def __post_init__(self) -> None:
         if not isinstance(self.gemm_fill, int) or self.gemm_fill < 0:
@@ -107,6 +113,8 @@ class Tiles:
             raise ProgramError(f"Tiles.gemm_min_bytes {self.gemm_min_bytes} exceeds gemm_max_bytes {self.gemm_max_bytes}")
         if not isinstance(self.router_span, int) or self.router_span < 0:
             raise ProgramError(f"Tiles.router_span must be an int >= 0, not {self.router_span!r}")
+        if not isinstance(self.fuse_qk, int) or self.fuse_qk < 0:
+            raise ProgramError(f"Tiles.fuse_qk must be an int >= 0, not {self.fuse_qk!r}")
         for name in ("gemm_bytes", "gemm_min_bytes", "gemm_max_bytes", "gemm_span", "router_bytes", "router_splits", "expert_workers", "rows", "residual_slices", "residual_max_ops", "chunk", "sliding_chunk", "sliding_ops", "full_ops"):
             v = getattr(self, name)
             if not isinstance(v, int) or v <= 0:
@@ -290,7 +298,8 @@ def emit_layer(
         h = act("h", (T, d), DType.BF16)
     ts["h"] = h
     qkvg = act("qkvg", (T, cfg.qkvg_width), DType.BF16)
-    q = act("q", (T, hq, HEAD_DIM), DType.BF16)
+    fuse_qk = T <= tl.fuse_qk
+    q = None if fuse_qk else act("q", (T, hq, HEAD_DIM), DType.BF16)
     kc = act("k_cache", (C, S, hkv, HEAD_DIM), DType.E4M3, "state")
     vc = act("v_cache", (C, S, hkv, HEAD_DIM), DType.E4M3, "state")
     part_o = act("part_o", (T, hq, nch, HEAD_DIM), DType.F32)
@@ -379,11 +388,16 @@ def emit_layer(
     merge_heads = 2 if tokens_each == 1 and hq % 2 == 0 else 1
     window = cfg.window if sliding else 0
     for c in range(C):
-        kv_c, attn_c = ctr(f"kv{c}"), ctr(f"attn{c}")
-        p.op(Op.QK_ROPE_KV, [qkvg, q, w["w_qn"], w["w_kn"], kc, vc, convs], [c, int(sliding), fk, fv], waits=[qkv_done], signal=kv_c, label=f"{prefix}qk_rope_kv[{c}]")
+        attn_c = ctr(f"attn{c}")
+        if fuse_qk:
+            chunk_in, chunk_args, chunk_waits = [qkvg, kc, vc, convs, part_o, part_ml, w["w_qn"], w["w_kn"]], [int(sliding)], [qkv_done]
+        else:
+            kv_c = ctr(f"kv{c}")
+            p.op(Op.QK_ROPE_KV, [qkvg, q, w["w_qn"], w["w_kn"], kc, vc, convs], [c, int(sliding), fk, fv], waits=[qkv_done], signal=kv_c, label=f"{prefix}qk_rope_kv[{c}]")
+            chunk_in, chunk_args, chunk_waits = [q, kc, vc, convs, part_o, part_ml], [], [kv_c]
         for hh in range(hkv):
             for j in range(nch):
-                p.op(Op.ATTN_CHUNK, [q, kc, vc, convs, part_o, part_ml], [c, hh, j, chunk, window, fk, fv], waits=[kv_c], signal=attn_c, label=f"{prefix}attn[{c},{hh},{j}]")
+                p.op(Op.ATTN_CHUNK, chunk_in, [c, hh, j, chunk, window, fk, fv, *chunk_args], waits=chunk_waits, signal=attn_c, label=f"{prefix}attn[{c},{hh},{j}]")
         for h0 in range(0, hq, merge_heads):
             p.op(Op.ATTN_MERGE, [o, part_o, part_ml, qkvg], [c * tokens_each, tokens_each, h0, merge_heads], waits=[attn_c, g_done], signal=merged, label=f"{prefix}attn_merge[{c},{h0}]")
     wo_done = ctr("a")

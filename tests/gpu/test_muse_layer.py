@@ -10,7 +10,7 @@ import torch
 from gpuvm.gpu_sweep import TOL, compare
 from gpuvm.muse.cases import DECODE_CASES, Case, small_case
 from gpuvm.muse.config import SHARD, SMALL, MuseConfig
-from gpuvm.muse.lowering import bind_layer, lower_layer, poisoned
+from gpuvm.muse.lowering import Tiles, bind_layer, lower_layer, poisoned
 from gpuvm.muse.reference import reference_layer
 from gpuvm.muse.state import make_inputs, make_state
 from gpuvm.muse.weights import make_layer_weights
@@ -29,10 +29,10 @@ def _weights(cfg: MuseConfig, kind: str):  # one layer of each kind and size, ma
     return _WEIGHTS[key]
 
 
-def _run_case(vm, cfg: MuseConfig, case: Case, mode: str) -> list[dict]:  # type: ignore[no-untyped-def]
+def _run_case(vm, cfg: MuseConfig, case: Case, mode: str, tiles: Tiles | None = None) -> list[dict]:  # type: ignore[no-untyped-def]
     w = _weights(cfg, case.kind)
     state = make_state(cfg, case.kind, case.conversations, case.tokens_each, case.context, seed=8, device="cuda", steps=STEPS)
-    lp = lower_layer(cfg, case.kind, case.conversations, case.tokens_each, state.slots)
+    lp = lower_layer(cfg, case.kind, case.conversations, case.tokens_each, state.slots, tiles=tiles)
     s = make_inputs(cfg, state, seed=7)
     bufs = bind_layer(lp, w, state, s, device="cuda")  # caches and convs bound in place
     loaded = vm.load(lp.stream, bufs)
@@ -99,3 +99,13 @@ def vm_switches():  # type: ignore[no-untyped-def]
 @pytest.mark.parametrize("case", SWITCH_CASES, ids=lambda c: c.name)
 def test_shard_layer_with_switches_matches_reference(vm_switches, case: Case) -> None:  # type: ignore[no-untyped-def]
     _check(_run_case(vm_switches, SHARD, case, "dynamic"))
+
+
+#: ATTN_CHUNK's fused QK-norm/RoPE (Tiles.fuse_qk), at one token and at 128 in both kinds
+FUSED_CASES = [c for c in DECODE_CASES if c.name in ("full-c1-t1", "sliding-c1-t1", "full-c16-t8", "sliding-c16-t8")]
+
+
+@pytest.mark.parametrize("case", FUSED_CASES, ids=lambda c: c.name)
+def test_shard_layer_with_fused_qk_matches_reference(vm_plain, case: Case) -> None:  # type: ignore[no-untyped-def]
+    _check(_run_case(vm_plain, SHARD, case, "dynamic", Tiles(fuse_qk=1 << 20)))
+
