@@ -430,7 +430,10 @@ def _attn_fused_case(name: str, sz: Sizes, gen: torch.Generator, spec: tuple[tup
     vc = b.add("v_cache", DType.E4M3, b.e4m3(len(spec), slots, sz.hkv, 64, scale=2.0), E4M3)
     cv = b.add("convs", DType.I32, convs)
     po = b.out("part_o", DType.F32, (t, sz.hq, nch, 64), Check("float", rtol=1e-2, atol_max=2e-3, norm=2e-3))
-    pml = b.out("part_ml", DType.F32, (t, sz.hq, nch, 2), Check("float", rtol=1e-3, atol=1e-4, norm=1e-4))
+    # q is normed here in f32 whose last bit may differ from the reference's: a q
+    # element a bf16 step off moves a row's max m, and l by e^dm with it (l e^m is
+    # what is fixed); an f64 rms in the reference moves l by up to 1.4e-3
+    pml = b.out("part_ml", DType.F32, (t, sz.hq, nch, 2), Check("float", rtol=1e-2, atol=1e-4, norm=1e-4))
     wq = b.add("w_qn", DType.F32, b.randn(64, scale=0.2))
     wk = b.add("w_kn", DType.F32, b.randn(64, scale=0.2))
     for c in range(len(spec)):
