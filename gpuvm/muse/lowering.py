@@ -103,8 +103,11 @@ class Tiles:
     # themselves (ATTN_CHUNK's fused form: q from qkvg, the chunk holding the new
     # positions writes their k and v) and the layer has no QK_ROPE_KV op: one
     # latency-bound instruction and a hop less on the one-token critical path.
-    # Prepared in session 15, not yet measured: 0 until it is.
-    fuse_qk: int = 0
+    # H200, ecb28bb, 8 against 0: full-c1-t1 196.5 / 202.8 us, full-c1-t8 271.5 /
+    # 289.8, step 1 x 1 8.91 / 9.11 ms, 1 x 8 16.83 / 17.26; at 16 tokens it lost
+    # (full-c16-t1 545 / 535 us, step 16 x 1 27.7 / 27.4 ms): each of the more
+    # chunks norms its rows again, and QK_ROPE_KV is no longer alone on the path.
+    fuse_qk: int = 8
 
     def __post_init__(self) -> None:
         if not isinstance(self.gemm_fill, int) or self.gemm_fill < 0:
