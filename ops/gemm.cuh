@@ -47,13 +47,10 @@
 
 #ifndef GVM_GEMM_STEPS          // k-steps of 32 held per thread: as many as the register budget allows
 #if GVM_MAX_GROUPS <= 2
-#define GVM_GEMM_STEPS 8           // 9 (x 3 ahead) and 10 spill (NVRTC 13.0) with the resumable group loop around it
+#define GVM_GEMM_STEPS 6           // 7 spills 44 B (NVRTC 13.0 and 13.5) with the resumable group loop around it
 #else
 #define GVM_GEMM_STEPS 2           // 3 spills in the 4-group kernel (96 registers)
 #endif
-#endif
-#ifndef GVM_GEMM_X_AHEAD        // k-steps of x held per thread at 8 tokens or fewer (divides GVM_GEMM_STEPS)
-#define GVM_GEMM_X_AHEAD 2
 #endif
 #define GVM_GEMM_TILE_BYTES 512 // one partial 16 x 8 f32 tile
 
@@ -118,23 +115,23 @@ __device__ __forceinline__ void gvm_gemm_store(const gvm_tensor& out, long long 
         reinterpret_cast<float*>(out.ptr)[off] = v;
 }
 
-// K step u of a batch: rows a and b of W, 16 bytes each at 64 u past the
-// batch's pointers, or zeros when this lane's chunks ran out.
-__device__ __forceinline__ void gvm_gemm_w_fill(uint4& a, uint4& b, const char* pa, const char* pb, int u, int left,
-                                                unsigned long long pol) {
+// K step u of a batch: rows a and b of W and the TT tokens' x (tiles of 8
+// tokens apart), 16 bytes each at 64 u past the batch's pointers, or zeros
+// when this lane's chunks ran out.
+template <int TT>
+__device__ __forceinline__ void gvm_gemm_bf16_fill(uint4& a, uint4& b, uint4 (&x)[TT], const char* pa, const char* pb,
+                                                   const char* const (&px)[TT], int u, int left,
+                                                   unsigned long long pol) {
     if (4 * u < left) {
         a = gvm_gemm_ld_w16(pa + 64 * u, pol);
         b = gvm_gemm_ld_w16(pb + 64 * u, pol);
+#pragma unroll
+        for (int j = 0; j < TT; ++j) x[j] = gvm_gemm_ld_x16(px[j] + 64 * u);
     } else {
         a = b = make_uint4(0, 0, 0, 0);
-    }
-}
-
-// The TT tokens' x (tiles of 8 tokens apart) at 64 u past px, or zeros past this lane's chunks.
-template <int TT>
-__device__ __forceinline__ void gvm_gemm_x_fill(uint4 (&x)[TT], const char* const (&px)[TT], int u, int left) {
 #pragma unroll
-    for (int j = 0; j < TT; ++j) x[j] = 4 * u < left ? gvm_gemm_ld_x16(px[j] + 64 * u) : make_uint4(0, 0, 0, 0);
+        for (int j = 0; j < TT; ++j) x[j] = make_uint4(0, 0, 0, 0);
+    }
 }
 
 // One unit: rows [row0, row0 + 16) (valid below row_end), TT token tiles of
@@ -144,18 +141,16 @@ __device__ __forceinline__ void gvm_gemm_x_fill(uint4 (&x)[TT], const char* cons
 // only the K range needs a predicate. With TT > 1 the weights loaded once
 // serve TT token tiles (each tile's sums in the same order as with TT = 1).
 //
-// The loads roll: S k-steps of weights are held in registers, and each step's
-// registers are refilled with the step S ahead as soon as its MMAs have
-// consumed them, so about S - 1 steps of loads stay in flight per thread all
-// along (a batch that waited for all its loads before issuing the next one
-// averaged half of that). x comes from L2 (or L1), not HBM: it rolls only XD
-// steps ahead, so that its registers go to weights in flight instead.
-template <int TT, int S, int XD>
+// The loads roll: S k-steps are held in registers, and each step's registers
+// are refilled with the step S ahead as soon as its MMAs have consumed them,
+// so about S - 1 steps of loads stay in flight per thread all along (a batch
+// that waited for all its loads before issuing the next one averaged half of
+// that).
+template <int TT, int S>
 __device__ __forceinline__ void gvm_gemm_bf16_unit(float (&acc)[TT][4], const char* w_base, long long w_row_bytes,
                                                    const char* x_base, long long x_row_bytes, int row0, int row_end,
                                                    int t0, int T, int c_beg, int c_end, unsigned lane,
                                                    unsigned long long pol) {
-    static_assert(S % XD == 0, "a batch holds whole rounds of x's ring");
     const int g = lane >> 2, q = lane & 3;
     const int ra = row0 + g < row_end ? row0 + g : row_end - 1;
     const int rb = row0 + g + 8 < row_end ? row0 + g + 8 : row_end - 1;
@@ -171,12 +166,10 @@ __device__ __forceinline__ void gvm_gemm_bf16_unit(float (&acc)[TT][4], const ch
     }
     constexpr int BATCH = 4 * S;  // chunks per batch (4 quad members per step)
     const int n_batches = (c_end - c_beg + BATCH - 1) / BATCH;  // uniform: mma.sync needs the whole warp
-    uint4 A[S], B[S], X[XD][TT];
+    uint4 A[S], B[S], X[S][TT];
     int left = c_end - c_beg - q;  // chunks this lane has left from the batch being loaded
 #pragma unroll
-    for (int u = 0; u < S; ++u) gvm_gemm_w_fill(A[u], B[u], pa, pb, u, left, pol);
-#pragma unroll
-    for (int u = 0; u < XD; ++u) gvm_gemm_x_fill<TT>(X[u], px, u, left);
+    for (int u = 0; u < S; ++u) gvm_gemm_bf16_fill<TT>(A[u], B[u], X[u], pa, pb, px, u, left, pol);
 #pragma unroll 1
     for (int b = 0; b < n_batches; ++b) {
         pa += 64 * S;
@@ -188,11 +181,10 @@ __device__ __forceinline__ void gvm_gemm_bf16_unit(float (&acc)[TT][4], const ch
         for (int u = 0; u < S; ++u) {
 #pragma unroll
             for (int j = 0; j < TT; ++j) {
-                gvm_mma_bf16(acc[j], A[u].x, B[u].x, A[u].y, B[u].y, X[u % XD][j].x, X[u % XD][j].y);
-                gvm_mma_bf16(acc[j], A[u].z, B[u].z, A[u].w, B[u].w, X[u % XD][j].z, X[u % XD][j].w);
+                gvm_mma_bf16(acc[j], A[u].x, B[u].x, A[u].y, B[u].y, X[u][j].x, X[u][j].y);
+                gvm_mma_bf16(acc[j], A[u].z, B[u].z, A[u].w, B[u].w, X[u][j].z, X[u][j].w);
             }
-            gvm_gemm_w_fill(A[u], B[u], pa, pb, u, left, pol);
-            gvm_gemm_x_fill<TT>(X[u % XD], px, u + XD - S, left);  // the step XD ahead (px, left: the next batch's)
+            gvm_gemm_bf16_fill<TT>(A[u], B[u], X[u], pa, pb, px, u, left, pol);
         }
     }
 }
@@ -310,7 +302,7 @@ __device__ __forceinline__ void gvm_gemm_stats(const gvm_ctx& c, int t_beg, int 
 // Token tiles [t0, t0 + 8 TT) (below T) x the instruction's rows, in passes of row
 // blocks, each unit's K split S ways; partial tiles summed in shared memory
 // in split order (deterministic) and stored.
-template <int TT, int STEPS, int XD>
+template <int TT, int STEPS>
 __device__ __forceinline__ int gvm_gemm_bf16_tiles(const gvm_ctx& c, const gvm_tensor& out, const gvm_tensor& x,
                                                    const gvm_tensor& w, int n0, int cnt, int t0, int T) {
     const unsigned lane = c.tid & 31u, warp = c.tid >> 5;
@@ -334,7 +326,7 @@ __device__ __forceinline__ int gvm_gemm_bf16_tiles(const gvm_ctx& c, const gvm_t
             const int rb = u / S, s = u - rb * S;
             const int c_beg = s * cps, c_end = c_beg + cps < nch ? c_beg + cps : nch;
             float acc[TT][4];
-            gvm_gemm_bf16_unit<TT, STEPS, XD>(acc, w_base, w_row, x_base, x_row, n0 + (rb0 + rb) * 16, row_end, t0, T,
+            gvm_gemm_bf16_unit<TT, STEPS>(acc, w_base, w_row, x_base, x_row, n0 + (rb0 + rb) * 16, row_end, t0, T,
                                           c_beg, c_end, lane, pol);
             const int g = lane >> 2, q = lane & 3;
 #pragma unroll
@@ -590,13 +582,13 @@ __device__ __forceinline__ int gvm_gemm_bf16(const gvm_ctx& c, const gvm_tensor&
     int t0 = ta;
 #if GVM_GEMM_TT > 1
     for (; t0 + 8 < T; t0 += 8 * GVM_GEMM_TT) {  // more than one tile left: TT tiles a pass
-        const int rc = gvm_gemm_bf16_tiles<GVM_GEMM_TT, GVM_GEMM_TT_STEPS, GVM_GEMM_TT_STEPS>(c, out, x, w, n0, cnt, t0, T);
+        const int rc = gvm_gemm_bf16_tiles<GVM_GEMM_TT, GVM_GEMM_TT_STEPS>(c, out, x, w, n0, cnt, t0, T);
         if (rc != GVM_ERR_NONE) return rc;
     }
 #endif
 #pragma unroll 1
     for (; t0 < T; t0 += 8) {
-        const int rc = gvm_gemm_bf16_tiles<1, GVM_GEMM_STEPS, GVM_GEMM_X_AHEAD>(c, out, x, w, n0, cnt, t0, T);
+        const int rc = gvm_gemm_bf16_tiles<1, GVM_GEMM_STEPS>(c, out, x, w, n0, cnt, t0, T);
         if (rc != GVM_ERR_NONE) return rc;
     }
     return GVM_ERR_NONE;
