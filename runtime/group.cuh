@@ -37,6 +37,11 @@ __device__ __forceinline__ void gvm_group(const gvm_params& p, gvm_shared& sh, u
     const unsigned loop = gvm_smem_u32(&sh.loop[g][c.tid]);
     gvm_sts(loop, 0u);
     for (;;) {  // one pass per call of an op: a GVM_AGAIN comes straight back here
+        // Opaque each pass: what the ops derive from the thread index is then
+        // computed in the op, not hoisted out of this loop into registers held
+        // through every op (the Muse kernel held ~20 such; the 4-group kernel,
+        // at 96 registers, spills with it).
+        if (GVM_MAX_GROUPS <= 2) c.tid = gvm_opaque(c.tid);
         const gvm_instr& ins = sh.slot[g].ins;
         const unsigned state = gvm_lds_u(loop);
         c.again = state & 0x7fffffffu;
