@@ -53,13 +53,6 @@
 #endif
 #endif
 #define GVM_GEMM_TILE_BYTES 512 // one partial 16 x 8 f32 tile
-#ifndef GVM_GEMM_XSH_STEPS      // k-steps of weights held per thread when x of up to 8 tokens fits in shared memory (0: never there)
-#define GVM_GEMM_XSH_STEPS (GVM_MAX_GROUPS <= 2 ? 10 : 0)  // 8, 12 spill ops_check's GEMM kernel, 16 this one (NVRTC 13.0)
-#endif
-
-// Bytes between two tokens' x rows in shared memory (gvm_gemm_bf16_unit_xsh):
-// 16 past a multiple of 128, so that 8 tokens' same chunk hit 8 bank groups.
-__device__ __forceinline__ unsigned gvm_gemm_xsh_pitch(int nch) { return 16u * (unsigned)nch + 16u; }
 
 #ifdef __CUDA_ARCH__
 __device__ __forceinline__ unsigned long long gvm_gemm_policy() {
@@ -196,64 +189,6 @@ __device__ __forceinline__ void gvm_gemm_bf16_unit(float (&acc)[TT][4], const ch
     }
 }
 
-// The unit above with x in shared memory (one token tile, T - t0 <= 8): its
-// registers go to weights in flight instead (GVM_GEMM_XSH_STEPS k-steps). x's
-// rows [t0, t0 + ntok) sit at xs, pitch bytes apart (chunk c of a row at 16 c),
-// copied there by the whole group (gvm_gemm_bf16_tiles); a warp's first unit
-// issues its first weight loads before it waits for them (wait_x: every warp
-// of the group passes that barrier once).
-template <int S>
-__device__ __forceinline__ void gvm_gemm_bf16_unit_xsh(const gvm_ctx& c, float (&acc)[4], const char* w_base,
-                                                       long long w_row_bytes, int row0, int row_end, int ntok,
-                                                       unsigned xs, unsigned pitch, int c_beg, int c_end, bool wait_x,
-                                                       unsigned lane, unsigned long long pol) {
-    const int g = lane >> 2, q = lane & 3;
-    const int ra = row0 + g < row_end ? row0 + g : row_end - 1;
-    const int rb = row0 + g + 8 < row_end ? row0 + g + 8 : row_end - 1;
-    const long long first = (long long)(c_beg + q) * 16;
-    const char* pa = w_base + (long long)ra * w_row_bytes + first;
-    const char* pb = w_base + (long long)rb * w_row_bytes + first;
-    unsigned xa = xs + (unsigned)(g < ntok ? g : ntok - 1) * pitch + (unsigned)first;  // token t0 + g's chunk, or the last token's
-    acc[0] = acc[1] = acc[2] = acc[3] = 0.f;
-    constexpr int BATCH = 4 * S;
-    const int n_batches = (c_end - c_beg + BATCH - 1) / BATCH;
-    uint4 A[S], B[S];
-    int left = c_end - c_beg - q;
-#pragma unroll
-    for (int u = 0; u < S; ++u) {
-        if (4 * u < left) {
-            A[u] = gvm_gemm_ld_w16(pa + 64 * u, pol);
-            B[u] = gvm_gemm_ld_w16(pb + 64 * u, pol);
-        } else {
-            A[u] = B[u] = make_uint4(0, 0, 0, 0);
-        }
-    }
-    if (wait_x) {
-        gvm_cp_async_wait<0>();
-        gvm_group_sync(c);  // every thread's copies are in
-    }
-#pragma unroll 1
-    for (int b = 0; b < n_batches; ++b) {
-        pa += 64 * S;
-        pb += 64 * S;
-        left -= BATCH;  // now: chunks left from the next batch
-#pragma unroll
-        for (int u = 0; u < S; ++u) {
-            // past this lane's chunks the weights are zeros, and x must be finite: zeros too
-            const uint4 X = 4 * (u - S) < left ? gvm_lds_u4(xa + 64 * u) : make_uint4(0, 0, 0, 0);
-            gvm_mma_bf16(acc, A[u].x, B[u].x, A[u].y, B[u].y, X.x, X.y);
-            gvm_mma_bf16(acc, A[u].z, B[u].z, A[u].w, B[u].w, X.z, X.w);
-            if (4 * u < left) {
-                A[u] = gvm_gemm_ld_w16(pa + 64 * u, pol);
-                B[u] = gvm_gemm_ld_w16(pb + 64 * u, pol);
-            } else {
-                A[u] = B[u] = make_uint4(0, 0, 0, 0);
-            }
-        }
-        xa += 64 * S;
-    }
-}
-
 // Token tiles of 8 per pass over the weights when T > 8 (GVM_GEMM_TT; 1: every
 // token tile re-reads the weights from L2), and the k-steps held for them.
 #ifndef GVM_GEMM_TT  // the 4-group kernel (96 registers) spills with 2 or 4 under tracing
@@ -367,18 +302,13 @@ __device__ __forceinline__ void gvm_gemm_stats(const gvm_ctx& c, int t_beg, int 
 // Token tiles [t0, t0 + 8 TT) (below T) x the instruction's rows, in passes of row
 // blocks, each unit's K split S ways; partial tiles summed in shared memory
 // in split order (deterministic) and stored.
-// XSH: one token tile with x in shared memory (gvm_gemm_bf16_unit_xsh), at the end
-// of the scratch; the partial tiles take what is left.
-template <int TT, int STEPS, bool XSH>
+template <int TT, int STEPS>
 __device__ __forceinline__ int gvm_gemm_bf16_tiles(const gvm_ctx& c, const gvm_tensor& out, const gvm_tensor& x,
                                                    const gvm_tensor& w, int n0, int cnt, int t0, int T) {
     const unsigned lane = c.tid & 31u, warp = c.tid >> 5;
     const int nch = x.shape[1] / 8;
     const int row_end = n0 + cnt, n_rb = (cnt + 15) / 16;
-    const int ntok = T - t0 < 8 ? T - t0 : 8;
-    const unsigned pitch = gvm_gemm_xsh_pitch(nch), x_bytes = XSH ? (unsigned)ntok * pitch : 0u;
-    const unsigned xs = gvm_smem_addr(c.smem) + c.smem_bytes - x_bytes;
-    const int max_units = (int)((c.smem_bytes - x_bytes) / (TT * GVM_GEMM_TILE_BYTES));
+    const int max_units = (int)(c.smem_bytes / (TT * GVM_GEMM_TILE_BYTES));
     const int per_pass = max_units / 4;  // row blocks per pass: room for 4 K splits each
     if (per_pass < 1) return GVM_ERR_BAD_ARGS;
     float* part = reinterpret_cast<float*>(c.smem);
@@ -386,14 +316,6 @@ __device__ __forceinline__ int gvm_gemm_bf16_tiles(const gvm_ctx& c, const gvm_t
     const char* w_base = reinterpret_cast<const char*>(w.ptr);
     const char* x_base = reinterpret_cast<const char*>(x.ptr);
     const long long w_row = w.stride[0] * 2, x_row = x.stride[0] * 2;
-    if (XSH) {  // x's rows into shared memory, waited for by each warp's first unit (its weights' first loads go out first)
-        const unsigned long long xpol = gvm_policy_evict_normal();
-#pragma unroll 1
-        for (int r = 0; r < ntok; ++r)
-            for (int ch = (int)c.tid; ch < nch; ch += GVM_GROUP_THREADS)
-                gvm_cp_async16(xs + r * pitch + 16 * ch, x_base + (long long)(t0 + r) * x_row + 16 * ch, true, xpol);
-        gvm_cp_async_commit();
-    }
 #pragma unroll 1
     for (int rb0 = 0; rb0 < n_rb; rb0 += per_pass) {
         const int nrb = n_rb - rb0 < per_pass ? n_rb - rb0 : per_pass;
@@ -404,12 +326,8 @@ __device__ __forceinline__ int gvm_gemm_bf16_tiles(const gvm_ctx& c, const gvm_t
             const int rb = u / S, s = u - rb * S;
             const int c_beg = s * cps, c_end = c_beg + cps < nch ? c_beg + cps : nch;
             float acc[TT][4];
-            if constexpr (XSH)
-                gvm_gemm_bf16_unit_xsh<STEPS>(c, acc[0], w_base, w_row, n0 + (rb0 + rb) * 16, row_end, ntok, xs, pitch,
-                                              c_beg, c_end, rb0 == 0 && u == (int)warp, lane, pol);
-            else
-                gvm_gemm_bf16_unit<TT, STEPS>(acc, w_base, w_row, x_base, x_row, n0 + (rb0 + rb) * 16, row_end, t0, T,
-                                              c_beg, c_end, lane, pol);
+            gvm_gemm_bf16_unit<TT, STEPS>(acc, w_base, w_row, x_base, x_row, n0 + (rb0 + rb) * 16, row_end, t0, T,
+                                          c_beg, c_end, lane, pol);
             const int g = lane >> 2, q = lane & 3;
 #pragma unroll
             for (int j = 0; j < TT; ++j) {
@@ -664,20 +582,13 @@ __device__ __forceinline__ int gvm_gemm_bf16(const gvm_ctx& c, const gvm_tensor&
     int t0 = ta;
 #if GVM_GEMM_TT > 1
     for (; t0 + 8 < T; t0 += 8 * GVM_GEMM_TT) {  // more than one tile left: TT tiles a pass
-        const int rc = gvm_gemm_bf16_tiles<GVM_GEMM_TT, GVM_GEMM_TT_STEPS, false>(c, out, x, w, n0, cnt, t0, T);
+        const int rc = gvm_gemm_bf16_tiles<GVM_GEMM_TT, GVM_GEMM_TT_STEPS>(c, out, x, w, n0, cnt, t0, T);
         if (rc != GVM_ERR_NONE) return rc;
     }
 #endif
 #pragma unroll 1
     for (; t0 < T; t0 += 8) {
-#if GVM_GEMM_XSH_STEPS
-        const int ntok = T - t0 < 8 ? T - t0 : 8, nch = x.shape[1] / 8;
-        const int rc = (unsigned)ntok * gvm_gemm_xsh_pitch(nch) + 4 * GVM_GEMM_TILE_BYTES <= c.smem_bytes
-                           ? gvm_gemm_bf16_tiles<1, GVM_GEMM_XSH_STEPS, true>(c, out, x, w, n0, cnt, t0, T)
-                           : gvm_gemm_bf16_tiles<1, GVM_GEMM_STEPS, false>(c, out, x, w, n0, cnt, t0, T);
-#else
-        const int rc = gvm_gemm_bf16_tiles<1, GVM_GEMM_STEPS, false>(c, out, x, w, n0, cnt, t0, T);
-#endif
+        const int rc = gvm_gemm_bf16_tiles<1, GVM_GEMM_STEPS>(c, out, x, w, n0, cnt, t0, T);
         if (rc != GVM_ERR_NONE) return rc;
     }
     return GVM_ERR_NONE;

@@ -33,10 +33,9 @@ __device__ __forceinline__ void gvm_group(const gvm_params& p, gvm_shared& sh, u
     c.smem_bytes = GVM_GROUP_SMEM;
     // The loop's state (parity, calls) lives in shared memory, one word per
     // thread, not in registers across the op: the ops' peak register use is the
-    // kernel's, and state held through it spilled to local memory. Its address
-    // too is taken anew where it is used (held through the op, it spilled).
-    auto loop = [&]() { return gvm_smem_u32(&sh.loop[g][gvm_opaque(c.tid)]); };
-    gvm_sts(loop(), 0u);
+    // kernel's, and state held through it spilled to local memory.
+    const unsigned loop = gvm_smem_u32(&sh.loop[g][c.tid]);
+    gvm_sts(loop, 0u);
     for (;;) {  // one pass per call of an op: a GVM_AGAIN comes straight back here
         // Opaque each pass: what the ops derive from the thread index is then
         // computed in the op, not hoisted out of this loop into registers held
@@ -44,11 +43,11 @@ __device__ __forceinline__ void gvm_group(const gvm_params& p, gvm_shared& sh, u
         // at 96 registers, spills with it).
         if (GVM_MAX_GROUPS <= 2) c.tid = gvm_opaque(c.tid);
         const gvm_instr& ins = sh.slot[g].ins;
-        const unsigned state = gvm_lds_u(loop());
+        const unsigned state = gvm_lds_u(loop);
         c.again = state & 0x7fffffffu;
         if (c.again == 0) {
             if (!gvm_mbar_wait(&sh.full[g], state >> 31, gvm_handoff_bound(p.watchdog_ns))) gvm_handoff_trap();
-            gvm_sts(loop(), state ^ 0x80000000u);
+            gvm_sts(loop, state ^ 0x80000000u);
             const unsigned idx = sh.slot[g].idx;
             if (idx == GVM_SLOT_EXIT) break;
             const bool warm = (idx & GVM_SLOT_WARM) != 0;
@@ -78,12 +77,10 @@ __device__ __forceinline__ void gvm_group(const gvm_params& p, gvm_shared& sh, u
         }
         const int rc = gvm_dispatch(c);
         if (rc == GVM_AGAIN) {  // the same in every thread
-            const unsigned a = loop();
-            gvm_sts(a, gvm_lds_u(a) + 1u);
+            gvm_sts(loop, gvm_lds_u(loop) + 1u);
             continue;
         }
-        const unsigned a = loop();
-        gvm_sts(a, gvm_lds_u(a) & 0x80000000u);
+        gvm_sts(loop, gvm_lds_u(loop) & 0x80000000u);
         __syncwarp();
         gvm_group_sync(c);
         if (c.tid == 0) {
