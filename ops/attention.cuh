@@ -148,6 +148,22 @@ __device__ __forceinline__ bool gvm_attn_visible(const gvm_attn_job& jb, int key
     return key < jb.ke && key <= p && (jb.window == 0 || key > p - jb.window);
 }
 
+// Query row r's dims 16 t4 .. 16 t4 + 15 (8 bf16 pairs) from t, heads head_stride
+// elements apart in a token's row (q, or qkvg whose q heads come first); zeros past
+// the chunk's rows. (HS: q's stride is a 64-bit field, qkvg's an int constant.)
+template <typename HS>
+__device__ __forceinline__ void gvm_attn_q_raw(const gvm_ctx& c, const gvm_tensor& t, HS head_stride,
+                                               const gvm_attn_job& jb, int tok0, int r, unsigned t4, unsigned (&raw)[8]) {
+    uint4 a = make_uint4(0, 0, 0, 0), b = a;
+    if (r < jb.rows) {
+        const int tok = tok0 + r / jb.g, head = c.ins->arg[1] * jb.g + r % jb.g;
+        const uint4* p = gvm_ptr<const uint4>(t, tok * t.stride[0] + head * head_stride + 16 * t4, 2);
+        a = p[0];
+        b = p[1];
+    }
+    raw[0] = a.x, raw[1] = a.y, raw[2] = a.z, raw[3] = a.w, raw[4] = b.x, raw[5] = b.y, raw[6] = b.z, raw[7] = b.w;
+}
+
 // The A fragments of m-tile mt (rows g, g+8; dims 16*t4 + 4s .. +3 for k-step s)
 // as f16, into this thread's 64 bytes of qf. Zero rows past the query rows.
 __device__ __forceinline__ void gvm_attn_stage_q(const gvm_ctx& c, const gvm_attn_job& jb, int mt, unsigned qf) {
@@ -157,15 +173,8 @@ __device__ __forceinline__ void gvm_attn_stage_q(const gvm_ctx& c, const gvm_att
     unsigned w[2][8];
 #pragma unroll
     for (int hr = 0; hr < 2; ++hr) {
-        const int r = mt * 16 + g + 8 * hr;
-        uint4 a = make_uint4(0, 0, 0, 0), b = a;
-        if (r < jb.rows) {
-            const int tok = tok0 + r / jb.g, head = c.ins->arg[1] * jb.g + r % jb.g;
-            const uint4* p = gvm_ptr<const uint4>(tq, tok * tq.stride[0] + head * tq.stride[1] + 16 * t4, 2);
-            a = p[0];
-            b = p[1];
-        }
-        const unsigned raw[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+        unsigned raw[8];
+        gvm_attn_q_raw(c, tq, tq.stride[1], jb, tok0, mt * 16 + g + 8 * hr, t4, raw);
 #pragma unroll
         for (int i = 0; i < 8; ++i) w[hr][i] = gvm_bf16x2_to_f16x2(raw[i]);
     }
@@ -187,14 +196,8 @@ __device__ __forceinline__ void gvm_attn_stage_q_fused(const gvm_ctx& c, const g
 #pragma unroll
     for (int hr = 0; hr < 2; ++hr) {
         const int r = mt * 16 + g + 8 * hr;
-        uint4 a = make_uint4(0, 0, 0, 0), b = a;
-        if (r < jb.rows) {
-            const int tok = tok0 + r / jb.g, head = c.ins->arg[1] * jb.g + r % jb.g;
-            const uint4* p = gvm_ptr<const uint4>(tx, tok * tx.stride[0] + head * 64 + 16 * t4, 2);
-            a = p[0];
-            b = p[1];
-        }
-        const unsigned raw[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+        unsigned raw[8];
+        gvm_attn_q_raw(c, tx, 64, jb, tok0, r, t4, raw);
         float ss = 0.0f;
 #pragma unroll
         for (int k = 0; k < 8; ++k) ss += gvm_bf16_lo(raw[k]) * gvm_bf16_lo(raw[k]) + gvm_bf16_hi(raw[k]) * gvm_bf16_hi(raw[k]);
