@@ -41,8 +41,8 @@ typedef long long int64_t;
 #define GVM_TRACE_BYTES 96
 #define GVM_ERROR_BYTES 48
 #define GVM_MAX_WAITS 4
-#define GVM_MAX_TENSORS 16       /* 16 x 2 bytes: room for fused ops (no op uses more than 8 args) */
-#define GVM_MAX_ARGS 8
+#define GVM_MAX_TENSORS 8
+#define GVM_MAX_ARGS 12
 #define GVM_MAX_DIMS 4
 #define GVM_NONE 0xFFFF          /* no counter / no tensor slot */
 #define GVM_MAX_COUNTERS 65535
@@ -200,7 +200,7 @@ typedef struct gvm_instr {
     uint16_t tensor[GVM_MAX_TENSORS];    /* tensor-table index, or GVM_NONE */
     uint64_t pf_offset;                  /* weight bytes the loader prefetches at claim: */
     uint32_t pf_bytes;                   /*   [pf_offset, +pf_bytes) of tensor slot pf_slot */
-    uint16_t pf_slot;                    /*   (0..15) or GVM_NONE */
+    uint16_t pf_slot;                    /*   (0..7) or GVM_NONE */
     uint16_t reserved;
     int32_t arg[GVM_MAX_ARGS];
 } gvm_instr;

@@ -13,7 +13,7 @@ from gpuvm.device.layout import CLAIM_SLOTS, PARAMS_DTYPE
 from gpuvm.device.programs import gemm_stream, nop_stream, stuck_stream
 from gpuvm.device.validate import check_records
 from gpuvm.device.warm import warm_bindings, warm_stream
-from gpuvm.isa import ERROR_DTYPE, MAX_TENSORS, NONE, DType, ErrorCode, Op, f2i
+from gpuvm.isa import ERROR_DTYPE, NONE, DType, ErrorCode, Op, f2i
 from gpuvm.nvtx import nvtx_range
 from gpuvm.opspec import ProgramError
 from gpuvm.program import Program, Stream
@@ -45,7 +45,7 @@ def test_sound_records_pass() -> None:
         ("n_waits", 5, "5 waits, at most 4"),
         ("wait_counter", [7, NONE, NONE, NONE], r"waits on counter \[7\], but there are 1 counters"),
         ("signal", 3, "signals counter 3, but there are 1 counters"),
-        ("tensor", [0, 2] + [NONE] * (MAX_TENSORS - 2), r"tensor slots \[0, 2, .*\] reach past the table of 2"),
+        ("tensor", [0, 2, NONE, NONE, NONE, NONE, NONE, NONE], r"tensor slots \[0, 2, .*\] reach past the table of 2"),
         ("pf_bytes", 4096, "prefetch range ends at byte 4096, past its tensor"),
         ("pf_slot", 5, "prefetch slot 5 holds no tensor"),
     ],
