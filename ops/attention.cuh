@@ -231,7 +231,7 @@ __device__ __forceinline__ void gvm_attn_new_keys(const gvm_ctx& c, const gvm_at
     const int conv = c.ins->arg[0], h = c.ins->arg[1], hkv = tk.shape[2], hq = hkv * jb.g;
     const int tok0 = gvm_ptr<const int>(gvm_t(c, 3), conv * gvm_t(c, 3).stride[0], 4)[0];
     const float k_scale = gvm_argf(c, 5), v_scale = gvm_argf(c, 6);
-    const unsigned tid = gvm_opaque(c.tid);  // its f64 angle step is not hoisted out of the persistent loop
+    const unsigned tid = gvm_opaque(c.tid);  // as measured (without it the code differs; the group loop's opaque index covers the persistent loop)
     const unsigned warp = tid >> 5, lane = tid & 31;
     const float* wk = reinterpret_cast<const float*>(gvm_t(c, 7).ptr);
     for (int p = max(jb.kb, jb.pos0) + (int)warp; p < jb.ke; p += 4) {

@@ -406,7 +406,7 @@ __device__ __forceinline__ void gvm_cp_async_wait_n(int n) {
 template <bool UP>
 __device__ __forceinline__ void gvm_expr_unit_ring(const gvm_ctx& c, float (&acc)[2][4], int e, long long r0, long long rl,
                                                    int c_beg, int c_end, int nch, unsigned xrow, unsigned ring, int nsl) {
-    const unsigned lane = gvm_opaque(c.tid) & 31, g = lane >> 2, q = lane & 3, half = lane & 1;
+    const unsigned lane = gvm_opaque(c.tid) & 31, g = lane >> 2, q = lane & 3, half = lane & 1;  // opaque: not hoisted out of the list's item loop (spilled)
     const unsigned long long pol = gvm_policy_evict_first();
     const gvm_tensor& tcd = gvm_t(c, 2);
     const gvm_tensor& tsc = gvm_t(c, 3);

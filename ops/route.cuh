@@ -32,7 +32,7 @@ __device__ int gvm_op_topk(const gvm_ctx& c) {
         for (int k = c.tid; k < 2 * tw.shape[0]; k += 128)
             gvm_ptr<int>(tw, (k >> 1) * tw.stride[0] + (k & 1), 4)[0] = 0;
     }
-    const unsigned tid = gvm_opaque(c.tid), warp = tid >> 5, lane = tid & 31;  // warp * 4 was hoisted out of the persistent loop (registers)
+    const unsigned warp = c.tid >> 5, lane = c.tid & 31;
     const unsigned s_count = gvm_smem_addr(c.smem), s_next = s_count + 4 * n_local, s_mask = s_next + 4 * n_local;
     int* route[5];
 #pragma unroll
