@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, NamedTuple, Sequence
 
-from .isa import DTYPE_BYTES, HEAD_DIM, MAX_WORKLIST_EXPERTS, TOPK, DType, Op, i2f
+from .isa import DTYPE_BYTES, GEMM_MAX_PARTS, HEAD_DIM, MAX_WORKLIST_EXPERTS, TOPK, DType, Op, i2f
 
 
 class ProgramError(ValueError):
@@ -141,6 +141,22 @@ def _check_gemm(ts: Slots, a: Args) -> None:
     if a[3] == 0 and a[2] != 0:
         raise ProgramError(f"GEMM token count 0 means all {x.shape[0]} tokens, so t0 must be 0, not {a[2]}")
     _range(a[2], a[3], x.shape[0], "GEMM token")
+    if a[5] > 1:  # K parts, summed by the last part of each tile (isa/gvm_isa.h GEMM)
+        n_parts, k = a[5], x.shape[1]
+        if not (x.dtype == DType.F32 and n_parts <= GEMM_MAX_PARTS and n_parts & (n_parts - 1) == 0 and k % (8 * n_parts) == 0):
+            raise ProgramError(f"GEMM K parts: {n_parts} must be a power of two <= {GEMM_MAX_PARTS} that cuts K = {k} into multiples of 8, "
+                               f"and the GEMM f32 (it is {x.dtype.name})")
+        parts = _t(ts, 3, "parts", F, 2)
+        tickets = _t(ts, 4, "tickets", I32, 1)
+        if not (parts.shape == (out.shape[0], n_parts * out.shape[1])):
+            raise ProgramError(f"GEMM parts {parts.shape} must be {(out.shape[0], n_parts * out.shape[1])} (P = {n_parts} blocks of out's columns)")
+        _range(a[6], 1, n_parts, "GEMM K part")
+        _range(a[7], 1, tickets.shape[0], "GEMM ticket")
+        if any(_opt(ts, i) is not None for i in (5, 6, 7)):
+            raise ProgramError("GEMM with K parts takes no statistics (t5..t7 must be empty)")
+        return
+    if a[5] < 0 or a[6] != 0 or a[7] != 0:
+        raise ProgramError(f"GEMM without K parts (a5 = {a[5]}: 0 or 1) needs a6 = a7 = 0, not {a[6]}, {a[7]}")
     if _opt(ts, 3) is not None:  # residual statistics of the tile
         stats = _t(ts, 3, "stats", F, 3)
         s = _t(ts, 4, "s", F, 2)
@@ -162,6 +178,10 @@ def _cost_gemm(ts: Slots, a: Args) -> Cost:
     assert out and x and w
     k = x.shape[1]
     t = gemm_tokens(x.shape[0], a)
+    if a[5] > 1:  # one K part: its share of W and x, its part's sums, and its share of the last part's sum
+        n_parts = a[5]
+        return Cost(weight_bytes=a[1] * w.row_bytes // n_parts, act_bytes=t * x.row_bytes // n_parts + 2 * t * a[1] * 4,
+                    flops=2 * t * k * a[1] // n_parts)
     stats = 3 * t * a[1] * 4 + 2 * a[1] * 4 if _opt(ts, 3) is not None else 0  # out and s read back, alpha, beta
     return Cost(weight_bytes=a[1] * w.row_bytes, act_bytes=t * x.row_bytes + t * a[1] * DTYPE_BYTES[out.dtype] + stats, flops=2 * t * k * a[1])
 
@@ -486,7 +506,7 @@ SPECS: dict[Op, OpSpec] = {
     Op.SLEEP: OpSpec((), ("ns",), _check_sleep, lambda ts, a: Cost()),
     Op.COPY: OpSpec(("dst", "src"), ("i0", "n"), _check_copy, _cost_elementwise(2)),
     Op.SCALE_ADD: OpSpec(("dst", "x", "y"), ("i0", "n", "f_a", "f_b"), _check_scale_add, _cost_elementwise(3)),
-    Op.GEMM: OpSpec(("out", "x", "W", "stats", "s", "alpha", "beta"), ("n0", "n", "t0", "t", "slot"), _check_gemm, _cost_gemm),
+    Op.GEMM: OpSpec(("out", "x", "W", "stats|parts", "s|tickets", "alpha", "beta"), ("n0", "n", "t0", "t", "slot", "parts", "part", "ticket"), _check_gemm, _cost_gemm),
     Op.RMSNORM: OpSpec(("out", "in", "w"), ("row0", "rows"), _check_rmsnorm, _cost_rows),
     Op.QK_ROPE_KV: OpSpec(("qkvg", "q", "w_qn", "w_kn", "k_cache", "v_cache", "convs"), ("conv", "rope", "f_kscale", "f_vscale"), _check_qk_rope_kv, _cost_qk),
     Op.ATTN_CHUNK: OpSpec(("q", "k_cache", "v_cache", "convs", "part_o", "part_ml", "w_qn", "w_kn"), ("conv", "kv_head", "chunk", "chunk_len", "window", "f_kscale", "f_vscale", "rope"), _check_attn_chunk, _cost_attn_chunk),

@@ -29,8 +29,10 @@ __all__ = ["Program", "Stream", "Counter", "Instr", "ProgramError", "TensorSpec"
 
 #: what a tensor is: weights; scratch (activation); kept across steps (state);
 #: a work list's bookkeeping, rewritten every step but read by the list's late
-#: workers after its consumers ran, so never shared with another layer (list)
-ROLES = ("weight", "activation", "state", "list")
+#: workers after its consumers ran, so never shared with another layer (list);
+#: tickets that ops count modulo their number of parts (a GEMM's K parts), so
+#: zeroed when bound and never reset, each layer its own (ticket)
+ROLES = ("weight", "activation", "state", "list", "ticket")
 
 #: ops whose instructions form work lists, signalled by the worker that finishes the list
 LIST_OPS = (Op.EXPERT_UP, Op.EXPERT_DOWN)

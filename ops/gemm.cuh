@@ -20,9 +20,11 @@
 // f32 path (x, W, out f32; the router): CUDA-core FMAs, the group splits K.
 // Both paths take a token range (a2 t0, a3 count; 0: all tokens) in the
 // 2-group kernel: the lowering cuts the bf16 tiles over tokens from 64 tokens
-// on and the router's from 256 (gpuvm/muse/lowering.py, Tiles.gemm_span and
+// on and the router's from 32 (gpuvm/muse/lowering.py, Tiles.gemm_span and
 // router_span), and each path stages W and x in shared memory for them
-// (gvm_gemm_xs, gvm_gemm_f32_xs).
+// (gvm_gemm_xs, gvm_gemm_f32_xs). The f32 path also takes a part of K (a5,
+// a6): the router's staged tiles are few (32 rows x 64 tokens each), so the
+// lowering cuts them over K as well to spread them over the SMs.
 // Thread tid owns the 16-byte chunks tid, tid + 128, ... (one per step) of
 // every row and token of a register tile of RT rows x TT tokens: per step it
 // loads RT float4 of W (one per row) and TT of x (one per token), so one x
@@ -793,7 +795,7 @@ __device__ __forceinline__ void gvm_gemm_f32_tile(const gvm_ctx& c, unsigned tid
 // 256 stages, not the 8192 terms), so the result does not depend on the
 // schedule.
 #ifndef GVM_GEMM_F32_XS_MIN  // tokens from which the f32 path stages (0: never; the 4-group kernel has no registers for it)
-#define GVM_GEMM_F32_XS_MIN (GVM_MAX_GROUPS <= 2 ? 64 : 0)
+#define GVM_GEMM_F32_XS_MIN (GVM_MAX_GROUPS <= 2 ? 32 : 0)  // half a pass of tokens: the router from 32 (lowering.py)
 #endif
 #define GVM_F32XS_ROWS 32
 #define GVM_F32XS_TOK 64
@@ -901,26 +903,28 @@ __device__ __forceinline__ void gvm_gemm_f32_xs(const gvm_ctx& c, float* ob, lon
     }
 }
 
-// Tokens [ta, ta + T) of x and out.
+// Tokens [ta, ta + T) of x and out; K part j of P (isa/gvm_isa.h): the part's
+// k range is a pointer offset into x and W, its sums go to out's column block j.
 __device__ __forceinline__ int gvm_gemm_f32(const gvm_ctx& c, const gvm_tensor& out, const gvm_tensor& x,
-                                            const gvm_tensor& w, int n0, int cnt, int ta, int T) {
-    const int n4 = x.shape[1] / 4;
+                                            const gvm_tensor& w, int n0, int cnt, int ta, int T, int P, int j) {
+    const int kp = x.shape[1] / P, n4 = kp / 4;
     // Row offsets inside a tile are 32-bit byte counts: rows of up to 256 MB.
     if (c.smem_bytes < 2 * GVM_GROUP_THREADS * 4 || w.stride[0] > (1ll << 26) || x.stride[0] > (1ll << 26))
         return GVM_ERR_BAD_ARGS;
     const unsigned long long pol = gvm_gemm_policy();
     const long long o_row = out.stride[0], x_row = x.stride[0], w_row = w.stride[0];
-    const float* xb = reinterpret_cast<const float*>(x.ptr) + ta * x_row;
-    const float* wb = reinterpret_cast<const float*>(w.ptr);
-    float* ob = reinterpret_cast<float*>(out.ptr) + ta * o_row;
+    const float* xb = reinterpret_cast<const float*>(x.ptr) + ta * x_row + j * kp;
+    const float* wb = reinterpret_cast<const float*>(w.ptr) + j * kp;
+    float* ob = reinterpret_cast<float*>(out.ptr) + ta * o_row + j * w.shape[0];
     // What the tiles derive from the thread index (addresses, lane masks) is
     // computed here rather than hoisted out of the persistent kernel's loop,
     // where it would hold registers all along.
     const unsigned tid = gvm_opaque(c.tid);
     const int end = n0 + cnt;
     // staged: full passes of rows only (a few rows a tile, as the router has
-    // below 256 tokens, keep the register tiles: H200, a7cea4d, 2-row tiles
-    // staged ran the 128-token layer full-c16-t8 2388 us, in registers 1838)
+    // below Tiles.router_span tokens, keep the register tiles: H200, a7cea4d,
+    // 2-row tiles staged ran the 128-token layer full-c16-t8 2388 us, in
+    // registers 1838)
     if (GVM_GEMM_F32_XS_MIN > 0 && T >= GVM_GEMM_F32_XS_MIN && cnt >= GVM_F32XS_ROWS && n4 % 8 == 0 &&
         c.smem_bytes >= GVM_GEMM_F32_XS_STAGES * GVM_F32XS_STAGE_BYTES) {
         // normal, not evict-first: the token spans of a row tile read W at about the same time
@@ -956,6 +960,52 @@ __device__ __forceinline__ int gvm_gemm_f32(const gvm_ctx& c, const gvm_tensor& 
     return r + RN < end || t0 + TT < T ? GVM_AGAIN : GVM_ERR_NONE;
 }
 
+// ---- K parts (a5 P > 1: t3 parts, t4 tickets, a6 part, a7 ticket) ---------------------
+__device__ __forceinline__ bool gvm_gemm_parts_ok(const gvm_ctx& c, int P, int j, int T, int N, int K) {
+    const gvm_tensor& pt = gvm_t(c, 3);
+    const gvm_tensor& tk = gvm_t(c, 4);
+    const int m = c.ins->arg[7];
+    return gvm_has(c, 3) & gvm_has(c, 4) & (P <= GVM_GEMM_MAX_PARTS) & ((P & (P - 1)) == 0) & (j >= 0) & (j < P) &
+           (K % (8 * P) == 0) & gvm_is(pt, GVM_DT_F32, 2) & (pt.shape[0] == T) & (pt.shape[1] == P * N) &
+           (pt.stride[1] == 1) & gvm_aligned(pt, 4, 16) & gvm_is(tk, GVM_DT_I32, 1) & (m >= 0) & (m < tk.shape[0]);
+}
+
+// After part j's sums are in parts: the tile's ticket; its last part (the one
+// that brings the ticket to a multiple of P) adds the P parts in part order,
+// so the sums do not depend on which part finishes last.
+__device__ __forceinline__ void gvm_gemm_parts_sum(const gvm_ctx& c) {
+    int n0, cnt, t0, tn;
+    gvm_gemm_range(c, n0, cnt, t0, tn);
+    const int P = c.ins->arg[5];
+    const gvm_tensor& out = gvm_t(c, 0);
+    const gvm_tensor& pt = gvm_t(c, 3);
+    const unsigned flag = gvm_smem_addr(c.smem);
+    gvm_group_sync(c);  // the group's part stores (and its scratch reads) before the ticket
+    if (c.tid == 0) {
+        unsigned* tk = gvm_ptr<unsigned>(gvm_t(c, 4), c.ins->arg[7], 4);
+        gvm_sts(flag, ((gvm_atom_add_acq_rel(tk, 1u) + 1u) & (unsigned)(P - 1)) == 0u ? 1u : 0u);
+    }
+    gvm_group_sync(c);
+    if (!gvm_lds_u(flag)) return;
+    const int N = out.shape[1];
+    const long long p_row = pt.stride[0], o_row = out.stride[0];
+    const float* pb = reinterpret_cast<const float*>(pt.ptr);
+    float* ob = reinterpret_cast<float*>(out.ptr);
+#pragma unroll 1
+    for (int i = (int)gvm_opaque(c.tid); i < tn * cnt; i += GVM_GROUP_THREADS) {
+        const int t = t0 + i / cnt, n = n0 + i % cnt;
+        const float* src = pb + t * p_row + n;
+        float v[GVM_GEMM_MAX_PARTS];
+#pragma unroll
+        for (int p = 0; p < GVM_GEMM_MAX_PARTS; ++p) v[p] = p < P ? src[p * N] : 0.f;  // all in flight at once
+        float sum = v[0];
+#pragma unroll
+        for (int p = 1; p < GVM_GEMM_MAX_PARTS; ++p)
+            if (p < P) sum += v[p];
+        ob[t * o_row + n] = sum;
+    }
+}
+
 __device__ __forceinline__ bool gvm_gemm_operand_ok(const gvm_tensor& t, int esize) {
     return t.ndim == 2 & t.stride[1] == 1 & (t.ptr & 15ull) == 0 & ((t.stride[0] * esize) & 15) == 0;
 }
@@ -969,22 +1019,31 @@ __device__ __forceinline__ int gvm_op_gemm(const gvm_ctx& c) {
     const int n0 = in.arg[0], cnt = in.arg[1];
 #if GVM_MAX_GROUPS <= 2
     const int t0 = in.arg[2], tn = in.arg[3] ? in.arg[3] : x.shape[0];
-#else  // the 4-group kernel (dispatch probes) has no register to spare for a range (it spilled): all tokens
-    const int t0 = 0, tn = (in.arg[2] | in.arg[3]) ? -1 : x.shape[0];
+    const int P = in.arg[5] > 1 ? in.arg[5] : 1, j = in.arg[6];
+#else  // the 4-group kernel (dispatch probes) has no register to spare for a range or K parts (it spilled): all
+    const int t0 = 0, tn = (in.arg[2] | in.arg[3] | (in.arg[5] > 1)) ? -1 : x.shape[0];
+    const int P = 1, j = 0;
 #endif
     const bool bf = x.dtype == GVM_DT_BF16 && w.dtype == GVM_DT_BF16 &&
                     (out.dtype == GVM_DT_BF16 || out.dtype == GVM_DT_F32);
     const bool f32 = x.dtype == GVM_DT_F32 && w.dtype == GVM_DT_F32 && out.dtype == GVM_DT_F32;
     const int es = bf ? 2 : 4;
-    const bool stats_ok = (GVM_GEMM_STATS_PROBE & 4) || gvm_gemm_stats_ok(c);
-    if (!(bf | f32) | !stats_ok | !gvm_gemm_operand_ok(x, es) | !gvm_gemm_operand_ok(w, es) | out.ndim != 2 |
-        out.stride[1] != 1 | x.shape[1] % 8 != 0 | w.shape[1] != x.shape[1] | out.shape[0] != x.shape[0] |
-        out.shape[1] != w.shape[0] | n0 < 0 | cnt < 0 | n0 + cnt > w.shape[0] | t0 < 0 | tn < 0 |
-        t0 + tn > x.shape[0] | (in.arg[3] == 0 && t0 != 0))
+    const bool parts = P > 1;
+    const bool stats_ok = parts || (GVM_GEMM_STATS_PROBE & 4) || gvm_gemm_stats_ok(c);
+    const bool parts_ok = (in.arg[5] >= 0) &&
+                          (parts ? f32 && gvm_gemm_parts_ok(c, P, j, x.shape[0], w.shape[0], x.shape[1])
+                                 : (in.arg[6] == 0) & (in.arg[7] == 0));
+    if (!(bf | f32) | !stats_ok | !parts_ok | !gvm_gemm_operand_ok(x, es) | !gvm_gemm_operand_ok(w, es) |
+        out.ndim != 2 | out.stride[1] != 1 | x.shape[1] % 8 != 0 | w.shape[1] != x.shape[1] |
+        out.shape[0] != x.shape[0] | out.shape[1] != w.shape[0] | n0 < 0 | cnt < 0 | n0 + cnt > w.shape[0] |
+        t0 < 0 | tn < 0 | t0 + tn > x.shape[0] | (in.arg[3] == 0 && t0 != 0))
         return GVM_ERR_BAD_ARGS;
     if (cnt == 0 || tn == 0) return GVM_ERR_NONE;
-    const int rc = bf ? gvm_gemm_bf16(c, out, x, w, n0, cnt, t0, tn) : gvm_gemm_f32(c, out, x, w, n0, cnt, t0, tn);
-    if (rc == GVM_ERR_NONE && gvm_has(c, 3)) {
+    const int rc = bf ? gvm_gemm_bf16(c, out, x, w, n0, cnt, t0, tn)
+                      : gvm_gemm_f32(c, parts ? gvm_t(c, 3) : out, x, w, n0, cnt, t0, tn, P, j);
+    if (rc == GVM_ERR_NONE && parts) {
+        gvm_gemm_parts_sum(c);
+    } else if (rc == GVM_ERR_NONE && gvm_has(c, 3)) {
         int n0_, cnt_, t0_, tn_;
         gvm_gemm_range(c, n0_, cnt_, t0_, tn_);
         const bool tiles = gvm_t(c, 2).dtype == GVM_DT_BF16 && !gvm_gemm_bf16_staged(c, gvm_t(c, 1), tn_);

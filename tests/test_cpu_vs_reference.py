@@ -89,19 +89,28 @@ def check_step(lp: LayerProgram, bufs: dict[str, torch.Tensor], ref: RefOut, k_c
 
 
 def run_case(case: Case, weights: dict[str, LayerWeights], steps: int = STEPS, orders: tuple[str, ...] = ("stream", "random", "random"),
-             fuse_qk: bool = False) -> None:
+             fuse_qk: bool = False, router_parts: bool = False) -> None:
     w = weights[case.kind]
     state = make_state(CFG, case.kind, case.conversations, case.tokens_each, case.context, seed=3, steps=steps)
-    tiles = dataclasses.replace(_tiles(case.kind, case.tokens_each, state.slots), fuse_qk=1 << 20 if fuse_qk else 0)
+    tiles = dataclasses.replace(_tiles(case.kind, case.tokens_each, state.slots), fuse_qk=1 << 20 if fuse_qk else 0,
+                                router_span=1 if router_parts else 0)
     lp = lower_layer(CFG, case.kind, case.conversations, case.tokens_each, state.slots, tiles=tiles)
     assert any(o.opcode == Op.QK_ROPE_KV for o in lp.stream.ops) != fuse_qk
+    assert any(o.opcode == Op.GEMM and o.args[5] > 1 for o in lp.stream.ops) == router_parts
     counters = None
+    tickets = [t.name for t in lp.stream.tensors if t.role == "ticket"]
+    carried: dict[str, torch.Tensor] = {}
     for step in range(steps):
         s = make_inputs(CFG, state, seed=100 + step, weights_seed=WEIGHT_SEED)
         ref = reference_layer(CFG, w, state, s, case.kind)  # leaves state untouched
         bufs = bind_layer(lp, w, state, s)  # the run writes its KV into state
+        bufs.update(carried)  # tickets count on from the step before, as the counters do
         counters = run_stream(lp.stream, bufs, step=step, order=orders[step % len(orders)], rng=random.Random(step), counters=counters)
         np.testing.assert_array_equal(counters, (step + 1) * lp.stream.per_step)
+        carried = {name: bufs[name] for name in tickets}
+        for o in lp.stream.ops:  # each K part of a tile counted its ticket once a step
+            if o.opcode == Op.GEMM and o.args[5] > 1:
+                assert int(bufs[o.tensors[4].name][o.args[7]]) == (step + 1) * o.args[5]
         check_step(lp, bufs, ref, state.k_cache, state.v_cache)
         if step + 1 < steps:
             state.advance()
@@ -116,6 +125,14 @@ def test_layer_matches_reference(case: Case, weights: dict[str, LayerWeights]) -
 def test_fused_qk_layer_matches_reference(case: Case, weights: dict[str, LayerWeights]) -> None:
     """Tiles.fuse_qk: the chunks norm and rotate q themselves and write the new keys."""
     run_case(case, weights, fuse_qk=True)
+
+
+@pytest.mark.parametrize("case", [small_case(c, CFG) for c in DECODE_CASES if c.name.endswith(("c1-t1", "c32-t8"))], ids=lambda c: f"{c.name}-ctx{c.context}")
+def test_router_in_k_parts_matches_reference(case: Case, weights: dict[str, LayerWeights]) -> None:
+    """Tiles.router_span: the router's tiles cut over K, each tile's last part
+    (whichever it is in a random order) adding the parts up, tickets counted
+    on across steps."""
+    run_case(case, weights, router_parts=True)
 
 
 def _case(kind: str, conversations: int, tokens_each: int, context: int) -> Case:

@@ -61,18 +61,25 @@ def test_full_size_op_counts_and_tiles(kind: str) -> None:
     # one wave of 264 groups (Tiles.gemm_fill); at 256 tokens the GEMMs go in
     # 4 spans of 64 tokens (Tiles.gemm_span) x tiles of 64+ bf16 rows: Wqkvg's
     # q|k|v 64 rows (80 tiles), its g beside them 64 rows (64), Wo 128 rows
-    # (256), Wsq beside the router's 32 tiles 128 rows (128), Wex 128 rows
-    # (256); the f32 router in tiles of 32 rows; experts: 264 workers each for
-    # up and down
-    gemm_tiles = 4 * (1280 // 64 + 1024 // 64 + 8192 // 128 + 256 // 32 + 4096 // 128 + 8192 // 128)
+    # (256), Wsq beside the router's 128 instructions 128 rows (128), Wex 128
+    # rows (256); the f32 router in tiles of 32 rows, each cut into 4 K parts
+    # (Tiles.router_ops 128); experts: 264 workers each for up and down
+    gemm_tiles = 4 * (1280 // 64 + 1024 // 64 + 8192 // 128 + 4 * 256 // 32 + 4096 // 128 + 8192 // 128)
     assert count == {
         Op.RMSNORM: C * n, Op.GEMM: gemm_tiles, Op.QK_ROPE_KV: C, Op.ATTN_CHUNK: C * 2 * nch, Op.ATTN_MERGE: C * 16,
         Op.RESIDUAL: 2 * C * n, Op.TOPK: 1, Op.EXPERT_UP: 264, Op.EXPERT_DOWN: 264, Op.EXPERT_COMBINE: C * n,  # a row each
     }
+    tickets: dict[int, list[int]] = {}
     for o in _ops(s, Op.GEMM):
         w = o.tensors[2]
-        assert o.prefetch == (2, o.args[0] * w.row_bytes, o.args[1] * w.row_bytes)
         assert o.args[1] in ((64, 128) if w.dtype == DType.BF16 else (32,)) and o.args[2] % 64 == 0 and o.args[3] == 64
+        if w.dtype == DType.BF16:
+            assert o.prefetch == (2, o.args[0] * w.row_bytes, o.args[1] * w.row_bytes) and o.args[5:8] == (0, 0, 0)
+        else:  # K part j of 4 of its tile (ticket m): the part's bytes of the tile's first row
+            (n_parts, j, m), kp = o.args[5:8], SHARD.d // 4
+            assert n_parts == 4 and o.prefetch == (2, o.args[0] * w.row_bytes + j * kp * 4, kp * 4)
+            tickets.setdefault(m, []).append(j)
+    assert sorted(tickets) == list(range(32)) and all(sorted(js) == [0, 1, 2, 3] for js in tickets.values())
     assert all(o.prefetch is None for o in s.ops if o.opcode in (Op.EXPERT_UP, Op.EXPERT_DOWN))
     # item rows in multiples of a warp's unit (sized on the GPU): 8 gate|up rows, 16 down rows, at most 64
     assert {o.args[2:4] for o in _ops(s, Op.EXPERT_UP)} == {(8, 64)} and {o.args[2:4] for o in _ops(s, Op.EXPERT_DOWN)} == {(16, 64)}
@@ -88,6 +95,7 @@ def _small(kind: str, C: int = 3, n: int = 5, S: int = 100, tiles: Tiles | None 
 COVER_TILES = {
     "fixed": Tiles(gemm_fill=0, gemm_bytes=8192, rows=4, chunk=23, router_splits=2, sliding_chunk=23),
     "fill": Tiles(gemm_fill=12, gemm_min_bytes=1024, gemm_max_bytes=16384, rows=4, chunk=23, router_splits=2, sliding_chunk=23),
+    "parts": Tiles(gemm_fill=0, gemm_bytes=8192, rows=4, chunk=23, router_splits=2, sliding_chunk=23, router_span=8, router_ops=4),
 }
 
 
@@ -97,10 +105,17 @@ def test_tiles_cover_every_output_once(kind: str, tiling: str) -> None:
     lp, tl = _small(kind, tiles=COVER_TILES[tiling])
     s, cfg, T = lp.stream, SMALL, 15
     by_row: dict[tuple[str, int], list[tuple[int, int]]] = {}  # (out, token): column ranges
+    parts: dict[int, list[int]] = {}  # K parts: ticket -> parts
     for o in _ops(s, Op.GEMM):
         t0, tn = (o.args[2], o.args[3]) if o.args[3] else (0, T)  # a token count of 0: all T
+        if o.args[5] > 1:
+            parts.setdefault(o.args[7], []).append(o.args[6])
+            if o.args[6]:
+                continue  # a tile's out is written once, by whichever part is last: counted at part 0
         for t in range(t0, t0 + tn):
             by_row.setdefault((o.tensors[0].name, t), []).append((o.args[0], o.args[1]))
+    # the router's 16 rows in one tile over two token halves, in 2 K parts (router_ops 4)
+    assert parts == ({0: [0, 1], 1: [0, 1]} if tiling == "parts" else {})
     widths = {"qkvg": cfg.qkvg_width, "a": cfg.d, "scores": cfg.n_experts, "x": cfg.squeeze, "f": cfg.d}
     assert sorted(by_row) == sorted(("L0." + k, t) for k in widths for t in range(T))
     for (name, _), cols in by_row.items():
@@ -258,13 +273,19 @@ def test_gemm_spans_cut_many_tokens_into_64_row_tiles() -> None:
     spans = {tuple(o.args[2:4]) for o in _ops(lp.stream, Op.GEMM) if o.tensors[2].dtype == DType.BF16}  # 128 tokens
     assert spans == {(0, 64), (64, 64)}
     def router(lp: LayerProgram) -> set[tuple[int, ...]]:
-        return {tuple(o.args[1:4]) for o in _ops(lp.stream, Op.GEMM) if o.tensors[2].dtype == DType.F32}
+        """(rows, t0, tokens, K parts) of the router's instructions."""
+        return {tuple(o.args[1:4]) + (o.args[5],) for o in _ops(lp.stream, Op.GEMM) if o.tensors[2].dtype == DType.F32}
 
-    assert router(lp) == {(2, 0, 0)}  # 128 tokens: below Tiles.router_span, router_bytes' 2 rows over all tokens
-    assert router(lower_layer(SHARD, "sliding", 32, 8, 4096)) == {(32, t0, 64) for t0 in (0, 64, 128, 192)}
-    assert router(lower_layer(SHARD, "sliding", 32, 8, 4096, tiles=Tiles(router_span=0))) == {(2, 0, 0)}
-    one = lower_layer(SHARD, "sliding", 32, 1, 4096)  # 32 tokens: below the span, all tokens a tile
+    # from Tiles.router_span (32) tokens: 32 rows x spans of 64 tokens, cut into
+    # the K parts that keep it within router_ops (128): 8 parts of 16 tiles at
+    # 128 tokens, 4 of 32 at 256, 16 of 8 at 32 tokens
+    assert router(lp) == {(32, t0, 64, 8) for t0 in (0, 64)}
+    assert router(lower_layer(SHARD, "sliding", 32, 8, 4096)) == {(32, t0, 64, 4) for t0 in (0, 64, 128, 192)}
+    assert router(lower_layer(SHARD, "sliding", 32, 8, 4096, tiles=Tiles(router_span=0))) == {(2, 0, 0, 0)}
+    assert router(lower_layer(SHARD, "sliding", 32, 1, 4096)) == {(32, 0, 32, 16)}
+    one = lower_layer(SHARD, "sliding", 16, 1, 4096)  # 16 tokens: below the span, all tokens a tile, no parts
     assert {tuple(o.args[2:4]) for o in _ops(one.stream, Op.GEMM)} == {(0, 0)}
+    assert router(one) == {(2, 0, 0, 0)}
 
 
 def test_gemm_fill_sizes_tiles_to_one_wave() -> None:

@@ -170,6 +170,7 @@ def _muse_tensors(p: Program) -> dict[str, TensorSpec]:
         "hbuf": ((8 * T, I), BF16), "dc": ((E, H, I // 2), FP4), "ds": ((E, H, I // 16), E4M3), "dts": ((E,), F32),
         "y": ((8 * T, H), F32), "fsq": ((T, H), BF16), "Wbad": ((QKVG, D + 8), BF16), "s_bf": ((T, D), BF16),
         "kc_bad": ((C, S, HKV + 1, 64), E4M3), "po_bad": ((T + 1, HQ, NCH, 64), F32), "route_bad": ((5, 8 * T + 1), I32),
+        "sc4": ((T, 4 * NE), F32), "tk": ((3,), I32), "tk2": ((3, 1), I32),
     }
     return {k: p.tensor(k, shape, dt) for k, (shape, dt) in shapes.items()}
 
@@ -179,6 +180,10 @@ MUSE_CASES = [
     (Op.GEMM, ["qkvg", "h", "W"], [0, 16], [(1, "s"), (2, "Wbad"), (0, "s_bf"), [QKVG - 8, 16]]),
     (Op.GEMM, ["sc", "s", "Wr"], [0, NE], [(0, "q"), (2, "W"), [1, NE]]),
     (Op.GEMM, ["sc", "s", "Wr"], [0, NE, 1, T - 1], [[0, NE, 1, 0], [0, NE, 0, T + 1], [0, NE, T - 1, 2], [0, NE, -1, 1], [0, NE, 0, -1]]),
+    # K parts: P a power of two cutting K into multiples of 8 (D = 128: at most 16), part < P, ticket < 3; no parts: a6 = a7 = 0
+    (Op.GEMM, ["sc", "s", "Wr", "sc4", "tk"], [0, NE, 0, 0, 0, 4, 3, 2],
+     [[0, NE, 0, 0, 0, 3, 0, 0], [0, NE, 0, 0, 0, 4, 4, 0], [0, NE, 0, 0, 0, 4, 0, 3], [0, NE, 0, 0, 0, 32, 0, 0], [0, NE, 0, 0, 0, 4, -1, 0],
+      [0, NE, 0, 0, 0, 1, 1, 0], [0, NE, 0, 0, 0, 0, 0, 1], [0, NE, 0, 0, 0, -2, 0, 0], (3, "sc"), (4, "tk2"), (4, "meta"), (1, "h")]),
     (Op.RMSNORM, ["h", "s", "wD"], [0, T], [(1, "h"), (2, "w64"), (0, "q"), [1, T]]),
     (Op.QK_ROPE_KV, ["qkvg", "q", "w64", "w64", "kc", "vc", "convs"], [0, 1, f2i(1.0), f2i(1.0)], [(1, "o"), (4, "kc_bad"), (6, "meta"), (0, "s"), [C, 1], [0, 2]]),
     (Op.ATTN_CHUNK, ["q", "kc", "vc", "convs", "po", "pml"], [0, 1, 2, 16, 0, f2i(1.0), f2i(1.0)], [(4, "po_bad"), (1, "s"), (5, "po"), [0, HKV, 0, 16, 0], [0, 0, NCH, 16, 0], [0, 0, 0, 0, 0], [0, 0, 0, 16, -1], [0, 1, 2, 16, 0, f2i(0.0), f2i(1.0)], [0, 1, 2, 16, 0, f2i(float("nan")), f2i(1.0)]]),

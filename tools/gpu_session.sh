@@ -85,12 +85,10 @@ for s in $steps; do
            (cd "$OUT" && tar czf traces.tgz tr && rm -rf tr) ;;
     tiles2) # the span tiling (one wave of 264, 64-token spans) against a fill of 528 and 128-token spans, at 128 and 256 tokens
            timeout 150 python3 tools/sched_probe.py --out "$OUT/tiles2_probe.json" --modes dynamic --depths 1 --variants base: --tiles "f264:,f528:gemm_fill=528,span128:gemm_span=128" --cases ${TILES2_CASES:-sliding-c32-t8,full-c16-t8} --step ${TILES2_STEPS:-32x8} > "$OUT/tiles2_probe.log" 2>&1; echo "tiles2 probe rc=$?"; grep -v "^$" "$OUT/tiles2_probe.log" | tail -10 ;;
-    router) # the f32 router staged in shared memory from 64 tokens (GVM_GEMM_F32_XS_MIN 64, Tiles.router_span 64: 32-row tiles over 64-token spans)
-            # against its register tiles on the same tiles (GVM_GEMM_F32_XS_MIN=0) and on the old ones (router_span=0: 2 rows, all tokens)
-           timeout 60 python3 tools/prebuild.py base GVM_GEMM_F32_XS_MIN=0; echo "prebuild rc=$?"
-           timeout 35 python3 tools/ops_check.py --only gemm > "$OUT/router_ops_check.log" 2>&1; echo "ops_check gemm rc=$?"; grep -c " ok" "$OUT/router_ops_check.log"; grep "FAIL\|staged\|ALL" "$OUT/router_ops_check.log" | head -6
-           timeout 45 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_muse_layer.py -k "shard_layer_matches_reference and t8" > "$OUT/router_layers.log" 2>&1; echo "t8 layers rc=$?"; tail -2 "$OUT/router_layers.log"
-           timeout 100 python3 tools/sched_probe.py --out "$OUT/router_probe.json" --modes dynamic --depths 1 --variants "rx:,reg:GVM_GEMM_F32_XS_MIN=0" --tiles "span:,whole:router_span=0" --cases ${ROUTER_CASES:-sliding-c32-t8,full-c16-t8} --step ${ROUTER_STEPS:-32x8} > "$OUT/router_probe.log" 2>&1; echo "router probe rc=$?"; grep -v "^$" "$OUT/router_probe.log" | tail -12 ;;
+    router) # the router's staged tiles cut over K (Tiles.router_span 32, router_ops 128: K parts, the last part of a tile adding them up)
+            # against the tiles before (router_span=256, router_ops=1: 32 tiles at 256 tokens, 2-row register tiles below); gemm checked at the shard's size first
+           timeout 60 python3 tools/ops_check.py --only gemm > "$OUT/router_ops_check.log" 2>&1; echo "ops_check gemm rc=$?"; grep -c " ok" "$OUT/router_ops_check.log"; grep "FAIL\|ALL" "$OUT/router_ops_check.log" | head -6
+           timeout ${T_ROUTER:-300} python3 tools/sched_probe.py --out "$OUT/router_probe.json" --modes dynamic --depths 1 --variants base: --tiles "parts:,before:router_span=256+router_ops=1" --cases ${ROUTER_CASES:-full-c16-t8,full-c32-t8,sliding-c16-t8,sliding-c32-t8,full-c32-t1,sliding-c32-t1} --step ${ROUTER_STEPS:-16x8,32x8,32x1} > "$OUT/router_probe.log" 2>&1; echo "router probe rc=$?"; grep -v "^$" "$OUT/router_probe.log" | tail -24 ;;
     xbench) # expert_bench (the list alone) with probes (GVM_EXPR_PROBE: 4 no weight copies, 5 no copies nor decode, 16 the walk alone, 128 the argument check alone, 64 nothing)
            for v in ${XBENCH:-GVM_EXPR_PROBE=0 GVM_EXPR_PROBE=4 GVM_EXPR_PROBE=5 GVM_EXPR_PROBE=16 GVM_EXPR_PROBE=128 GVM_EXPR_PROBE=64}; do timeout 60 python3 tools/expert_bench.py --quick --reps 10 --define $v --out "$OUT/xb_$v.json" > "$OUT/xb_$v.log" 2>&1; echo "expert_bench $v rc=$?"; tail -4 "$OUT/xb_$v.log"; done
            (cd "$OUT" && tar czf xbench.tgz xb_* && rm -f xb_*) ;;

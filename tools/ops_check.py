@@ -718,6 +718,29 @@ def cases_gemm(sz: Sizes, gen: torch.Generator) -> list[Case]:
             for t0, tn in spans:
                 b.op_([o, x, w, st, *extra], [c0, c, t0, tn, i])
         out.append(b.case())
+    # K parts (a5 P, a6 part, a7 ticket): the router's tiles cut over K, each
+    # tile's last part adding them up. Staged (32 tokens and more: the staged
+    # pass's tokens half used at 40), register tiles over token ranges, one
+    # token; tickets that start past zero by a multiple of P (later steps)
+    for t, n_parts, k, spans, start in ((100, 4, 8 * d, ((0, 64), (64, 36)), 0), (40, 16, 32 * d, ((0, 40),), 32),
+                                        (20, 2, 8 * d, ((0, 7), (7, 13)), 2), (1, 8, 8 * d, ((0, 0),), 0)):
+        b = _Build(f"gemm f32 T={t} K={k} {n_parts} K parts", Op.GEMM, gen)
+        o = b.out("out", DType.F32, (t, 2 * n), GEMM_F32)
+        x = b.add("x", DType.F32, b.randn(t, k, scale=2.0))
+        w = b.add("w", DType.F32, b.randn(2 * n, k, scale=0.05))
+        tiles = [(c0, c, t0, tn) for c0, c in _gemm_cols(2 * n, (32, 13, 40, 64)) for t0, tn in spans]
+        parts = b.out("parts", DType.F32, (t, n_parts * 2 * n), GEMM_F32)
+        tickets = b.add("tickets", DType.I32, torch.full((len(tiles),), start, dtype=torch.int32), EXACT)
+        for j in range(n_parts):  # every tile's part j, then part j + 1: a tile's last part is the last pass's
+            for m, (c0, c, t0, tn) in enumerate(tiles):
+                b.op_([o, x, w, parts, tickets], [c0, c, t0, tn, 0, n_parts, j, m])
+        out.append(b.case())
+    for what, i, bad in (("3 parts", 5, 3), ("part past P", 6, 4), ("ticket past the tickets", 7, 1)):
+        b = _Build(f"gemm f32 K parts, {what} -> BAD_ARGS", Op.GEMM, gen)
+        b.op_([b.out("out", DType.F32, (2, 16), EXACT), b.add("x", DType.F32, b.randn(2, 96)), b.add("w", DType.F32, b.randn(16, 96)),
+               b.out("parts", DType.F32, (2, 64), EXACT), b.add("tickets", DType.I32, torch.zeros(1, dtype=torch.int32))],
+              [0, 16, 0, 0, 0, 4, 0, 0])
+        out.append(b.case(int(ErrorCode.BAD_ARGS), _set_arg(i, bad)))
     b = _Build("gemm statistics slot past P -> BAD_ARGS", Op.GEMM, gen)
     b.op_([b.out("out", DType.F32, (2, 16), EXACT), b.add("x", DType.BF16, b.randn(2, 64).bfloat16()), b.add("w", DType.BF16, b.randn(16, 64).bfloat16()),
            b.out("stats", DType.F32, (2, 2, 4), EXACT), b.add("s", DType.F32, b.randn(2, 16)), b.add("alpha", DType.F32, b.randn(16)),

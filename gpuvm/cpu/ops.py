@@ -109,6 +109,19 @@ def gemm(ts: Slots, a: Args) -> None:
     assert out is not None and x is not None and w is not None
     cols = slice(a[0], a[0] + a[1])
     rows = slice(a[2], a[2] + a[3]) if a[3] else slice(None)
+    if a[5] > 1:  # K part a6 of a5; the tile's last part (by its ticket) sums the parts in part order
+        parts, tickets = ts[3], ts[4]
+        assert parts is not None and tickets is not None
+        n_parts, n, kp = a[5], out.shape[1], x.shape[1] // a[5]
+        ks = slice(a[6] * kp, (a[6] + 1) * kp)
+        parts[rows, a[6] * n + a[0]:a[6] * n + a[0] + a[1]] = x[rows, ks].float() @ w[cols, ks].float().T
+        tickets[a[7]] = ((int(tickets[a[7]]) + 1 + 2**31) % 2**32) - 2**31  # int32 wraps as the device's
+        if int(tickets[a[7]]) % n_parts == 0:
+            total = parts[rows, a[0]:a[0] + a[1]].clone()
+            for j in range(1, n_parts):
+                total += parts[rows, j * n + a[0]:j * n + a[0] + a[1]]
+            out[rows, cols] = total
+        return
     out[rows, cols] = (x[rows].float() @ w[cols].float().T).to(out.dtype)
     if len(ts) > 3 and ts[3] is not None:  # residual statistics of the tile (isa/gvm_isa.h GEMM)
         stats, s, alpha, beta = ts[3:7]

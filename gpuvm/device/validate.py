@@ -51,6 +51,8 @@ def check_records(records: np.ndarray, table: np.ndarray, n_counters: int, compi
     if max_groups > 2 and (i := first((ops == int(Op.GEMM)) & (records["arg"][:, 3] != 0))) is not None:
         raise ProgramError(f"{name(i)}: a GEMM token range needs a kernel of at most 2 groups (this one is built for {max_groups}; "
                            "it has no register to spare for one)")
+    if max_groups > 2 and (i := first((ops == int(Op.GEMM)) & (records["arg"][:, 5] > 1))) is not None:
+        raise ProgramError(f"{name(i)}: GEMM K parts need a kernel of at most 2 groups (this one is built for {max_groups})")
     nw = records["n_waits"].astype(np.int64)
     if (i := first(nw > MAX_WAITS)) is not None:
         raise ProgramError(f"{name(i)}: {int(nw[i])} waits, at most {MAX_WAITS}")

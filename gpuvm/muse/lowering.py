@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..isa import HEAD_DIM, DType, Op, f2i
+from ..isa import GEMM_MAX_PARTS, HEAD_DIM, DType, Op, f2i
 from ..opspec import ProgramError, TensorSpec
 from ..program import Counter, Program, Stream
 from ..tensors import check_binding, torch_dtype
@@ -66,8 +66,15 @@ class Tiles:
     # staged f32 path); below it, tiles of router_bytes over all tokens (or
     # router_splits ranges). H200, a7cea4d, staged / register tiles: 256-token
     # layer sliding-c32-t8 1644 / 1782 us, step 32 x 8 129.2 / 136.1 ms; but
-    # at 128 tokens its 16 tiles lose (full-c16-t8 1955 / 1838 us).
-    router_span: int = 256
+    # at 128 tokens its 16 tiles lost (full-c16-t8 1955 / 1838 us) until they
+    # were cut over K as well (router_ops).
+    router_span: int = 32
+    # The staged router has few tiles (32 rows x 64 tokens: 32 at 256 tokens,
+    # each ~250 us of FMAs on one group while the squeeze beside it took 172),
+    # so its tiles are cut over K too, into the most parts (a power of two) that
+    # keep it within router_ops instructions; the last part of a tile to finish
+    # adds the parts up (isa/gvm_isa.h GEMM, K parts).
+    router_ops: int = 128
     router_bytes: int = 64 * 1024  # the f32 router's tiles: latency bound, so smaller (2 rows of 32 KB)
     router_splits: int = 1  # token ranges per router tile at T > 1 (2 measured no faster on the H200: NOTES.md session 5)
     expert_workers: int = 264  # EXPERT_UP / EXPERT_DOWN instructions per layer (H200: 132 SMs x 2 groups)
@@ -118,7 +125,7 @@ class Tiles:
             raise ProgramError(f"Tiles.router_span must be an int >= 0, not {self.router_span!r}")
         if not isinstance(self.fuse_qk, int) or self.fuse_qk < 0:
             raise ProgramError(f"Tiles.fuse_qk must be an int >= 0, not {self.fuse_qk!r}")
-        for name in ("gemm_bytes", "gemm_min_bytes", "gemm_max_bytes", "gemm_span", "router_bytes", "router_splits", "expert_workers", "rows", "residual_slices", "residual_max_ops", "chunk", "sliding_chunk", "sliding_ops", "full_ops"):
+        for name in ("gemm_bytes", "gemm_min_bytes", "gemm_max_bytes", "gemm_span", "router_ops", "router_bytes", "router_splits", "expert_workers", "rows", "residual_slices", "residual_max_ops", "chunk", "sliding_chunk", "sliding_ops", "full_ops"):
             v = getattr(self, name)
             if not isinstance(v, int) or v <= 0:
                 raise ProgramError(f"Tiles.{name} must be a positive int, not {v!r}")
@@ -184,6 +191,7 @@ def n_chunks(cfg: MuseConfig, kind: str, tokens_each: int, cache_slots: int, chu
 
 
 F32_SPAN_ROWS = 32  # rows of an f32 GEMM tile cut over tokens: one pass of the device's staged f32 path
+F32_PART_K = 32  # a K part of the staged f32 path: whole stages of 32 k
 
 
 def _pow2_rows(n_rows: int, row_bytes: int, target: int) -> int:
@@ -409,9 +417,32 @@ def emit_layer(
     res1 = ctr("h2")
     residual([s, a, w["alpha1"], w["beta1"], w["w_moe"], h2, h2b], a_stats, [wo_done], res1, "residual1")
 
+    def router(waits: list[Counter], sig: Counter) -> int:
+        """The f32 router's GEMM; its staged tiles cut over K (Tiles.router_ops).
+        Returns how many instructions."""
+        wr, ne, k = w["Wr"], cfg.n_experts, d
+        rows, spans = gemm_plan(wr, 0, ne, tl.router_bytes, tl.router_splits)
+        tiles = list(itertools.product(_tiles(0, ne, rows), spans))
+        n_parts = 1
+        if tl.router_span and T >= tl.router_span:
+            while (n_parts * 2 <= GEMM_MAX_PARTS and len(tiles) * n_parts * 2 <= tl.router_ops
+                   and k % (n_parts * 2 * F32_PART_K) == 0):
+                n_parts *= 2
+        if n_parts == 1:
+            return gemm(scores, h2, wr, 0, ne, waits, sig, "Wr", tl.router_bytes, tl.router_splits)
+        parts = act("score_parts", (T, n_parts * ne), DType.F32)
+        tickets = act("score_tickets", (len(tiles),), DType.I32, "ticket")
+        kp = k // n_parts
+        for m, ((c0, n), (t0, tn)) in enumerate(tiles):
+            for j in range(n_parts):
+                where = f"{c0}:{c0 + n}" + (f"|t{t0}:{t0 + tn}" if tn else "") + f"|k{j * kp}:{(j + 1) * kp}"
+                p.op(Op.GEMM, [scores, h2, wr, parts, tickets], [c0, n, t0, tn, 0, n_parts, j, m], waits=waits, signal=sig,
+                     prefetch=(wr, c0 * wr.row_bytes + j * kp * 4, kp * 4), label=f"{prefix}Wr[{where}]")
+        return len(tiles) * n_parts
+
     # mixture of experts
     scored, routed, squeezed = ctr("scores"), ctr("route"), ctr("x")
-    n_router = gemm(scores, h2, w["Wr"], 0, cfg.n_experts, [res1], scored, "Wr", tl.router_bytes, tl.router_splits)
+    n_router = router([res1], scored)
     work = act("work", (2, 2), DType.I32, "list")  # the expert lists' (taken, done) counters (TOPK zeroes them)
     p.op(Op.TOPK, [scores, meta, route, work], [0, E], waits=[scored], signal=routed, label=f"{prefix}topk")
     gemm(x, h2b, w["Wsq"], 0, H, [res1], squeezed, "Wsq", beside=n_router)
@@ -489,6 +520,9 @@ def bind_layer(lp: LayerProgram, weights: LayerWeights, state: DecodeState, s: t
             buf = getattr(weights, role)
         elif role in ("k_cache", "v_cache"):
             buf = getattr(state, role)
+        elif spec.role == "ticket":  # counted from zero (gpuvm.program.ROLES)
+            out[spec.name] = torch.zeros(spec.shape, dtype=torch_dtype(spec.dtype), device=device)
+            continue
         else:
             out[spec.name] = poisoned(spec, device)
             continue

@@ -56,7 +56,7 @@ def _layer_footprint(cfg: MuseConfig, kind: str, conversations: int, tokens_each
     p.op(Op.NOP, [], [], signal=ready)  # stands for the previous layer
     emit_layer(p, cfg, kind, conversations, tokens_each, slots, prefix="L.", s=s, convs=convs, after=ready, next_norm=w_next, tiles=tiles, h=h)
     scratch = {(t.name[2:], t.shape, t.dtype): t.nbytes for t in p.tensors if t.name.startswith("L.") and t.role == "activation"}
-    lists = sum(t.nbytes for t in p.tensors if t.role == "list")
+    lists = sum(t.nbytes for t in p.tensors if t.role in ("list", "ticket"))
     return scratch, lists, len(p.instrs) - 1, len(p.tensors) - 4  # less the stand-ins above
 
 
