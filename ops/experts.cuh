@@ -34,7 +34,8 @@
 #ifndef GVM_EXPR_PROBE
 #define GVM_EXPR_PROBE 0   // timing probes (tools/expert_bench.py --define), bits: 1 no decode, 2 no MMA, 4 no weight copies (ring),
                            // 8 nothing after staging x, 16 no item (the list's walk alone), 32 no epilogue, 64 nothing at all,
-                           // 128 the argument check alone
+                           // 128 the argument check alone; the shared tile (many tokens): 256 no x staging in the K loop,
+                           // 512 no decode nor MMA, 1024 no weight copies
 #endif
 
 #define GVM_EXP_KSTEP 256    // K per step: 4 threads x 64 codes of a weight row
@@ -120,19 +121,20 @@ __device__ __forceinline__ void gvm_exp_mma(const gvm_ctx& c, float (&acc)[GVM_E
     const int mts = (tm + 15) / 16, steps = (kdim + GVM_EXP_KSTEP - 1) / GVM_EXP_KSTEP;
     const unsigned long long pol = gvm_policy_evict_first();
     const unsigned slot0 = s_wbuf + c.tid * GVM_EXP_WSLOT, slot1 = slot0 + 128 * GVM_EXP_WSLOT;
-    gvm_exp_fetch(slot0, cp, sp, cstep, sstep, live0, live1, t4, 0, kdim, pol);
+    if (!(GVM_EXPR_PROBE & 1024)) gvm_exp_fetch(slot0, cp, sp, cstep, sstep, live0, live1, t4, 0, kdim, pol);
 #pragma unroll 1
     for (int ks = 0; ks < steps; ++ks) {
         const unsigned slot = ks & 1 ? slot1 : slot0;
-        if (ks + 1 < steps) gvm_exp_fetch(ks & 1 ? slot0 : slot1, cp, sp, cstep, sstep, live0, live1, t4, ks + 1, kdim, pol);
+        if (ks + 1 < steps && !(GVM_EXPR_PROBE & 1024))
+            gvm_exp_fetch(ks & 1 ? slot0 : slot1, cp, sp, cstep, sstep, live0, live1, t4, ks + 1, kdim, pol);
         gvm_group_sync(c);  // every warp is done with the previous tile
-        gvm_exp_stage(c, x, s_rows, s_tile, tm, ks, kdim);
+        if (!(GVM_EXPR_PROBE & 256)) gvm_exp_stage(c, x, s_rows, s_tile, tm, ks, kdim);
         if (ks + 1 < steps)
             gvm_cp_async_wait<1>();  // this step's weights are in; the next step's may still fly
         else
             gvm_cp_async_wait<0>();
         gvm_group_sync(c);
-        if (!active) continue;
+        if (!active || (GVM_EXPR_PROBE & 512)) continue;
 #pragma unroll
         for (int w8 = 0; w8 < 8; ++w8) {
             unsigned p[2][4];

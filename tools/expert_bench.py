@@ -67,6 +67,7 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--define", action="append", default=[], help="MACRO=value for the op kernels (repeatable)")
     ap.add_argument("--quick", action="store_true", help="1 and 3 experts hit only")
+    ap.add_argument("--shapes", default="", help="experts hit x tokens each, e.g. 32x16,32x32 (default: 1x1,3x1,8x1,32x8)")
     ap.add_argument("--bw", type=float, default=4.3, help="streaming-read TB/s for the floor column")
     a = ap.parse_args()
     gen = torch.Generator().manual_seed(0)
@@ -77,7 +78,8 @@ def main() -> int:
     print(f"{'op':5} {'hit':>3} {'tok':>3} {'us':>8} {'MB':>7} {'GB/s':>7} {'floor us':>8}", flush=True)
     for up in (True, False):
         w = weights(up, gen)
-        for hit, tokens in ((1, 1), (3, 1)) if a.quick else ((1, 1), (3, 1), (8, 1), (32, 8)):
+        shapes = [tuple(int(v) for v in sh.split("x")) for sh in a.shapes.split(",") if sh]
+        for hit, tokens in shapes or (((1, 1), (3, 1)) if a.quick else ((1, 1), (3, 1), (8, 1), (32, 8))):
             case, nbytes = build_list(up, GRAIN[up], hit, tokens, w, gen)
             placed = place(case.tensors, "cuda")
             records, table = encode(case, placed)

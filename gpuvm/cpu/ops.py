@@ -109,7 +109,7 @@ def gemm(ts: Slots, a: Args) -> None:
     assert out is not None and x is not None and w is not None
     cols = slice(a[0], a[0] + a[1])
     rows = slice(a[2], a[2] + a[3]) if a[3] else slice(None)
-    if a[5] > 1:  # K part a6 of a5; the tile's last part (by its ticket) sums the parts in part order
+    if len(a) > 5 and a[5] > 1:  # K part a6 of a5; the tile's last part (by its ticket) sums the parts in part order
         parts, tickets = ts[3], ts[4]
         assert parts is not None and tickets is not None
         n_parts, n, kp = a[5], out.shape[1], x.shape[1] // a[5]
