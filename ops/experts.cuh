@@ -43,11 +43,7 @@
 #define GVM_EXP_MAXMT 2      // m-tiles of 16 tokens per token chunk
 #define GVM_EXP_HEAD 144     // smem before the x tile: x row byte offsets [32], bad-row flag
 #define GVM_EXP_WSLOT 80     // bytes per thread per weight buffer: 2 x 32 codes, 2 x 4 scales, pad
-#ifndef GVM_EXP_AHEAD  // 1: x of the next K step loaded into registers during this one's MMAs, weights two steps ahead
-#define GVM_EXP_AHEAD 1   // 0: x staged at each step's start (its L2 round trip exposed), weights one step ahead
-#endif
-#define GVM_EXP_WBUFS (GVM_EXP_AHEAD ? 3 : 2)  // K steps of weights in flight or in use
-#define GVM_EXP_WBUF (GVM_EXP_WBUFS * 128 * GVM_EXP_WSLOT)
+#define GVM_EXP_WBUF (2 * 128 * GVM_EXP_WSLOT)  // two K steps of weights
 #define GVM_F16X2_64 0x54005400u
 #define GVM_EXP_STATE 16     // smem at the end of the scratch: the work list's walk
 
@@ -113,39 +109,10 @@ __device__ __forceinline__ void gvm_exp_fetch(unsigned slot, const unsigned char
     gvm_cp_async_commit();
 }
 
-#if GVM_EXP_AHEAD
-// This thread's 16-byte words of x[rows of the chunk][ks * 256, + 256) (at most
-// 8: 32 rows x 32 words), zero past K; in flight on return.
-__device__ __forceinline__ void gvm_exp_xload(const gvm_ctx& c, const unsigned char* x, unsigned s_rows, int tm,
-                                              int ks, int kdim, uint4 (&v)[8]) {
-    const int n = tm * 32, k = ks * GVM_EXP_KSTEP + (int)(c.tid & 31) * 8;
-#pragma unroll
-    for (int u = 0; u < 8; ++u) {
-        const int i = (int)c.tid + 128 * u;
-        v[u] = make_uint4(0, 0, 0, 0);
-        if (i < n && k < kdim) v[u] = *reinterpret_cast<const uint4*>(x + gvm_lds_u(s_rows + 4 * (i >> 5)) + 2 * k);
-    }
-}
-
-// The words of gvm_exp_xload -> the f16 tile in pair order.
-__device__ __forceinline__ void gvm_exp_xstore(const gvm_ctx& c, unsigned s_tile, int tm, const uint4 (&v)[8]) {
-    const unsigned ch = c.tid & 31, off = gvm_exp_chunk(ch >> 3, ch & 7);
-#pragma unroll
-    for (int u = 0; u < 8; ++u) {
-        const int i = (int)c.tid + 128 * u;
-        if (i < tm * 32) gvm_sts(s_tile + (i >> 5) * GVM_EXP_XROW + off, gvm_exp_pairs(v[u]));
-    }
-}
-#endif
-
 // One warp's two 8-row weight blocks (set 0 at cp/sp, set 1 cstep/sstep bytes on)
 // times the staged chunk, K step by K step. Weights stream through shared memory
-// (cp.async, each thread reading back only its own bytes, so no barrier guards
-// them); all four warps take part in staging x. With GVM_EXP_AHEAD the next K
-// step's x is loaded into registers before this step's MMAs and stored after
-// them, and the weights go two steps ahead (H200 expert_bench, 32 experts x 16
-// tokens at 822ec5b: of an UP list's 689 us, 167 were x's exposed round trips,
-// 115 the weights').
+// (cp.async, one K step ahead, each thread reading back only its own bytes);
+// all four warps take part in staging x.
 __device__ __forceinline__ void gvm_exp_mma(const gvm_ctx& c, float (&acc)[GVM_EXP_MAXMT][2][4],
                                             const unsigned char* cp, const unsigned char* sp, int cstep, int sstep,
                                             bool live0, bool live1, bool active, const unsigned char* x,
@@ -153,33 +120,7 @@ __device__ __forceinline__ void gvm_exp_mma(const gvm_ctx& c, float (&acc)[GVM_E
     const unsigned g = (c.tid & 31) >> 2, t4 = c.tid & 3;
     const int mts = (tm + 15) / 16, steps = (kdim + GVM_EXP_KSTEP - 1) / GVM_EXP_KSTEP;
     const unsigned long long pol = gvm_policy_evict_first();
-    constexpr unsigned BUF = 128 * GVM_EXP_WSLOT;
-    const unsigned slot0 = s_wbuf + c.tid * GVM_EXP_WSLOT, slot_last = slot0 + (GVM_EXP_WBUFS - 1) * BUF;
-#if GVM_EXP_AHEAD
-    if (!(GVM_EXPR_PROBE & 1024)) {
-        gvm_exp_fetch(slot0, cp, sp, cstep, sstep, live0, live1, t4, 0, kdim, pol);
-        if (steps > 1) gvm_exp_fetch(slot0 + BUF, cp, sp, cstep, sstep, live0, live1, t4, 1, kdim, pol);
-    }
-    uint4 xv[8];
-    if (!(GVM_EXPR_PROBE & 256)) gvm_exp_xload(c, x, s_rows, tm, 0, kdim, xv);
-    gvm_group_sync(c);  // every warp is done with the previous pass's tile
-    if (!(GVM_EXPR_PROBE & 256)) gvm_exp_xstore(c, s_tile, tm, xv);
-    unsigned slot = slot0, ahead = slot0 + 2 * BUF;  // this step's weights; where step ks + 2's go
-#pragma unroll 1
-    for (int ks = 0; ks < steps; ++ks) {
-        if (ks + 1 < steps && !(GVM_EXPR_PROBE & 256)) gvm_exp_xload(c, x, s_rows, tm, ks + 1, kdim, xv);
-        if (ks + 2 < steps && !(GVM_EXPR_PROBE & 1024))
-            gvm_exp_fetch(ahead, cp, sp, cstep, sstep, live0, live1, t4, ks + 2, kdim, pol);
-        if (ks + 2 < steps)  // this step's weights are in; the next two steps' may still fly
-            gvm_cp_async_wait<2>();
-        else if (ks + 1 < steps)
-            gvm_cp_async_wait<1>();
-        else
-            gvm_cp_async_wait<0>();
-        gvm_group_sync(c);  // this step's x tile is stored
-        if (active && !(GVM_EXPR_PROBE & 512)) {
-#else
-    const unsigned slot1 = slot0 + BUF;
+    const unsigned slot0 = s_wbuf + c.tid * GVM_EXP_WSLOT, slot1 = slot0 + 128 * GVM_EXP_WSLOT;
     if (!(GVM_EXPR_PROBE & 1024)) gvm_exp_fetch(slot0, cp, sp, cstep, sstep, live0, live1, t4, 0, kdim, pol);
 #pragma unroll 1
     for (int ks = 0; ks < steps; ++ks) {
@@ -193,8 +134,7 @@ __device__ __forceinline__ void gvm_exp_mma(const gvm_ctx& c, float (&acc)[GVM_E
         else
             gvm_cp_async_wait<0>();
         gvm_group_sync(c);
-        if (active && !(GVM_EXPR_PROBE & 512)) {
-#endif
+        if (!active || (GVM_EXPR_PROBE & 512)) continue;
 #pragma unroll
         for (int w8 = 0; w8 < 8; ++w8) {
             unsigned p[2][4];
@@ -218,15 +158,6 @@ __device__ __forceinline__ void gvm_exp_mma(const gvm_ctx& c, float (&acc)[GVM_E
                 }
             }
         }
-        }
-#if GVM_EXP_AHEAD
-        if (ks + 1 < steps) {
-            gvm_group_sync(c);  // every warp is done with this step's tile
-            if (!(GVM_EXPR_PROBE & 256)) gvm_exp_xstore(c, s_tile, tm, xv);
-        }
-        slot = slot == slot_last ? slot0 : slot + BUF;
-        ahead = ahead == slot_last ? slot0 : ahead + BUF;
-#endif
     }
 }
 
