@@ -382,13 +382,27 @@ def _check_topk(ts: Slots, a: Args) -> None:
     if not (meta.shape[0] == 2 and meta.shape[1] == a[1]):
         raise ProgramError(f"route_meta {meta.shape} must be [2,{a[1]}]")
     _range(a[0], a[1], ne, "local expert")
+    if a[2] not in (0, 1, 2):
+        raise ProgramError(f"TOPK mode a2 must be 0 (picks and table), 1 (picks of tokens a3.., a4 of them) or 2 (table), not {a[2]}")
+    if a[2] == 1:
+        if not a[4] > 0:
+            raise ProgramError(f"TOPK picks (mode 1) of {a[4]} tokens: a4 must be > 0")
+        _range(a[3], a[4], t, "TOPK token")
+        if _opt(ts, 3) is not None:
+            raise ProgramError("TOPK picks (mode 1) take no work lists (t3): the table (mode 2) resets them")
+    elif a[3] or a[4]:
+        raise ProgramError(f"TOPK mode {a[2]} takes a3 = a4 = 0, not {a[3]}, {a[4]}")
     if _opt(ts, 3) is not None:
         _work(ts, 3)
 
 
 def _cost_topk(ts: Slots, a: Args) -> Cost:
-    sc = ts[0]
-    assert sc
+    sc, route = ts[0], ts[2]
+    assert sc and route
+    if a[2] == 1:  # the picks of a4 tokens
+        return Cost(act_bytes=a[4] * (sc.row_bytes + 2 * TOPK * 4), flops=a[4] * sc.shape[1] * 8)
+    if a[2] == 2:  # the table from the picks
+        return Cost(act_bytes=4 * route.nbytes // 5 + 8 * a[1], flops=sc.shape[0] * TOPK * 4)
     return Cost(act_bytes=sc.nbytes, flops=sc.shape[0] * sc.shape[1] * 8)
 
 
@@ -512,7 +526,7 @@ SPECS: dict[Op, OpSpec] = {
     Op.ATTN_CHUNK: OpSpec(("q", "k_cache", "v_cache", "convs", "part_o", "part_ml", "w_qn", "w_kn"), ("conv", "kv_head", "chunk", "chunk_len", "window", "f_kscale", "f_vscale", "rope"), _check_attn_chunk, _cost_attn_chunk),
     Op.ATTN_MERGE: OpSpec(("o", "part_o", "part_ml", "qkvg"), ("tok0", "tokens", "head0", "heads"), _check_attn_merge, _cost_merge),
     Op.RESIDUAL: OpSpec(("s", "a", "alpha", "beta", "w_next", "out_f32", "out_bf16", "stats"), ("row0", "rows", "col0", "cols"), _check_residual, _cost_residual),
-    Op.TOPK: OpSpec(("scores", "route_meta", "route", "work"), ("first_local", "n_local"), _check_topk, _cost_topk),
+    Op.TOPK: OpSpec(("scores", "route_meta", "route", "work"), ("first_local", "n_local", "mode", "t0", "tokens"), _check_topk, _cost_topk),
     Op.EXPERT_UP: OpSpec(("hbuf", "x", "codes", "scales", "tscales", "route_meta", "route", "work"), ("list", "workers", "grain", "cap"), lambda ts, a: _check_expert(ts, a, True), lambda ts, a: _cost_expert(ts, a, 2)),
     Op.EXPERT_DOWN: OpSpec(("y", "hbuf", "codes", "scales", "tscales", "route_meta", "route", "work"), ("list", "workers", "grain", "cap"), lambda ts, a: _check_expert(ts, a, False), lambda ts, a: _cost_expert(ts, a, 1)),
     Op.EXPERT_COMBINE: OpSpec(("fsq", "y", "route"), ("tok0", "tokens"), _check_combine, _cost_combine),

@@ -151,7 +151,11 @@ enum gvm_opcode {
      * route[2][t*8+k] expert, route[3][t*8+k] f(w), route[4][t*8+k] slot or -1.
      * Local expert e gets route_meta[0][e] tokens in slots
      * [route_meta[1][e], + count), in token order; route[0][slot] token,
-     * route[1][slot] f(w). Slots of expert e follow those of e-1. */
+     * route[1][slot] f(w). Slots of expert e follow those of e-1.
+     * a2 mode: 0 all of the above; 1 only route[2] and route[3] of tokens
+     * [a3, a3+a4) (a4 > 0; t3 none); 2 the rest, from route[2] and route[3]
+     * as mode 1 instructions left them (scores unread). Modes 0 and 2 take
+     * a3 = a4 = 0. */
     GVM_OP_EXPERT_UP = 23,
     /* t0 hbuf [8T,I] bf16, t1 x [T,H] bf16, t2 gu codes [E,2,I,H/2] e2m1x2,
      * t3 gu scales [E,2,I,H/16] e4m3, t4 gu tensor scales [E,2] f32,

@@ -1,5 +1,8 @@
 // TOPK (isa/gvm_isa.h): per token the top 8 router scores and their softmax
 // weights, then the routing table of the local experts, built on the GPU.
+// At many tokens the picks (a warp's 8 rounds a token, ~0.8 us) are cut over
+// token ranges (mode 1), and one instruction builds the table from them
+// (mode 2); mode 0 does both.
 // Deterministic: a token's 8 picks are in descending score order, ties to the
 // lower expert index; slots of an expert are in token order (a token picks an
 // expert at most once, so the slot of (t, e) is offset[e] + #{t' < t chose e}).
@@ -17,15 +20,19 @@ __device__ int gvm_op_topk(const gvm_ctx& c) {
     const gvm_tensor& tsc = gvm_t(c, 0);
     const gvm_tensor& tmeta = gvm_t(c, 1);
     const gvm_tensor& troute = gvm_t(c, 2);
-    const int first = c.ins->arg[0], n_local = c.ins->arg[1];
+    const int first = c.ins->arg[0], n_local = c.ins->arg[1], mode = c.ins->arg[2];
     const int nt = tsc.shape[0], ne = tsc.shape[1];
+    // the picks' tokens (mode 1: a3, a4; mode 2: none)
+    const int t_beg = mode == 1 ? c.ins->arg[3] : 0, t_end = mode == 1 ? t_beg + c.ins->arg[4] : mode == 0 ? nt : 0;
     // smem: count[E], next[E] (slot of the chunk's first token per expert), mask[E][4]
     const unsigned need = (unsigned)n_local * 24u;
     const bool ok = gvm_is(tsc, GVM_DT_F32, 2) & ne >= GVM_TOPK & ne <= GVM_TOPK_MAX_EXPERTS &
                     gvm_is(tmeta, GVM_DT_I32, 2) & tmeta.shape[0] == 2 & tmeta.shape[1] == n_local &
                     gvm_is(troute, GVM_DT_I32, 2) & troute.shape[0] == 5 & troute.shape[1] == GVM_TOPK * nt &
                     first >= 0 & n_local >= 0 & first + n_local <= ne & c.smem_bytes >= need &
-                    (!gvm_has(c, 3) || (gvm_is(gvm_t(c, 3), GVM_DT_I32, 2) && gvm_t(c, 3).shape[1] == 2));
+                    (!gvm_has(c, 3) || (mode != 1 && gvm_is(gvm_t(c, 3), GVM_DT_I32, 2) && gvm_t(c, 3).shape[1] == 2)) &
+                    mode >= 0 & mode <= 2 & (mode == 1 ? t_beg >= 0 & c.ins->arg[4] > 0 & t_end <= nt
+                                                        : c.ins->arg[3] == 0 & c.ins->arg[4] == 0);
     if (!ok) return GVM_ERR_BAD_ARGS;
     if (gvm_has(c, 3)) {  // the experts' work lists (items taken, items done) start this step at 0
         const gvm_tensor& tw = gvm_t(c, 3);
@@ -40,20 +47,33 @@ __device__ int gvm_op_topk(const gvm_ctx& c) {
     int* meta_count = gvm_ptr<int>(tmeta, 0, 4);
     int* meta_first = gvm_ptr<int>(tmeta, tmeta.stride[0], 4);
 
-    for (int e = c.tid; e < n_local; e += 128) gvm_sts(s_count + 4 * e, 0u);
-    gvm_group_sync(c);
+    if (mode != 1) {
+        for (int e = c.tid; e < n_local; e += 128) gvm_sts(s_count + 4 * e, 0u);
+        gvm_group_sync(c);
+    }
+    if (mode == 2) {  // the picks are in route[2]: count the local ones
+        for (int t = c.tid; t < nt; t += 128) {
+            int x[GVM_TOPK];
+#pragma unroll
+            for (int k = 0; k < GVM_TOPK; ++k) x[k] = route[2][t * GVM_TOPK + k] - first;
+#pragma unroll
+            for (int k = 0; k < GVM_TOPK; ++k)
+                if (x[k] >= 0 && x[k] < n_local) atomicAdd(reinterpret_cast<unsigned*>(c.smem) + x[k], 1u);
+        }
+    }
 
     // 1. one warp per token: 8 rounds of (warp max of the keys, lowest index among equals);
     //    the warp's next token's scores are loaded while this one is picked
+    const int t_first = t_beg + (int)warp;
     float nxt[8];
 #pragma unroll
     for (int i = 0; i < 8; ++i)
-        nxt[i] = (int)warp < nt && lane + 32 * i < (unsigned)ne ? gvm_ptr<const float>(tsc, warp * tsc.stride[0], 4)[lane + 32 * i] : 0.0f;
-    for (int t = warp; t < nt; t += 4) {
+        nxt[i] = t_first < t_end && lane + 32 * i < (unsigned)ne ? gvm_ptr<const float>(tsc, t_first * tsc.stride[0], 4)[lane + 32 * i] : 0.0f;
+    for (int t = t_first; t < t_end; t += 4) {
         unsigned key[8];
 #pragma unroll
         for (int i = 0; i < 8; ++i) key[i] = lane + 32 * i < (unsigned)ne ? gvm_sort_key(nxt[i]) : 0u;
-        if (!(GVM_TOPK_PROBE & 2) && t + 4 < nt) {
+        if (!(GVM_TOPK_PROBE & 2) && t + 4 < t_end) {
             const float* sc = gvm_ptr<const float>(tsc, (t + 4) * tsc.stride[0], 4);
 #pragma unroll
             for (int i = 0; i < 8; ++i)
@@ -92,9 +112,10 @@ __device__ int gvm_op_topk(const gvm_ctx& c) {
             route[2][t * GVM_TOPK + lane] = (int)my_x;
             route[3][t * GVM_TOPK + lane] = __float_as_int(ex / sum);
             const int e = (int)my_x - first;
-            if (e >= 0 && e < n_local) atomicAdd(reinterpret_cast<unsigned*>(c.smem) + e, 1u);
+            if (mode == 0 && e >= 0 && e < n_local) atomicAdd(reinterpret_cast<unsigned*>(c.smem) + e, 1u);
         }
     }
+    if (mode == 1) return GVM_ERR_NONE;
     gvm_group_sync(c);
 
     // 2. counts -> first slots (exclusive scan, warp 0)

@@ -192,7 +192,10 @@ MUSE_CASES = [
      [(0, "s_bf"), (6, "wD"), (7, "s"), [0, 1, 2, 16, 0, f2i(1.0), f2i(1.0), 2]]),
     (Op.ATTN_MERGE, ["o", "po", "pml", "qkvg"], [0, T], [(0, "h"), (1, "po_bad"), [2, T]]),
     (Op.RESIDUAL, ["s", "a", "wD", "wD", "wD", "a", "h"], [0, T], [(0, "h"), (2, "w64"), (5, "h"), (6, "s"), [T, 1]]),
-    (Op.TOPK, ["sc", "meta", "route", "work"], [0, E], [(2, "route_bad"), (0, "h"), (1, "convs"), (3, "sc"), [NE - 1, E], [0, E + 1]]),
+    (Op.TOPK, ["sc", "meta", "route", "work"], [0, E], [(2, "route_bad"), (0, "h"), (1, "convs"), (3, "sc"), [NE - 1, E], [0, E + 1], [0, E, 3], [0, E, 0, 1, 1]]),
+    # the picks of tokens [1, T) (mode 1), then the table from them (mode 2)
+    (Op.TOPK, ["sc", "meta", "route"], [0, E, 1, 1, T - 1], [[0, E, 1, 0, 0], [0, E, 1, T - 1, 2], [0, E, 1, -1, 1], (2, "route_bad")]),
+    (Op.TOPK, ["sc", "meta", "route", "work"], [0, E, 2], [[0, E, 2, 1, 0], [0, E, 2, 0, 1], (3, "sc")]),
     (Op.EXPERT_UP, ["hbuf", "x", "gu", "gus", "guts", "meta", "route", "work"], [0, 1, I, I], [(2, "dc"), (3, "ds"), (4, "dts"), (0, "y"), (6, "route_bad"), (7, "meta"), [2, 1, 8, 8], [0, 0, 8, 8], [0, 2, 0, 8], [0, 2, 8, 0], [-1, 2, 8, 8]]),
     (Op.EXPERT_DOWN, ["y", "hbuf", "dc", "ds", "dts", "meta", "route", "work"], [1, 4, 16, 64], [(2, "gu"), (0, "hbuf"), (4, "guts"), (7, "sc"), [1, 0, H, H]]),
     (Op.EXPERT_COMBINE, ["fsq", "y", "route"], [0, T], [(0, "h"), (2, "route_bad"), (1, "hbuf"), [1, T]]),

@@ -535,6 +535,21 @@ def cases_route(sz: Sizes, gen: torch.Generator) -> list[Case]:
                b.out("route_meta", DType.I32, (2, sz.local), EXACT),
                b.out("route", DType.I32, (5, 8 * t), ROUTE), *work], [first, sz.local])
         out.append(b.case())
+    # many tokens: the picks over token ranges (mode 1, one instruction each),
+    # then the table from given picks (mode 2)
+    t = sz.big_tokens
+    b = _Build(f"topk T={t} picks in ranges of 16", Op.TOPK, gen)
+    sc, meta, route = b.add("scores", DType.F32, _router(b, t, sz, 0, False)), b.out("route_meta", DType.I32, (2, sz.local), EXACT), \
+        b.out("route", DType.I32, (5, 8 * t), ROUTE)
+    for t0 in range(0, t, 16):
+        b.op_([sc, meta, route], [0, sz.local, 1, t0, min(16, t - t0)])
+    out.append(b.case())
+    picks = torch.full((5, 8 * t), POISON_I32, dtype=torch.int32)
+    CPU_OPS[Op.TOPK]([_router(b, t, sz, 0, False), torch.empty(2, sz.local, dtype=torch.int32), picks], [0, sz.local, 1, 0, t])
+    b = _Build(f"topk T={t} table from the picks", Op.TOPK, gen)
+    b.op_([b.add("scores", DType.F32, torch.full((t, sz.experts), float("nan"))), b.out("route_meta", DType.I32, (2, sz.local), EXACT),
+           b.add("route", DType.I32, picks, ROUTE), b.out("work", DType.I32, (3, 2), EXACT)], [0, sz.local, 2])
+    out.append(b.case())
     b = _Build("topk E past the meta -> BAD_ARGS", Op.TOPK, gen)
     b.op_([b.add("scores", DType.F32, b.randn(4, 16)), b.out("route_meta", DType.I32, (2, 4), EXACT),
            b.out("route", DType.I32, (5, 32), EXACT)], [0, 4])

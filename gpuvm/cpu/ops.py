@@ -267,12 +267,22 @@ def topk(ts: Slots, a: Args) -> None:
     scores, meta, route = ts[:3]
     assert scores is not None and meta is not None and route is not None
     first, n_local = a[0], a[1]
+    mode = a[2] if len(a) > 2 else 0
     t = scores.shape[0]
-    _need(bool(torch.isfinite(scores).all()), "TOPK: scores hold NaN or inf (an unwritten or broken router output)")
-    # a stable descending sort puts the lower expert index first among equal scores
-    val, idx = torch.sort(scores, dim=1, descending=True, stable=True)
-    val, idx = val[:, :TOPK], idx[:, :TOPK]
-    w = torch.softmax(val, dim=-1)
+    if mode != 2:  # the picks (mode 1: of tokens [a3, a3 + a4))
+        rows = slice(a[3], a[3] + a[4]) if mode == 1 else slice(None)
+        sc = scores[rows]
+        _need(bool(torch.isfinite(sc).all()), "TOPK: scores hold NaN or inf (an unwritten or broken router output)")
+        # a stable descending sort puts the lower expert index first among equal scores
+        val, picked = torch.sort(sc, dim=1, descending=True, stable=True)
+        val, picked = val[:, :TOPK], picked[:, :TOPK]
+        route[2].view(t, TOPK)[rows] = picked.to(torch.int32)
+        route[3].view(t, TOPK)[rows] = _bits(torch.softmax(val, dim=-1))
+        if mode == 1:
+            return
+    idx = route[2].view(t, TOPK).long()
+    _need(bool(((idx >= 0) & (idx < scores.shape[1])).all()), "TOPK: a pick outside the experts (unwritten picks)")
+    w = route[3].view(torch.float32).view(t, TOPK)
     e = (idx - first).flatten()
     local = (e >= 0) & (e < n_local)
     counts = torch.bincount(e[local], minlength=n_local)
@@ -283,8 +293,6 @@ def topk(ts: Slots, a: Args) -> None:
     picks = picks[torch.sort(e[picks], stable=True).indices]
     slot = torch.full((TOPK * t,), -1, dtype=torch.int32)
     slot[picks] = torch.arange(len(picks), dtype=torch.int32)
-    route[2] = idx.flatten().to(torch.int32)
-    route[3] = _bits(w.flatten())
     route[4] = slot
     route[0, : len(picks)] = (picks // TOPK).to(torch.int32)
     route[1, : len(picks)] = _bits(w.flatten()[picks])

@@ -76,6 +76,11 @@ class Tiles:
     # adds the parts up (isa/gvm_isa.h GEMM, K parts).
     router_ops: int = 128
     router_bytes: int = 64 * 1024  # the f32 router's tiles: latency bound, so smaller (2 rows of 32 KB)
+    # Past topk_tokens tokens a step the top-8 picks (a warp's 8 rounds of
+    # warp reductions a token, ~0.8 us; one instruction took 104 us at 256
+    # tokens) go in TOPK instructions of topk_tokens tokens each, and one more
+    # builds the routing table from their picks (isa/gvm_isa.h TOPK modes).
+    topk_tokens: int = 16
     router_splits: int = 1  # token ranges per router tile at T > 1 (2 measured no faster on the H200: NOTES.md session 5)
     expert_workers: int = 264  # EXPERT_UP / EXPERT_DOWN instructions per layer (H200: 132 SMs x 2 groups)
     rows: int = 1  # token rows per RMSNORM / RESIDUAL / EXPERT_COMBINE op (latency bound: one row each ran fastest)
@@ -125,7 +130,7 @@ class Tiles:
             raise ProgramError(f"Tiles.router_span must be an int >= 0, not {self.router_span!r}")
         if not isinstance(self.fuse_qk, int) or self.fuse_qk < 0:
             raise ProgramError(f"Tiles.fuse_qk must be an int >= 0, not {self.fuse_qk!r}")
-        for name in ("gemm_bytes", "gemm_min_bytes", "gemm_max_bytes", "gemm_span", "router_ops", "router_bytes", "router_splits", "expert_workers", "rows", "residual_slices", "residual_max_ops", "chunk", "sliding_chunk", "sliding_ops", "full_ops"):
+        for name in ("gemm_bytes", "gemm_min_bytes", "gemm_max_bytes", "gemm_span", "router_ops", "router_bytes", "topk_tokens", "router_splits", "expert_workers", "rows", "residual_slices", "residual_max_ops", "chunk", "sliding_chunk", "sliding_ops", "full_ops"):
             v = getattr(self, name)
             if not isinstance(v, int) or v <= 0:
                 raise ProgramError(f"Tiles.{name} must be a positive int, not {v!r}")
@@ -444,7 +449,13 @@ def emit_layer(
     scored, routed, squeezed = ctr("scores"), ctr("route"), ctr("x")
     n_router = router([res1], scored)
     work = act("work", (2, 2), DType.I32, "list")  # the expert lists' (taken, done) counters (TOPK zeroes them)
-    p.op(Op.TOPK, [scores, meta, route, work], [0, E], waits=[scored], signal=routed, label=f"{prefix}topk")
+    if T > tl.topk_tokens:  # the picks over token ranges, then the table
+        picked = ctr("picks")
+        for t0, tn in _tiles(0, T, tl.topk_tokens):
+            p.op(Op.TOPK, [scores, meta, route], [0, E, 1, t0, tn], waits=[scored], signal=picked, label=f"{prefix}topk_pick[{t0}:{t0 + tn}]")
+        p.op(Op.TOPK, [scores, meta, route, work], [0, E, 2], waits=[picked], signal=routed, label=f"{prefix}topk")
+    else:
+        p.op(Op.TOPK, [scores, meta, route, work], [0, E], waits=[scored], signal=routed, label=f"{prefix}topk")
     gemm(x, h2b, w["Wsq"], 0, H, [res1], squeezed, "Wsq", beside=n_router)
     # work lists: which experts have tokens is known only on the GPU; workers
     # take items from a counter (ops/experts.cuh)
