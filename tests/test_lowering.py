@@ -287,6 +287,8 @@ def test_gemm_spans_cut_many_tokens_into_64_row_tiles() -> None:
     assert router(lower_layer(SHARD, "sliding", 32, 8, 4096)) == {(32, t0, 64, 4) for t0 in (0, 64, 128, 192)}
     assert router(lower_layer(SHARD, "sliding", 32, 8, 4096, tiles=Tiles(router_span=0))) == {(2, 0, 0, 0)}
     assert router(lower_layer(SHARD, "sliding", 32, 1, 4096)) == {(32, 0, 32, 16)}
+    topk = {T: [o.args[2:5] for o in _ops(lower_layer(SHARD, "sliding", C, n, 4096).stream, Op.TOPK)] for T, (C, n) in ((32, (32, 1)), (64, (8, 8)))}
+    assert topk == {32: [(0, 0, 0)], 64: [(1, 0, 16), (1, 16, 16), (1, 32, 16), (1, 48, 16), (2, 0, 0)]}  # TOPK split from Tiles.topk_span (64)
     one = lower_layer(SHARD, "sliding", 16, 1, 4096)  # 16 tokens: below the span, all tokens a tile, no parts
     assert {tuple(o.args[2:4]) for o in _ops(one.stream, Op.GEMM)} == {(0, 0)}
     assert router(one) == {(2, 0, 0, 0)}
@@ -309,6 +311,8 @@ def test_gemm_fill_sizes_tiles_to_one_wave() -> None:
         Tiles(gemm_fill=-1)
     with pytest.raises(ProgramError, match="router_span"):
         Tiles(router_span=-1)
+    with pytest.raises(ProgramError, match="topk_span"):
+        Tiles(topk_span=-1)
     with pytest.raises(ProgramError, match="exceeds gemm_max_bytes"):
         Tiles(gemm_min_bytes=1 << 20, gemm_max_bytes=1 << 19)
 

@@ -76,10 +76,15 @@ class Tiles:
     # adds the parts up (isa/gvm_isa.h GEMM, K parts).
     router_ops: int = 128
     router_bytes: int = 64 * 1024  # the f32 router's tiles: latency bound, so smaller (2 rows of 32 KB)
-    # Past topk_tokens tokens a step the top-8 picks (a warp's 8 rounds of
-    # warp reductions a token, ~0.8 us; one instruction took 104 us at 256
-    # tokens) go in TOPK instructions of topk_tokens tokens each, and one more
-    # builds the routing table from their picks (isa/gvm_isa.h TOPK modes).
+    # From topk_span tokens a step (0: never) the top-8 picks (a warp's 8
+    # rounds of warp reductions a token, ~0.8 us; one instruction took 104 us
+    # at 256 tokens) go in TOPK instructions of topk_tokens tokens each, and
+    # one more builds the routing table from their picks (isa/gvm_isa.h TOPK
+    # modes). H200, f5aa5f1, 16 tokens an instruction against one: full-c16-t8
+    # 1214 / 1245 us, sliding-c16-t8 899 / 930, step 16 x 8 64.1 / 66.0 ms,
+    # 32 x 8 97.8 / 98.8; but at 32 tokens the hop lost (step 32 x 1 36.1 /
+    # 35.6 ms).
+    topk_span: int = 64
     topk_tokens: int = 16
     router_splits: int = 1  # token ranges per router tile at T > 1 (2 measured no faster on the H200: NOTES.md session 5)
     expert_workers: int = 264  # EXPERT_UP / EXPERT_DOWN instructions per layer (H200: 132 SMs x 2 groups)
@@ -126,8 +131,10 @@ class Tiles:
             raise ProgramError(f"Tiles.gemm_fill must be an int >= 0, not {self.gemm_fill!r}")
         if self.gemm_min_bytes > self.gemm_max_bytes:
             raise ProgramError(f"Tiles.gemm_min_bytes {self.gemm_min_bytes} exceeds gemm_max_bytes {self.gemm_max_bytes}")
-        if not isinstance(self.router_span, int) or self.router_span < 0:
-            raise ProgramError(f"Tiles.router_span must be an int >= 0, not {self.router_span!r}")
+        for name in ("router_span", "topk_span"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v < 0:
+                raise ProgramError(f"Tiles.{name} must be an int >= 0, not {v!r}")
         if not isinstance(self.fuse_qk, int) or self.fuse_qk < 0:
             raise ProgramError(f"Tiles.fuse_qk must be an int >= 0, not {self.fuse_qk!r}")
         for name in ("gemm_bytes", "gemm_min_bytes", "gemm_max_bytes", "gemm_span", "router_ops", "router_bytes", "topk_tokens", "router_splits", "expert_workers", "rows", "residual_slices", "residual_max_ops", "chunk", "sliding_chunk", "sliding_ops", "full_ops"):
@@ -449,7 +456,7 @@ def emit_layer(
     scored, routed, squeezed = ctr("scores"), ctr("route"), ctr("x")
     n_router = router([res1], scored)
     work = act("work", (2, 2), DType.I32, "list")  # the expert lists' (taken, done) counters (TOPK zeroes them)
-    if T > tl.topk_tokens:  # the picks over token ranges, then the table
+    if tl.topk_span and T >= tl.topk_span:  # the picks over token ranges, then the table
         picked = ctr("picks")
         for t0, tn in _tiles(0, T, tl.topk_tokens):
             p.op(Op.TOPK, [scores, meta, route], [0, E, 1, t0, tn], waits=[scored], signal=picked, label=f"{prefix}topk_pick[{t0}:{t0 + tn}]")
