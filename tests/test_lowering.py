@@ -67,12 +67,13 @@ def test_full_size_op_counts_and_tiles(kind: str) -> None:
     gemm_tiles = 4 * (1280 // 64 + 1024 // 64 + 8192 // 128 + 4 * 256 // 32 + 4096 // 128 + 8192 // 128)
     assert count == {
         Op.RMSNORM: C * n, Op.GEMM: gemm_tiles, Op.QK_ROPE_KV: C, Op.ATTN_CHUNK: C * 2 * nch, Op.ATTN_MERGE: C * 16,
-        Op.RESIDUAL: 2 * C * n, Op.TOPK: 256 // 16 + 1, Op.EXPERT_UP: 264, Op.EXPERT_DOWN: 264, Op.EXPERT_COMBINE: C * n,  # a row each
+        Op.RESIDUAL: 2 * C * n, Op.TOPK: 8, Op.EXPERT_UP: 264, Op.EXPERT_DOWN: 264, Op.EXPERT_COMBINE: C * n,  # a row each
     }
-    # the top-8 picks in 16 instructions of 16 tokens (Tiles.topk_tokens), then the routing table from them
+    # the top-8 picks in the 7 groups the router's 128 and the squeeze's 128
+    # instructions leave (and the table's): 40 tokens each, then the routing table
     topk = _ops(s, Op.TOPK)
-    assert [o.args[2:5] for o in topk] == [(1, t0, 16) for t0 in range(0, 256, 16)] + [(2, 0, 0)]
-    assert [len(o.tensors) for o in topk] == [3] * 16 + [4]  # the table resets the work lists
+    assert [o.args[2:5] for o in topk] == [(1, t0, min(40, 256 - t0)) for t0 in range(0, 256, 40)] + [(2, 0, 0)]
+    assert [len(o.tensors) for o in topk] == [3] * 7 + [4]  # the table resets the work lists
     tickets: dict[int, list[int]] = {}
     for o in _ops(s, Op.GEMM):
         w = o.tensors[2]

@@ -78,12 +78,14 @@ class Tiles:
     router_bytes: int = 64 * 1024  # the f32 router's tiles: latency bound, so smaller (2 rows of 32 KB)
     # From topk_span tokens a step (0: never) the top-8 picks (a warp's 8
     # rounds of warp reductions a token, ~0.8 us; one instruction took 104 us
-    # at 256 tokens) go in TOPK instructions of topk_tokens tokens each, and
-    # one more builds the routing table from their picks (isa/gvm_isa.h TOPK
-    # modes). H200, f5aa5f1, 16 tokens an instruction against one: full-c16-t8
-    # 1214 / 1245 us, sliding-c16-t8 899 / 930, step 16 x 8 64.1 / 66.0 ms,
-    # 32 x 8 97.8 / 98.8; but at 32 tokens the hop lost (step 32 x 1 36.1 /
-    # 35.6 ms).
+    # at 256 tokens) go in TOPK instructions of topk_tokens tokens each (more
+    # where the groups the router and the squeeze leave are fewer: the picks,
+    # waiting for the router, held groups that 8 squeeze tiles then waited for
+    # at 256 tokens), and one more builds the routing table from their picks
+    # (isa/gvm_isa.h TOPK modes). H200, f5aa5f1, 16 tokens an instruction
+    # against one: full-c16-t8 1214 / 1245 us, sliding-c16-t8 899 / 930, step
+    # 16 x 8 64.1 / 66.0 ms, 32 x 8 97.8 / 98.8; but at 32 tokens the hop lost
+    # (step 32 x 1 36.1 / 35.6 ms).
     topk_span: int = 64
     topk_tokens: int = 16
     router_splits: int = 1  # token ranges per router tile at T > 1 (2 measured no faster on the H200: NOTES.md session 5)
@@ -455,15 +457,18 @@ def emit_layer(
     # mixture of experts
     scored, routed, squeezed = ctr("scores"), ctr("route"), ctr("x")
     n_router = router([res1], scored)
+    n_squeeze = gemm(x, h2b, w["Wsq"], 0, H, [res1], squeezed, "Wsq", beside=n_router)
     work = act("work", (2, 2), DType.I32, "list")  # the expert lists' (taken, done) counters (TOPK zeroes them)
-    if tl.topk_span and T >= tl.topk_span:  # the picks over token ranges, then the table
+    # the picks wait for the whole router and are claimed before the squeeze's
+    # tiles (Program.build's order): as few as fit the groups the two leave
+    free = tl.gemm_fill - n_router - n_squeeze - 1
+    if tl.topk_span and T >= tl.topk_span and free > 1:  # the picks over token ranges, then the table
         picked = ctr("picks")
-        for t0, tn in _tiles(0, T, tl.topk_tokens):
+        for t0, tn in _tiles(0, T, max(tl.topk_tokens, -(-T // (4 * free)) * 4)):
             p.op(Op.TOPK, [scores, meta, route], [0, E, 1, t0, tn], waits=[scored], signal=picked, label=f"{prefix}topk_pick[{t0}:{t0 + tn}]")
         p.op(Op.TOPK, [scores, meta, route, work], [0, E, 2], waits=[picked], signal=routed, label=f"{prefix}topk")
     else:
         p.op(Op.TOPK, [scores, meta, route, work], [0, E], waits=[scored], signal=routed, label=f"{prefix}topk")
-    gemm(x, h2b, w["Wsq"], 0, H, [res1], squeezed, "Wsq", beside=n_router)
     # work lists: which experts have tokens is known only on the GPU; workers
     # take items from a counter (ops/experts.cuh)
     up_grain, down_grain, cap = EXPERT_GRAIN[Op.EXPERT_UP], EXPERT_GRAIN[Op.EXPERT_DOWN], EXPERT_CAP
