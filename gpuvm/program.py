@@ -31,7 +31,9 @@ __all__ = ["Program", "Stream", "Counter", "Instr", "ProgramError", "TensorSpec"
 #: a work list's bookkeeping, rewritten every step but read by the list's late
 #: workers after its consumers ran, so never shared with another layer (list);
 #: tickets that ops count modulo their number of parts (a GEMM's K parts), so
-#: zeroed when bound and never reset, each layer its own (ticket)
+#: zeroed with the counters (when a program is loaded on the VM or reset after
+#: an error, and when a CPU run starts from zero counters), each layer its own
+#: (ticket)
 ROLES = ("weight", "activation", "state", "list", "ticket")
 
 #: ops whose instructions form work lists, signalled by the worker that finishes the list

@@ -38,6 +38,32 @@ def bits(x: float) -> int:
 
 
 # ---- dense ops ---------------------------------------------------------------------
+def test_gemm_k_parts_sum_at_the_last_part_from_zero_tickets() -> None:
+    """K parts (a5 P, a6 part, a7 ticket): the out tile appears only when its
+    last part counts the ticket to a multiple of P; run_stream from zero
+    counters zeroes the tickets, so a ticket left mid-count (an aborted run)
+    cannot sum a tile early."""
+    p = Program("k parts")
+    x, w = p.tensor("x", (3, 64), DType.F32), p.tensor("w", (8, 64), DType.F32, "weight")
+    out, parts = p.tensor("out", (3, 8), DType.F32), p.tensor("parts", (3, 32), DType.F32)
+    tickets = p.tensor("tickets", (2,), DType.I32, "ticket")
+    for j in range(4):
+        for m, (c0, t0, tn) in enumerate(((0, 0, 0), (4, 0, 0))):
+            p.op(Op.GEMM, [out, x, w, parts, tickets], [c0, 4, t0, tn, 0, 4, j, m])
+    s = p.build(order="given")
+    xv, wv = randn(3, 64), randn(8, 64)
+    b = {"x": xv, "w": wv, "out": nan(3, 8), "parts": nan(3, 32), "tickets": torch.tensor([3, 1], dtype=torch.int32)}
+    counters = run_stream(s, b)
+    torch.testing.assert_close(b["out"], xv @ wv.T, rtol=1e-5, atol=1e-5)
+    assert b["tickets"].tolist() == [4, 4]
+    b["out"].fill_(float("nan"))
+    run_stream(s, b, step=1, counters=counters)  # the next step counts on
+    assert b["tickets"].tolist() == [8, 8] and not b["out"].isnan().any()
+    one = nan(3, 8)
+    ops.gemm([one, xv, wv, nan(3, 32), torch.zeros(1, dtype=torch.int32)], [0, 8, 0, 0, 0, 4, 1, 0])  # a part, not the last
+    assert one.isnan().all()
+
+
 def test_gemm_writes_its_columns_only() -> None:
     x, w = randn(5, 32).bfloat16(), randn(12, 32).bfloat16()
     out = nan(5, 12, dtype=torch.bfloat16)

@@ -60,7 +60,8 @@ def run_stream(
     """Execute one step of stream on CPU tensors bound by name (updated in place).
 
     counters: the values the previous step left (uint32, one per counter of the
-    stream); None starts from zero. Returns the counters after the step.
+    stream); None starts from zero, and zeroes the tensors of role "ticket" too.
+    Returns the counters after the step.
     threads: torch's intra-op threads during the run (restored after): one
     suits thousands of small ops, whose fork/join costs more than it saves and
     stalls badly when other processes share the cores.
@@ -82,6 +83,9 @@ def run_stream(
     n_ctr = len(stream.counters)
     if counters is None:
         values = [0] * n_ctr
+        for spec, buf in zip(stream.tensors, bufs):
+            if spec.role == "ticket":  # counted from zero with the counters (gpuvm.program.ROLES)
+                buf.zero_()
     else:
         counters = np.asarray(counters)
         if counters.shape != (n_ctr,):

@@ -172,6 +172,9 @@ class Loaded:
         table = stream.table(bindings)  # checks every binding's shape, dtype and layout
         check_records(stream.records, table, len(stream.counters), vm.build.compiled_ops, stream.labels, vm.build.options.max_groups)
         self._bufs = {t.name: bindings[t.name] for t in stream.tensors}  # kept alive while loaded
+        self._tickets = [self._bufs[t.name] for t in stream.tensors if t.role == "ticket"]  # counted from zero, as the counters
+        for t in self._tickets:
+            t.zero_()
         dev = vm.torch_device
         with nvtx_range("gpuvm upload"):
             self._records = _upload(stream.records, dev)
@@ -244,7 +247,8 @@ class Loaded:
     def check(self, stream: object = None) -> None:
         """Wait for the stream and raise the error the last launch recorded, if
         any. After an error the counters, claim state and error record are
-        reset: the program starts again at step 0."""
+        reset: the program starts again at step 0 (a K-part ticket the aborted
+        launch left mid-count starts from zero again too)."""
         ts = self.vm.torch_stream(stream)
         with nvtx_range("gpuvm read back"):
             ts.synchronize()
@@ -255,8 +259,9 @@ class Loaded:
             raise err
 
     def reset(self) -> None:
-        """Zero the counters, the claim state, the error record and the trace (step 0 next)."""
-        for t in (self._counters, self._state, self._error, self._trace):
+        """Zero the counters, the tickets, the claim state, the error record and
+        the trace (step 0 next)."""
+        for t in (self._counters, self._state, self._error, self._trace, *self._tickets):
             if t is not None:
                 t.zero_()
         torch.cuda.synchronize(self.vm.torch_device)
