@@ -214,6 +214,39 @@ def test_watchdog_stops_a_stuck_program(vm: VM) -> None:
     assert chain.counters().tolist() == [3]
 
 
+def test_k_part_tickets_count_from_zero_with_the_counters(vm: VM) -> None:
+    """GEMM K parts (the router's): each tile's last part adds the parts up. The
+    tickets (role 'ticket') are zeroed when the program is loaded and when it is
+    reset (as after an error), so a ticket left mid-count cannot sum a tile early."""
+    T, N, K, P = 40, 64, 1024, 4  # 40 tokens: the staged f32 path
+    p = Program("k parts")
+    x, w = p.tensor("x", (T, K), DType.F32), p.tensor("w", (N, K), DType.F32, "weight")
+    out, parts = p.tensor("out", (T, N), DType.F32), p.tensor("parts", (T, P * N), DType.F32)
+    tickets = p.tensor("tickets", (N // 32,), DType.I32, "ticket")
+    for m in range(N // 32):
+        for j in range(P):
+            p.op(Op.GEMM, [out, x, w, parts, tickets], [32 * m, 32, 0, T, 0, P, j, m], label=f"w[{m},{j}]")
+    stream = p.build()
+    g = torch.Generator().manual_seed(5)
+    xc, wc = torch.randn(T, K, generator=g), torch.randn(N, K, generator=g) * 0.05
+    want = (xc.double() @ wc.double().T).float()
+    bufs = {"x": xc.to(DEV), "w": wc.to(DEV), "out": torch.full((T, N), float("nan"), device=DEV),
+            "parts": torch.full((T, P * N), float("nan"), device=DEV), "tickets": torch.tensor([3, 1], dtype=torch.int32, device=DEV)}
+    loaded = vm.load(stream, bufs)
+    assert bufs["tickets"].tolist() == [0, 0]
+    for step in range(2):
+        bufs["out"].fill_(float("nan"))
+        loaded.run(step)
+        torch.testing.assert_close(bufs["out"].cpu(), want, rtol=1e-4, atol=1e-4)
+    assert bufs["tickets"].tolist() == [2 * P, 2 * P]
+    bufs["tickets"].add_(1)  # as a launch aborted between a tile's parts leaves them
+    loaded.reset()
+    assert bufs["tickets"].tolist() == [0, 0]
+    bufs["out"].fill_(float("nan"))
+    loaded.run(0)
+    torch.testing.assert_close(bufs["out"].cpu(), want, rtol=1e-4, atol=1e-4)
+
+
 def test_bad_args_raise_op_error(vm: VM) -> None:
     stream = gemm_stream(2, 64, 256, 16)
     rec = stream.records.copy()
