@@ -543,9 +543,6 @@ def bind_layer(lp: LayerProgram, weights: LayerWeights, state: DecodeState, s: t
             buf = getattr(weights, role)
         elif role in ("k_cache", "v_cache"):
             buf = getattr(state, role)
-        elif spec.role == "ticket":  # counted from zero (gpuvm.program.ROLES)
-            out[spec.name] = torch.zeros(spec.shape, dtype=torch_dtype(spec.dtype), device=device)
-            continue
         else:
             out[spec.name] = poisoned(spec, device)
             continue

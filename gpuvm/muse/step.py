@@ -25,8 +25,8 @@ Decoding with no host sync inside or between steps:
   StepState.advance() writes the bound buffer in place.
 - Counters are monotonic: run step k with step=k and the counters step k-1 left.
 
-Scratch buffers are poisoned (NaN / POISON_INT) at bind time (tickets, which
-ops count from zero, are zeroed). Layers run one
+Scratch buffers are poisoned (NaN / POISON_INT) at bind time (tickets too: the
+executors zero them with the counters). Layers run one
 after the other (every op of layer i+1 waits, through `after`, on every op of
 layer i but the late workers of its expert lists, which find their list done
 and touch only the list's own tensors, of role "list": never shared), so by
@@ -45,7 +45,6 @@ from ..opspec import ProgramError, TensorSpec
 from ..program import Program, Stream
 from ..tensors import check_binding
 from .config import MuseConfig
-from ..tensors import check_binding, torch_dtype
 from .lowering import LayerHandles, Tiles, _pow2_rows, _tiles, emit_layer, poisoned
 from .state import DecodeState, cache_slots, make_state
 from .weights import ModelWeights, _n_layers
@@ -311,10 +310,8 @@ def bind_step(
             buf = getattr(weights.layers[where[0]], where[1]).to(device)
         elif where is not None and spec.role == "state":
             buf = getattr(states.layers[where[0]], where[1]).to(device)
-        elif spec.role == "list":  # the layer's own: see gpuvm.program.ROLES
+        elif spec.role in ("list", "ticket"):  # the layer's own: see gpuvm.program.ROLES
             buf = poisoned(spec, device)
-        elif spec.role == "ticket":  # the layer's own, from zero: see gpuvm.program.ROLES
-            buf = torch.zeros(spec.shape, dtype=torch_dtype(spec.dtype), device=device)
         elif share_scratch:
             key = (where[1] if where is not None else spec.name, spec.shape, spec.dtype)
             if key not in scratch:
