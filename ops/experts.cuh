@@ -39,7 +39,8 @@
 #endif
 
 #define GVM_EXP_KSTEP 256    // K per step: 4 threads x 64 codes of a weight row
-#define GVM_EXP_XROW 576     // bytes per staged x row: 256 f16 + 64 pad (lds.128 conflict-free)
+#define GVM_EXP_PROW 1088    // bytes per staged pair of x rows (g, g + 8): 2 x 256 f16 + 64 pad
+#define GVM_EXP_MTILE (8 * GVM_EXP_PROW)  // an m-tile of 16 token rows
 #define GVM_EXP_MAXMT 2      // m-tiles of 16 tokens per token chunk
 #define GVM_EXP_HEAD 144     // smem before the x tile: x row byte offsets [32], bad-row flag
 #define GVM_EXP_WSLOT 80     // bytes per thread per weight buffer: 2 x 32 codes, 2 x 4 scales, pad
@@ -47,8 +48,17 @@
 #define GVM_F16X2_64 0x54005400u
 #define GVM_EXP_STATE 16     // smem at the end of the scratch: the work list's walk
 
-// Byte offset in a tile row of 8-value chunk w8 of thread t4 (swizzled).
-__device__ __forceinline__ unsigned gvm_exp_chunk(unsigned t4, unsigned w8) { return (8 * t4 + (w8 ^ t4)) * 16; }
+// The x tile holds each m-tile's rows g and g + 8 together, as the MMA's A
+// fragments: in pair row g, for thread t4's word w8, half 0 is (g: x0x2,
+// g + 8: x0x2, g: x1x3, g + 8: x1x3), the first MMA's four A registers, and
+// half 1 the same of x4x6 and x5x7, the second's: one lds.128 each, no
+// register moves (with a row a lds.128, ptxas spent ~12 moves an m-tile and
+// w8 assembling them). Byte offset in a pair row, swizzled so that both the
+// 8 lanes of a reading phase (g, g + 1 x 4 t4; PROW = 64 mod 128) and of a
+// writing one (8 w8) hit distinct 16-byte bank groups.
+__device__ __forceinline__ unsigned gvm_exp_chunk(unsigned t4, unsigned w8, unsigned half) {
+    return w8 * 128 + ((half ^ (w8 >> 2)) << 6) + ((t4 ^ (w8 & 3)) << 4);  // = ((4 half + t4) ^ w8) << 4
+}
 
 // 8 bf16 x values x0..x7 as f16 in the decode's pair order: (x0,x2) (x1,x3) (x4,x6) (x5,x7).
 __device__ __forceinline__ uint4 gvm_exp_pairs(uint4 v) {
@@ -56,26 +66,34 @@ __device__ __forceinline__ uint4 gvm_exp_pairs(uint4 v) {
                       gvm_pack_f16x2(gvm_bf16_lo(v.z), gvm_bf16_lo(v.w)), gvm_pack_f16x2(gvm_bf16_hi(v.z), gvm_bf16_hi(v.w)));
 }
 
-// x[rows of the chunk][ks * 256, + 256) -> f16 tile in pair order, zero past K.
-// Loads go out four per thread before any is converted, so that their latency
-// overlaps; a chunk of 16 tokens is a single round.
+// x[rows of the chunk][ks * 256, + 256) -> f16 tile of fragment pairs (see
+// gvm_exp_chunk), zero past K and for rows past the chunk. A thread takes a
+// word of rows g and g + 8 at once, two tasks at a time: their four loads go
+// out before any is converted, so that their latency overlaps; a chunk of 16
+// tokens is a single round.
 __device__ __forceinline__ void gvm_exp_stage(const gvm_ctx& c, const unsigned char* x, unsigned s_rows,
                                               unsigned s_tile, int tm, int ks, int kdim) {
-    const int n = tm * 32;  // 16-byte chunks of bf16
-    for (int i0 = c.tid; i0 < n; i0 += 512) {
-        uint4 v[4];
+    const int n = (tm + 15) / 16 * 8 * 32;  // (pair row, 16-byte word) tasks
+    const int ch = (int)(c.tid & 31), k = ks * GVM_EXP_KSTEP + ch * 8;
+    const unsigned o0 = gvm_exp_chunk(ch >> 3, ch & 7, 0), o1 = gvm_exp_chunk(ch >> 3, ch & 7, 1);
+#pragma unroll 1
+    for (int i0 = c.tid; i0 < n; i0 += 256) {
+        uint4 v[4];  // tasks i0 and i0 + 128: rows g, g + 8 of each
 #pragma unroll
         for (int u = 0; u < 4; ++u) {
-            const int i = i0 + 128 * u, k = ks * GVM_EXP_KSTEP + (i & 31) * 8;
+            const int pr = (i0 >> 5) + 4 * (u >> 1), r = (pr >> 3) * 16 + (pr & 7) + 8 * (u & 1);
             v[u] = make_uint4(0, 0, 0, 0);
-            if (i < n && k < kdim)
-                v[u] = *reinterpret_cast<const uint4*>(x + gvm_lds_u(s_rows + 4 * (i >> 5)) + 2 * k);
+            if (i0 + 128 * (u >> 1) < n && r < tm && k < kdim)
+                v[u] = *reinterpret_cast<const uint4*>(x + gvm_lds_u(s_rows + 4 * r) + 2 * k);
         }
 #pragma unroll
-        for (int u = 0; u < 4; ++u) {
-            const int i = i0 + 128 * u, ch = i & 31;
-            if (i >= n) break;
-            gvm_sts(s_tile + (i >> 5) * GVM_EXP_XROW + gvm_exp_chunk(ch >> 3, ch & 7), gvm_exp_pairs(v[u]));
+        for (int u = 0; u < 4; u += 2) {
+            if (i0 + 64 * u >= n) break;
+            const int pr = (i0 >> 5) + 2 * u;
+            const uint4 a = gvm_exp_pairs(v[u]), b = gvm_exp_pairs(v[u + 1]);
+            const unsigned row = s_tile + (unsigned)(pr >> 3) * GVM_EXP_MTILE + (unsigned)(pr & 7) * GVM_EXP_PROW;
+            gvm_sts(row + o0, make_uint4(a.x, b.x, a.y, b.y));
+            gvm_sts(row + o1, make_uint4(a.z, b.z, a.w, b.w));
         }
     }
 }
@@ -149,12 +167,12 @@ __device__ __forceinline__ void gvm_exp_mma(const gvm_ctx& c, float (&acc)[GVM_E
 #pragma unroll
             for (int m = 0; m < GVM_EXP_MAXMT; ++m) {
                 if (m >= mts) break;
-                const unsigned ra = s_tile + (m * 16 + g) * GVM_EXP_XROW + gvm_exp_chunk(t4, w8);
-                const uint4 x0 = gvm_lds_u4(ra), x1 = gvm_lds_u4(ra + 8 * GVM_EXP_XROW);
+                const unsigned ra = s_tile + m * GVM_EXP_MTILE + g * GVM_EXP_PROW;
+                const uint4 a0 = gvm_lds_u4(ra + gvm_exp_chunk(t4, w8, 0)), a1 = gvm_lds_u4(ra + gvm_exp_chunk(t4, w8, 1));
 #pragma unroll
                 for (int s = 0; s < 2; ++s) {
-                    gvm_mma_f16(acc[m][s], x0.x, x1.x, x0.y, x1.y, p[s][0], p[s][2]);
-                    gvm_mma_f16(acc[m][s], x0.z, x1.z, x0.w, x1.w, p[s][1], p[s][3]);
+                    gvm_mma_f16(acc[m][s], a0.x, a0.y, a0.z, a0.w, p[s][0], p[s][2]);
+                    gvm_mma_f16(acc[m][s], a1.x, a1.y, a1.z, a1.w, p[s][1], p[s][3]);
                 }
             }
         }
@@ -186,7 +204,7 @@ __device__ __noinline__ bool gvm_expert_args_ok(const gvm_ctx& c) {
               tmeta.shape[0] == 2 & gvm_is(troute, GVM_DT_I32, 2) & troute.shape[0] == 5 & kdim % 64 == 0 &
               n_exp <= GVM_MAX_WORKLIST_EXPERTS & gvm_aligned(tmeta, 4, 4) & n_w >= 1 & grain >= 1 & cap >= 1 &
               gvm_is(twork, GVM_DT_I32, 2) & twork.shape[1] == 2 & k >= 0 & k < twork.shape[0] &
-              c.smem_bytes >= GVM_EXP_STATE + GVM_EXP_HEAD + GVM_EXP_WBUF + 16 * GVM_EXP_XROW;
+              c.smem_bytes >= GVM_EXP_STATE + GVM_EXP_HEAD + GVM_EXP_WBUF + GVM_EXP_MTILE;
     // set 0 -> set 1 (the up matrix, or the next 8 rows) must fit an int of bytes
     ok &= (UP ? tcd.stride[1] : 8 * tcd.stride[1]) < (1ll << 31) & (UP ? tsc.stride[1] : 8 * tsc.stride[1]) < (1ll << 31);
     if (UP) ok &= tcd.shape[1] == 2 & tsc.shape[1] == 2 & tts.shape[1] == 2;
@@ -576,7 +594,7 @@ __device__ int gvm_expert_tile(const gvm_ctx& c, int e, int n0, int nn) {
 #endif
 
     const unsigned warp = c.tid >> 5, g = (c.tid & 31) >> 2, t4 = c.tid & 3;
-    const int max_tok = 16 * min(GVM_EXP_MAXMT, (int)((c.smem_bytes - GVM_EXP_STATE - GVM_EXP_HEAD - GVM_EXP_WBUF) / (16 * GVM_EXP_XROW)));
+    const int max_tok = 16 * min(GVM_EXP_MAXMT, (int)((c.smem_bytes - GVM_EXP_STATE - GVM_EXP_HEAD - GVM_EXP_WBUF) / GVM_EXP_MTILE));
     // smem: x row offsets [32], flag | weight buffers | x tile
     const unsigned s_rows = gvm_smem_addr(c.smem), s_flag = s_rows + 128, s_wbuf = s_rows + GVM_EXP_HEAD;
     const unsigned s_tile = s_wbuf + GVM_EXP_WBUF;
