@@ -33,9 +33,9 @@ __device__ __forceinline__ void gvm_group(const gvm_params& p, gvm_shared& sh, u
     c.smem_bytes = GVM_GROUP_SMEM;
     // The loop's state (parity, calls) lives in shared memory, one word per
     // thread, not in registers across the op: the ops' peak register use is the
-    // kernel's, and state held through it spilled to local memory.
-    const unsigned loop = gvm_smem_u32(&sh.loop[g][c.tid]);
-    gvm_sts(loop, 0u);
+    // kernel's, and state held through it spilled to local memory. Its address
+    // too is derived again after the op from c.tid (live anyway), not held.
+    gvm_sts(gvm_smem_u32(&sh.loop[g][c.tid]), 0u);
     for (;;) {  // one pass per call of an op: a GVM_AGAIN comes straight back here
         // Opaque each pass: what the ops derive from the thread index is then
         // computed in the op, not hoisted out of this loop into registers held
@@ -43,6 +43,7 @@ __device__ __forceinline__ void gvm_group(const gvm_params& p, gvm_shared& sh, u
         // at 96 registers, spills with it).
         if (GVM_MAX_GROUPS <= 2) c.tid = gvm_opaque(c.tid);
         const gvm_instr& ins = sh.slot[g].ins;
+        unsigned loop = gvm_smem_u32(&sh.loop[g][c.tid]);
         const unsigned state = gvm_lds_u(loop);
         c.again = state & 0x7fffffffu;
         if (c.again == 0) {
@@ -76,6 +77,7 @@ __device__ __forceinline__ void gvm_group(const gvm_params& p, gvm_shared& sh, u
             }
         }
         const int rc = gvm_dispatch(c);
+        loop = gvm_smem_u32(&sh.loop[g][c.tid]);
         if (rc == GVM_AGAIN) {  // the same in every thread
             gvm_sts(loop, gvm_lds_u(loop) + 1u);
             continue;

@@ -94,13 +94,13 @@ for s in $steps; do
            (cd "$OUT" && tar czf xbench.tgz xb_* && rm -f xb_*) ;;
     against) # this tree against the device code of an earlier commit in one run (AGAINST: a tar of `git archive <rev> isa ops runtime scheduler`
              # in the checkout, untracked), AGAINST_ROUNDS times alternating: the layers and steps of AGAINST_CASES / AGAINST_STEPS (one token by default),
-             # then, unless AGAINST_XBENCH=0, expert_bench in the first round (probe 5: no copies nor decode)
+             # then, unless AGAINST_XBENCH=0, expert_bench in the first round (AGAINST_XB_ARGS, default --quick; AGAINST_XB_PROBES, default probes 0 and 5: no copies nor decode)
            rm -rf /tmp/against && mkdir -p /tmp/against && cp -r gpuvm tools isa ops runtime scheduler pyproject.toml /tmp/against/ && tar -xf "${AGAINST:?}" -C /tmp/against
            xb=${AGAINST_XBENCH:-1}; pre=base; [ "$xb" = 1 ] && pre="base GVM_EXPR_PROBE=5"
            (cd /tmp/against && PYTHONPATH=/tmp/against timeout 200 python3 tools/prebuild.py $pre | sed 's/^/against: /') & timeout 200 python3 tools/prebuild.py --trace $pre; wait; echo "prebuild done"
            for r in $(seq ${AGAINST_ROUNDS:-1}); do for t in against here; do d=$PWD; [ $t = against ] && d=/tmp/against
              (cd $d && PYTHONPATH=$d timeout ${T_AGAINST_PROBE:-150} python3 tools/sched_probe.py --out "$OUT/${t}${r}_probe.json" --modes dynamic --depths 1 --variants base: --cases ${AGAINST_CASES:-full-c1-t1,sliding-c1-t1,full-c1-t8,sliding-c1-t8,full-c16-t1} --step ${AGAINST_STEPS:-1x1,1x8,16x1} > "$OUT/${t}${r}_probe.log" 2>&1; echo "$t round $r rc=$?"; grep -v "^$" "$OUT/${t}${r}_probe.log" | tail -8)
-             [ "$xb" = 1 ] && [ "$r" = 1 ] && for v in GVM_EXPR_PROBE=0 GVM_EXPR_PROBE=5; do (cd $d && PYTHONPATH=$d timeout 60 python3 tools/expert_bench.py --quick --reps 10 --define $v --out "$OUT/xb_${t}_$v.json" > "$OUT/xb_${t}_$v.log" 2>&1; echo "$t expert_bench $v rc=$?"; grep -E "^(up|down) " "$OUT/xb_${t}_$v.log"); done
+             [ "$xb" = 1 ] && [ "$r" = 1 ] && for v in ${AGAINST_XB_PROBES:-GVM_EXPR_PROBE=0 GVM_EXPR_PROBE=5}; do (cd $d && PYTHONPATH=$d timeout ${T_AGAINST_XB:-60} python3 tools/expert_bench.py ${AGAINST_XB_ARGS:---quick} --reps 10 --define $v --out "$OUT/xb_${t}_$v.json" > "$OUT/xb_${t}_$v.log" 2>&1; echo "$t expert_bench $v rc=$?"; grep -E "^(up|down) " "$OUT/xb_${t}_$v.log"); done
            done; done
            if [ "$xb" = 1 ]; then (cd "$OUT" && tar czf against.tgz xb_* && rm -f xb_*); fi ;;
     slots) # the experts' ring at 3 slots a warp (GVM_EXPR_RING, the default since de974fc) against 4 and 5
