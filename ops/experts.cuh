@@ -41,7 +41,9 @@
 #define GVM_EXP_KSTEP 256    // K per step: 4 threads x 64 codes of a weight row
 #define GVM_EXP_PROW 1088    // bytes per staged pair of x rows (g, g + 8): 2 x 256 f16 + 64 pad
 #define GVM_EXP_MTILE (8 * GVM_EXP_PROW)  // an m-tile of 16 token rows
+#define GVM_EXP_RAWROW 512   // bytes per raw (bf16) x row of a K step
 #define GVM_EXP_MAXMT 2      // m-tiles of 16 tokens per token chunk
+#define GVM_EXP_RAW (GVM_EXP_MAXMT * 16 * GVM_EXP_RAWROW)  // the raw x rows, just before the tile
 #define GVM_EXP_HEAD 144     // smem before the x tile: x row byte offsets [32], bad-row flag
 #define GVM_EXP_WSLOT 80     // bytes per thread per weight buffer: 2 x 32 codes, 2 x 4 scales, pad
 #define GVM_EXP_WBUF (2 * 128 * GVM_EXP_WSLOT)  // two K steps of weights
@@ -66,15 +68,27 @@ __device__ __forceinline__ uint4 gvm_exp_pairs(uint4 v) {
                       gvm_pack_f16x2(gvm_bf16_lo(v.z), gvm_bf16_lo(v.w)), gvm_pack_f16x2(gvm_bf16_hi(v.z), gvm_bf16_hi(v.w)));
 }
 
-// x[rows of the chunk][ks * 256, + 256) -> f16 tile of fragment pairs (see
-// gvm_exp_chunk), zero past K and for rows past the chunk. A thread takes a
-// word of rows g and g + 8 at once, two tasks at a time: their four loads go
-// out before any is converted, so that their latency overlaps; a chunk of 16
-// tokens is a single round.
-__device__ __forceinline__ void gvm_exp_stage(const gvm_ctx& c, const unsigned char* x, unsigned s_rows,
-                                              unsigned s_tile, int tm, int ks, int kdim) {
+// x[rows of the chunk][ks * 256, + 256) as it is (bf16) into the raw buffer,
+// row r at r * 512, zeros past K: cp.async, so that the next K step's x
+// crosses from L2 during this step's MMAs without holding registers (x in
+// registers a step ahead cost more than it hid: session 17).
+__device__ __forceinline__ void gvm_exp_xfetch(const gvm_ctx& c, const unsigned char* x, unsigned s_rows, unsigned s_raw,
+                                               int tm, int ks, int kdim, unsigned long long pol) {
+    const int k = ks * GVM_EXP_KSTEP + (int)(c.tid & 31) * 8;
+#pragma unroll 1
+    for (int i = c.tid; i < tm * 32; i += 128) {
+        const bool ok = k < kdim;
+        gvm_cp_async16(s_raw + 16 * i, ok ? x + gvm_lds_u(s_rows + 4 * (i >> 5)) + 2 * k : x, ok, pol);
+    }
+    gvm_cp_async_commit();
+}
+
+// The raw buffer -> f16 tile of fragment pairs (see gvm_exp_chunk), zero for
+// rows past the chunk. A thread takes a word of rows g and g + 8 at once, two
+// tasks at a time.
+__device__ __forceinline__ void gvm_exp_stage(const gvm_ctx& c, unsigned s_raw, unsigned s_tile, int tm) {
     const int n = (tm + 15) / 16 * 8 * 32;  // (pair row, 16-byte word) tasks
-    const int ch = (int)(c.tid & 31), k = ks * GVM_EXP_KSTEP + ch * 8;
+    const int ch = (int)(c.tid & 31);
     const unsigned o0 = gvm_exp_chunk(ch >> 3, ch & 7, 0), o1 = gvm_exp_chunk(ch >> 3, ch & 7, 1);
 #pragma unroll 1
     for (int i0 = c.tid; i0 < n; i0 += 256) {
@@ -83,8 +97,7 @@ __device__ __forceinline__ void gvm_exp_stage(const gvm_ctx& c, const unsigned c
         for (int u = 0; u < 4; ++u) {
             const int pr = (i0 >> 5) + 4 * (u >> 1), r = (pr >> 3) * 16 + (pr & 7) + 8 * (u & 1);
             v[u] = make_uint4(0, 0, 0, 0);
-            if (i0 + 128 * (u >> 1) < n && r < tm && k < kdim)
-                v[u] = *reinterpret_cast<const uint4*>(x + gvm_lds_u(s_rows + 4 * r) + 2 * k);
+            if (i0 + 128 * (u >> 1) < n && r < tm) v[u] = gvm_lds_u4(s_raw + r * GVM_EXP_RAWROW + 16 * ch);
         }
 #pragma unroll
         for (int u = 0; u < 4; u += 2) {
@@ -129,29 +142,34 @@ __device__ __forceinline__ void gvm_exp_fetch(unsigned slot, const unsigned char
 
 // One warp's two 8-row weight blocks (set 0 at cp/sp, set 1 cstep/sstep bytes on)
 // times the staged chunk, K step by K step. Weights stream through shared memory
-// (cp.async, one K step ahead, each thread reading back only its own bytes);
-// all four warps take part in staging x.
+// (cp.async, one K step ahead, each thread reading back only its own bytes), and
+// so does x (raw, one K step ahead: all four warps fetch it, then turn it into
+// the tile at the step's start).
 __device__ __forceinline__ void gvm_exp_mma(const gvm_ctx& c, float (&acc)[GVM_EXP_MAXMT][2][4],
                                             const unsigned char* cp, const unsigned char* sp, int cstep, int sstep,
                                             bool live0, bool live1, bool active, const unsigned char* x,
                                             unsigned s_rows, unsigned s_tile, unsigned s_wbuf, int tm, int kdim) {
-    const unsigned g = (c.tid & 31) >> 2, t4 = c.tid & 3;
+    const unsigned s_raw = s_tile - GVM_EXP_RAW, g = (c.tid & 31) >> 2, t4 = c.tid & 3;
     const int mts = (tm + 15) / 16, steps = (kdim + GVM_EXP_KSTEP - 1) / GVM_EXP_KSTEP;
     const unsigned long long pol = gvm_policy_evict_first();
     const unsigned slot0 = s_wbuf + c.tid * GVM_EXP_WSLOT, slot1 = slot0 + 128 * GVM_EXP_WSLOT;
+    // commit groups in order: W(0), X(0), then per step W(ks + 1), X(ks + 1)
     if (!(GVM_EXPR_PROBE & 1024)) gvm_exp_fetch(slot0, cp, sp, cstep, sstep, live0, live1, t4, 0, kdim, pol);
+    if (!(GVM_EXPR_PROBE & 256)) gvm_exp_xfetch(c, x, s_rows, s_raw, tm, 0, kdim, gvm_policy_evict_normal());
 #pragma unroll 1
     for (int ks = 0; ks < steps; ++ks) {
         const unsigned slot = ks & 1 ? slot1 : slot0;
         if (ks + 1 < steps && !(GVM_EXPR_PROBE & 1024))
             gvm_exp_fetch(ks & 1 ? slot0 : slot1, cp, sp, cstep, sstep, live0, live1, t4, ks + 1, kdim, pol);
-        gvm_group_sync(c);  // every warp is done with the previous tile
-        if (!(GVM_EXPR_PROBE & 256)) gvm_exp_stage(c, x, s_rows, s_tile, tm, ks, kdim);
         if (ks + 1 < steps)
-            gvm_cp_async_wait<1>();  // this step's weights are in; the next step's may still fly
+            gvm_cp_async_wait<1>();  // this step's weights and x are in; the next step's weights may still fly
         else
             gvm_cp_async_wait<0>();
-        gvm_group_sync(c);
+        gvm_group_sync(c);  // every thread's x is in, and every warp is done with the previous tile
+        if (!(GVM_EXPR_PROBE & 256)) gvm_exp_stage(c, s_raw, s_tile, tm);
+        gvm_group_sync(c);  // the tile is whole, the raw buffer free
+        if (ks + 1 < steps && !(GVM_EXPR_PROBE & 256))
+            gvm_exp_xfetch(c, x, s_rows, s_raw, tm, ks + 1, kdim, gvm_policy_evict_normal());
         if (!active || (GVM_EXPR_PROBE & 512)) continue;
 #pragma unroll
         for (int w8 = 0; w8 < 8; ++w8) {
@@ -204,7 +222,7 @@ __device__ __noinline__ bool gvm_expert_args_ok(const gvm_ctx& c) {
               tmeta.shape[0] == 2 & gvm_is(troute, GVM_DT_I32, 2) & troute.shape[0] == 5 & kdim % 64 == 0 &
               n_exp <= GVM_MAX_WORKLIST_EXPERTS & gvm_aligned(tmeta, 4, 4) & n_w >= 1 & grain >= 1 & cap >= 1 &
               gvm_is(twork, GVM_DT_I32, 2) & twork.shape[1] == 2 & k >= 0 & k < twork.shape[0] &
-              c.smem_bytes >= GVM_EXP_STATE + GVM_EXP_HEAD + GVM_EXP_WBUF + GVM_EXP_MTILE;
+              c.smem_bytes >= GVM_EXP_STATE + GVM_EXP_HEAD + GVM_EXP_WBUF + GVM_EXP_RAW + GVM_EXP_MTILE;
     // set 0 -> set 1 (the up matrix, or the next 8 rows) must fit an int of bytes
     ok &= (UP ? tcd.stride[1] : 8 * tcd.stride[1]) < (1ll << 31) & (UP ? tsc.stride[1] : 8 * tsc.stride[1]) < (1ll << 31);
     if (UP) ok &= tcd.shape[1] == 2 & tsc.shape[1] == 2 & tts.shape[1] == 2;
@@ -594,10 +612,10 @@ __device__ int gvm_expert_tile(const gvm_ctx& c, int e, int n0, int nn) {
 #endif
 
     const unsigned warp = c.tid >> 5, g = (c.tid & 31) >> 2, t4 = c.tid & 3;
-    const int max_tok = 16 * min(GVM_EXP_MAXMT, (int)((c.smem_bytes - GVM_EXP_STATE - GVM_EXP_HEAD - GVM_EXP_WBUF) / GVM_EXP_MTILE));
-    // smem: x row offsets [32], flag | weight buffers | x tile
+    const int max_tok = 16 * min(GVM_EXP_MAXMT, (int)((c.smem_bytes - GVM_EXP_STATE - GVM_EXP_HEAD - GVM_EXP_WBUF - GVM_EXP_RAW) / GVM_EXP_MTILE));
+    // smem: x row offsets [32], flag | weight buffers | raw x rows | x tile
     const unsigned s_rows = gvm_smem_addr(c.smem), s_flag = s_rows + 128, s_wbuf = s_rows + GVM_EXP_HEAD;
-    const unsigned s_tile = s_wbuf + GVM_EXP_WBUF;
+    const unsigned s_tile = s_wbuf + GVM_EXP_WBUF + GVM_EXP_RAW;
     const int unit_rows = UP ? 8 : 16, units = (nn + unit_rows - 1) / unit_rows;
 
     if (c.tid == 0) gvm_sts(s_flag, 0u);

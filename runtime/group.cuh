@@ -77,7 +77,7 @@ __device__ __forceinline__ void gvm_group(const gvm_params& p, gvm_shared& sh, u
             }
         }
         const int rc = gvm_dispatch(c);
-        loop = gvm_smem_u32(&sh.loop[g][c.tid]);
+        loop = gvm_smem_u32(&sh.loop[g][gvm_opaque(c.tid)]);  // opaque: not the address above, held
         if (rc == GVM_AGAIN) {  // the same in every thread
             gvm_sts(loop, gvm_lds_u(loop) + 1u);
             continue;
