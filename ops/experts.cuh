@@ -140,6 +140,35 @@ __device__ __forceinline__ void gvm_exp_fetch(unsigned slot, const unsigned char
     gvm_cp_async_commit();
 }
 
+// One K step of a warp's MMAs: weights from this thread's slot, x from the
+// tile's MT m-tiles.
+template <int MT>
+__device__ __forceinline__ void gvm_exp_ks(float (&acc)[GVM_EXP_MAXMT][2][4], unsigned slot, unsigned s_tile, unsigned g,
+                                           unsigned t4) {
+#pragma unroll
+    for (int w8 = 0; w8 < 8; ++w8) {
+        unsigned p[2][4];
+#pragma unroll
+        for (int s = 0; s < 2; ++s) {
+            // (64 * block scale) twice: the decode leaves codes at 2^-6 of their value
+            const unsigned b = w8 >> 1;
+            const unsigned scale2 =
+                gvm_hmul2(gvm_e4m3x2_to_f16x2(__byte_perm(gvm_lds_u(slot + 64 + 4 * s), 0, b | (b << 4))), GVM_F16X2_64);
+            gvm_exp_decode(gvm_lds_u(slot + 32 * s + 4 * w8), scale2, p[s]);
+        }
+#pragma unroll
+        for (int m = 0; m < MT; ++m) {
+            const unsigned ra = s_tile + m * GVM_EXP_MTILE + g * GVM_EXP_PROW;
+            const uint4 a0 = gvm_lds_u4(ra + gvm_exp_chunk(t4, w8, 0)), a1 = gvm_lds_u4(ra + gvm_exp_chunk(t4, w8, 1));
+#pragma unroll
+            for (int s = 0; s < 2; ++s) {
+                gvm_mma_f16(acc[m][s], a0.x, a0.y, a0.z, a0.w, p[s][0], p[s][2]);
+                gvm_mma_f16(acc[m][s], a1.x, a1.y, a1.z, a1.w, p[s][1], p[s][3]);
+            }
+        }
+    }
+}
+
 // One warp's two 8-row weight blocks (set 0 at cp/sp, set 1 cstep/sstep bytes on)
 // times the staged chunk, K step by K step. Weights stream through shared memory
 // (cp.async, one K step ahead, each thread reading back only its own bytes), and
@@ -171,29 +200,12 @@ __device__ __forceinline__ void gvm_exp_mma(const gvm_ctx& c, float (&acc)[GVM_E
         if (ks + 1 < steps && !(GVM_EXPR_PROBE & 256))
             gvm_exp_xfetch(c, x, s_rows, s_raw, tm, ks + 1, kdim, gvm_policy_evict_normal());
         if (!active || (GVM_EXPR_PROBE & 512)) continue;
-#pragma unroll
-        for (int w8 = 0; w8 < 8; ++w8) {
-            unsigned p[2][4];
-#pragma unroll
-            for (int s = 0; s < 2; ++s) {
-                // (64 * block scale) twice: the decode leaves codes at 2^-6 of their value
-                const unsigned b = w8 >> 1;
-                const unsigned scale2 =
-                    gvm_hmul2(gvm_e4m3x2_to_f16x2(__byte_perm(gvm_lds_u(slot + 64 + 4 * s), 0, b | (b << 4))), GVM_F16X2_64);
-                gvm_exp_decode(gvm_lds_u(slot + 32 * s + 4 * w8), scale2, p[s]);
-            }
-#pragma unroll
-            for (int m = 0; m < GVM_EXP_MAXMT; ++m) {
-                if (m >= mts) break;
-                const unsigned ra = s_tile + m * GVM_EXP_MTILE + g * GVM_EXP_PROW;
-                const uint4 a0 = gvm_lds_u4(ra + gvm_exp_chunk(t4, w8, 0)), a1 = gvm_lds_u4(ra + gvm_exp_chunk(t4, w8, 1));
-#pragma unroll
-                for (int s = 0; s < 2; ++s) {
-                    gvm_mma_f16(acc[m][s], a0.x, a0.y, a0.z, a0.w, p[s][0], p[s][2]);
-                    gvm_mma_f16(acc[m][s], a1.x, a1.y, a1.z, a1.w, p[s][1], p[s][3]);
-                }
-            }
-        }
+        // one w8 loop per m-tile count: no branch between a w8's MMAs and the
+        // next w8's shared loads and decode, which ptxas can then start early
+        if (mts == 2)
+            gvm_exp_ks<2>(acc, slot, s_tile, g, t4);
+        else
+            gvm_exp_ks<1>(acc, slot, s_tile, g, t4);
     }
 }
 

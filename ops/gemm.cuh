@@ -1041,7 +1041,8 @@ __device__ __forceinline__ int gvm_op_gemm(const gvm_ctx& c) {
     if (cnt == 0 || tn == 0) return GVM_ERR_NONE;
     const int rc = bf ? gvm_gemm_bf16(c, out, x, w, n0, cnt, t0, tn)
                       : gvm_gemm_f32(c, parts ? gvm_t(c, 3) : out, x, w, n0, cnt, t0, tn, P, j);
-    if (rc == GVM_ERR_NONE && parts) {
+    // read again, not held through the GEMM (the kernel's peak: it spilled)
+    if (rc == GVM_ERR_NONE && *reinterpret_cast<volatile const int*>(&c.ins->arg[5]) > 1) {
         gvm_gemm_parts_sum(c);
     } else if (rc == GVM_ERR_NONE && gvm_has(c, 3)) {
         int n0_, cnt_, t0_, tn_;
