@@ -46,7 +46,7 @@
 #define GVM_EXP_RAW (GVM_EXP_MAXMT * 16 * GVM_EXP_RAWROW)  // the raw x rows, just before the tile
 #define GVM_EXP_HEAD 144     // smem before the x tile: x row byte offsets [32], bad-row flag
 #define GVM_EXP_WSLOT 80     // bytes per thread per weight buffer: 2 x 32 codes, 2 x 4 scales, pad
-#define GVM_EXP_WBUF (3 * 128 * GVM_EXP_WSLOT)  // three K steps of weights
+#define GVM_EXP_WBUF (2 * 128 * GVM_EXP_WSLOT)  // two K steps of weights
 #define GVM_F16X2_64 0x54005400u
 #define GVM_EXP_STATE 16     // smem at the end of the scratch: the work list's walk
 
@@ -171,7 +171,7 @@ __device__ __forceinline__ void gvm_exp_ks(float (&acc)[GVM_EXP_MAXMT][2][4], un
 
 // One warp's two 8-row weight blocks (set 0 at cp/sp, set 1 cstep/sstep bytes on)
 // times the staged chunk, K step by K step. Weights stream through shared memory
-// (cp.async, two K steps ahead, each thread reading back only its own bytes), and
+// (cp.async, one K step ahead, each thread reading back only its own bytes), and
 // so does x (raw, one K step ahead: all four warps fetch it, then turn it into
 // the tile at the step's start).
 __device__ __forceinline__ void gvm_exp_mma(const gvm_ctx& c, float (&acc)[GVM_EXP_MAXMT][2][4],
@@ -181,16 +181,15 @@ __device__ __forceinline__ void gvm_exp_mma(const gvm_ctx& c, float (&acc)[GVM_E
     const unsigned s_raw = s_tile - GVM_EXP_RAW, g = (c.tid & 31) >> 2, t4 = c.tid & 3;
     const int mts = (tm + 15) / 16, steps = (kdim + GVM_EXP_KSTEP - 1) / GVM_EXP_KSTEP;
     const unsigned long long pol = gvm_policy_evict_first();
-    const unsigned slot0 = s_wbuf + c.tid * GVM_EXP_WSLOT, wb = 128 * GVM_EXP_WSLOT;  // buffer b at slot0 + b * wb
-    // commit groups in order: W(0), X(0), W(1), then per step X(ks + 1), W(ks + 2)
+    const unsigned slot0 = s_wbuf + c.tid * GVM_EXP_WSLOT, slot1 = slot0 + 128 * GVM_EXP_WSLOT;
+    // commit groups in order: W(0), X(0), then per step W(ks + 1), X(ks + 1)
     if (!(GVM_EXPR_PROBE & 1024)) gvm_exp_fetch(slot0, cp, sp, cstep, sstep, live0, live1, t4, 0, kdim, pol);
     if (!(GVM_EXPR_PROBE & 256)) gvm_exp_xfetch(c, x, s_rows, s_raw, tm, 0, kdim, gvm_policy_evict_normal());
-    if (steps > 1 && !(GVM_EXPR_PROBE & 1024))
-        gvm_exp_fetch(slot0 + wb, cp, sp, cstep, sstep, live0, live1, t4, 1, kdim, pol);
-    unsigned cur = 0;  // the buffer of step ks
 #pragma unroll 1
     for (int ks = 0; ks < steps; ++ks) {
-        const unsigned slot = slot0 + cur * wb;
+        const unsigned slot = ks & 1 ? slot1 : slot0;
+        if (ks + 1 < steps && !(GVM_EXPR_PROBE & 1024))
+            gvm_exp_fetch(ks & 1 ? slot0 : slot1, cp, sp, cstep, sstep, live0, live1, t4, ks + 1, kdim, pol);
         if (ks + 1 < steps)
             gvm_cp_async_wait<1>();  // this step's weights and x are in; the next step's weights may still fly
         else
@@ -200,10 +199,6 @@ __device__ __forceinline__ void gvm_exp_mma(const gvm_ctx& c, float (&acc)[GVM_E
         gvm_group_sync(c);  // the tile is whole, the raw buffer free
         if (ks + 1 < steps && !(GVM_EXPR_PROBE & 256))
             gvm_exp_xfetch(c, x, s_rows, s_raw, tm, ks + 1, kdim, gvm_policy_evict_normal());
-        // two steps ahead, into the buffer of step ks - 1 (read by this thread only, and done)
-        if (ks + 2 < steps && !(GVM_EXPR_PROBE & 1024))
-            gvm_exp_fetch(slot0 + (cur == 0 ? 2 : cur - 1) * wb, cp, sp, cstep, sstep, live0, live1, t4, ks + 2, kdim, pol);
-        cur = cur == 2 ? 0 : cur + 1;
         if (!active || (GVM_EXPR_PROBE & 512)) continue;
         // one w8 loop per m-tile count: no branch between a w8's MMAs and the
         // next w8's shared loads and decode, which ptxas can then start early
