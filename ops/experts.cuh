@@ -17,7 +17,8 @@
 // Tensor cores (mma m16n8k16, f16 in, f32 accumulate): M = 16 tokens, N = 8 weight
 // rows, K = 16. code * block scale has at most 5 significant bits, so it is exact
 // in f16; the tensor scale is applied to the f32 sums. x goes bf16 -> f16 (exact
-// for |x| in [2^-14, 65504]) into a shared tile that all four warps read.
+// for |x| in [2^-14, 65504]) into a shared tile that all four warps read (many
+// tokens: fetched raw by cp.async a K step ahead, converted from shared memory).
 //
 // Each thread owns 64 consecutive codes (32 bytes, 4 scale blocks) of a weight row
 // per 256-wide K step, fetched by cp.async one step ahead into its own slot of
