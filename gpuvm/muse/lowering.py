@@ -365,16 +365,25 @@ def emit_layer(
         return rows, spans
 
     def gemm(out: TensorSpec, xin: TensorSpec, wt: TensorSpec, n0: int, n1: int, waits: list[Counter], sig: Counter, tag: str,
-             tile_bytes: int = 0, token_splits: int = 1, beside: int = 0, stats: list[TensorSpec] | None = None) -> int:
+             tile_bytes: int = 0, token_splits: int = 1, beside: int = 0, stats: list[TensorSpec] | None = None,
+             parts: tuple[TensorSpec, TensorSpec, int] | None = None) -> int:
         """Column tiles of wt over [n0, n1) (see gemm_plan), each over all T
         tokens (args t0 = t = 0) or over token ranges; with stats ([stats, s,
         alpha, beta]) column tile i also leaves its residual statistics in
-        slot i. Returns how many instructions."""
+        slot i; with parts ((parts, tickets, P): f32 only) tile m is cut into
+        P K parts, counted on ticket m. Returns how many instructions."""
         rows, spans = gemm_plan(wt, n0, n1, tile_bytes, token_splits, beside)
-        for i, ((c0, n), (t0, tn)) in enumerate(itertools.product(_tiles(n0, n1, rows), spans)):
-            where = f"{c0}:{c0 + n}" + (f"|t{t0}:{t0 + tn}" if tn else "")
-            p.op(Op.GEMM, [out, xin, wt, *(stats or [])], [c0, n, t0, tn] + ([i // len(spans)] if stats else []), waits=waits, signal=sig, prefetch=(wt, c0 * wt.row_bytes, n * wt.row_bytes), label=f"{prefix}{tag}[{where}]")
-        return -(-(n1 - n0) // rows) * len(spans)
+        n_parts = parts[2] if parts else 1
+        kp = wt.shape[1] // n_parts
+        for m, ((c0, n), (t0, tn)) in enumerate(itertools.product(_tiles(n0, n1, rows), spans)):
+            for j in range(n_parts):
+                where = f"{c0}:{c0 + n}" + (f"|t{t0}:{t0 + tn}" if tn else "") + (f"|k{j * kp}:{(j + 1) * kp}" if parts else "")
+                if parts:  # the part's bytes of the tile's first row (its rows are not contiguous)
+                    tensors, args, fetch = [out, xin, wt, *parts[:2]], [c0, n, t0, tn, 0, n_parts, j, m], (wt, c0 * wt.row_bytes + j * kp * 4, kp * 4)
+                else:
+                    tensors, args, fetch = [out, xin, wt, *(stats or [])], [c0, n, t0, tn] + ([m // len(spans)] if stats else []), (wt, c0 * wt.row_bytes, n * wt.row_bytes)
+                p.op(Op.GEMM, tensors, args, waits=waits, signal=sig, prefetch=fetch, label=f"{prefix}{tag}[{where}]")
+        return -(-(n1 - n0) // rows) * len(spans) * n_parts
 
     row_blocks = _tiles(0, T, tl.rows)
     res_cols = tl.residual_cols(d, len(row_blocks))
@@ -436,23 +445,16 @@ def emit_layer(
         Returns how many instructions."""
         wr, ne, k = w["Wr"], cfg.n_experts, d
         rows, spans = gemm_plan(wr, 0, ne, tl.router_bytes, tl.router_splits)
-        tiles = list(itertools.product(_tiles(0, ne, rows), spans))
+        n_tiles = -(-ne // rows) * len(spans)
         n_parts = 1
         if tl.router_span and T >= tl.router_span:
-            while (n_parts * 2 <= GEMM_MAX_PARTS and len(tiles) * n_parts * 2 <= tl.router_ops
+            while (n_parts * 2 <= GEMM_MAX_PARTS and n_tiles * n_parts * 2 <= tl.router_ops
                    and k % (n_parts * 2 * F32_PART_K) == 0):
                 n_parts *= 2
-        if n_parts == 1:
-            return gemm(scores, h2, wr, 0, ne, waits, sig, "Wr", tl.router_bytes, tl.router_splits)
-        parts = act("score_parts", (T, n_parts * ne), DType.F32)
-        tickets = act("score_tickets", (len(tiles),), DType.I32, "ticket")
-        kp = k // n_parts
-        for m, ((c0, n), (t0, tn)) in enumerate(tiles):
-            for j in range(n_parts):
-                where = f"{c0}:{c0 + n}" + (f"|t{t0}:{t0 + tn}" if tn else "") + f"|k{j * kp}:{(j + 1) * kp}"
-                p.op(Op.GEMM, [scores, h2, wr, parts, tickets], [c0, n, t0, tn, 0, n_parts, j, m], waits=waits, signal=sig,
-                     prefetch=(wr, c0 * wr.row_bytes + j * kp * 4, kp * 4), label=f"{prefix}Wr[{where}]")
-        return len(tiles) * n_parts
+        parts = None
+        if n_parts > 1:
+            parts = (act("score_parts", (T, n_parts * ne), DType.F32), act("score_tickets", (n_tiles,), DType.I32, "ticket"), n_parts)
+        return gemm(scores, h2, wr, 0, ne, waits, sig, "Wr", tl.router_bytes, tl.router_splits, parts=parts)
 
     # mixture of experts
     scored, routed, squeezed = ctr("scores"), ctr("route"), ctr("x")
