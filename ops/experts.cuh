@@ -646,8 +646,9 @@ __device__ int gvm_expert_tile(const gvm_ctx& c, int e, int n0, int nn) {
 
     const unsigned warp = c.tid >> 5, g = (c.tid & 31) >> 2, t4 = c.tid & 3;
     const int max_tok = 16 * min(GVM_EXP_MAXMT, (int)((c.smem_bytes - GVM_EXP_STATE - GVM_EXP_HEAD - GVM_EXP_WBUF - GVM_EXP_RAW) / GVM_EXP_MTILE));
-    // Up to 16 tokens: two units a warp a pass (dbl), in the two-unit layout.
-    const bool dbl = count <= 16 && c.smem_bytes >= GVM_EXP_STATE + GVM_EXP_HEAD + 2 * GVM_EXP_WBUF +
+    // Up to 16 tokens of the up list: two units a warp a pass (dbl), in the two-unit
+    // layout (the down list ran slower so: H200, expert_bench 32 x 16 277 -> 362 us).
+    const bool dbl = UP && count <= 16 && c.smem_bytes >= GVM_EXP_STATE + GVM_EXP_HEAD + 2 * GVM_EXP_WBUF +
                                                         16 * GVM_EXP_RAWROW + GVM_EXP_MTILE;
     // smem: x row offsets [32], flag | weight buffers | raw x rows | x tile
     const unsigned s_rows = gvm_smem_addr(c.smem), s_flag = s_rows + 128, s_wbuf = s_rows + GVM_EXP_HEAD;
