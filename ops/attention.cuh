@@ -132,6 +132,13 @@ __device__ int gvm_op_qk_rope_kv(const gvm_ctx& c) {
 #ifndef GVM_ATT_SUB2
 #define GVM_ATT_SUB2 1  // and with two (their registers: 2 x 32 o accumulators)
 #endif
+#ifndef GVM_ATT_MTW
+#define GVM_ATT_MTW 2   // most m-tiles a warp (1: one, for A/B runs)
+#endif
+#ifndef GVM_ATT_PROBE
+#define GVM_ATT_PROBE 0  // timing probes (wrong sums), bits: 1 no QK (loads, conversions, MMAs), 2 no PV,
+                         // 4 no e4m3 conversions (raw bits into the MMAs), 8 no fetches (the ring never refilled), 16 no softmax
+#endif
 #define GVM_ATT_STAGES 3  // stages of GVM_ATT_SUB tiles; the ring's bytes hold 6 / SUB stages of SUB tiles
 #define GVM_ATT_TILE_BYTES 2048                              // 16 keys x 64 B of K, then of V
 #define GVM_ATT_STAGE_BYTES (GVM_ATT_SUB * GVM_ATT_TILE_BYTES)
@@ -324,7 +331,7 @@ __device__ __forceinline__ void gvm_attn_tile(const gvm_attn_job& jb, int mt0, i
     int sf = first < jb.nt ? (jb.kb + first * 16) % jb.cache_s : 0;  // cache slot of its first key
     // the next stage into ring stage `into`; a commit group even when past the chunk: the wait counts groups
     const auto fetch_next = [&](int into) {
-        if (tf < jb.nt) gvm_attn_fetch_stage<SUB>(jb, tf, step, sf, s_step, st + into * STAGE_BYTES, lane,
+        if (tf < jb.nt && !(GVM_ATT_PROBE & 8)) gvm_attn_fetch_stage<SUB>(jb, tf, step, sf, s_step, st + into * STAGE_BYTES, lane,
                                                   gvm_policy_evict_first());  // read once a step; made here, not held
         gvm_cp_async_commit();
         tf += SUB * step;
@@ -351,11 +358,11 @@ __device__ __forceinline__ void gvm_attn_tile(const gvm_attn_job& jb, int mt0, i
                 for (int nb = 0; nb < 2; ++nb) sc[m][u][nb][0] = sc[m][u][nb][1] = sc[m][u][nb][2] = sc[m][u][nb][3] = 0.0f;
         uint4 kr[SUB][2];  // this lane's 16 B of keys 8 nb + g
 #pragma unroll
-        for (int u = 0; u < SUB; ++u)
+        for (int u = 0; u < SUB && !(GVM_ATT_PROBE & 1); ++u)
 #pragma unroll
             for (int nb = 0; nb < 2; ++nb) kr[u][nb] = gvm_lds_u4(kt + u * GVM_ATT_TILE_BYTES + gvm_attn_swz(nb * 8 + g, t4));
 #pragma unroll
-        for (int s = 0; s < 4; ++s) {
+        for (int s = 0; s < 4 && !(GVM_ATT_PROBE & 1); ++s) {
             uint4 a[MT];
 #pragma unroll
             for (int m = 0; m < MT; ++m) a[m] = gvm_lds_u4(qf + m * GVM_ATT_Q_BYTES + (s * 32 + lane) * 16);
@@ -365,7 +372,8 @@ __device__ __forceinline__ void gvm_attn_tile(const gvm_attn_job& jb, int mt0, i
                 for (int nb = 0; nb < 2; ++nb) {
                     const uint4& k4 = kr[u][nb];
                     const unsigned kw = s == 0 ? k4.x : s == 1 ? k4.y : s == 2 ? k4.z : k4.w;
-                    const unsigned b0 = gvm_e4m3x2_to_f16x2(kw), b1 = gvm_e4m3x2_hi_to_f16x2(kw);
+                    const unsigned b0 = (GVM_ATT_PROBE & 4) ? kw : gvm_e4m3x2_to_f16x2(kw);
+                    const unsigned b1 = (GVM_ATT_PROBE & 4) ? kw >> 8 : gvm_e4m3x2_hi_to_f16x2(kw);
 #pragma unroll
                     for (int m = 0; m < MT; ++m) gvm_mma_f16(sc[m][u][nb], a[m].x, a[m].y, a[m].z, a[m].w, b0, b1);
                 }
@@ -393,7 +401,13 @@ __device__ __forceinline__ void gvm_attn_tile(const gvm_attn_job& jb, int mt0, i
         }
         unsigned pa[MT][SUB][4];  // P as f16 A fragments
 #pragma unroll
-        for (int m = 0; m < MT; ++m) {
+        for (int m = 0; m < MT && (GVM_ATT_PROBE & 16); ++m)
+#pragma unroll
+            for (int u = 0; u < SUB; ++u)
+#pragma unroll
+                for (int i = 0; i < 4; ++i) pa[m][u][i] = gvm_pack_f16x2(sc[m][u][i >> 1][2 * (i & 1)], sc[m][u][i >> 1][2 * (i & 1) + 1]);
+#pragma unroll
+        for (int m = 0; m < MT && !(GVM_ATT_PROBE & 16); ++m) {
             float mx0 = GVM_NEG_INF, mx1 = GVM_NEG_INF;
 #pragma unroll
             for (int u = 0; u < SUB; ++u)
@@ -443,7 +457,7 @@ __device__ __forceinline__ void gvm_attn_tile(const gvm_attn_job& jb, int mt0, i
             }
         }
 #pragma unroll
-        for (int u = 0; u < SUB; ++u) {
+        for (int u = 0; u < SUB && !(GVM_ATT_PROBE & 2); ++u) {
             const unsigned vt = kt + u * GVM_ATT_TILE_BYTES + GVM_ATT_TILE_BYTES / 2;
             uint2 vr[4];
 #pragma unroll
@@ -459,8 +473,10 @@ __device__ __forceinline__ void gvm_attn_tile(const gvm_attn_job& jb, int mt0, i
 #pragma unroll
                 for (int d = 0; d < 4; ++d) {
                     const unsigned wa = d < 2 ? lo_a : hi_a, wc = d < 2 ? lo_c : hi_c;
-                    const unsigned b0 = (d & 1) ? gvm_e4m3x2_hi_to_f16x2(wa) : gvm_e4m3x2_to_f16x2(wa);
-                    const unsigned b1 = (d & 1) ? gvm_e4m3x2_hi_to_f16x2(wc) : gvm_e4m3x2_to_f16x2(wc);
+                    const unsigned b0 = (GVM_ATT_PROBE & 4) ? wa >> (8 * (d & 1))
+                                        : (d & 1) ? gvm_e4m3x2_hi_to_f16x2(wa) : gvm_e4m3x2_to_f16x2(wa);
+                    const unsigned b1 = (GVM_ATT_PROBE & 4) ? wc >> (8 * (d & 1))
+                                        : (d & 1) ? gvm_e4m3x2_hi_to_f16x2(wc) : gvm_e4m3x2_to_f16x2(wc);
 #pragma unroll
                     for (int m = 0; m < MT; ++m)
                         gvm_mma_f16(o[m][4 * half + d], pa[m][u][0], pa[m][u][1], pa[m][u][2], pa[m][u][3], b0, b1);
@@ -596,7 +612,7 @@ __device__ int gvm_op_attn_chunk(const gvm_ctx& c) {
         jb.nt = (jb.ke - jb.kb + 15) / 16;
     }
     const int mtiles = (jb.rows + 15) / 16;
-    const int mtw = mtiles >= 2 ? 2 : 1;                    // m-tiles a warp (a unit)
+    const int mtw = mtiles >= 2 && GVM_ATT_MTW == 2 ? 2 : 1;                    // m-tiles a warp (a unit)
     const int units = (mtiles + mtw - 1) / mtw;
     const int split = units >= 3 ? 1 : (units == 2 ? 2 : 4);  // warps per unit, splitting its keys
     const int per_round = 4 / split;
