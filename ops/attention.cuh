@@ -133,12 +133,13 @@ __device__ int gvm_op_qk_rope_kv(const gvm_ctx& c) {
 #define GVM_ATT_SUB2 1  // and with two (their registers: 2 x 32 o accumulators)
 #endif
 #ifndef GVM_ATT_MTW
-#define GVM_ATT_MTW 2   // most m-tiles a warp (1: one, for A/B runs)
+#define GVM_ATT_MTW 1   // most m-tiles a warp (2 spills 16 B with the lazy max)
 #endif
 #ifndef GVM_ATT_PROBE
 #define GVM_ATT_PROBE 0  // timing probes (wrong sums), bits: 1 no QK (loads, conversions, MMAs), 2 no PV,
                          // 4 no e4m3 conversions (raw bits into the MMAs), 8 no fetches (the ring never refilled), 16 no softmax
 #endif
+#define GVM_ATT_SLACK 8.0f  // log2 of how far a score may pass the running max before it moves
 #define GVM_ATT_STAGES 3  // stages of GVM_ATT_SUB tiles; the ring's bytes hold 6 / SUB stages of SUB tiles
 #define GVM_ATT_TILE_BYTES 2048                              // 16 keys x 64 B of K, then of V
 #define GVM_ATT_STAGE_BYTES (GVM_ATT_SUB * GVM_ATT_TILE_BYTES)
@@ -315,10 +316,11 @@ __device__ __forceinline__ void gvm_attn_tile(const gvm_attn_job& jb, int mt0, i
     constexpr int STAGE_BYTES = SUB * GVM_ATT_TILE_BYTES, STAGES = GVM_ATT_RING_BYTES / STAGE_BYTES;
     const unsigned g = lane >> 2, t4 = lane & 3;
     float m0[MT], m1[MT], l0[MT], l1[MT];
+    float hx0[MT], hx1[MT];  // this lane's highest raw scores of rows g, g + 8: the true max at the end
     float o[MT][8][4];
 #pragma unroll
     for (int m = 0; m < MT; ++m) {
-        m0[m] = m1[m] = GVM_NEG_INF;
+        m0[m] = m1[m] = hx0[m] = hx1[m] = GVM_NEG_INF;
         l0[m] = l1[m] = 0.0f;
 #pragma unroll
         for (int d = 0; d < 8; ++d) o[m][d][0] = o[m][d][1] = o[m][d][2] = o[m][d][3] = 0.0f;
@@ -406,27 +408,52 @@ __device__ __forceinline__ void gvm_attn_tile(const gvm_attn_job& jb, int mt0, i
             for (int u = 0; u < SUB; ++u)
 #pragma unroll
                 for (int i = 0; i < 4; ++i) pa[m][u][i] = gvm_pack_f16x2(sc[m][u][i >> 1][2 * (i & 1)], sc[m][u][i >> 1][2 * (i & 1) + 1]);
+        // The running max moves only when a score passes it by more than 2^GVM_ATT_SLACK:
+        // until then p = 2^(s - m) <= 2^GVM_ATT_SLACK (f16 holds it), o and l need no
+        // rescale and the rows need no max exchange, only each lane's test and one vote.
+        float mx0[MT], mx1[MT];  // this lane's maxima of rows g, g + 8 (raw scores)
+        bool grow = false;
 #pragma unroll
         for (int m = 0; m < MT && !(GVM_ATT_PROBE & 16); ++m) {
-            float mx0 = GVM_NEG_INF, mx1 = GVM_NEG_INF;
+            mx0[m] = mx1[m] = GVM_NEG_INF;
 #pragma unroll
             for (int u = 0; u < SUB; ++u)
 #pragma unroll
                 for (int nb = 0; nb < 2; ++nb) {
-                    mx0 = fmaxf(mx0, fmaxf(sc[m][u][nb][0], sc[m][u][nb][1]));
-                    mx1 = fmaxf(mx1, fmaxf(sc[m][u][nb][2], sc[m][u][nb][3]));
+                    mx0[m] = fmaxf(mx0[m], fmaxf(sc[m][u][nb][0], sc[m][u][nb][1]));
+                    mx1[m] = fmaxf(mx1[m], fmaxf(sc[m][u][nb][2], sc[m][u][nb][3]));
                 }
-            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+            hx0[m] = fmaxf(hx0[m], mx0[m]);
+            hx1[m] = fmaxf(hx1[m], mx1[m]);
             // m in log2 units of the scaled scores (score_scale > 0: the max commutes with it)
-            const float mn0 = fmaxf(m0[m], mx0 * jb.score_scale), mn1 = fmaxf(m1[m], mx1 * jb.score_scale);
-            // a row with nothing visible yet keeps m = -inf; subtract 0 instead so no inf - inf
-            const float mu0 = mn0 == GVM_NEG_INF ? 0.0f : mn0, mu1 = mn1 == GVM_NEG_INF ? 0.0f : mn1;
-            const float al0 = gvm_ex2(m0[m] - mu0), al1 = gvm_ex2(m1[m] - mu1);
-            m0[m] = mn0;
-            m1[m] = mn1;
+            grow |= (mx0[m] * jb.score_scale > m0[m] + GVM_ATT_SLACK) | (mx1[m] * jb.score_scale > m1[m] + GVM_ATT_SLACK);
+        }
+        const bool move = __any_sync(0xffffffffu, grow);  // warp-uniform
+#pragma unroll
+        for (int m = 0; m < MT && !(GVM_ATT_PROBE & 16); ++m) {
+            if (move) {
+                float x0 = fmaxf(mx0[m], __shfl_xor_sync(0xffffffffu, mx0[m], 1));
+                x0 = fmaxf(x0, __shfl_xor_sync(0xffffffffu, x0, 2));
+                float x1 = fmaxf(mx1[m], __shfl_xor_sync(0xffffffffu, mx1[m], 1));
+                x1 = fmaxf(x1, __shfl_xor_sync(0xffffffffu, x1, 2));
+                const float mn0 = fmaxf(m0[m], x0 * jb.score_scale), mn1 = fmaxf(m1[m], x1 * jb.score_scale);
+                // a row with nothing visible yet keeps m = -inf (its al is then 0 * nothing)
+                const float al0 = mn0 == GVM_NEG_INF ? 1.0f : gvm_ex2(m0[m] - mn0);
+                const float al1 = mn1 == GVM_NEG_INF ? 1.0f : gvm_ex2(m1[m] - mn1);
+                m0[m] = mn0;
+                m1[m] = mn1;
+                l0[m] *= al0;
+                l1[m] *= al1;
+#pragma unroll
+                for (int d = 0; d < 8; ++d) {
+                    o[m][d][0] *= al0;
+                    o[m][d][1] *= al0;
+                    o[m][d][2] *= al1;
+                    o[m][d][3] *= al1;
+                }
+            }
+            // a row with nothing visible yet: subtract 0 instead so no inf - inf (its p are 0)
+            const float mu0 = m0[m] == GVM_NEG_INF ? 0.0f : m0[m], mu1 = m1[m] == GVM_NEG_INF ? 0.0f : m1[m];
             float ls0 = 0.0f, ls1 = 0.0f;
 #pragma unroll
             for (int u = 0; u < SUB; ++u)
@@ -439,15 +466,8 @@ __device__ __forceinline__ void gvm_attn_tile(const gvm_attn_job& jb, int mt0, i
                     ls0 += sc[m][u][nb][0] + sc[m][u][nb][1];
                     ls1 += sc[m][u][nb][2] + sc[m][u][nb][3];
                 }
-            l0[m] = l0[m] * al0 + ls0;
-            l1[m] = l1[m] * al1 + ls1;
-#pragma unroll
-            for (int d = 0; d < 8; ++d) {
-                o[m][d][0] *= al0;
-                o[m][d][1] *= al0;
-                o[m][d][2] *= al1;
-                o[m][d][3] *= al1;
-            }
+            l0[m] += ls0;
+            l1[m] += ls1;
 #pragma unroll
             for (int u = 0; u < SUB; ++u) {
                 pa[m][u][0] = gvm_pack_f16x2(sc[m][u][0][0], sc[m][u][0][1]);
@@ -487,7 +507,24 @@ __device__ __forceinline__ void gvm_attn_tile(const gvm_attn_job& jb, int mt0, i
     __syncwarp();  // the states below overwrite the ring
 #pragma unroll
     for (int m = 0; m < MT; ++m) {
-        float la = l0[m], lb = l1[m];
+        // the state relative to the rows' true max, as written: the running max may lag it by GVM_ATT_SLACK
+        float x0 = fmaxf(hx0[m], __shfl_xor_sync(0xffffffffu, hx0[m], 1));
+        x0 = fmaxf(x0, __shfl_xor_sync(0xffffffffu, x0, 2));
+        float x1 = fmaxf(hx1[m], __shfl_xor_sync(0xffffffffu, hx1[m], 1));
+        x1 = fmaxf(x1, __shfl_xor_sync(0xffffffffu, x1, 2));
+        const float mt0 = fmaxf(m0[m], x0 * jb.score_scale), mt1 = fmaxf(m1[m], x1 * jb.score_scale);
+        const float al0 = mt0 == GVM_NEG_INF ? 1.0f : gvm_ex2(m0[m] - mt0);
+        const float al1 = mt1 == GVM_NEG_INF ? 1.0f : gvm_ex2(m1[m] - mt1);
+        m0[m] = mt0;
+        m1[m] = mt1;
+#pragma unroll
+        for (int d = 0; d < 8; ++d) {
+            o[m][d][0] *= al0;
+            o[m][d][1] *= al0;
+            o[m][d][2] *= al1;
+            o[m][d][3] *= al1;
+        }
+        float la = l0[m] * al0, lb = l1[m] * al1;
         la += __shfl_xor_sync(0xffffffffu, la, 1);
         la += __shfl_xor_sync(0xffffffffu, la, 2);
         lb += __shfl_xor_sync(0xffffffffu, lb, 1);
