@@ -111,10 +111,9 @@ __device__ int gvm_op_qk_rope_kv(const gvm_ctx& c) {
 // of a key row (K) and 8 contiguous bytes of a value row (V); e4m3 -> f16 is exact
 // and the scales are applied in f32. Q goes bf16 -> f16 (exact for |q| in [2^-14, 65504]; QK-normed
 // q is far inside) and waits in shared memory, private to its thread, so that
-// the o accumulators fit the register budget. A warp takes two m-tiles (a unit)
-// when there are two or more, so that a key tile's conversions serve both; warps
-// split the keys of a unit when there are fewer than three units and merge
-// (m, l, o) through shared memory.
+// the 32 o accumulators fit the register budget. Warps split the keys of an
+// m-tile when there are fewer than three m-tiles and merge (m, l, o) through
+// shared memory.
 // A warp's K and V tiles come through its own ring of GVM_ATT_STAGES stages in
 // shared memory, filled by cp.async GVM_ATT_STAGES - 1 stages ahead: a tile was
 // ~0.3 us of math against ~1 us of HBM latency, so a warp that loaded the tile
@@ -128,26 +127,13 @@ __device__ int gvm_op_qk_rope_kv(const gvm_ctx& c) {
 #define GVM_ATT_STATE_BYTES ((16 * GVM_ATT_OSTRIDE + 32) * 4)  // o[16][68], m[16], l[16]
 // H200, 046a761, 2 / 1 tiles a step (4 stages for 1): full-c32-t8 2251 / 2337 us,
 // full-c16-t8 1394 / 1438, full-c1-t1 202 / 201, step 32x8 114.8 / 116.0 ms
-#define GVM_ATT_SUB 2   // tiles a step with one m-tile a warp
-#ifndef GVM_ATT_SUB2
-#define GVM_ATT_SUB2 1  // and with two (their registers: 2 x 32 o accumulators)
-#endif
-#ifndef GVM_ATT_MTW
-#define GVM_ATT_MTW 1   // most m-tiles a warp (2 spills 16 B with the lazy max)
-#endif
-#ifndef GVM_ATT_PROBE
-#define GVM_ATT_PROBE 0  // timing probes (wrong sums), bits: 1 no QK (loads, conversions, MMAs), 2 no PV,
-                         // 4 no e4m3 conversions (raw bits into the MMAs), 8 no fetches (the ring never refilled), 16 no softmax
-#endif
-#define GVM_ATT_SLACK 8.0f  // log2 of how far a score may pass the running max before it moves
-#define GVM_ATT_STAGES 3  // stages of GVM_ATT_SUB tiles; the ring's bytes hold 6 / SUB stages of SUB tiles
+#define GVM_ATT_SUB 2
+#define GVM_ATT_STAGES 3
 #define GVM_ATT_TILE_BYTES 2048                              // 16 keys x 64 B of K, then of V
 #define GVM_ATT_STAGE_BYTES (GVM_ATT_SUB * GVM_ATT_TILE_BYTES)
 #define GVM_ATT_RING_BYTES (GVM_ATT_STAGES * GVM_ATT_STAGE_BYTES)
 #define GVM_ATT_AREA_BYTES (GVM_ATT_RING_BYTES > GVM_ATT_STATE_BYTES ? GVM_ATT_RING_BYTES : GVM_ATT_STATE_BYTES)
-#define GVM_ATT_Q_BYTES 2048                                 // an m-tile's Q fragments [4 k-steps][32 lanes] x 16 B
-#define GVM_ATT_WARP_BYTES (GVM_ATT_AREA_BYTES + 2 * GVM_ATT_Q_BYTES)  // + two m-tiles' Q
-static_assert(GVM_ATT_AREA_BYTES >= 2 * GVM_ATT_STATE_BYTES, "a warp's area holds two m-tiles' states");
+#define GVM_ATT_WARP_BYTES (GVM_ATT_AREA_BYTES + 2048)       // + Q fragments [4 k-steps][32 lanes] x 16 B
 
 struct gvm_attn_job {
     const unsigned char* kbase;   // k cache bytes of (conv, slot 0, head h)
@@ -292,192 +278,137 @@ __device__ __forceinline__ void gvm_attn_fetch(const gvm_attn_job& jb, int tile,
     }
 }
 
-// The SUB tiles tile, tile + step, ... (slots s0, s0 + s_step, ...) of a
+// The GVM_ATT_SUB tiles tile, tile + step, ... (slots s0, s0 + s_step, ...) of a
 // stage; tiles past the chunk come zero-filled.
-template <int SUB>
 __device__ __forceinline__ void gvm_attn_fetch_stage(const gvm_attn_job& jb, int tile, int step, int s0, int s_step,
                                                      unsigned dst, unsigned lane, unsigned long long pol) {
 #pragma unroll
-    for (int u = 0; u < SUB; ++u) {
+    for (int u = 0; u < GVM_ATT_SUB; ++u) {
         gvm_attn_fetch(jb, tile + u * step, s0, dst + u * GVM_ATT_TILE_BYTES, lane, pol);
         s0 = gvm_attn_slot_add(s0, s_step, jb.cache_s);
     }
 }
 
-// Running (m [log2 units], l, o) of the MT m-tiles mt0, mt0 + 1, ... over key
-// tiles first, first + step, ...: m-tile i's state written to st + i *
-// GVM_ATT_STATE_BYTES (the warp's ring until then), its Q fragments staged at
-// qf + i * GVM_ATT_Q_BYTES. With two m-tiles a warp, a key tile's loads and
-// e4m3 -> f16 conversions serve twice the MMAs, and the two m-tiles' chains
-// (scores, softmax, o) are independent work for the scheduler to interleave.
-template <int MT, int SUB>
-__device__ __forceinline__ void gvm_attn_tile(const gvm_attn_job& jb, int mt0, int first, int step, unsigned lane,
+// Running (m [log2 units], l, o) of m-tile mt over key tiles first, first+step, ...
+// written to the warp's state area st (its ring until then); qf holds the staged
+// Q fragments.
+__device__ __forceinline__ void gvm_attn_tile(const gvm_attn_job& jb, int mt, int first, int step, unsigned lane,
                                               unsigned st, unsigned qf) {
-    constexpr int STAGE_BYTES = SUB * GVM_ATT_TILE_BYTES, STAGES = GVM_ATT_RING_BYTES / STAGE_BYTES;
     const unsigned g = lane >> 2, t4 = lane & 3;
-    float m0[MT], m1[MT], l0[MT], l1[MT];
-    float hx0[MT], hx1[MT];  // this lane's highest raw scores of rows g, g + 8: the true max at the end
-    float o[MT][8][4];
+    const int r0 = mt * 16 + g, r1 = r0 + 8;
+    const int p0 = r0 < jb.rows ? jb.pos0 + r0 / jb.g : -1;  // -1 sees no key
+    const int p1 = r1 < jb.rows ? jb.pos0 + r1 / jb.g : -1;
+    float m0 = GVM_NEG_INF, m1 = GVM_NEG_INF, l0 = 0.0f, l1 = 0.0f;
+    float o[8][4];
 #pragma unroll
-    for (int m = 0; m < MT; ++m) {
-        m0[m] = m1[m] = hx0[m] = hx1[m] = GVM_NEG_INF;
-        l0[m] = l1[m] = 0.0f;
-#pragma unroll
-        for (int d = 0; d < 8; ++d) o[m][d][0] = o[m][d][1] = o[m][d][2] = o[m][d][3] = 0.0f;
-    }
+    for (int d = 0; d < 8; ++d) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.0f;
 
+    const unsigned long long pol = gvm_policy_evict_first();  // the cache is read once a step
     const int s_step = (step * 16) % jb.cache_s;              // cache slots between the warp's tiles
-    const int s_stage = (SUB * step * 16) % jb.cache_s;  // and between its stages
+    const int s_stage = (GVM_ATT_SUB * step * 16) % jb.cache_s;  // and between its stages
     const int pos_hi = jb.pos0 + (jb.rows - 1) / jb.g;        // the job's last query position
     int tf = first;                                           // first tile of the next stage to fetch
     int sf = first < jb.nt ? (jb.kb + first * 16) % jb.cache_s : 0;  // cache slot of its first key
     // the next stage into ring stage `into`; a commit group even when past the chunk: the wait counts groups
     const auto fetch_next = [&](int into) {
-        if (tf < jb.nt && !(GVM_ATT_PROBE & 8)) gvm_attn_fetch_stage<SUB>(jb, tf, step, sf, s_step, st + into * STAGE_BYTES, lane,
-                                                  gvm_policy_evict_first());  // read once a step; made here, not held
+        if (tf < jb.nt) gvm_attn_fetch_stage(jb, tf, step, sf, s_step, st + into * GVM_ATT_STAGE_BYTES, lane, pol);
         gvm_cp_async_commit();
-        tf += SUB * step;
+        tf += GVM_ATT_SUB * step;
         sf = gvm_attn_slot_add(sf, s_stage, jb.cache_s);
     };
 #pragma unroll 1
-    for (int d = 0; d < STAGES - 1; ++d) fetch_next(d);
+    for (int d = 0; d < GVM_ATT_STAGES - 1; ++d) fetch_next(d);
     int stage = 0;
 #pragma unroll 1
-    for (int tile = first; tile < jb.nt; tile += SUB * step) {
+    for (int tile = first; tile < jb.nt; tile += GVM_ATT_SUB * step) {
         __syncwarp();  // the stage refilled next was read by every lane in the previous step
-        fetch_next(stage == 0 ? STAGES - 1 : stage - 1);
-        gvm_cp_async_wait<STAGES - 1>();  // this lane's copies of the stage landed
+        fetch_next(stage == 0 ? GVM_ATT_STAGES - 1 : stage - 1);
+        gvm_cp_async_wait<GVM_ATT_STAGES - 1>();  // this lane's copies of the stage landed
         __syncwarp();                              // and every other lane's
-        const unsigned kt = st + stage * STAGE_BYTES;
-        stage = stage == STAGES - 1 ? 0 : stage + 1;
+        const unsigned kt = st + stage * GVM_ATT_STAGE_BYTES;
+        stage = stage == GVM_ATT_STAGES - 1 ? 0 : stage + 1;
 
-        float sc[MT][SUB][2][4];  // raw scores q.k of sub-tile u, keys 8 nb + 2 t4 + (i & 1)
+        float sc[GVM_ATT_SUB][2][4];  // raw scores q.k of sub-tile u, keys 8 nb + 2 t4 + (i & 1)
 #pragma unroll
-        for (int m = 0; m < MT; ++m)
+        for (int u = 0; u < GVM_ATT_SUB; ++u)
 #pragma unroll
-            for (int u = 0; u < SUB; ++u)
+            for (int nb = 0; nb < 2; ++nb) sc[u][nb][0] = sc[u][nb][1] = sc[u][nb][2] = sc[u][nb][3] = 0.0f;
+        uint4 kr[GVM_ATT_SUB][2];  // this lane's 16 B of keys 8 nb + g
 #pragma unroll
-                for (int nb = 0; nb < 2; ++nb) sc[m][u][nb][0] = sc[m][u][nb][1] = sc[m][u][nb][2] = sc[m][u][nb][3] = 0.0f;
-        uint4 kr[SUB][2];  // this lane's 16 B of keys 8 nb + g
-#pragma unroll
-        for (int u = 0; u < SUB && !(GVM_ATT_PROBE & 1); ++u)
+        for (int u = 0; u < GVM_ATT_SUB; ++u)
 #pragma unroll
             for (int nb = 0; nb < 2; ++nb) kr[u][nb] = gvm_lds_u4(kt + u * GVM_ATT_TILE_BYTES + gvm_attn_swz(nb * 8 + g, t4));
 #pragma unroll
-        for (int s = 0; s < 4 && !(GVM_ATT_PROBE & 1); ++s) {
-            uint4 a[MT];
+        for (int s = 0; s < 4; ++s) {
+            const uint4 a = gvm_lds_u4(qf + (s * 32 + lane) * 16);
 #pragma unroll
-            for (int m = 0; m < MT; ++m) a[m] = gvm_lds_u4(qf + m * GVM_ATT_Q_BYTES + (s * 32 + lane) * 16);
-#pragma unroll
-            for (int u = 0; u < SUB; ++u)
+            for (int u = 0; u < GVM_ATT_SUB; ++u)
 #pragma unroll
                 for (int nb = 0; nb < 2; ++nb) {
                     const uint4& k4 = kr[u][nb];
                     const unsigned kw = s == 0 ? k4.x : s == 1 ? k4.y : s == 2 ? k4.z : k4.w;
-                    const unsigned b0 = (GVM_ATT_PROBE & 4) ? kw : gvm_e4m3x2_to_f16x2(kw);
-                    const unsigned b1 = (GVM_ATT_PROBE & 4) ? kw >> 8 : gvm_e4m3x2_hi_to_f16x2(kw);
-#pragma unroll
-                    for (int m = 0; m < MT; ++m) gvm_mma_f16(sc[m][u][nb], a[m].x, a[m].y, a[m].z, a[m].w, b0, b1);
+                    gvm_mma_f16(sc[u][nb], a.x, a.y, a.z, a.w, gvm_e4m3x2_to_f16x2(kw), gvm_e4m3x2_hi_to_f16x2(kw));
                 }
         }
 #pragma unroll
-        for (int u = 0; u < SUB; ++u) {
+        for (int u = 0; u < GVM_ATT_SUB; ++u) {
             const int kp0 = jb.kb + (tile + u * step) * 16;
             // every query row sees every key of the sub-tile: no per-score test (the usual case)
             const bool whole = kp0 + 15 < jb.ke && kp0 + 15 <= jb.pos0 && (jb.window == 0 || kp0 > pos_hi - jb.window);
             if (!whole) {
 #pragma unroll
-                for (int m = 0; m < MT; ++m) {
-                    // query positions of rows g, g + 8 (-1 sees no key): found here, not held through the loop
-                    const int r0 = (mt0 + m) * 16 + (int)g, r1 = r0 + 8;
-                    const int p0 = r0 < jb.rows ? jb.pos0 + r0 / jb.g : -1, p1 = r1 < jb.rows ? jb.pos0 + r1 / jb.g : -1;
+                for (int nb = 0; nb < 2; ++nb)
 #pragma unroll
-                    for (int nb = 0; nb < 2; ++nb)
-#pragma unroll
-                        for (int i = 0; i < 4; ++i) {
-                            const int key = kp0 + nb * 8 + 2 * t4 + (i & 1);
-                            if (!gvm_attn_visible(jb, key, i < 2 ? p0 : p1)) sc[m][u][nb][i] = GVM_NEG_INF;
-                        }
-                }
+                    for (int i = 0; i < 4; ++i) {
+                        const int key = kp0 + nb * 8 + 2 * t4 + (i & 1);
+                        if (!gvm_attn_visible(jb, key, i < 2 ? p0 : p1)) sc[u][nb][i] = GVM_NEG_INF;
+                    }
             }
         }
-        unsigned pa[MT][SUB][4];  // P as f16 A fragments
+        float mx0 = GVM_NEG_INF, mx1 = GVM_NEG_INF;
 #pragma unroll
-        for (int m = 0; m < MT && (GVM_ATT_PROBE & 16); ++m)
+        for (int u = 0; u < GVM_ATT_SUB; ++u)
 #pragma unroll
-            for (int u = 0; u < SUB; ++u)
-#pragma unroll
-                for (int i = 0; i < 4; ++i) pa[m][u][i] = gvm_pack_f16x2(sc[m][u][i >> 1][2 * (i & 1)], sc[m][u][i >> 1][2 * (i & 1) + 1]);
-        // The running max moves only when a score passes it by more than 2^GVM_ATT_SLACK:
-        // until then p = 2^(s - m) <= 2^GVM_ATT_SLACK (f16 holds it), o and l need no
-        // rescale and the rows need no max exchange, only each lane's test and one vote.
-        float mx0[MT], mx1[MT];  // this lane's maxima of rows g, g + 8 (raw scores)
-        bool grow = false;
-#pragma unroll
-        for (int m = 0; m < MT && !(GVM_ATT_PROBE & 16); ++m) {
-            mx0[m] = mx1[m] = GVM_NEG_INF;
-#pragma unroll
-            for (int u = 0; u < SUB; ++u)
-#pragma unroll
-                for (int nb = 0; nb < 2; ++nb) {
-                    mx0[m] = fmaxf(mx0[m], fmaxf(sc[m][u][nb][0], sc[m][u][nb][1]));
-                    mx1[m] = fmaxf(mx1[m], fmaxf(sc[m][u][nb][2], sc[m][u][nb][3]));
-                }
-            hx0[m] = fmaxf(hx0[m], mx0[m]);
-            hx1[m] = fmaxf(hx1[m], mx1[m]);
-            // m in log2 units of the scaled scores (score_scale > 0: the max commutes with it)
-            grow |= (mx0[m] * jb.score_scale > m0[m] + GVM_ATT_SLACK) | (mx1[m] * jb.score_scale > m1[m] + GVM_ATT_SLACK);
-        }
-        const bool move = __any_sync(0xffffffffu, grow);  // warp-uniform
-#pragma unroll
-        for (int m = 0; m < MT && !(GVM_ATT_PROBE & 16); ++m) {
-            if (move) {
-                float x0 = fmaxf(mx0[m], __shfl_xor_sync(0xffffffffu, mx0[m], 1));
-                x0 = fmaxf(x0, __shfl_xor_sync(0xffffffffu, x0, 2));
-                float x1 = fmaxf(mx1[m], __shfl_xor_sync(0xffffffffu, mx1[m], 1));
-                x1 = fmaxf(x1, __shfl_xor_sync(0xffffffffu, x1, 2));
-                const float mn0 = fmaxf(m0[m], x0 * jb.score_scale), mn1 = fmaxf(m1[m], x1 * jb.score_scale);
-                // a row with nothing visible yet keeps m = -inf (its al is then 0 * nothing)
-                const float al0 = mn0 == GVM_NEG_INF ? 1.0f : gvm_ex2(m0[m] - mn0);
-                const float al1 = mn1 == GVM_NEG_INF ? 1.0f : gvm_ex2(m1[m] - mn1);
-                m0[m] = mn0;
-                m1[m] = mn1;
-                l0[m] *= al0;
-                l1[m] *= al1;
-#pragma unroll
-                for (int d = 0; d < 8; ++d) {
-                    o[m][d][0] *= al0;
-                    o[m][d][1] *= al0;
-                    o[m][d][2] *= al1;
-                    o[m][d][3] *= al1;
-                }
+            for (int nb = 0; nb < 2; ++nb) {
+                mx0 = fmaxf(mx0, fmaxf(sc[u][nb][0], sc[u][nb][1]));
+                mx1 = fmaxf(mx1, fmaxf(sc[u][nb][2], sc[u][nb][3]));
             }
-            // a row with nothing visible yet: subtract 0 instead so no inf - inf (its p are 0)
-            const float mu0 = m0[m] == GVM_NEG_INF ? 0.0f : m0[m], mu1 = m1[m] == GVM_NEG_INF ? 0.0f : m1[m];
-            float ls0 = 0.0f, ls1 = 0.0f;
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+        // m in log2 units of the scaled scores (score_scale > 0: the max commutes with it)
+        const float mn0 = fmaxf(m0, mx0 * jb.score_scale), mn1 = fmaxf(m1, mx1 * jb.score_scale);
+        // a row with nothing visible yet keeps m = -inf; subtract 0 instead so no inf - inf
+        const float mu0 = mn0 == GVM_NEG_INF ? 0.0f : mn0, mu1 = mn1 == GVM_NEG_INF ? 0.0f : mn1;
+        const float al0 = gvm_ex2(m0 - mu0), al1 = gvm_ex2(m1 - mu1);
+        m0 = mn0;
+        m1 = mn1;
+        float ls0 = 0.0f, ls1 = 0.0f;
 #pragma unroll
-            for (int u = 0; u < SUB; ++u)
+        for (int u = 0; u < GVM_ATT_SUB; ++u)
 #pragma unroll
-                for (int nb = 0; nb < 2; ++nb) {
-                    sc[m][u][nb][0] = gvm_ex2(fmaf(sc[m][u][nb][0], jb.score_scale, -mu0));
-                    sc[m][u][nb][1] = gvm_ex2(fmaf(sc[m][u][nb][1], jb.score_scale, -mu0));
-                    sc[m][u][nb][2] = gvm_ex2(fmaf(sc[m][u][nb][2], jb.score_scale, -mu1));
-                    sc[m][u][nb][3] = gvm_ex2(fmaf(sc[m][u][nb][3], jb.score_scale, -mu1));
-                    ls0 += sc[m][u][nb][0] + sc[m][u][nb][1];
-                    ls1 += sc[m][u][nb][2] + sc[m][u][nb][3];
-                }
-            l0[m] += ls0;
-            l1[m] += ls1;
-#pragma unroll
-            for (int u = 0; u < SUB; ++u) {
-                pa[m][u][0] = gvm_pack_f16x2(sc[m][u][0][0], sc[m][u][0][1]);
-                pa[m][u][1] = gvm_pack_f16x2(sc[m][u][0][2], sc[m][u][0][3]);
-                pa[m][u][2] = gvm_pack_f16x2(sc[m][u][1][0], sc[m][u][1][1]);
-                pa[m][u][3] = gvm_pack_f16x2(sc[m][u][1][2], sc[m][u][1][3]);
+            for (int nb = 0; nb < 2; ++nb) {
+                sc[u][nb][0] = gvm_ex2(fmaf(sc[u][nb][0], jb.score_scale, -mu0));
+                sc[u][nb][1] = gvm_ex2(fmaf(sc[u][nb][1], jb.score_scale, -mu0));
+                sc[u][nb][2] = gvm_ex2(fmaf(sc[u][nb][2], jb.score_scale, -mu1));
+                sc[u][nb][3] = gvm_ex2(fmaf(sc[u][nb][3], jb.score_scale, -mu1));
+                ls0 += sc[u][nb][0] + sc[u][nb][1];
+                ls1 += sc[u][nb][2] + sc[u][nb][3];
             }
+        l0 = l0 * al0 + ls0;
+        l1 = l1 * al1 + ls1;
+#pragma unroll
+        for (int d = 0; d < 8; ++d) {
+            o[d][0] *= al0;
+            o[d][1] *= al0;
+            o[d][2] *= al1;
+            o[d][3] *= al1;
         }
 #pragma unroll
-        for (int u = 0; u < SUB && !(GVM_ATT_PROBE & 2); ++u) {
+        for (int u = 0; u < GVM_ATT_SUB; ++u) {
+            const unsigned pa0 = gvm_pack_f16x2(sc[u][0][0], sc[u][0][1]), pa1 = gvm_pack_f16x2(sc[u][0][2], sc[u][0][3]);
+            const unsigned pa2 = gvm_pack_f16x2(sc[u][1][0], sc[u][1][1]), pa3 = gvm_pack_f16x2(sc[u][1][2], sc[u][1][3]);
             const unsigned vt = kt + u * GVM_ATT_TILE_BYTES + GVM_ATT_TILE_BYTES / 2;
             uint2 vr[4];
 #pragma unroll
@@ -493,77 +424,50 @@ __device__ __forceinline__ void gvm_attn_tile(const gvm_attn_job& jb, int mt0, i
 #pragma unroll
                 for (int d = 0; d < 4; ++d) {
                     const unsigned wa = d < 2 ? lo_a : hi_a, wc = d < 2 ? lo_c : hi_c;
-                    const unsigned b0 = (GVM_ATT_PROBE & 4) ? wa >> (8 * (d & 1))
-                                        : (d & 1) ? gvm_e4m3x2_hi_to_f16x2(wa) : gvm_e4m3x2_to_f16x2(wa);
-                    const unsigned b1 = (GVM_ATT_PROBE & 4) ? wc >> (8 * (d & 1))
-                                        : (d & 1) ? gvm_e4m3x2_hi_to_f16x2(wc) : gvm_e4m3x2_to_f16x2(wc);
-#pragma unroll
-                    for (int m = 0; m < MT; ++m)
-                        gvm_mma_f16(o[m][4 * half + d], pa[m][u][0], pa[m][u][1], pa[m][u][2], pa[m][u][3], b0, b1);
+                    gvm_mma_f16(o[4 * half + d], pa0, pa1, pa2, pa3,
+                                (d & 1) ? gvm_e4m3x2_hi_to_f16x2(wa) : gvm_e4m3x2_to_f16x2(wa),
+                                (d & 1) ? gvm_e4m3x2_hi_to_f16x2(wc) : gvm_e4m3x2_to_f16x2(wc));
                 }
             }
         }
     }
-    __syncwarp();  // the states below overwrite the ring
+    __syncwarp();  // the state below overwrites the ring
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+    // o[d][0] is dim 16*t4 + d of row g, o[d][1] dim 16*t4 + 8 + d; [2], [3] row g + 8
+    const unsigned ml = st + 16 * GVM_ATT_OSTRIDE * 4;
+    if (t4 == 0) {
+        gvm_sts(ml + g * 4, m0);
+        gvm_sts(ml + (g + 8) * 4, m1);
+        gvm_sts(ml + 64 + g * 4, l0);
+        gvm_sts(ml + 64 + (g + 8) * 4, l1);
+    }
 #pragma unroll
-    for (int m = 0; m < MT; ++m) {
-        // the state relative to the rows' true max, as written: the running max may lag it by GVM_ATT_SLACK
-        float x0 = fmaxf(hx0[m], __shfl_xor_sync(0xffffffffu, hx0[m], 1));
-        x0 = fmaxf(x0, __shfl_xor_sync(0xffffffffu, x0, 2));
-        float x1 = fmaxf(hx1[m], __shfl_xor_sync(0xffffffffu, hx1[m], 1));
-        x1 = fmaxf(x1, __shfl_xor_sync(0xffffffffu, x1, 2));
-        const float mt0 = fmaxf(m0[m], x0 * jb.score_scale), mt1 = fmaxf(m1[m], x1 * jb.score_scale);
-        const float al0 = mt0 == GVM_NEG_INF ? 1.0f : gvm_ex2(m0[m] - mt0);
-        const float al1 = mt1 == GVM_NEG_INF ? 1.0f : gvm_ex2(m1[m] - mt1);
-        m0[m] = mt0;
-        m1[m] = mt1;
+    for (int hr = 0; hr < 2; ++hr) {
+        const unsigned row = st + ((g + 8 * hr) * GVM_ATT_OSTRIDE + 16 * t4) * 4;
 #pragma unroll
-        for (int d = 0; d < 8; ++d) {
-            o[m][d][0] *= al0;
-            o[m][d][1] *= al0;
-            o[m][d][2] *= al1;
-            o[m][d][3] *= al1;
-        }
-        float la = l0[m] * al0, lb = l1[m] * al1;
-        la += __shfl_xor_sync(0xffffffffu, la, 1);
-        la += __shfl_xor_sync(0xffffffffu, la, 2);
-        lb += __shfl_xor_sync(0xffffffffu, lb, 1);
-        lb += __shfl_xor_sync(0xffffffffu, lb, 2);
-        // o[d][0] is dim 16*t4 + d of row g, o[d][1] dim 16*t4 + 8 + d; [2], [3] row g + 8
-        const unsigned sm = st + m * GVM_ATT_STATE_BYTES, ml = sm + 16 * GVM_ATT_OSTRIDE * 4;
-        if (t4 == 0) {
-            gvm_sts(ml + g * 4, m0[m]);
-            gvm_sts(ml + (g + 8) * 4, m1[m]);
-            gvm_sts(ml + 64 + g * 4, la);
-            gvm_sts(ml + 64 + (g + 8) * 4, lb);
-        }
-#pragma unroll
-        for (int hr = 0; hr < 2; ++hr) {
-            const unsigned row = sm + ((g + 8 * hr) * GVM_ATT_OSTRIDE + 16 * t4) * 4;
-#pragma unroll
-            for (int q = 0; q < 4; ++q) {
-                const int c = 2 * hr + (q >> 1), d = 4 * (q & 1);
-                gvm_sts(row + q * 16, make_float4(o[m][d][c], o[m][d + 1][c], o[m][d + 2][c], o[m][d + 3][c]));
-            }
+        for (int q = 0; q < 4; ++q) {
+            const int c = 2 * hr + (q >> 1), d = 4 * (q & 1);
+            gvm_sts(row + q * 16, make_float4(o[d][c], o[d + 1][c], o[d + 2][c], o[d + 3][c]));
         }
     }
 }
 
-// Merge the split warps' states of one round and write part_o / part_ml: the
-// round's units (mtw m-tiles each) in turn, unit w's split warps w * split ...
+// Merge the split warps' states of one round and write part_o / part_ml.
 __device__ __forceinline__ void gvm_attn_write(const gvm_ctx& c, const gvm_attn_job& jb, int round, int per_round,
-                                               int split, int mtw, unsigned smem) {
+                                               int split, unsigned smem) {
     const gvm_tensor& tpo = gvm_t(c, 4);
     const gvm_tensor& tml = gvm_t(c, 5);
     const int tok0 = gvm_ptr<const int>(gvm_t(c, 3), c.ins->arg[0] * gvm_t(c, 3).stride[0], 4)[0];
     const int h = c.ins->arg[1], j = c.ins->arg[2];
     const float v_scale = gvm_argf(c, 6);
-    for (int it = c.tid; it < per_round * mtw * 16 * 16; it += 128) {  // 16 float4s of o per row
-        const int rr = it >> 4, q4 = it & 15, row = rr & 15, mi = rr >> 4;
-        const int r = (round * per_round * mtw + mi) * 16 + row;
+    for (int it = c.tid; it < per_round * 16 * 16; it += 128) {  // 16 float4s of o per row
+        const int rr = it >> 4, q4 = it & 15, row = rr & 15;
+        const int r = (round * per_round + (rr >> 4)) * 16 + row;
         if (r >= jb.rows) continue;
-        const int unit = mi / mtw;
-        const unsigned w0 = smem + unit * split * GVM_ATT_WARP_BYTES + (mi - unit * mtw) * GVM_ATT_STATE_BYTES;
+        const unsigned w0 = smem + (rr >> 4) * split * GVM_ATT_WARP_BYTES;
         const unsigned ml = 16 * GVM_ATT_OSTRIDE * 4 + row * 4;
         float mx = GVM_NEG_INF;
         for (int k = 0; k < split; ++k) mx = fmaxf(mx, gvm_lds_f(w0 + k * GVM_ATT_WARP_BYTES + ml));
@@ -649,9 +553,7 @@ __device__ int gvm_op_attn_chunk(const gvm_ctx& c) {
         jb.nt = (jb.ke - jb.kb + 15) / 16;
     }
     const int mtiles = (jb.rows + 15) / 16;
-    const int mtw = mtiles >= 2 && GVM_ATT_MTW == 2 ? 2 : 1;                    // m-tiles a warp (a unit)
-    const int units = (mtiles + mtw - 1) / mtw;
-    const int split = units >= 3 ? 1 : (units == 2 ? 2 : 4);  // warps per unit, splitting its keys
+    const int split = mtiles >= 3 ? 1 : (mtiles == 2 ? 2 : 4);  // warps per m-tile
     const int per_round = 4 / split;
     const unsigned warp = c.tid >> 5;
     const unsigned smem = gvm_smem_addr(c.smem), st = smem + warp * GVM_ATT_WARP_BYTES;
@@ -661,24 +563,18 @@ __device__ int gvm_op_attn_chunk(const gvm_ctx& c) {
         __threadfence();    // in L2 before the barrier: the ring's copies (.cg) read L2, not L1
         gvm_group_sync(c);  // the ring's copies below read them
     }
-    for (int round = 0; round * per_round < units; ++round) {
-        const int mt = (round * per_round + (int)warp / split) * mtw;
+    for (int round = 0; round * per_round < mtiles; ++round) {
+        const int mt = round * per_round + warp / split;
         if (mt < mtiles) {
-            const unsigned qf = st + GVM_ATT_AREA_BYTES;
-            for (int i = 0; i < mtw; ++i) {  // a padding m-tile (mtiles odd) stages zeros
-                if (fused)
-                    gvm_attn_stage_q_fused(c, jb, mt + i, qf + i * GVM_ATT_Q_BYTES, gvm_opaque(c.tid) & 31, c.ins->arg[7]);
-                else
-                    gvm_attn_stage_q(c, jb, mt + i, qf + i * GVM_ATT_Q_BYTES);
-            }
-            // lane opaque: its ring offsets are not hoisted out of the persistent loop (168 registers)
-            if (mtw == 2)
-                gvm_attn_tile<2, GVM_ATT_SUB2>(jb, mt, warp % split, split, gvm_opaque(c.tid) & 31, st, qf);
+            if (fused)
+                gvm_attn_stage_q_fused(c, jb, mt, st + GVM_ATT_AREA_BYTES, gvm_opaque(c.tid) & 31, c.ins->arg[7]);
             else
-                gvm_attn_tile<1, GVM_ATT_SUB>(jb, mt, warp % split, split, gvm_opaque(c.tid) & 31, st, qf);
+                gvm_attn_stage_q(c, jb, mt, st + GVM_ATT_AREA_BYTES);
+            // lane opaque: its ring offsets are not hoisted out of the persistent loop (168 registers)
+            gvm_attn_tile(jb, mt, warp % split, split, gvm_opaque(c.tid) & 31, st, st + GVM_ATT_AREA_BYTES);
         }
         gvm_group_sync(c);
-        gvm_attn_write(c, jb, round, per_round, split, mtw, smem);
+        gvm_attn_write(c, jb, round, per_round, split, smem);
         gvm_group_sync(c);
     }
     return GVM_ERR_NONE;

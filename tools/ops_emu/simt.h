@@ -190,8 +190,4 @@ inline unsigned __reduce_min_sync(unsigned mask, unsigned v) {
         return r;
     });
 }
-inline bool __any_sync(unsigned mask, bool pred) {
-    emu::check_mask(mask);
-    return __reduce_max_sync(mask, pred ? 1u : 0u) != 0u;
-}
 inline void __threadfence() {}  // one host thread runs the lanes in turn: stores are already visible
