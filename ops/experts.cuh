@@ -124,7 +124,8 @@ __device__ __forceinline__ void gvm_exp_decode(unsigned w, unsigned scale2, unsi
 }
 
 // This thread's weights of K step ks into its slot of weight buffer ks & 1:
-// 32 code bytes and 4 scale bytes of each set, zeros where the row or K ends.
+// 32 code bytes and 4 scale bytes of each set, zeros where the row or K ends
+// (the caller commits the group).
 __device__ __forceinline__ void gvm_exp_fetch(unsigned slot, const unsigned char* cp, const unsigned char* sp, int cstep,
                                               int sstep, bool live0, bool live1, unsigned t4, int ks, int kdim,
                                               unsigned long long pol) {
@@ -138,34 +139,38 @@ __device__ __forceinline__ void gvm_exp_fetch(unsigned slot, const unsigned char
         gvm_cp_async16(slot + 32 * s + 16, ok ? c + 16 : cp, ok, pol);
         gvm_cp_async4(slot + 64 + 4 * s, ok ? sp + ks * 16 + s * sstep : sp, ok, pol);
     }
-    gvm_cp_async_commit();
 }
 
-// One K step of a warp's MMAs: weights from this thread's slot, x from the
-// tile's MT m-tiles.
-template <int MT>
-__device__ __forceinline__ void gvm_exp_ks(float (&acc)[GVM_EXP_MAXMT][2][4], unsigned slot, unsigned s_tile, unsigned g,
-                                           unsigned t4) {
+// One K step of a warp's MMAs: U units' weights (slots uslot bytes apart) times
+// the tile's MT m-tiles, into acc[m + u] (MT * U <= 2).
+template <int MT, int U>
+__device__ __forceinline__ void gvm_exp_ks(float (&acc)[GVM_EXP_MAXMT][2][4], unsigned slot, unsigned uslot,
+                                           unsigned s_tile, unsigned g, unsigned t4) {
+    static_assert(MT * U <= GVM_EXP_MAXMT, "acc holds two m-tiles or two units");
 #pragma unroll
     for (int w8 = 0; w8 < 8; ++w8) {
-        unsigned p[2][4];
+        unsigned p[U][2][4];
 #pragma unroll
-        for (int s = 0; s < 2; ++s) {
-            // (64 * block scale) twice: the decode leaves codes at 2^-6 of their value
-            const unsigned b = w8 >> 1;
-            const unsigned scale2 =
-                gvm_hmul2(gvm_e4m3x2_to_f16x2(__byte_perm(gvm_lds_u(slot + 64 + 4 * s), 0, b | (b << 4))), GVM_F16X2_64);
-            gvm_exp_decode(gvm_lds_u(slot + 32 * s + 4 * w8), scale2, p[s]);
-        }
+        for (int u = 0; u < U; ++u)
+#pragma unroll
+            for (int s = 0; s < 2; ++s) {
+                // (64 * block scale) twice: the decode leaves codes at 2^-6 of their value
+                const unsigned b = w8 >> 1, su = slot + u * uslot;
+                const unsigned scale2 =
+                    gvm_hmul2(gvm_e4m3x2_to_f16x2(__byte_perm(gvm_lds_u(su + 64 + 4 * s), 0, b | (b << 4))), GVM_F16X2_64);
+                gvm_exp_decode(gvm_lds_u(su + 32 * s + 4 * w8), scale2, p[u][s]);
+            }
 #pragma unroll
         for (int m = 0; m < MT; ++m) {
             const unsigned ra = s_tile + m * GVM_EXP_MTILE + g * GVM_EXP_PROW;
             const uint4 a0 = gvm_lds_u4(ra + gvm_exp_chunk(t4, w8, 0)), a1 = gvm_lds_u4(ra + gvm_exp_chunk(t4, w8, 1));
 #pragma unroll
-            for (int s = 0; s < 2; ++s) {
-                gvm_mma_f16(acc[m][s], a0.x, a0.y, a0.z, a0.w, p[s][0], p[s][2]);
-                gvm_mma_f16(acc[m][s], a1.x, a1.y, a1.z, a1.w, p[s][1], p[s][3]);
-            }
+            for (int u = 0; u < U; ++u)
+#pragma unroll
+                for (int s = 0; s < 2; ++s) {
+                    gvm_mma_f16(acc[m + u][s], a0.x, a0.y, a0.z, a0.w, p[u][s][0], p[u][s][2]);
+                    gvm_mma_f16(acc[m + u][s], a1.x, a1.y, a1.z, a1.w, p[u][s][1], p[u][s][3]);
+                }
         }
     }
 }
@@ -174,23 +179,37 @@ __device__ __forceinline__ void gvm_exp_ks(float (&acc)[GVM_EXP_MAXMT][2][4], un
 // times the staged chunk, K step by K step. Weights stream through shared memory
 // (cp.async, one K step ahead, each thread reading back only its own bytes), and
 // so does x (raw, one K step ahead: all four warps fetch it, then turn it into
-// the tile at the step's start).
+// the tile at the step's start). dbl (one m-tile of tokens): a second unit's
+// blocks too (du_c / du_s bytes on; live bits 2, 3), into acc[1], so that the
+// staged x serves twice the rows (the two-unit layout: four weight buffers,
+// 8 KB of raw rows). live: bits 0, 1 the sets of unit 0, 2, 3 of unit 1 (this
+// thread's rows); bits 4, 5 units 0, 1 (the warp's).
+template <bool DBL>
 __device__ __forceinline__ void gvm_exp_mma(const gvm_ctx& c, float (&acc)[GVM_EXP_MAXMT][2][4],
                                             const unsigned char* cp, const unsigned char* sp, int cstep, int sstep,
-                                            bool live0, bool live1, bool active, const unsigned char* x,
+                                            int du_c, int du_s, unsigned live, const unsigned char* x,
                                             unsigned s_rows, unsigned s_tile, unsigned s_wbuf, int tm, int kdim) {
-    const unsigned s_raw = s_tile - GVM_EXP_RAW, g = (c.tid & 31) >> 2, t4 = c.tid & 3;
+    const unsigned s_raw = s_tile - (DBL ? 16 * GVM_EXP_RAWROW : GVM_EXP_RAW), g = (c.tid & 31) >> 2, t4 = c.tid & 3;
     const int mts = (tm + 15) / 16, steps = (kdim + GVM_EXP_KSTEP - 1) / GVM_EXP_KSTEP;
     const unsigned long long pol = gvm_policy_evict_first();
-    const unsigned slot0 = s_wbuf + c.tid * GVM_EXP_WSLOT, slot1 = slot0 + 128 * GVM_EXP_WSLOT;
+    const unsigned slot0 = s_wbuf + c.tid * GVM_EXP_WSLOT, wb = 128 * GVM_EXP_WSLOT;  // unit u's buffer b: (2u + b) * wb on
     // commit groups in order: W(0), X(0), then per step W(ks + 1), X(ks + 1)
-    if (!(GVM_EXPR_PROBE & 1024)) gvm_exp_fetch(slot0, cp, sp, cstep, sstep, live0, live1, t4, 0, kdim, pol);
+    if (!(GVM_EXPR_PROBE & 1024)) {
+        gvm_exp_fetch(slot0, cp, sp, cstep, sstep, live & 1, live & 2, t4, 0, kdim, pol);
+        if (DBL) gvm_exp_fetch(slot0 + 2 * wb, cp + du_c, sp + du_s, cstep, sstep, live & 4, live & 8, t4, 0, kdim, pol);
+        gvm_cp_async_commit();
+    }
     if (!(GVM_EXPR_PROBE & 256)) gvm_exp_xfetch(c, x, s_rows, s_raw, tm, 0, kdim, gvm_policy_evict_normal());
 #pragma unroll 1
     for (int ks = 0; ks < steps; ++ks) {
-        const unsigned slot = ks & 1 ? slot1 : slot0;
-        if (ks + 1 < steps && !(GVM_EXPR_PROBE & 1024))
-            gvm_exp_fetch(ks & 1 ? slot0 : slot1, cp, sp, cstep, sstep, live0, live1, t4, ks + 1, kdim, pol);
+        const unsigned slot = ks & 1 ? slot0 + wb : slot0;
+        if (ks + 1 < steps && !(GVM_EXPR_PROBE & 1024)) {
+            const unsigned next = ks & 1 ? slot0 : slot0 + wb;
+            gvm_exp_fetch(next, cp, sp, cstep, sstep, live & 1, live & 2, t4, ks + 1, kdim, pol);
+            if (DBL)
+                gvm_exp_fetch(next + 2 * wb, cp + du_c, sp + du_s, cstep, sstep, live & 4, live & 8, t4, ks + 1, kdim, pol);
+            gvm_cp_async_commit();
+        }
         if (ks + 1 < steps)
             gvm_cp_async_wait<1>();  // this step's weights and x are in; the next step's weights may still fly
         else
@@ -200,13 +219,15 @@ __device__ __forceinline__ void gvm_exp_mma(const gvm_ctx& c, float (&acc)[GVM_E
         gvm_group_sync(c);  // the tile is whole, the raw buffer free
         if (ks + 1 < steps && !(GVM_EXPR_PROBE & 256))
             gvm_exp_xfetch(c, x, s_rows, s_raw, tm, ks + 1, kdim, gvm_policy_evict_normal());
-        if (!active || (GVM_EXPR_PROBE & 512)) continue;
-        // one w8 loop per m-tile count: no branch between a w8's MMAs and the
-        // next w8's shared loads and decode, which ptxas can then start early
-        if (mts == 2)
-            gvm_exp_ks<2>(acc, slot, s_tile, g, t4);
+        if (!(live & 48u) || (GVM_EXPR_PROBE & 512)) continue;  // no unit of this warp (warp-uniform bits)
+        // one w8 loop per shape: no branch between a w8's MMAs and the next
+        // w8's shared loads and decode, which ptxas can then start early
+        if (DBL)
+            gvm_exp_ks<1, 2>(acc, slot, 2 * wb, s_tile, g, t4);
+        else if (mts == 2)
+            gvm_exp_ks<2, 1>(acc, slot, 0, s_tile, g, t4);
         else
-            gvm_exp_ks<1>(acc, slot, s_tile, g, t4);
+            gvm_exp_ks<1, 1>(acc, slot, 0, s_tile, g, t4);
     }
 }
 
@@ -626,10 +647,14 @@ __device__ int gvm_expert_tile(const gvm_ctx& c, int e, int n0, int nn) {
 
     const unsigned warp = c.tid >> 5, g = (c.tid & 31) >> 2, t4 = c.tid & 3;
     const int max_tok = 16 * min(GVM_EXP_MAXMT, (int)((c.smem_bytes - GVM_EXP_STATE - GVM_EXP_HEAD - GVM_EXP_WBUF - GVM_EXP_RAW) / GVM_EXP_MTILE));
+    // Up to 16 tokens of the up list: two units a warp a pass (dbl), in the two-unit
+    // layout (the down list ran slower so: H200, expert_bench 32 x 16 277 -> 362 us).
+    const bool dbl = UP && count <= 16 && c.smem_bytes >= GVM_EXP_STATE + GVM_EXP_HEAD + 2 * GVM_EXP_WBUF +
+                                                        16 * GVM_EXP_RAWROW + GVM_EXP_MTILE;
     // smem: x row offsets [32], flag | weight buffers | raw x rows | x tile
     const unsigned s_rows = gvm_smem_addr(c.smem), s_flag = s_rows + 128, s_wbuf = s_rows + GVM_EXP_HEAD;
-    const unsigned s_tile = s_wbuf + GVM_EXP_WBUF + GVM_EXP_RAW;
-    const int unit_rows = UP ? 8 : 16, units = (nn + unit_rows - 1) / unit_rows;
+    const unsigned s_tile = s_wbuf + (dbl ? 2 * GVM_EXP_WBUF + 16 * GVM_EXP_RAWROW : GVM_EXP_WBUF + GVM_EXP_RAW);
+    const int unit_rows = UP ? 8 : 16, units = (nn + unit_rows - 1) / unit_rows, upp = dbl ? 8 : 4;
 
     if (c.tid == 0) gvm_sts(s_flag, 0u);
 #if GVM_EXPERT_REG
@@ -642,7 +667,7 @@ __device__ int gvm_expert_tile(const gvm_ctx& c, int e, int n0, int nn) {
     // loops around gvm_exp_mma's K loop spilled the kernel's own state (4 B
     // stored, 56 B loaded, an 8 B frame; the default build, which has both
     // paths, does not spill and keeps the nested loops above).
-    const int passes = (units + 3) / 4, chunks = (count + max_tok - 1) / max_tok;
+    const int passes = (units + upp - 1) / upp, chunks = (count + max_tok - 1) / max_tok;
     for (int it = 0; it < chunks * passes; ++it) {
         const int chunk = it / passes, pass = it - chunk * passes, tc0 = chunk * max_tok;
         const int tm = min(max_tok, count - tc0);
@@ -660,13 +685,18 @@ __device__ int gvm_expert_tile(const gvm_ctx& c, int e, int n0, int nn) {
         if (gvm_lds_u(s_flag)) return GVM_ERR_BAD_ARGS;
 #if GVM_EXPERT_REG
 
-        for (int pass = 0; pass * 4 < units; ++pass) {
+        for (int pass = 0; pass * upp < units; ++pass) {
 #else
         }
         {
 #endif
-            const int unit = pass * 4 + warp, local = unit * unit_rows + g;
+            const int unit = pass * upp + warp, local = unit * unit_rows + g, local1 = local + 4 * unit_rows;
             const long long row = n0 + min(local, nn - 1);  // rows past the instruction point at its last
+            const int drow = min(local1, nn - 1) - min(local, nn - 1);  // unit + 4's rows (dbl)
+            const unsigned live = (unsigned)(unit < units && local < nn) | (unsigned)(unit < units && local + (UP ? 0 : 8) < nn) << 1 |
+                                  (unsigned)(dbl && unit + 4 < units && local1 < nn) << 2 |
+                                  (unsigned)(dbl && unit + 4 < units && local1 + (UP ? 0 : 8) < nn) << 3 |
+                                  (unsigned)(unit < units) << 4 | (unsigned)(dbl && unit + 4 < units) << 5;
             float acc[GVM_EXP_MAXMT][2][4];
 #pragma unroll
             for (int m = 0; m < GVM_EXP_MAXMT; ++m)
@@ -680,26 +710,31 @@ __device__ int gvm_expert_tile(const gvm_ctx& c, int e, int n0, int nn) {
                 const unsigned char* sp = gvm_ptr<const unsigned char>(tsc, e * tsc.stride[0] + row * tsc.stride[r] + 4 * t4, 1);
                 const int cstep = (int)(UP ? tcd.stride[1] : 8 * tcd.stride[1]);
                 const int sstep = (int)(UP ? tsc.stride[1] : 8 * tsc.stride[1]);
-                gvm_exp_mma(c, acc, cp, sp, cstep, sstep, unit < units && local < nn,
-                            unit < units && local + (UP ? 0 : 8) < nn, unit < units,
-                            reinterpret_cast<const unsigned char*>(gvm_t(c, 1).ptr), s_rows, s_tile, s_wbuf, tm,
-                            gvm_t(c, 1).shape[1]);
+                const unsigned char* x = reinterpret_cast<const unsigned char*>(gvm_t(c, 1).ptr);
+                if (dbl)  // one instance a shape: the one-unit pass holds no second unit's offsets
+                    gvm_exp_mma<true>(c, acc, cp, sp, cstep, sstep, (int)(drow * tcd.stride[r]), (int)(drow * tsc.stride[r]),
+                                      live, x, s_rows, s_tile, s_wbuf, tm, gvm_t(c, 1).shape[1]);
+                else
+                    gvm_exp_mma<false>(c, acc, cp, sp, cstep, sstep, 0, 0, live, x, s_rows, s_tile, s_wbuf, tm, gvm_t(c, 1).shape[1]);
             }
             if (unit >= units) continue;
-            // acc[m][s][i]: token m*16 + g (+8 for i >= 2), weight row 2*t4 + (i & 1) of block s
+            // acc[m][s][i]: token m*16 + g (+8 for i >= 2), weight row 2*t4 + (i & 1) of block s;
+            // dbl: acc[u] is unit + 4u's, tokens g (+8)
             const gvm_tensor& to = gvm_t(c, 0);
             const gvm_tensor& tts = gvm_t(c, 4);
             const float ts0 = gvm_ptr<const float>(tts, e * tts.stride[0], 4)[0];
             const float ts1 = gvm_ptr<const float>(tts, e * tts.stride[0], 4)[UP ? 1 : 0];
 #pragma unroll
             for (int m = 0; m < GVM_EXP_MAXMT; ++m) {
+                const int un = dbl ? unit + 4 * m : unit;
+                if (un >= units) continue;
 #pragma unroll
                 for (int i = 0; i < 4; ++i) {
-                    const int tok = m * 16 + g + 8 * (i >> 1), col = 2 * t4 + (i & 1);
+                    const int tok = (dbl ? 0 : m * 16) + g + 8 * (i >> 1), col = 2 * t4 + (i & 1);
                     if (tok >= tm) continue;
                     const long long orow = (long long)(slot0 + tc0 + tok) * to.stride[0] + n0;
                     if (UP) {
-                        const int lc = unit * 8 + col;
+                        const int lc = un * 8 + col;
                         if (lc >= nn) continue;
                         const float gv = acc[m][0][i] * ts0, uv = acc[m][1][i] * ts1;
                         *gvm_ptr<unsigned short>(to, orow + lc, 2) =
@@ -707,7 +742,7 @@ __device__ int gvm_expert_tile(const gvm_ctx& c, int e, int n0, int nn) {
                     } else {
 #pragma unroll
                         for (int s = 0; s < 2; ++s) {
-                            const int lc = unit * 16 + 8 * s + col;
+                            const int lc = un * 16 + 8 * s + col;
                             if (lc < nn) *gvm_ptr<float>(to, orow + lc, 4) = acc[m][s][i] * ts0;
                         }
                     }

@@ -84,7 +84,7 @@ def test_a_missing_barrier_is_a_race(tmp_path: Path) -> None:
 
 
 def test_a_wrong_fragment_fails(tmp_path: Path) -> None:
-    broken = _mutant(tmp_path, "ops/experts.cuh", "p[s][0], p[s][2]);", "p[s][2], p[s][0]);")
+    broken = _mutant(tmp_path, "ops/experts.cuh", "p[u][s][0], p[u][s][2]);", "p[u][s][2], p[u][s][0]);")
     assert any("hbuf" in f for f in _failures(broken, {Op.EXPERT_UP}))
 
 
