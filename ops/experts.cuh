@@ -45,6 +45,7 @@
 #define GVM_EXP_RAWROW 512   // bytes per raw (bf16) x row of a K step
 #define GVM_EXP_MAXMT 2      // m-tiles of 16 tokens per token chunk
 #define GVM_EXP_RAW (GVM_EXP_MAXMT * 16 * GVM_EXP_RAWROW)  // the raw x rows, just before the tile
+#define GVM_EXP_RAW1 (16 * GVM_EXP_RAWROW)  // the two-unit layout's raw x rows (one m-tile), just before its tile
 #define GVM_EXP_HEAD 144     // smem before the x tile: x row byte offsets [32], bad-row flag
 #define GVM_EXP_WSLOT 80     // bytes per thread per weight buffer: 2 x 32 codes, 2 x 4 scales, pad
 #define GVM_EXP_WBUF (2 * 128 * GVM_EXP_WSLOT)  // two K steps of weights
@@ -189,7 +190,7 @@ __device__ __forceinline__ void gvm_exp_mma(const gvm_ctx& c, float (&acc)[GVM_E
                                             const unsigned char* cp, const unsigned char* sp, int cstep, int sstep,
                                             int du_c, int du_s, unsigned live, const unsigned char* x,
                                             unsigned s_rows, unsigned s_tile, unsigned s_wbuf, int tm, int kdim) {
-    const unsigned s_raw = s_tile - (DBL ? 16 * GVM_EXP_RAWROW : GVM_EXP_RAW), g = (c.tid & 31) >> 2, t4 = c.tid & 3;
+    const unsigned s_raw = s_tile - (DBL ? GVM_EXP_RAW1 : GVM_EXP_RAW), g = (c.tid & 31) >> 2, t4 = c.tid & 3;
     const int mts = (tm + 15) / 16, steps = (kdim + GVM_EXP_KSTEP - 1) / GVM_EXP_KSTEP;
     const unsigned long long pol = gvm_policy_evict_first();
     const unsigned slot0 = s_wbuf + c.tid * GVM_EXP_WSLOT, wb = 128 * GVM_EXP_WSLOT;  // unit u's buffer b: (2u + b) * wb on
@@ -650,10 +651,10 @@ __device__ int gvm_expert_tile(const gvm_ctx& c, int e, int n0, int nn) {
     // Up to 16 tokens of the up list: two units a warp a pass (dbl), in the two-unit
     // layout (the down list ran slower so: H200, expert_bench 32 x 16 277 -> 362 us).
     const bool dbl = UP && count <= 16 && c.smem_bytes >= GVM_EXP_STATE + GVM_EXP_HEAD + 2 * GVM_EXP_WBUF +
-                                                        16 * GVM_EXP_RAWROW + GVM_EXP_MTILE;
+                                                        GVM_EXP_RAW1 + GVM_EXP_MTILE;
     // smem: x row offsets [32], flag | weight buffers | raw x rows | x tile
     const unsigned s_rows = gvm_smem_addr(c.smem), s_flag = s_rows + 128, s_wbuf = s_rows + GVM_EXP_HEAD;
-    const unsigned s_tile = s_wbuf + (dbl ? 2 * GVM_EXP_WBUF + 16 * GVM_EXP_RAWROW : GVM_EXP_WBUF + GVM_EXP_RAW);
+    const unsigned s_tile = s_wbuf + (dbl ? 2 * GVM_EXP_WBUF + GVM_EXP_RAW1 : GVM_EXP_WBUF + GVM_EXP_RAW);
     const int unit_rows = UP ? 8 : 16, units = (nn + unit_rows - 1) / unit_rows, upp = dbl ? 8 : 4;
 
     if (c.tid == 0) gvm_sts(s_flag, 0u);
