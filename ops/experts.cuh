@@ -47,8 +47,8 @@
 #define GVM_EXP_RAW (GVM_EXP_MAXMT * 16 * GVM_EXP_RAWROW)  // the raw x rows, just before the tile
 #define GVM_EXP_RAW1 (16 * GVM_EXP_RAWROW)  // the two-unit layout's raw x rows (one m-tile), just before its tile
 #define GVM_EXP_HEAD 144     // smem before the x tile: x row byte offsets [32], bad-row flag
-#define GVM_EXP_WSLOT 80     // bytes per thread per weight buffer: 2 x 32 codes, 2 x 4 scales, pad
-#define GVM_EXP_WBUF (2 * 128 * GVM_EXP_WSLOT)  // two K steps of weights
+#define GVM_EXP_WUNIT 2304   // a unit's weights of a K step: codes [set][row 0..7][128 B], scales [set][row][16 B]
+#define GVM_EXP_WBUF (2 * 4 * GVM_EXP_WUNIT)  // two K steps of the four warps' units
 #define GVM_F16X2_64 0x54005400u
 #define GVM_EXP_STATE 16     // smem at the end of the scratch: the work list's walk
 
@@ -124,80 +124,108 @@ __device__ __forceinline__ void gvm_exp_decode(unsigned w, unsigned scale2, unsi
     p[3] = gvm_hmul2(gvm_e4m3x2_hi_to_f16x2(od), scale2);
 }
 
-// This thread's weights of K step ks into its slot of weight buffer ks & 1:
-// 32 code bytes and 4 scale bytes of each set, zeros where the row or K ends
-// (the caller commits the group).
-__device__ __forceinline__ void gvm_exp_fetch(unsigned slot, const unsigned char* cp, const unsigned char* sp, int cstep,
-                                              int sstep, bool live0, bool live1, unsigned t4, int ks, int kdim,
+// A unit's weights of K step ks into its buffer at buf, copied by the warp's lanes
+// together so that each copy reads whole sectors and writes 16 contiguous
+// bytes of a row (a thread copying only the 64 codes it multiplies read each
+// sector half at a time: ncu, H200, session 20): lane l copies 16-byte chunk
+// l & 7 of rows l / 8 and l / 8 + 4 of each set (cpa, cpb; chunk c of row g at
+// c ^ (g & 1), so that the readers' 16-byte loads hit distinct bank groups) and
+// scale word l & 3 of row (l / 4) & 7 (sp). live bits (zeros where a row or K
+// ends): 0, 1 row l / 8 of sets 0, 1; 2, 3 row l / 8 + 4; 4, 5 the scale row. A
+// zero-fill reads nothing, but still gets an address inside the tensors (zc, zs).
+// The caller commits the group.
+__device__ __forceinline__ void gvm_exp_fetch(unsigned buf, const unsigned char* cpa, const unsigned char* cpb,
+                                              const unsigned char* sp, const unsigned char* zc, const unsigned char* zs,
+                                              int cstep, int sstep, unsigned live, unsigned lane, int ks, int kdim,
                                               unsigned long long pol) {
-    const bool in_k = ks * GVM_EXP_KSTEP + 64 * (int)t4 < kdim;
+    const unsigned ga = lane >> 3, c = lane & 7, gs = (lane >> 2) & 7, q = lane & 3;
+    const bool ck = ks * GVM_EXP_KSTEP + 32 * (int)c < kdim, sk = ks * GVM_EXP_KSTEP + 64 * (int)q < kdim;
+    const unsigned co = ((c ^ (ga & 1)) << 4) + ga * 128;
 #pragma unroll
     for (int s = 0; s < 2; ++s) {
-        // a zero-fill reads nothing, but still gets an address inside the tensor (cp, sp)
-        const bool ok = (s ? live1 : live0) && in_k;
-        const unsigned char* c = ok ? cp + ks * 128 + s * cstep : cp;
-        gvm_cp_async16(slot + 32 * s, c, ok, pol);
-        gvm_cp_async16(slot + 32 * s + 16, ok ? c + 16 : cp, ok, pol);
-        gvm_cp_async4(slot + 64 + 4 * s, ok ? sp + ks * 16 + s * sstep : sp, ok, pol);
+        const bool oka = (live >> s & 1) && ck, okb = (live >> (2 + s) & 1) && ck, oks = (live >> (4 + s) & 1) && sk;
+        gvm_cp_async16(buf + s * 1024 + co, oka ? cpa + ks * 128 + s * cstep : zc, oka, pol);
+        gvm_cp_async16(buf + s * 1024 + 512 + co, okb ? cpb + ks * 128 + s * cstep : zc, okb, pol);
+        gvm_cp_async4(buf + 2048 + s * 128 + gs * 16 + 4 * q, oks ? sp + ks * 16 + s * sstep : zs, oks, pol);
     }
 }
 
-// One K step of a warp's MMAs: U units' weights (slots uslot bytes apart) times
-// the tile's MT m-tiles, into acc[m + u] (MT * U <= 2).
+// One K step of a warp's MMAs: U units' weights (buffers uslot bytes apart, see
+// gvm_exp_fetch) times the tile's MT m-tiles, into acc[m + u] (MT * U <= 2).
+// Thread (g, t4) multiplies codes 64 t4 .. + 63 of row g of each set: chunks
+// 2 t4 and 2 t4 + 1 of the row.
 template <int MT, int U>
-__device__ __forceinline__ void gvm_exp_ks(float (&acc)[GVM_EXP_MAXMT][2][4], unsigned slot, unsigned uslot,
+__device__ __forceinline__ void gvm_exp_ks(float (&acc)[GVM_EXP_MAXMT][2][4], unsigned wbuf, unsigned uslot,
                                            unsigned s_tile, unsigned g, unsigned t4) {
     static_assert(MT * U <= GVM_EXP_MAXMT, "acc holds two m-tiles or two units");
+    unsigned sw[U][2];  // the thread's 4 scale bytes of each set
 #pragma unroll
-    for (int w8 = 0; w8 < 8; ++w8) {
-        unsigned p[U][2][4];
+    for (int u = 0; u < U; ++u)
+#pragma unroll
+        for (int s = 0; s < 2; ++s) sw[u][s] = gvm_lds_u(wbuf + u * uslot + 2048 + s * 128 + g * 16 + 4 * t4);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        uint4 cw[U][2];  // chunk 2 t4 + h of row g of each set
 #pragma unroll
         for (int u = 0; u < U; ++u)
 #pragma unroll
-            for (int s = 0; s < 2; ++s) {
-                // (64 * block scale) twice: the decode leaves codes at 2^-6 of their value
-                const unsigned b = w8 >> 1, su = slot + u * uslot;
-                const unsigned scale2 =
-                    gvm_hmul2(gvm_e4m3x2_to_f16x2(__byte_perm(gvm_lds_u(su + 64 + 4 * s), 0, b | (b << 4))), GVM_F16X2_64);
-                gvm_exp_decode(gvm_lds_u(su + 32 * s + 4 * w8), scale2, p[u][s]);
-            }
+            for (int s = 0; s < 2; ++s)
+                cw[u][s] = gvm_lds_u4(wbuf + u * uslot + s * 1024 + g * 128 + (((2 * t4 + h) ^ (g & 1)) << 4));
 #pragma unroll
-        for (int m = 0; m < MT; ++m) {
-            const unsigned ra = s_tile + m * GVM_EXP_MTILE + g * GVM_EXP_PROW;
-            const uint4 a0 = gvm_lds_u4(ra + gvm_exp_chunk(t4, w8, 0)), a1 = gvm_lds_u4(ra + gvm_exp_chunk(t4, w8, 1));
+        for (int w = 0; w < 4; ++w) {
+            const int w8 = 4 * h + w;
+            unsigned p[U][2][4];
 #pragma unroll
             for (int u = 0; u < U; ++u)
 #pragma unroll
                 for (int s = 0; s < 2; ++s) {
-                    gvm_mma_f16(acc[m + u][s], a0.x, a0.y, a0.z, a0.w, p[u][s][0], p[u][s][2]);
-                    gvm_mma_f16(acc[m + u][s], a1.x, a1.y, a1.z, a1.w, p[u][s][1], p[u][s][3]);
+                    // (64 * block scale) twice: the decode leaves codes at 2^-6 of their value
+                    const unsigned b = w8 >> 1;
+                    const unsigned scale2 = gvm_hmul2(gvm_e4m3x2_to_f16x2(__byte_perm(sw[u][s], 0, b | (b << 4))), GVM_F16X2_64);
+                    const uint4& k4 = cw[u][s];
+                    gvm_exp_decode(w == 0 ? k4.x : w == 1 ? k4.y : w == 2 ? k4.z : k4.w, scale2, p[u][s]);
                 }
+#pragma unroll
+            for (int m = 0; m < MT; ++m) {
+                const unsigned ra = s_tile + m * GVM_EXP_MTILE + g * GVM_EXP_PROW;
+                const uint4 a0 = gvm_lds_u4(ra + gvm_exp_chunk(t4, w8, 0)), a1 = gvm_lds_u4(ra + gvm_exp_chunk(t4, w8, 1));
+#pragma unroll
+                for (int u = 0; u < U; ++u)
+#pragma unroll
+                    for (int s = 0; s < 2; ++s) {
+                        gvm_mma_f16(acc[m + u][s], a0.x, a0.y, a0.z, a0.w, p[u][s][0], p[u][s][2]);
+                        gvm_mma_f16(acc[m + u][s], a1.x, a1.y, a1.z, a1.w, p[u][s][1], p[u][s][3]);
+                    }
+            }
         }
     }
 }
 
-// One warp's two 8-row weight blocks (set 0 at cp/sp, set 1 cstep/sstep bytes on)
-// times the staged chunk, K step by K step. Weights stream through shared memory
-// (cp.async, one K step ahead, each thread reading back only its own bytes), and
-// so does x (raw, one K step ahead: all four warps fetch it, then turn it into
-// the tile at the step's start). dbl (one m-tile of tokens): a second unit's
-// blocks too (du_c / du_s bytes on; live bits 2, 3), into acc[1], so that the
-// staged x serves twice the rows (the two-unit layout: four weight buffers,
-// 8 KB of raw rows). live: bits 0, 1 the sets of unit 0, 2, 3 of unit 1 (this
-// thread's rows); bits 4, 5 units 0, 1 (the warp's).
+// One warp's unit, two 8-row weight blocks (set 0 at cpa / cpb / sp, set 1
+// cstep / sstep bytes on: see gvm_exp_fetch), times the staged chunk, K step by K
+// step. Weights stream through shared memory (cp.async, one K step ahead, the
+// warp's lanes copying its unit together), and so does x (raw, one K step
+// ahead: all four warps fetch it, then turn it into the tile at the step's
+// start). dbl (one m-tile of tokens): a second unit's blocks too (du_c / du_s
+// bytes on; live bits 8..13), into acc[1], so that the staged x serves twice
+// the rows (the two-unit layout: four weight buffers, 8 KB of raw rows). live:
+// bits 0..5 unit 0's rows of this lane (gvm_exp_fetch), 8..13 unit 1's; bits 16,
+// 17 units 0, 1 (the warp's).
 template <bool DBL>
 __device__ __forceinline__ void gvm_exp_mma(const gvm_ctx& c, float (&acc)[GVM_EXP_MAXMT][2][4],
-                                            const unsigned char* cp, const unsigned char* sp, int cstep, int sstep,
-                                            int du_c, int du_s, unsigned live, const unsigned char* x,
+                                            const unsigned char* cpa, const unsigned char* cpb, const unsigned char* sp,
+                                            int cstep, int sstep, int du_c, int du_s, unsigned live, const unsigned char* x,
                                             unsigned s_rows, unsigned s_tile, unsigned s_wbuf, int tm, int kdim) {
-    const unsigned s_raw = s_tile - (DBL ? GVM_EXP_RAW1 : GVM_EXP_RAW), g = (c.tid & 31) >> 2, t4 = c.tid & 3;
+    const unsigned s_raw = s_tile - (DBL ? GVM_EXP_RAW1 : GVM_EXP_RAW), lane = c.tid & 31, g = lane >> 2, t4 = c.tid & 3;
     const int mts = (tm + 15) / 16, steps = (kdim + GVM_EXP_KSTEP - 1) / GVM_EXP_KSTEP;
     const unsigned long long pol = gvm_policy_evict_first();
-    const unsigned slot0 = s_wbuf + c.tid * GVM_EXP_WSLOT, wb = 128 * GVM_EXP_WSLOT;  // unit u's buffer b: (2u + b) * wb on
+    // the warp's unit u, buffer b: at slot0 + (2u + b) * wb
+    const unsigned slot0 = s_wbuf + (c.tid >> 5) * GVM_EXP_WUNIT, wb = 4 * GVM_EXP_WUNIT;
     // commit groups in order: W(0), X(0), then per step W(ks + 1), X(ks + 1)
     if (!(GVM_EXPR_PROBE & 1024)) {
-        gvm_exp_fetch(slot0, cp, sp, cstep, sstep, live & 1, live & 2, t4, 0, kdim, pol);
-        if (DBL) gvm_exp_fetch(slot0 + 2 * wb, cp + du_c, sp + du_s, cstep, sstep, live & 4, live & 8, t4, 0, kdim, pol);
+        gvm_exp_fetch(slot0, cpa, cpb, sp, cpa, sp, cstep, sstep, live, lane, 0, kdim, pol);
+        if (DBL)
+            gvm_exp_fetch(slot0 + 2 * wb, cpa + du_c, cpb + du_c, sp + du_s, cpa, sp, cstep, sstep, live >> 8, lane, 0, kdim, pol);
         gvm_cp_async_commit();
     }
     if (!(GVM_EXPR_PROBE & 256)) gvm_exp_xfetch(c, x, s_rows, s_raw, tm, 0, kdim, gvm_policy_evict_normal());
@@ -206,21 +234,23 @@ __device__ __forceinline__ void gvm_exp_mma(const gvm_ctx& c, float (&acc)[GVM_E
         const unsigned slot = ks & 1 ? slot0 + wb : slot0;
         if (ks + 1 < steps && !(GVM_EXPR_PROBE & 1024)) {
             const unsigned next = ks & 1 ? slot0 : slot0 + wb;
-            gvm_exp_fetch(next, cp, sp, cstep, sstep, live & 1, live & 2, t4, ks + 1, kdim, pol);
+            __syncwarp();  // the buffer refilled (the previous step's) was read by every lane of the warp
+            gvm_exp_fetch(next, cpa, cpb, sp, cpa, sp, cstep, sstep, live, lane, ks + 1, kdim, pol);
             if (DBL)
-                gvm_exp_fetch(next + 2 * wb, cp + du_c, sp + du_s, cstep, sstep, live & 4, live & 8, t4, ks + 1, kdim, pol);
+                gvm_exp_fetch(next + 2 * wb, cpa + du_c, cpb + du_c, sp + du_s, cpa, sp, cstep, sstep, live >> 8, lane, ks + 1,
+                              kdim, pol);
             gvm_cp_async_commit();
         }
         if (ks + 1 < steps)
             gvm_cp_async_wait<1>();  // this step's weights and x are in; the next step's weights may still fly
         else
             gvm_cp_async_wait<0>();
-        gvm_group_sync(c);  // every thread's x is in, and every warp is done with the previous tile
+        gvm_group_sync(c);  // every thread's x and weights are in, and every warp is done with the previous tile
         if (!(GVM_EXPR_PROBE & 256)) gvm_exp_stage(c, s_raw, s_tile, tm);
         gvm_group_sync(c);  // the tile is whole, the raw buffer free
         if (ks + 1 < steps && !(GVM_EXPR_PROBE & 256))
             gvm_exp_xfetch(c, x, s_rows, s_raw, tm, ks + 1, kdim, gvm_policy_evict_normal());
-        if (!(live & 48u) || (GVM_EXPR_PROBE & 512)) continue;  // no unit of this warp (warp-uniform bits)
+        if (!(live & 0x30000u) || (GVM_EXPR_PROBE & 512)) continue;  // no unit of this warp (warp-uniform bits)
         // one w8 loop per shape: no branch between a w8's MMAs and the next
         // w8's shared loads and decode, which ptxas can then start early
         if (DBL)
@@ -691,13 +721,16 @@ __device__ int gvm_expert_tile(const gvm_ctx& c, int e, int n0, int nn) {
         }
         {
 #endif
-            const int unit = pass * upp + warp, local = unit * unit_rows + g, local1 = local + 4 * unit_rows;
-            const long long row = n0 + min(local, nn - 1);  // rows past the instruction point at its last
-            const int drow = min(local1, nn - 1) - min(local, nn - 1);  // unit + 4's rows (dbl)
-            const unsigned live = (unsigned)(unit < units && local < nn) | (unsigned)(unit < units && local + (UP ? 0 : 8) < nn) << 1 |
-                                  (unsigned)(dbl && unit + 4 < units && local1 < nn) << 2 |
-                                  (unsigned)(dbl && unit + 4 < units && local1 + (UP ? 0 : 8) < nn) << 3 |
-                                  (unsigned)(unit < units) << 4 | (unsigned)(dbl && unit + 4 < units) << 5;
+            // this lane's copy rows (gvm_exp_fetch): codes ga, ga + 4, scales gs of each set
+            const int unit = pass * upp + warp, lane = (int)(c.tid & 31), ga = lane >> 3, gs = (lane >> 2) & 7;
+            const int r0 = unit * unit_rows, s1 = UP ? 0 : 8;  // set 1: the up matrix's same rows, or 8 rows on
+            const auto rows_live = [&](int r) {  // unit rows from r (its first) that exist, as gvm_exp_fetch's bits
+                return (unsigned)(r + ga < nn) | (unsigned)(r + ga + s1 < nn) << 1 | (unsigned)(r + ga + 4 < nn) << 2 |
+                       (unsigned)(r + ga + 4 + s1 < nn) << 3 | (unsigned)(r + gs < nn) << 4 | (unsigned)(r + gs + s1 < nn) << 5;
+            };
+            const bool has1 = dbl && unit + 4 < units;
+            const unsigned live = (unit < units ? rows_live(r0) : 0u) | (has1 ? rows_live(r0 + 4 * unit_rows) : 0u) << 8 |
+                                  (unsigned)(unit < units) << 16 | (unsigned)has1 << 17;
             float acc[GVM_EXP_MAXMT][2][4];
 #pragma unroll
             for (int m = 0; m < GVM_EXP_MAXMT; ++m)
@@ -707,16 +740,23 @@ __device__ int gvm_expert_tile(const gvm_ctx& c, int e, int n0, int nn) {
                 const gvm_tensor& tcd = gvm_t(c, 2);
                 const gvm_tensor& tsc = gvm_t(c, 3);
                 const int r = UP ? 2 : 1;  // the row dim of codes / scales; UP's dim 1 is gate | up
-                const unsigned char* cp = gvm_ptr<const unsigned char>(tcd, e * tcd.stride[0] + row * tcd.stride[r] + 32 * t4, 1);
-                const unsigned char* sp = gvm_ptr<const unsigned char>(tsc, e * tsc.stride[0] + row * tsc.stride[r] + 4 * t4, 1);
+                // rows past the instruction point at its last (zero-filled: live)
+                const long long ra = n0 + min(r0 + ga, nn - 1), rb = n0 + min(r0 + ga + 4, nn - 1), rs = n0 + min(r0 + gs, nn - 1);
+                const long long ce = e * tcd.stride[0] + 16 * (lane & 7), se = e * tsc.stride[0] + 4 * (lane & 3);
+                const unsigned char* cpa = gvm_ptr<const unsigned char>(tcd, ce + ra * tcd.stride[r], 1);
+                const unsigned char* cpb = gvm_ptr<const unsigned char>(tcd, ce + rb * tcd.stride[r], 1);
+                const unsigned char* sp = gvm_ptr<const unsigned char>(tsc, se + rs * tsc.stride[r], 1);
                 const int cstep = (int)(UP ? tcd.stride[1] : 8 * tcd.stride[1]);
                 const int sstep = (int)(UP ? tsc.stride[1] : 8 * tsc.stride[1]);
                 const unsigned char* x = reinterpret_cast<const unsigned char*>(gvm_t(c, 1).ptr);
+                // unit + 4 (dbl) is 4 * unit_rows rows on wherever its rows exist (its lanes' bits)
+                const int du = 4 * unit_rows;
                 if (dbl)  // one instance a shape: the one-unit pass holds no second unit's offsets
-                    gvm_exp_mma<true>(c, acc, cp, sp, cstep, sstep, (int)(drow * tcd.stride[r]), (int)(drow * tsc.stride[r]),
+                    gvm_exp_mma<true>(c, acc, cpa, cpb, sp, cstep, sstep, (int)(du * tcd.stride[r]), (int)(du * tsc.stride[r]),
                                       live, x, s_rows, s_tile, s_wbuf, tm, gvm_t(c, 1).shape[1]);
                 else
-                    gvm_exp_mma<false>(c, acc, cp, sp, cstep, sstep, 0, 0, live, x, s_rows, s_tile, s_wbuf, tm, gvm_t(c, 1).shape[1]);
+                    gvm_exp_mma<false>(c, acc, cpa, cpb, sp, cstep, sstep, 0, 0, live, x, s_rows, s_tile, s_wbuf, tm,
+                                       gvm_t(c, 1).shape[1]);
             }
             if (unit >= units) continue;
             // acc[m][s][i]: token m*16 + g (+8 for i >= 2), weight row 2*t4 + (i & 1) of block s;
