@@ -2,7 +2,7 @@
 # One call on the H200 (the device tool): the VM proofs and timings, the Muse
 # ops standalone, and the decode-case sweep, each under its own time limit,
 # logs and results under $OUT (at most 8 files come back: traces are tarred).
-#   GPUVM_COMMIT=<sha> bash tools/gpu_session.sh [check|ops|opstime|sweep|step|stepsweep|probe|experts|router|park|ring|lists|steptrace|tiles|rowpf|fill|fill2|xstage|trace62|xprobe|smem|tiles2|router|xbench|against|slots|naps|icache|workers|slices|statsprobe|topkprobe|layertrace|oneop|fusedqk|opsgemm|gputests|vmtest ...]
+#   GPUVM_COMMIT=<sha> bash tools/gpu_session.sh [check|ops|opstime|sweep|step|stepsweep|probe|experts|router|park|ring|lists|steptrace|tiles|rowpf|fill|fill2|xstage|trace62|xprobe|smem|tiles2|router|xbench|against|slots|naps|icache|workers|slices|statsprobe|topkprobe|layertrace|oneop|fusedqk|opsgemm|gputests|vmtest|ncu ...]
 # (set GPUVM_COMMIT when running a snapshot without .git: else the results name the enclosing checkout)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -145,6 +145,13 @@ for s in $steps; do
     oneop) # the one-token decode's single-instruction ops alone (11-12 us each in a layer at 34e08d1: QK-norm/RoPE, top-k, merge), us per instruction
            timeout ${T_ONEOP:-200} python3 tools/ops_check.py --time 200 --only qk_rope_kv,topk,attn_merge,rmsnorm,residual,expert_combine > "$OUT/oneop.log" 2>&1; echo "oneop rc=$?"; grep -iE "one token|T=1 |1 token|rmsnorm|residual|combine" "$OUT/oneop.log" | head -30 ;;
     opsgemm) timeout 150 python3 tools/ops_check.py --only gemm,qk_rope_kv > "$OUT/ops_gemm_qk.log" 2>&1; echo "ops_check gemm,qk_rope_kv rc=$?"; tail -2 "$OUT/ops_gemm_qk.log" ;;
+    ncu) # Nsight Compute on the one-op kernels of the 256-token hot spots: the expert up / down lists at 32 experts x 16 tokens and
+         # one full attention chunk alone: the sections (speed of light, scheduler, warp state, memory tables, ...) and the stall
+         # reasons per issued instruction with the source counters (session 20: 50% excess sectors, 67% excess shared wavefronts)
+         S="--section SpeedOfLight --section SchedulerStats --section WarpStateStats --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section MemoryWorkloadAnalysis_Tables --section InstructionStats --section SourceCounters --metrics regex:smsp__average_warps_issue_stalled_.*_per_issue_active\\.ratio"
+         for k in up down; do timeout 150 ncu --kernel-name gvm_check_expert_$k --launch-skip 2 --launch-count 1 $S python3 tools/expert_bench.py --shapes 32x16 --reps 3 --out /tmp/xb.json > "$OUT/ncu_$k.log" 2>&1; echo "ncu expert_$k rc=$?"; done
+         timeout 200 ncu --kernel-name gvm_check_attn_chunk --launch-count 1 $S python3 tools/ops_check.py --time 3 --only attn_chunk > "$OUT/ncu_attn.log" 2>&1; echo "ncu attn_chunk rc=$?"
+         for k in up down attn; do echo "== $k"; grep -E "Duration|Issue Slots Busy|Eligible Warps|excessive|bank conflict" "$OUT/ncu_$k.log" | head -8; grep "stalled" "$OUT/ncu_$k.log" | awk '$NF+0 > 0.1' | sort -k3 -g -r | head -8; done ;;
     gputests) timeout ${T_GPUTESTS:-200} python3 -m pytest -q -p no:cacheprovider tests/gpu > "$OUT/tests_gpu.log" 2>&1; echo "tests/gpu rc=$?"; tail -4 "$OUT/tests_gpu.log" ;;
     vmtest) timeout ${T_VMTEST:-150} python3 -m pytest -q -x -p no:cacheprovider tests/gpu/test_vm.py > "$OUT/test_vm.log" 2>&1; echo "test_vm rc=$?"; tail -8 "$OUT/test_vm.log" ;;
     *) echo "unknown step $s"; exit 2 ;;
