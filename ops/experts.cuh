@@ -20,9 +20,10 @@
 // for |x| in [2^-14, 65504]) into a shared tile that all four warps read (many
 // tokens: fetched raw by cp.async a K step ahead, converted from shared memory).
 //
-// Each thread owns 64 consecutive codes (32 bytes, 4 scale blocks) of a weight row
-// per 256-wide K step, fetched by cp.async one step ahead into its own slot of
-// shared memory, once per token chunk of up to 32 tokens. The dot product is free to pair any k's, so
+// Each thread multiplies 64 consecutive codes (32 bytes, 4 scale blocks) of a weight
+// row per 256-wide K step, which its warp's lanes fetched together by cp.async one
+// step ahead into shared memory (gvm_exp_fetch), once per token chunk of up to 32
+// tokens. The dot product is free to pair any k's, so
 // a 32-bit word of 8 codes yields f16 pairs (c0,c2), (c4,c6), (c1,c3), (c5,c7)
 // and the x tile is stored in that same order: x0 x2 x1 x3 x4 x6 x5 x7.
 #pragma once
