@@ -3,7 +3,10 @@ test kernel of EXPERT_UP / EXPERT_DOWN run by 132 blocks x 2 groups (one
 worker instruction each, as a layer's list is), at the shard's shapes and
 the lowering's row grains, L2 flushed, for a few counts of experts hit. It
 answers how fast the op streams its weights when nothing else runs (issue
-6); --define passes a probe switch to the op kernels.
+6); --define passes a probe switch to the op kernels. A shape is "hit x tokens"
+(every expert hit alike) or "skew256": the tokens of each local expert in the
+sweep's sliding-c32-t8 layer (MUSE.md's routing skew: the top expert gets 133 of
+the 256 tokens' 511 local picks, 17 experts 8 or fewer).
 
     PYTHONPATH=. python3 tools/expert_bench.py --out out/expert_bench.json
 """
@@ -34,17 +37,41 @@ def weights(up: bool, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]
     return codes, torch.full((*lead, k // 16), 0x38, dtype=torch.uint8)  # e4m3 1.0
 
 
-def build_list(up: bool, grain: int, hit: int, tokens: int, w: tuple[torch.Tensor, torch.Tensor], gen: torch.Generator) -> tuple[object, int]:
-    """A work list over `hit` experts with `tokens` tokens each; the weight bytes it reads."""
+# Tokens per local expert of the sweep's sliding-c32-t8 layer (the reference's
+# local_counts at gpu_sweep.SEED, computed on the CPU in session 20).
+SKEW256 = (133, 78, 48, 31, 22, 18, 13, 11, 11, 10, 10, 10, 8, 8, 8, 8, 8, 7, 7, 7, 7, 6, 6, 5, 5, 5, 4, 4, 4, 3, 3, 3)
+
+
+def parse_shape(sh: str) -> tuple[int, ...]:
+    """'hit x tokens' (e.g. '32x16') or 'skew256' -> the tokens of each expert hit."""
+    if sh == "skew256":
+        return SKEW256
+    hit, tokens = (int(v) for v in sh.split("x"))
+    if not (1 <= hit <= E and tokens >= 1):
+        raise SystemExit(f"shape {sh!r}: 1..{E} experts hit, at least one token each")
+    return (tokens,) * hit
+
+
+def list_tables(counts: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """route_meta (tokens, first slot of each expert) and route for experts 0..
+    len(counts) - 1 with those token counts, an expert's tokens distinct; the
+    step's token count (8 picks a token, at least the largest count)."""
+    slots = sum(counts)
+    meta = torch.zeros(2, E, dtype=torch.int32)
+    meta[0, : len(counts)] = torch.tensor(counts, dtype=torch.int32)
+    meta[1, :] = torch.cumsum(meta[0], 0) - meta[0]
+    t = max(-(-slots // 8), max(counts))
+    route = torch.zeros(5, 8 * t, dtype=torch.int32)
+    route[0, :slots] = torch.arange(slots, dtype=torch.int32) % t  # consecutive slots of an expert: distinct tokens
+    return meta, route, t
+
+
+def build_list(up: bool, grain: int, counts: tuple[int, ...], w: tuple[torch.Tensor, torch.Tensor], gen: torch.Generator) -> tuple[object, int]:
+    """A work list over experts with `counts` tokens each; the weight bytes it reads."""
     op = Op.EXPERT_UP if up else Op.EXPERT_DOWN
     b = _Build(op.name.lower(), op, gen)
-    slots = hit * tokens
-    meta = torch.zeros(2, E, dtype=torch.int32)
-    meta[0, :hit] = tokens
-    meta[1, :] = torch.arange(E, dtype=torch.int32).clamp(max=hit) * tokens
-    t = -(-slots // 8)  # tokens of the step: 8 picks each
-    route = torch.zeros(5, 8 * t, dtype=torch.int32)
-    route[0, :slots] = torch.arange(slots, dtype=torch.int32) % t
+    meta, route, t = list_tables(counts)
+    hit = len(counts)
     n_out, k = (I, H) if up else (H, I)
     codes, scales = w
     x = b.add("x", DType.BF16, (torch.randn(t if up else 8 * t, k, generator=gen) * 0.1).bfloat16())
@@ -67,7 +94,7 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--define", action="append", default=[], help="MACRO=value for the op kernels (repeatable)")
     ap.add_argument("--quick", action="store_true", help="1 and 3 experts hit only")
-    ap.add_argument("--shapes", default="", help="experts hit x tokens each, e.g. 32x16,32x32 (default: 1x1,3x1,8x1,32x8)")
+    ap.add_argument("--shapes", default="", help="experts hit x tokens each, or skew256, e.g. 32x16,skew256 (default: 1x1,3x1,8x1,32x8)")
     ap.add_argument("--bw", type=float, default=4.3, help="streaming-read TB/s for the floor column")
     a = ap.parse_args()
     gen = torch.Generator().manual_seed(0)
@@ -76,11 +103,13 @@ def main() -> int:
     ts = torch.cuda.ExternalStream(int(runner.stream.handle))
     res = []
     print(f"{'op':5} {'hit':>3} {'tok':>3} {'us':>8} {'MB':>7} {'GB/s':>7} {'floor us':>8}", flush=True)
+    shapes = [parse_shape(sh) for sh in a.shapes.split(",") if sh] or [
+        parse_shape(sh) for sh in (("1x1", "3x1") if a.quick else ("1x1", "3x1", "8x1", "32x8"))]
     for up in (True, False):
         w = weights(up, gen)
-        shapes = [tuple(int(v) for v in sh.split("x")) for sh in a.shapes.split(",") if sh]
-        for hit, tokens in shapes or (((1, 1), (3, 1)) if a.quick else ((1, 1), (3, 1), (8, 1), (32, 8))):
-            case, nbytes = build_list(up, GRAIN[up], hit, tokens, w, gen)
+        for counts in shapes:
+            hit, tokens = len(counts), max(counts)  # (tok: the largest count)
+            case, nbytes = build_list(up, GRAIN[up], counts, w, gen)
             placed = place(case.tensors, "cuda")
             records, table = encode(case, placed)
             ins, tab, err = runner._upload(records, table)
@@ -99,7 +128,7 @@ def main() -> int:
             if codes.any():
                 raise SystemExit(f"error codes {sorted(set(codes.tolist()))}")
             us = statistics.median(times)
-            r = dict(op="up" if up else "down", grain=GRAIN[up], hit=hit, tokens=tokens, us=us, bytes=nbytes)
+            r = dict(op="up" if up else "down", grain=GRAIN[up], hit=hit, tokens=tokens, counts=list(counts), us=us, bytes=nbytes)
             res.append(r)
             print(f"{r['op']:5} {hit:3d} {tokens:3d} {us:8.1f} {nbytes / 1e6:7.1f} {nbytes / us / 1e3:7.0f} {nbytes / (a.bw * 1e6):8.1f}", flush=True)
             del placed, ins, tab, err
