@@ -222,13 +222,15 @@ __device__ __forceinline__ void gvm_exp_mma(const gvm_ctx& c, float (&acc)[GVM_E
     const unsigned long long pol = gvm_policy_evict_first();
     // the warp's unit u, buffer b: at slot0 + (2u + b) * wb
     const unsigned slot0 = s_wbuf + (c.tid >> 5) * GVM_EXP_WUNIT, wb = 4 * GVM_EXP_WUNIT;
-    // commit groups in order: W(0), X(0), then per step W(ks + 1), X(ks + 1)
-    if (!(GVM_EXPR_PROBE & 1024)) {
-        gvm_exp_fetch(slot0, cpa, cpb, sp, cpa, sp, cstep, sstep, live, lane, 0, kdim, pol);
+    // K step ks's weights of the warp's units into buffer buf (unit 1's 2 wb on), one commit group
+    const auto wfetch = [&](unsigned buf, int ks) {
+        gvm_exp_fetch(buf, cpa, cpb, sp, cpa, sp, cstep, sstep, live, lane, ks, kdim, pol);
         if (DBL)
-            gvm_exp_fetch(slot0 + 2 * wb, cpa + du_c, cpb + du_c, sp + du_s, cpa, sp, cstep, sstep, live >> 8, lane, 0, kdim, pol);
+            gvm_exp_fetch(buf + 2 * wb, cpa + du_c, cpb + du_c, sp + du_s, cpa, sp, cstep, sstep, live >> 8, lane, ks, kdim, pol);
         gvm_cp_async_commit();
-    }
+    };
+    // commit groups in order: W(0), X(0), then per step W(ks + 1), X(ks + 1)
+    if (!(GVM_EXPR_PROBE & 1024)) wfetch(slot0, 0);
     if (!(GVM_EXPR_PROBE & 256)) gvm_exp_xfetch(c, x, s_rows, s_raw, tm, 0, kdim, gvm_policy_evict_normal());
 #pragma unroll 1
     for (int ks = 0; ks < steps; ++ks) {
@@ -236,11 +238,7 @@ __device__ __forceinline__ void gvm_exp_mma(const gvm_ctx& c, float (&acc)[GVM_E
         if (ks + 1 < steps && !(GVM_EXPR_PROBE & 1024)) {
             const unsigned next = ks & 1 ? slot0 : slot0 + wb;
             __syncwarp();  // the buffer refilled (the previous step's) was read by every lane of the warp
-            gvm_exp_fetch(next, cpa, cpb, sp, cpa, sp, cstep, sstep, live, lane, ks + 1, kdim, pol);
-            if (DBL)
-                gvm_exp_fetch(next + 2 * wb, cpa + du_c, cpb + du_c, sp + du_s, cpa, sp, cstep, sstep, live >> 8, lane, ks + 1,
-                              kdim, pol);
-            gvm_cp_async_commit();
+            wfetch(next, ks + 1);
         }
         if (ks + 1 < steps)
             gvm_cp_async_wait<1>();  // this step's weights and x are in; the next step's weights may still fly
