@@ -786,14 +786,21 @@ __device__ __forceinline__ void gvm_gemm_f32_tile(const gvm_ctx& c, unsigned tid
 // once per 8 tokens and each token of x once per 2 rows, all from L2: the
 // 256-token router read ~1 GB in 430 us, beside a squeeze GEMM of 166. Here a
 // pass covers 32 rows x 64 tokens, each stage 32 k of both (4 + 8 KB, 128
-// bytes a row) by cp.async, GVM_GEMM_F32_XS_STAGES deep, and thread t sums
-// rows 4 (t % 8) .. + 3 x tokens 4 (t / 8) .. + 3 from float4 reads of the
-// stage: the 8 threads of an LDS phase read 8 rows of W (chunk c of row r
-// sits at c ^ ((r / 4) % 8): 8 bank groups) and one address of x (a
-// broadcast). Each output is a sum in k order, a stage at a time into a
-// partial that is then added to the total (blocked: rounding grows with the
-// 256 stages, not the 8192 terms), so the result does not depend on the
-// schedule.
+// bytes a row) by cp.async, GVM_GEMM_F32_XS_STAGES deep, and the tensor cores
+// take the products as three tf32 MMAs (m16n8k8) of the operands' split
+// v = hi + lo (hi: v's top 19 bits, lo = v - hi, exact; lo's own low bits
+// the MMA drops): lo*hi + hi*lo + hi*hi, the lo*lo term (2^-22 of the
+// product) left out, so each product is good to about 2^-21 rather than
+// f32's 2^-24 (CUDA-core FMAs ran the 256-token router's 128 K parts 98 us
+// beside the squeeze: H200, 71d0283 traces). Warp w takes all 32 rows x
+// tokens 16 w .. + 15. Since the dot product may pair any k's, thread (g, t4)
+// of a k16 step reads its 4 consecutive k (16 bytes, chunk 4 u + t4 of the
+// stage's row) and feeds the first two to one k8 MMA and the last two to the
+// next, the same for W and x. Chunk c of a row r of either operand sits at c ^
+// 4 (r & 1), so the 8 lanes of a 16-byte LDS phase (rows g, g + 1) hit 8
+// bank groups. Each output is a stage's partial sum added to the total
+// (blocked: rounding grows with the 256 stages, not the 8192 terms) in a fixed
+// order, so the result does not depend on the schedule.
 #ifndef GVM_GEMM_F32_XS_MIN  // tokens from which the f32 path stages (0: never; the 4-group kernel has no registers for it)
 #define GVM_GEMM_F32_XS_MIN (GVM_MAX_GROUPS <= 2 ? 32 : 0)  // half a pass of tokens: the router from 32 (lowering.py)
 #endif
@@ -806,8 +813,9 @@ __device__ __forceinline__ void gvm_gemm_f32_tile(const gvm_ctx& c, unsigned tid
 #endif
 static_assert(GVM_GEMM_F32_XS_STAGES >= 2, "GVM_GEMM_F32_XS_STAGES: a stage in use and one landing");
 
-__device__ __forceinline__ unsigned gvm_f32xs_w_at(unsigned stage, int row, int ch) {
-    return stage + (unsigned)row * 128u + ((unsigned)(ch ^ ((row >> 2) & 7)) << 4);
+// Shared address of 16-byte chunk ch of row r (a W row or an x token) of an operand at base.
+__device__ __forceinline__ unsigned gvm_f32xs_at(unsigned base, int r, int ch) {
+    return base + (unsigned)r * 128u + ((unsigned)(ch ^ ((r & 1) << 2)) << 4);
 }
 
 // Starts copying stage kc (k in [32 kc, 32 kc + 32)) of W rows [0, nr) past
@@ -819,15 +827,21 @@ __device__ __forceinline__ void gvm_f32xs_stage(unsigned stage, const char* wb, 
 #pragma unroll
     for (int i = 0; i < GVM_F32XS_ROWS / 16; ++i) {
         const int r = r0 + 16 * i;
-        gvm_cp_async16(gvm_f32xs_w_at(stage, r, ch), wb + (long long)(r < nr ? r : 0) * w_row + kc * 128 + ch * 16,
-                       r < nr, pol);
+        gvm_cp_async16(gvm_f32xs_at(stage, r, ch), wb + (long long)(r < nr ? r : 0) * w_row + kc * 128 + ch * 16, r < nr,
+                       pol);
     }
 #pragma unroll
     for (int i = 0; i < GVM_F32XS_TOK / 16; ++i) {
         const int t = r0 + 16 * i;
-        gvm_cp_async16(stage + GVM_F32XS_W_BYTES + (unsigned)(t * 128 + ch * 16),
-                       xb + (long long)(t < nt ? t : 0) * x_row + kc * 128 + ch * 16, t < nt, pol);
+        gvm_cp_async16(gvm_f32xs_at(stage + GVM_F32XS_W_BYTES, t, ch), xb + (long long)(t < nt ? t : 0) * x_row + kc * 128 + ch * 16,
+                       t < nt, pol);
     }
+}
+
+// v = hi + lo for a 3xTF32 product: hi keeps v's top 19 bits, lo = v - hi is exact.
+__device__ __forceinline__ void gvm_tf32_split(unsigned v, unsigned& hi, unsigned& lo) {
+    hi = v & 0xffffe000u;
+    lo = __float_as_uint(__uint_as_float(v) - __uint_as_float(hi));
 }
 
 // One pass: W rows [0, nr) past wb x tokens [0, nt) past xb, all of K (n4
@@ -837,55 +851,75 @@ __device__ __forceinline__ void gvm_f32xs_pass(const gvm_ctx& c, float* ob, long
                                                int n4, unsigned long long pol) {
     constexpr int NS = GVM_GEMM_F32_XS_STAGES;
     const unsigned tid = gvm_opaque(c.tid);  // not hoisted out of the persistent loop (registers)
-    const int rg = 4 * (int)(tid & 7u), tg = 4 * (int)(tid >> 3);
+    const int lane = (int)(tid & 31u), g = lane >> 2, t4 = lane & 3, tok0 = 16 * (int)(tid >> 5);
     const unsigned stage0 = gvm_smem_addr(c.smem);
     const int nk = n4 / 8;
-    float tot[4][4];
+    float tot[2][2][4];  // [m-tile: rows 16 m ..][n-tile: tokens tok0 + 8 n ..][fragment]
 #pragma unroll
-    for (int i = 0; i < 4; ++i) tot[i][0] = tot[i][1] = tot[i][2] = tot[i][3] = 0.f;
+    for (int m = 0; m < 2; ++m)
+#pragma unroll
+        for (int n = 0; n < 2; ++n) tot[m][n][0] = tot[m][n][1] = tot[m][n][2] = tot[m][n][3] = 0.f;
     const auto stage = [&](int k, unsigned buf) { gvm_f32xs_stage(buf, wb, w_row, nr, xb, x_row, nt, k, tid, pol); };
     gvm_stages_begin<NS>(nk, stage0, GVM_F32XS_STAGE_BYTES, stage);
 #pragma unroll 1
     for (int kc = 0; kc < nk; ++kc) {
         const unsigned sw = gvm_stages_next<NS>(c, kc, nk, stage0, GVM_F32XS_STAGE_BYTES, stage);
         const unsigned sx = sw + GVM_F32XS_W_BYTES;
-        float part[4][4];
+        float part[2][2][4];
 #pragma unroll
-        for (int i = 0; i < 4; ++i) part[i][0] = part[i][1] = part[i][2] = part[i][3] = 0.f;
-#pragma unroll 2
-        for (int ch = 0; ch < 8; ++ch) {
-            float4 w[4], x[4];
+        for (int m = 0; m < 2; ++m)
 #pragma unroll
-            for (int i = 0; i < 4; ++i) w[i] = gvm_lds_f4(gvm_f32xs_w_at(sw, rg + i, ch));
+            for (int n = 0; n < 2; ++n) part[m][n][0] = part[m][n][1] = part[m][n][2] = part[m][n][3] = 0.f;
 #pragma unroll
-            for (int j = 0; j < 4; ++j) x[j] = gvm_lds_f4(sx + (unsigned)((tg + j) * 128 + ch * 16));
+        for (int u = 0; u < 2; ++u) {  // the stage's two k16 steps
+            uint4 a[4], b[2];  // W rows g + 8 i; x tokens tok0 + 8 n + g: 4 consecutive k each
 #pragma unroll
-            for (int i = 0; i < 4; ++i) {
+            for (int i = 0; i < 4; ++i) a[i] = gvm_lds_u4(gvm_f32xs_at(sw, g + 8 * i, 4 * u + t4));
 #pragma unroll
-                for (int j = 0; j < 4; ++j) {
-                    float a = part[i][j];
-                    a = fmaf(w[i].x, x[j].x, a);
-                    a = fmaf(w[i].y, x[j].y, a);
-                    a = fmaf(w[i].z, x[j].z, a);
-                    a = fmaf(w[i].w, x[j].w, a);
-                    part[i][j] = a;
+            for (int n = 0; n < 2; ++n) b[n] = gvm_lds_u4(gvm_f32xs_at(sx, tok0 + 8 * n + g, 4 * u + t4));
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {  // k8 MMA h takes k 2 h, 2 h + 1 of each lane's four
+                unsigned ah[4][2], al[4][2], bh[2][2], bl[2][2];
+#pragma unroll
+                for (int i = 0; i < 4; ++i) {
+                    gvm_tf32_split(h ? a[i].z : a[i].x, ah[i][0], al[i][0]);
+                    gvm_tf32_split(h ? a[i].w : a[i].y, ah[i][1], al[i][1]);
                 }
+#pragma unroll
+                for (int n = 0; n < 2; ++n) {
+                    gvm_tf32_split(h ? b[n].z : b[n].x, bh[n][0], bl[n][0]);
+                    gvm_tf32_split(h ? b[n].w : b[n].y, bh[n][1], bl[n][1]);
+                }
+#pragma unroll
+                for (int m = 0; m < 2; ++m)
+#pragma unroll
+                    for (int n = 0; n < 2; ++n) {
+                        // a0 / a1: rows g / g + 8 of the m-tile, logical k t4; a2 / a3: k t4 + 4
+                        const int r0 = 2 * m, r1 = 2 * m + 1;
+                        gvm_mma_tf32(part[m][n], al[r0][0], al[r1][0], al[r0][1], al[r1][1], bh[n][0], bh[n][1]);
+                        gvm_mma_tf32(part[m][n], ah[r0][0], ah[r1][0], ah[r0][1], ah[r1][1], bl[n][0], bl[n][1]);
+                        gvm_mma_tf32(part[m][n], ah[r0][0], ah[r1][0], ah[r0][1], ah[r1][1], bh[n][0], bh[n][1]);
+                    }
             }
         }
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
+        for (int m = 0; m < 2; ++m)
 #pragma unroll
-            for (int j = 0; j < 4; ++j) tot[i][j] += part[i][j];
-        }
+            for (int n = 0; n < 2; ++n)
+#pragma unroll
+                for (int i = 0; i < 4; ++i) tot[m][n][i] += part[m][n][i];
     }
     gvm_cp_async_wait<0>();
     gvm_group_sync(c);  // every thread is done with the stages before the next pass refills them
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
+    for (int m = 0; m < 2; ++m)
 #pragma unroll
-        for (int j = 0; j < 4; ++j)
-            if (rg + i < nr && tg + j < nt) ob[(long long)(tg + j) * o_row + rg + i] = tot[i][j];
-    }
+        for (int n = 0; n < 2; ++n)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const int row = 16 * m + g + 8 * (i >> 1), tok = tok0 + 8 * n + 2 * t4 + (i & 1);
+                if (row < nr && tok < nt) ob[(long long)tok * o_row + row] = tot[m][n][i];
+            }
 }
 
 __device__ __forceinline__ void gvm_gemm_f32_xs(const gvm_ctx& c, float* ob, long long o_row, const float* xb,

@@ -172,6 +172,22 @@ inline void gvm_emu_mma(float (&d)[4], unsigned a0, unsigned a1, unsigned a2, un
         return 0;
     });
 }
+// m16n8k8 tf32 (see ops/ptx.cuh): the inputs' low 13 bits are ignored.
+inline void gvm_mma_tf32(float (&d)[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0, unsigned b1) {
+    const unsigned mine[6] = {a0, a1, a2, a3, b0, b1};
+    const int l = emu::lane(), g = l >> 2, t = l & 3;
+    const auto tf = [](unsigned w) { return (double)__uint_as_float(w & 0xffffe000u); };
+    emu::exchange(mine, 6, [&](unsigned (*x)[12]) {
+        for (int i = 0; i < 4; ++i) {
+            const int row = g + 8 * (i >> 1), col = 2 * t + (i & 1);
+            double acc = d[i];
+            for (int k = 0; k < 8; ++k)  // lane (r % 8) * 4 + k % 4 holds row r, k in a[r / 8 + 2 (k / 4)], b[k / 4]
+                acc += tf(x[(row & 7) * 4 + (k & 3)][(row >> 3) + 2 * (k >> 2)]) * tf(x[col * 4 + (k & 3)][4 + (k >> 2)]);
+            d[i] = (float)acc;
+        }
+        return 0;
+    });
+}
 // ex2.approx.ftz: subnormal inputs and results flush to zero
 inline float gvm_ex2(float x) {
     if (std::fpclassify(x) == FP_SUBNORMAL) x = 0.0f;
