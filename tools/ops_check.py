@@ -80,8 +80,9 @@ _KERNEL = r"""
 extern "C" __global__ void __launch_bounds__(GVM_BLOCK_THREADS, 1)
 gvm_check_{name}(const gvm_instr* ins, const gvm_tensor* tab, int n, int* err, unsigned scratch) {{
     extern __shared__ __align__(16) unsigned char gvm_check_smem[];
+    __shared__ int gvm_check_i[GVM_MAX_GROUPS];  // the group's instruction index, not held in a register across the op
     const unsigned group = threadIdx.x >> 7, groups = blockDim.x >> 7;
-    gvm_instr* mine = reinterpret_cast<gvm_instr*>(gvm_check_smem + group * (sizeof(gvm_instr) + scratch));
+    gvm_instr* mine = reinterpret_cast<gvm_instr*>(gvm_check_smem + group * ((unsigned)sizeof(gvm_instr) + scratch));
     gvm_ctx c;
     c.ins = mine;
     c.tab = tab;
@@ -90,7 +91,11 @@ gvm_check_{name}(const gvm_instr* ins, const gvm_tensor* tab, int n, int* err, u
     c.step = 0;
     c.smem = reinterpret_cast<unsigned char*>(mine + 1);
     c.smem_bytes = scratch;
-    for (int i = blockIdx.x * groups + group; i < n; i += gridDim.x * groups) {{
+    if (c.tid == 0) gvm_check_i[group] = blockIdx.x * groups + group;
+    gvm_group_sync(c);
+    for (;;) {{
+        const int i = *reinterpret_cast<volatile int*>(&gvm_check_i[group]);
+        if (i >= n) break;
         if (c.tid < 32) reinterpret_cast<unsigned*>(mine)[c.tid] = reinterpret_cast<const unsigned*>(ins + i)[c.tid];
         gvm_group_sync(c);
         int e;
@@ -98,7 +103,12 @@ gvm_check_{name}(const gvm_instr* ins, const gvm_tensor* tab, int n, int* err, u
             e = gvm_op_{name}(c);
             if (e != GVM_AGAIN) break;
         }}
-        if (c.tid == 0) err[i] = e;
+        gvm_group_sync(c);  // every thread has read the index
+        if (c.tid == 0) {{
+            const int j = *reinterpret_cast<volatile int*>(&gvm_check_i[group]);
+            err[j] = e;
+            gvm_check_i[group] = j + gridDim.x * groups;
+        }}
         gvm_group_sync(c);
     }}
 }}
