@@ -17,7 +17,8 @@
 // From GVM_GEMM_XS_MIN tokens the group stages W and x in shared memory
 // instead (gvm_gemm_xs, below).
 //
-// f32 path (x, W, out f32; the router): CUDA-core FMAs, the group splits K.
+// f32 path (x, W, out f32; the router): CUDA-core FMAs, the group splits K;
+// staged (below), the tensor cores as three tf32 MMAs a product.
 // Both paths take a token range (a2 t0, a3 count; 0: all tokens) in the
 // 2-group kernel: the lowering cuts the bf16 tiles over tokens from 64 tokens
 // on and the router's from 32 (gpuvm/muse/lowering.py, Tiles.gemm_span and
