@@ -151,38 +151,24 @@ inline uint4 gvm_ldsm_x4(unsigned addr) {
     });
 }
 
-// D += A * B with A 16x16 (a0: row g, k 2t..2t+1; a1: row g+8; a2, a3: k + 8),
-// B 16x8 (b0: k 2t..2t+1, col g; b1: k + 8), D (d0, d1: row g, cols 2t, 2t+1;
-// d2, d3: row g+8); g = lane / 4, t = lane % 4; the lower half is the lower index.
-template <class Half>
-inline void gvm_emu_mma(float (&d)[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0, unsigned b1, Half half) {
+// D += A * B with A 16xK, B Kx8, V = K / 8 values a register (K 16: f16 or bf16
+// pairs; K 8: tf32): a0 holds row g, k V t .. V t + V - 1; a1 row g+8; a2, a3
+// k + 4 V; b0 k V t .., col g; b1 k + 4 V; D (d0, d1: row g, cols 2t, 2t+1;
+// d2, d3: row g+8); g = lane / 4, t = lane % 4. value(w, i) is value i of a
+// register (the lower half is the lower index).
+template <int K, class Value>
+inline void gvm_emu_mma(float (&d)[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0, unsigned b1, Value value) {
+    constexpr int V = K / 8;
     const unsigned mine[6] = {a0, a1, a2, a3, b0, b1};
     const int l = emu::lane(), g = l >> 2, t = l & 3;
     emu::exchange(mine, 6, [&](unsigned (*x)[12]) {
         for (int i = 0; i < 4; ++i) {
             const int row = g + 8 * (i >> 1), col = 2 * t + (i & 1);
             double acc = d[i];
-            for (int k = 0; k < 16; ++k) {
-                const double a = half(x[(row & 7) * 4 + (k & 7) / 2][(row >> 3) + 2 * (k >> 3)], k);
-                const double b = half(x[col * 4 + (k & 7) / 2][4 + (k >> 3)], k);
-                acc += a * b;
+            for (int k = 0; k < K; ++k) {
+                const int q = (k % (4 * V)) / V, r = k / (4 * V), e = k % V;  // lane t, register, value of k
+                acc += value(x[(row & 7) * 4 + q][(row >> 3) + 2 * r], e) * value(x[col * 4 + q][4 + r], e);
             }
-            d[i] = (float)acc;
-        }
-        return 0;
-    });
-}
-// m16n8k8 tf32 (see ops/ptx.cuh): the inputs' low 13 bits are ignored.
-inline void gvm_mma_tf32(float (&d)[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0, unsigned b1) {
-    const unsigned mine[6] = {a0, a1, a2, a3, b0, b1};
-    const int l = emu::lane(), g = l >> 2, t = l & 3;
-    const auto tf = [](unsigned w) { return (double)__uint_as_float(w & 0xffffe000u); };
-    emu::exchange(mine, 6, [&](unsigned (*x)[12]) {
-        for (int i = 0; i < 4; ++i) {
-            const int row = g + 8 * (i >> 1), col = 2 * t + (i & 1);
-            double acc = d[i];
-            for (int k = 0; k < 8; ++k)  // lane (r % 8) * 4 + k % 4 holds row r, k in a[r / 8 + 2 (k / 4)], b[k / 4]
-                acc += tf(x[(row & 7) * 4 + (k & 3)][(row >> 3) + 2 * (k >> 2)]) * tf(x[col * 4 + (k & 3)][4 + (k >> 2)]);
             d[i] = (float)acc;
         }
         return 0;
@@ -195,10 +181,14 @@ inline float gvm_ex2(float x) {
     return std::fpclassify(y) == FP_SUBNORMAL ? 0.0f : y;
 }
 inline void gvm_mma_f16(float (&d)[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0, unsigned b1) {
-    gvm_emu_mma(d, a0, a1, a2, a3, b0, b1,
-                [](unsigned w, int k) { return (double)emu::f16_value((unsigned short)(k & 1 ? w >> 16 : w & 0xffff)); });
+    gvm_emu_mma<16>(d, a0, a1, a2, a3, b0, b1,
+                    [](unsigned w, int e) { return (double)emu::f16_value((unsigned short)(e ? w >> 16 : w & 0xffff)); });
 }
 inline void gvm_mma_bf16(float (&d)[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0, unsigned b1) {
-    gvm_emu_mma(d, a0, a1, a2, a3, b0, b1,  // a bf16 is the top half of an f32: exact
-                [](unsigned w, int k) { return (double)__uint_as_float((k & 1 ? w >> 16 : w & 0xffffu) << 16); });
+    gvm_emu_mma<16>(d, a0, a1, a2, a3, b0, b1,  // a bf16 is the top half of an f32: exact
+                    [](unsigned w, int e) { return (double)__uint_as_float((e ? w >> 16 : w & 0xffffu) << 16); });
+}
+// m16n8k8 tf32 (see ops/ptx.cuh): the inputs' low 13 bits are ignored.
+inline void gvm_mma_tf32(float (&d)[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0, unsigned b1) {
+    gvm_emu_mma<8>(d, a0, a1, a2, a3, b0, b1, [](unsigned w, int) { return (double)__uint_as_float(w & 0xffffe000u); });
 }
