@@ -443,6 +443,15 @@ __device__ __forceinline__ int gvm_gemm_bf16_tiles(const gvm_ctx& c, const gvm_t
 #define GVM_GEMM_XS_STAGES (GVM_GROUP_SMEM / GVM_GEMM_XS_STAGE_BYTES < 8 ? GVM_GROUP_SMEM / GVM_GEMM_XS_STAGE_BYTES : 8)
 #endif
 static_assert(GVM_GEMM_XS_STAGES >= 2, "GVM_GEMM_XS_STAGES: a stage in use and one landing");
+#ifndef GVM_GEMM_WGMMA  // the staged pass as warpgroup MMAs (1) or each warp's mma.sync (0)
+#define GVM_GEMM_WGMMA 1
+#endif
+#if GVM_GEMM_WGMMA
+static_assert(GVM_GEMM_XS_TILE == 64 && GVM_GROUP_SMEM % 1024 == 0, "the wgmma pass: 64 x 64 tiles, 1024-byte stages");
+#define GVM_GEMM_XS_PASS gvm_gemm_wg_pass
+#else
+#define GVM_GEMM_XS_PASS gvm_gemm_xs_pass
+#endif
 
 // The cp.async pipeline of the staged paths (bf16 and f32): NS buffers of
 // `bytes` from stage0; stage(k, buf) starts copying stage k into buf. Before
@@ -459,10 +468,13 @@ __device__ __forceinline__ void gvm_stages_begin(int nk, unsigned stage0, unsign
     }
 }
 
-template <int NS, class Stage>
+// ASYNC: the stage is read by wgmma (the async proxy), so each thread fences
+// its copies for it before the barrier.
+template <int NS, bool ASYNC = false, class Stage>
 __device__ __forceinline__ unsigned gvm_stages_next(const gvm_ctx& c, int kc, int nk, unsigned stage0, unsigned bytes,
                                                     const Stage& stage) {
     gvm_cp_async_wait<NS - 2>();
+    if (ASYNC) gvm_fence_async_smem();
     gvm_group_sync(c);
     const int kn = kc + NS - 1;
     if (kn < nk) stage(kn, stage0 + (kn % NS) * bytes);
@@ -551,19 +563,74 @@ __device__ __forceinline__ void gvm_gemm_xs_pass(const gvm_ctx& c, const gvm_ten
     }
 }
 
+#if GVM_GEMM_WGMMA
+// wgmma's descriptor of a K-major operand in 128-byte swizzle: row r of 64
+// b16 values (128 bytes) at base + 128 r, its 16-byte chunk c at c ^ (r & 7)
+// (gvm_gemm_xs_at), base 1024-byte aligned, 8-row groups 1024 bytes apart.
+// The descriptor of the 16 k from value 16 s of every row is that of base + 32 s.
+__device__ __forceinline__ unsigned long long gvm_wgmma_desc(unsigned base) {
+    return (unsigned long long)((base & 0x3ffffu) >> 4) | (1ull << 16) | ((unsigned long long)(1024 >> 4) << 32) |
+           (1ull << 62);
+}
+
+// The same pass as one warpgroup MMA (m64n64k16) a k16 step: the group's 4
+// warps are a warpgroup (its first warp a multiple of 4), the stages are
+// already in wgmma's 128-byte swizzle (gvm_gemm_xs_at), so the tensor cores
+// read W and x from shared memory once a step instead of each warp's ldmatrix
+// reading its quarter twice (8 KB a step, not 4). The MMAs of a stage are
+// waited for before the next barrier, after which its buffer is refilled.
+__device__ __forceinline__ void gvm_gemm_wg_pass(const gvm_ctx& c, const gvm_tensor& out, long long ot,
+                                                 const char* wt, long long w_row, int nr, const char* xt,
+                                                 long long x_row, int nt, int K, unsigned long long pol) {
+    constexpr int NS = GVM_GEMM_XS_STAGES;
+    const unsigned tid = gvm_opaque(c.tid);
+    const unsigned stage0 = gvm_smem_addr(c.smem);
+    const int nk = K / 64;
+    float acc[32];
+#pragma unroll
+    for (int i = 0; i < 32; ++i) acc[i] = 0.f;
+    const auto stage = [&](int k, unsigned buf) { gvm_gemm_xs_stage(buf, wt, w_row, nr, xt, x_row, nt, k, tid, pol); };
+    gvm_stages_begin<NS>(nk, stage0, GVM_GEMM_XS_STAGE_BYTES, stage);
+#pragma unroll 1
+    for (int kc = 0; kc < nk; ++kc) {
+        const unsigned sw = gvm_stages_next<NS, true>(c, kc, nk, stage0, GVM_GEMM_XS_STAGE_BYTES, stage);
+        const unsigned long long da = gvm_wgmma_desc(sw), db = gvm_wgmma_desc(sw + GVM_GEMM_XS_HALF);
+        gvm_wgmma_fence();
+#pragma unroll
+        for (int s = 0; s < 4; ++s) gvm_wgmma_bf16_n64(acc, da + 2 * s, db + 2 * s);  // + 32 bytes a k16 step
+        gvm_wgmma_commit();
+        gvm_wgmma_wait<0>();
+    }
+    gvm_cp_async_wait<0>();
+    gvm_group_sync(c);  // every warp is done with the stages before the next pass refills them
+    const int row0 = 16 * (int)(tid >> 5) + (int)((tid & 31u) >> 2), tok0 = 2 * (int)(tid & 3u);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const int row = row0 + 8 * (i >> 1), tok = tok0 + 8 * j + (i & 1);
+            if (row < nr && tok < nt) gvm_gemm_store(out, ot + (long long)tok * out.stride[0] + row, acc[4 * j + i]);
+        }
+    }
+}
+#endif
+
 __device__ __forceinline__ int gvm_gemm_xs(const gvm_ctx& c, const gvm_tensor& out, const gvm_tensor& x,
                                            const gvm_tensor& w, int n0, int cnt, int t0, int tn) {
     // normal, not evict-first: the token spans of a row tile read W at about the same time
     const unsigned long long pol = gvm_policy_evict_normal();
     const long long x_row = x.stride[0] * 2, w_row = w.stride[0] * 2;
     const int K = x.shape[1];
+#if GVM_GEMM_WGMMA
+    if (gvm_smem_addr(c.smem) & 1023u) return GVM_ERR_BAD_ARGS;  // wgmma's swizzle needs 1024-byte stages
+#endif
 #pragma unroll 1
     for (int r0 = n0; r0 < n0 + cnt; r0 += GVM_GEMM_XS_TILE) {
         const int nr = n0 + cnt - r0 < GVM_GEMM_XS_TILE ? n0 + cnt - r0 : GVM_GEMM_XS_TILE;
 #pragma unroll 1
         for (int tp = t0; tp < t0 + tn; tp += GVM_GEMM_XS_TILE) {
             const int nt = t0 + tn - tp < GVM_GEMM_XS_TILE ? t0 + tn - tp : GVM_GEMM_XS_TILE;
-            gvm_gemm_xs_pass(c, out, (long long)tp * out.stride[0] + r0,
+            GVM_GEMM_XS_PASS(c, out, (long long)tp * out.stride[0] + r0,
                              reinterpret_cast<const char*>(w.ptr) + r0 * w_row, w_row, nr,
                              reinterpret_cast<const char*>(x.ptr) + tp * x_row, x_row, nt, K, pol);
         }

@@ -13,7 +13,7 @@
 
 extern "C" __global__ void __launch_bounds__(GVM_BLOCK_THREADS, 1) gvm_kernel(const __grid_constant__ gvm_params p) {
     __shared__ gvm_shared sh;
-    extern __shared__ __align__(128) unsigned char gvm_scratch[];
+    extern __shared__ __align__(1024) unsigned char gvm_scratch[];  // wgmma's swizzled stages (ops/gemm.cuh)
     if (threadIdx.x == 0) {
         for (unsigned g = 0; g < p.groups; ++g) {
             gvm_mbar_init(&sh.full[g], 1);

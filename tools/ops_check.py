@@ -79,17 +79,17 @@ CUDA_INCLUDE = Path("/usr/local/cuda/include")
 _KERNEL = r"""
 extern "C" __global__ void __launch_bounds__(GVM_BLOCK_THREADS, 1)
 gvm_check_{name}(const gvm_instr* ins, const gvm_tensor* tab, int n, int* err, unsigned scratch) {{
-    extern __shared__ __align__(16) unsigned char gvm_check_smem[];
+    extern __shared__ __align__(1024) unsigned char gvm_check_smem[];  // the groups' scratch (1024-aligned, as the VM's), then their instructions
     __shared__ int gvm_check_i[GVM_MAX_GROUPS];  // the group's instruction index, not held in a register across the op
     const unsigned group = threadIdx.x >> 7, groups = blockDim.x >> 7;
-    gvm_instr* mine = reinterpret_cast<gvm_instr*>(gvm_check_smem + group * ((unsigned)sizeof(gvm_instr) + scratch));
+    gvm_instr* mine = reinterpret_cast<gvm_instr*>(gvm_check_smem + groups * scratch) + group;
     gvm_ctx c;
     c.ins = mine;
     c.tab = tab;
     c.tid = threadIdx.x & 127;
     c.bar_id = 1 + group;
     c.step = 0;
-    c.smem = reinterpret_cast<unsigned char*>(mine + 1);
+    c.smem = gvm_check_smem + group * scratch;
     c.smem_bytes = scratch;
     if (c.tid == 0) gvm_check_i[group] = blockIdx.x * groups + group;
     gvm_group_sync(c);

@@ -192,3 +192,57 @@ inline void gvm_mma_bf16(float (&d)[4], unsigned a0, unsigned a1, unsigned a2, u
 inline void gvm_mma_tf32(float (&d)[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0, unsigned b1) {
     gvm_emu_mma<8>(d, a0, a1, a2, a3, b0, b1, [](unsigned w, int) { return (double)__uint_as_float(w & 0xffffe000u); });
 }
+
+// wgmma: an op is queued when issued and computed when a wait retires its
+// commit group, reading shared memory then: a buffer overwritten, or an
+// accumulator read, before the wait gives a wrong result here as on the GPU.
+namespace emu {
+inline std::vector<WgmmaOp>& wgmma_queue() { return machine()->wgmma[machine()->cur]; }
+// Shared address of value k of row r of a K-major, 128-byte-swizzled operand.
+inline unsigned wgmma_at(unsigned long long desc, int r, int k) {
+    const unsigned start = (unsigned)(desc & 0x3fffu) << 4, sbo = (unsigned)((desc >> 32) & 0x3fffu) << 4;
+    if ((desc >> 62) != 1) fail("wgmma descriptor without the 128-byte swizzle");
+    if (start & 0x380u) fail("wgmma operand not 1024-byte aligned");
+    const unsigned a = start + (unsigned)(r >> 3) * sbo + (unsigned)(r & 7) * 128u + 2u * (unsigned)k;
+    return a ^ (((a >> 7) & 7u) << 4);
+}
+inline float wgmma_bf16(unsigned long long desc, int r, int k) {
+    unsigned short v;
+    std::memcpy(&v, smem_at(wgmma_at(desc, r, k), 2, false), 2);
+    return __uint_as_float((unsigned)v << 16);
+}
+inline void wgmma_run(const WgmmaOp& op) {
+    const int w = warp(), g = lane() >> 2, q = lane() & 3;
+    for (int j = 0; j < 8; ++j)
+        for (int i = 0; i < 4; ++i) {
+            const int row = 16 * w + g + 8 * (i >> 1), col = 8 * j + 2 * q + (i & 1);
+            double acc = op.d[4 * j + i];
+            for (int k = 0; k < 16; ++k) acc += (double)wgmma_bf16(op.a, row, k) * wgmma_bf16(op.b, col, k);
+            op.d[4 * j + i] = (float)acc;
+        }
+}
+}  // namespace emu
+inline void gvm_fence_async_smem() {}
+inline void gvm_wgmma_fence() {}
+inline void gvm_wgmma_bf16_n64(float (&d)[32], unsigned long long a, unsigned long long b) {
+    emu::wgmma_queue().push_back({d, a, b, 0});
+}
+inline void gvm_wgmma_commit() {
+    auto& q = emu::wgmma_queue();
+    const int g = q.empty() ? 1 : q.back().group + 1;  // a new group even if nothing was issued
+    for (auto& op : q)
+        if (op.group == 0) op.group = g;
+}
+template <int N> inline void gvm_wgmma_wait() {
+    auto& q = emu::wgmma_queue();
+    int newest = 0;
+    for (const auto& op : q) {
+        if (op.group == 0) emu::fail("wgmma_wait with an uncommitted wgmma");
+        newest = op.group > newest ? op.group : newest;
+    }
+    std::vector<emu::WgmmaOp> left;
+    for (const auto& op : q)
+        if (op.group > newest - N) left.push_back(op);
+        else emu::wgmma_run(op);
+    q = left;
+}

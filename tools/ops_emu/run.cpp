@@ -43,6 +43,7 @@ void fiber_main() {
     int rc;
     for (;; ++c.again) {  // an op that returns GVM_AGAIN is called again, scratch kept
         rc = job->fn(c);
+        if (!m->wgmma[t].empty()) emu::fail("the op returned with a wgmma not retired by a wait");
         if (rc != GVM_AGAIN) break;
     }
     job->rc[t] = rc;

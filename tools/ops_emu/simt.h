@@ -65,6 +65,12 @@ struct Barrier {
 };
 
 constexpr int kThreads = 128;
+
+struct WgmmaOp {  // a wgmma issued and not yet retired by a wait (ptx.cuh)
+    float* d;
+    unsigned long long a, b;
+    int group;  // its commit group; 0: not committed yet
+};
 constexpr int kStack = 256 * 1024;
 
 struct Machine {
@@ -89,6 +95,7 @@ struct Machine {
     std::vector<unsigned> w_epoch, r_epoch, w_wep, r_wep;
     std::vector<short> writer, reader;
     std::vector<signed char> r_warp;
+    std::vector<WgmmaOp> wgmma[kThreads];  // each thread's wgmma ops in flight
     std::string error;                     // first failure seen by a fiber
 };
 
