@@ -229,7 +229,8 @@ inline void gvm_wgmma_bf16_n64(float (&d)[32], unsigned long long a, unsigned lo
 }
 inline void gvm_wgmma_commit() {
     auto& q = emu::wgmma_queue();
-    const int g = q.empty() ? 1 : q.back().group + 1;  // a new group even if nothing was issued
+    int g = 1;  // after every group still in flight
+    for (const auto& op : q) g = op.group >= g ? op.group + 1 : g;
     for (auto& op : q)
         if (op.group == 0) op.group = g;
 }
