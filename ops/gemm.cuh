@@ -446,9 +446,6 @@ static_assert(GVM_GEMM_XS_STAGES >= 2, "GVM_GEMM_XS_STAGES: a stage in use and o
 #ifndef GVM_GEMM_WGMMA  // the staged pass as warpgroup MMAs (1) or each warp's mma.sync (0)
 #define GVM_GEMM_WGMMA 1
 #endif
-#ifndef GVM_GEMM_WG_OVERLAP  // a stage's MMAs finish during the next one's (1: one stage less in flight) or before it (0)
-#define GVM_GEMM_WG_OVERLAP 0
-#endif
 #if GVM_GEMM_WGMMA
 static_assert(GVM_GEMM_XS_TILE == 64 && GVM_GROUP_SMEM % 1024 == 0, "the wgmma pass: 64 x 64 tiles, 1024-byte stages");
 #define GVM_GEMM_XS_PASS gvm_gemm_wg_pass
@@ -457,17 +454,15 @@ static_assert(GVM_GEMM_XS_TILE == 64 && GVM_GROUP_SMEM % 1024 == 0, "the wgmma p
 #endif
 
 // The cp.async pipeline of the staged paths (bf16 and f32): NS buffers of
-// `bytes` from stage0, stage k in buffer k % NS, D stages ahead (NS - 1, or
-// NS - 2 when a stage's readers finish one stage later: gvm_gemm_wg_pass);
-// stage(k, buf) starts copying stage k into buf. Before stage kc is read,
-// every thread waits for it and passes a group barrier, after which the
-// buffer of stage kc + D - NS is free: stage kc + D goes there. One commit
-// group per stage, empty past nk, so that waiting for all but D - 1 groups
-// always means stage kc.
-template <int NS, int D = NS - 1, class Stage>
+// `bytes` from stage0; stage(k, buf) starts copying stage k into buf. Before
+// stage kc is read, every thread waits for it and passes a group barrier,
+// after which the buffer that stage kc - 1 used is free: stage kc + NS - 1
+// goes there. One commit group per stage, empty past nk, so that waiting for
+// all but NS - 2 groups always means stage kc.
+template <int NS, class Stage>
 __device__ __forceinline__ void gvm_stages_begin(int nk, unsigned stage0, unsigned bytes, const Stage& stage) {
 #pragma unroll
-    for (int s = 0; s < D; ++s) {
+    for (int s = 0; s < NS - 1; ++s) {
         if (s < nk) stage(s, stage0 + s * bytes);
         gvm_cp_async_commit();
     }
@@ -475,13 +470,13 @@ __device__ __forceinline__ void gvm_stages_begin(int nk, unsigned stage0, unsign
 
 // ASYNC: the stage is read by wgmma (the async proxy), so each thread fences
 // its copies for it before the barrier.
-template <int NS, bool ASYNC = false, int D = NS - 1, class Stage>
+template <int NS, bool ASYNC = false, class Stage>
 __device__ __forceinline__ unsigned gvm_stages_next(const gvm_ctx& c, int kc, int nk, unsigned stage0, unsigned bytes,
                                                     const Stage& stage) {
-    gvm_cp_async_wait<D - 1>();
+    gvm_cp_async_wait<NS - 2>();
     if (ASYNC) gvm_fence_async_smem();
     gvm_group_sync(c);
-    const int kn = kc + D;
+    const int kn = kc + NS - 1;
     if (kn < nk) stage(kn, stage0 + (kn % NS) * bytes);
     gvm_cp_async_commit();
     return stage0 + (kc % NS) * bytes;
@@ -582,9 +577,8 @@ __device__ __forceinline__ unsigned long long gvm_wgmma_desc(unsigned base) {
 // warps are a warpgroup (its first warp a multiple of 4), the stages are
 // already in wgmma's 128-byte swizzle (gvm_gemm_xs_at), so the tensor cores
 // read W and x from shared memory once a step instead of each warp's ldmatrix
-// reading its quarter twice (8 KB a step, not 4). A stage's MMAs are waited
-// for before the next barrier (or, GVM_GEMM_WG_OVERLAP, the one after),
-// after which its buffer is refilled.
+// reading its quarter twice (8 KB a step, not 4). The MMAs of a stage are
+// waited for before the next barrier, after which its buffer is refilled.
 __device__ __forceinline__ void gvm_gemm_wg_pass(const gvm_ctx& c, const gvm_tensor& out, long long ot,
                                                  const char* wt, long long w_row, int nr, const char* xt,
                                                  long long x_row, int nt, int K, unsigned long long pol) {
@@ -596,20 +590,17 @@ __device__ __forceinline__ void gvm_gemm_wg_pass(const gvm_ctx& c, const gvm_ten
 #pragma unroll
     for (int i = 0; i < 32; ++i) acc[i] = 0.f;
     const auto stage = [&](int k, unsigned buf) { gvm_gemm_xs_stage(buf, wt, w_row, nr, xt, x_row, nt, k, tid, pol); };
-    constexpr int D = NS - 1 - GVM_GEMM_WG_OVERLAP;  // stages in flight
-    static_assert(D >= 1, "GVM_GEMM_WG_OVERLAP: a stage in use, one finishing, one landing");
-    gvm_stages_begin<NS, D>(nk, stage0, GVM_GEMM_XS_STAGE_BYTES, stage);
+    gvm_stages_begin<NS>(nk, stage0, GVM_GEMM_XS_STAGE_BYTES, stage);
 #pragma unroll 1
     for (int kc = 0; kc < nk; ++kc) {
-        const unsigned sw = gvm_stages_next<NS, true, D>(c, kc, nk, stage0, GVM_GEMM_XS_STAGE_BYTES, stage);
+        const unsigned sw = gvm_stages_next<NS, true>(c, kc, nk, stage0, GVM_GEMM_XS_STAGE_BYTES, stage);
         const unsigned long long da = gvm_wgmma_desc(sw), db = gvm_wgmma_desc(sw + GVM_GEMM_XS_HALF);
         gvm_wgmma_fence();
 #pragma unroll
         for (int s = 0; s < 4; ++s) gvm_wgmma_bf16_n64(acc, da + 2 * s, db + 2 * s);  // + 32 bytes a k16 step
         gvm_wgmma_commit();
-        gvm_wgmma_wait<GVM_GEMM_WG_OVERLAP>();
+        gvm_wgmma_wait<0>();
     }
-    gvm_wgmma_wait<0>();
     gvm_cp_async_wait<0>();
     gvm_group_sync(c);  // every warp is done with the stages before the next pass refills them
     const int row0 = 16 * (int)(tid >> 5) + (int)((tid & 31u) >> 2), tok0 = 2 * (int)(tid & 3u);
