@@ -425,10 +425,10 @@ __device__ __forceinline__ int gvm_gemm_bf16_tiles(const gvm_ctx& c, const gvm_t
 // token tile's two MMAs (the 256-token layer's Wqkvg tile of 64 rows x 64
 // tokens ran 155 us, ~80 cycles an MMA). Here a pass covers 64 rows x 64
 // tokens: each stage holds 64 k of both (8 KB each, 128 bytes a row), copied
-// by cp.async GVM_GEMM_XS_STAGES deep, and the 4 warps (2 x 2, 32 rows x 32
-// tokens each) take their fragments with ldmatrix, in the standard k order.
-// A 16-byte chunk c of a stage's row r sits at chunk c ^ (r & 7), so the 8
-// rows an ldmatrix phase reads hit 8 different bank groups. An instruction
+// by cp.async GVM_GEMM_XS_STAGES deep, and the group multiplies it as one
+// warpgroup MMA a k16 step (wgmma, operands read from shared memory). A
+// 16-byte chunk c of a stage's row r sits at chunk c ^ (r & 7): wgmma's
+// 128-byte swizzle, stages 1024-byte aligned. An instruction
 // loops over its rows, then its tokens, a pass at a time; rows and tokens
 // past its end are zero-filled and not stored. (Fetching W into L2 a few
 // stages ahead by bulk prefetch lost: H200, 866548f, sliding-c32-t8 1945 us
@@ -443,15 +443,7 @@ __device__ __forceinline__ int gvm_gemm_bf16_tiles(const gvm_ctx& c, const gvm_t
 #define GVM_GEMM_XS_STAGES (GVM_GROUP_SMEM / GVM_GEMM_XS_STAGE_BYTES < 8 ? GVM_GROUP_SMEM / GVM_GEMM_XS_STAGE_BYTES : 8)
 #endif
 static_assert(GVM_GEMM_XS_STAGES >= 2, "GVM_GEMM_XS_STAGES: a stage in use and one landing");
-#ifndef GVM_GEMM_WGMMA  // the staged pass as warpgroup MMAs (1) or each warp's mma.sync (0)
-#define GVM_GEMM_WGMMA 1
-#endif
-#if GVM_GEMM_WGMMA
-static_assert(GVM_GEMM_XS_TILE == 64 && GVM_GROUP_SMEM % 1024 == 0, "the wgmma pass: 64 x 64 tiles, 1024-byte stages");
-#define GVM_GEMM_XS_PASS gvm_gemm_wg_pass
-#else
-#define GVM_GEMM_XS_PASS gvm_gemm_xs_pass
-#endif
+static_assert(GVM_GEMM_XS_TILE == 64 && GVM_GROUP_SMEM % 1024 == 0, "the staged pass: wgmma m64n64, 1024-byte aligned stages");
 
 // The cp.async pipeline of the staged paths (bf16 and f32): NS buffers of
 // `bytes` from stage0; stage(k, buf) starts copying stage k into buf. Before
@@ -503,67 +495,6 @@ __device__ __forceinline__ void gvm_gemm_xs_stage(unsigned buf, const char* wt, 
     }
 }
 
-// One pass: W rows [0, nr) past wt (nr <= 64) x tokens [0, nt) past xt
-// (nt <= 64), all of K (a multiple of 64); out's (token 0, row 0) at `ot`.
-__device__ __forceinline__ void gvm_gemm_xs_pass(const gvm_ctx& c, const gvm_tensor& out, long long ot,
-                                                 const char* wt, long long w_row, int nr, const char* xt,
-                                                 long long x_row, int nt, int K, unsigned long long pol) {
-    constexpr int NS = GVM_GEMM_XS_STAGES;
-    // from an opaque thread index: what derives from it is not hoisted out of
-    // the persistent kernel's loop, where it would hold registers all along
-    const unsigned tid = gvm_opaque(c.tid), lane = tid & 31u, warp = tid >> 5;
-    const int wm = (int)(warp & 1u) * 32, wn = (int)(warp >> 1) * 32;  // the warp's rows and tokens in the pass
-    const unsigned stage0 = gvm_smem_addr(c.smem);
-    const int nk = K / 64;
-    // ldmatrix rows: A (W) row wm + 16 mt + (lane & 15), chunk 2s + (lane >> 4);
-    // B (x) token wn + 16 np + 8 (lane >> 4) + (lane & 7), chunk 2s + ((lane >> 3) & 1)
-    const int a_row = wm + (int)(lane & 15u), a_ch = (int)(lane >> 4);
-    const int b_row = wn + 8 * (int)(lane >> 4) + (int)(lane & 7u), b_ch = (int)((lane >> 3) & 1u);
-    float acc[2][4][4];
-#pragma unroll
-    for (int m = 0; m < 2; ++m)
-#pragma unroll
-        for (int n = 0; n < 4; ++n) acc[m][n][0] = acc[m][n][1] = acc[m][n][2] = acc[m][n][3] = 0.f;
-    const auto stage = [&](int k, unsigned buf) { gvm_gemm_xs_stage(buf, wt, w_row, nr, xt, x_row, nt, k, tid, pol); };
-    gvm_stages_begin<NS>(nk, stage0, GVM_GEMM_XS_STAGE_BYTES, stage);
-#pragma unroll 1
-    for (int kc = 0; kc < nk; ++kc) {
-        const unsigned sw = gvm_stages_next<NS>(c, kc, nk, stage0, GVM_GEMM_XS_STAGE_BYTES, stage);
-        const unsigned sx = sw + GVM_GEMM_XS_HALF;
-#pragma unroll
-        for (int s = 0; s < 4; ++s) {  // k16 steps of the stage
-            uint4 a[2], b[2];
-#pragma unroll
-            for (int m = 0; m < 2; ++m) a[m] = gvm_ldsm_x4(gvm_gemm_xs_at(sw, a_row + 16 * m, 2 * s + a_ch));
-#pragma unroll
-            for (int np = 0; np < 2; ++np) b[np] = gvm_ldsm_x4(gvm_gemm_xs_at(sx, b_row + 16 * np, 2 * s + b_ch));
-#pragma unroll
-            for (int m = 0; m < 2; ++m) {
-#pragma unroll
-                for (int n = 0; n < 4; ++n) {
-                    const unsigned b0 = n & 1 ? b[n >> 1].z : b[n >> 1].x, b1 = n & 1 ? b[n >> 1].w : b[n >> 1].y;
-                    gvm_mma_bf16(acc[m][n], a[m].x, a[m].y, a[m].z, a[m].w, b0, b1);
-                }
-            }
-        }
-    }
-    gvm_cp_async_wait<0>();
-    gvm_group_sync(c);  // every warp is done with the stages before the next pass refills them
-    const int g = (int)(lane >> 2), q = (int)(lane & 3u);
-#pragma unroll
-    for (int m = 0; m < 2; ++m) {
-#pragma unroll
-        for (int n = 0; n < 4; ++n) {
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                const int row = wm + 16 * m + g + 8 * (i >> 1), tok = wn + 8 * n + 2 * q + (i & 1);
-                if (row < nr && tok < nt) gvm_gemm_store(out, ot + (long long)tok * out.stride[0] + row, acc[m][n][i]);
-            }
-        }
-    }
-}
-
-#if GVM_GEMM_WGMMA
 // wgmma's descriptor of a K-major operand in 128-byte swizzle: row r of 64
 // b16 values (128 bytes) at base + 128 r, its 16-byte chunk c at c ^ (r & 7)
 // (gvm_gemm_xs_at), base 1024-byte aligned, 8-row groups 1024 bytes apart.
@@ -573,13 +504,15 @@ __device__ __forceinline__ unsigned long long gvm_wgmma_desc(unsigned base) {
            (1ull << 62);
 }
 
-// The same pass as one warpgroup MMA (m64n64k16) a k16 step: the group's 4
-// warps are a warpgroup (its first warp a multiple of 4), the stages are
-// already in wgmma's 128-byte swizzle (gvm_gemm_xs_at), so the tensor cores
-// read W and x from shared memory once a step instead of each warp's ldmatrix
-// reading its quarter twice (8 KB a step, not 4). The MMAs of a stage are
-// waited for before the next barrier, after which its buffer is refilled.
-__device__ __forceinline__ void gvm_gemm_wg_pass(const gvm_ctx& c, const gvm_tensor& out, long long ot,
+// One pass: W rows [0, nr) past wt (nr <= 64) x tokens [0, nt) past xt
+// (nt <= 64), all of K (a multiple of 64); out's (token 0, row 0) at `ot`.
+// One warpgroup MMA (m64n64k16) a k16 step: the group's 4 warps are a
+// warpgroup (its first warp a multiple of 4) and the stages are in wgmma's
+// 128-byte swizzle, so the tensor cores read W and x from shared memory once
+// a step (4 KB; each warp's ldmatrix + mma.sync read 8, session 22). The
+// MMAs of a stage are waited for before the next barrier, after which its
+// buffer is refilled.
+__device__ __forceinline__ void gvm_gemm_xs_pass(const gvm_ctx& c, const gvm_tensor& out, long long ot,
                                                  const char* wt, long long w_row, int nr, const char* xt,
                                                  long long x_row, int nt, int K, unsigned long long pol) {
     constexpr int NS = GVM_GEMM_XS_STAGES;
@@ -613,7 +546,6 @@ __device__ __forceinline__ void gvm_gemm_wg_pass(const gvm_ctx& c, const gvm_ten
         }
     }
 }
-#endif
 
 __device__ __forceinline__ int gvm_gemm_xs(const gvm_ctx& c, const gvm_tensor& out, const gvm_tensor& x,
                                            const gvm_tensor& w, int n0, int cnt, int t0, int tn) {
@@ -621,16 +553,14 @@ __device__ __forceinline__ int gvm_gemm_xs(const gvm_ctx& c, const gvm_tensor& o
     const unsigned long long pol = gvm_policy_evict_normal();
     const long long x_row = x.stride[0] * 2, w_row = w.stride[0] * 2;
     const int K = x.shape[1];
-#if GVM_GEMM_WGMMA
     if (gvm_smem_addr(c.smem) & 1023u) return GVM_ERR_BAD_ARGS;  // wgmma's swizzle needs 1024-byte stages
-#endif
 #pragma unroll 1
     for (int r0 = n0; r0 < n0 + cnt; r0 += GVM_GEMM_XS_TILE) {
         const int nr = n0 + cnt - r0 < GVM_GEMM_XS_TILE ? n0 + cnt - r0 : GVM_GEMM_XS_TILE;
 #pragma unroll 1
         for (int tp = t0; tp < t0 + tn; tp += GVM_GEMM_XS_TILE) {
             const int nt = t0 + tn - tp < GVM_GEMM_XS_TILE ? t0 + tn - tp : GVM_GEMM_XS_TILE;
-            GVM_GEMM_XS_PASS(c, out, (long long)tp * out.stride[0] + r0,
+            gvm_gemm_xs_pass(c, out, (long long)tp * out.stride[0] + r0,
                              reinterpret_cast<const char*>(w.ptr) + r0 * w_row, w_row, nr,
                              reinterpret_cast<const char*>(x.ptr) + tp * x_row, x_row, nt, K, pol);
         }

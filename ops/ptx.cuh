@@ -160,16 +160,6 @@ __device__ __forceinline__ uint4 gvm_lds_u4(unsigned a) {
     return v;
 }
 
-// Four 8x8 b16 matrices from shared memory: lane l gives the address of row
-// l % 8 of matrix l / 8 (16 bytes, 16-byte aligned); lane (g, q) gets row g,
-// columns 2q and 2q + 1 of matrix j in word j (the mma fragment layout).
-__device__ __forceinline__ uint4 gvm_ldsm_x4(unsigned addr) {
-    uint4 v;
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr) : "memory");
-    return v;
-}
-
 // 2^x by the SFU alone: -inf -> 0, subnormal results flushed to 0 (exp2f adds
 // three instructions to scale those back, which softmax weights never need).
 __device__ __forceinline__ float gvm_ex2(float x) {

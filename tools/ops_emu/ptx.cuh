@@ -1,8 +1,8 @@
 // Host versions of the PTX primitives of ops/ptx.cuh, one function each, with
 // the instruction's semantics: round-to-nearest-even conversions (e4m3
 // saturating to +-448), plain loads and copies, shared memory checked for bounds,
-// alignment and races between barriers, and mma m16n8k16 computed from the 32
-// lanes' fragments in the PTX layout.
+// alignment and races between barriers, mma computed from the 32 lanes'
+// fragments in the PTX layout, and wgmma from its shared-memory descriptors.
 #pragma once
 #include "op_ctx.cuh"
 
@@ -138,18 +138,6 @@ inline unsigned gvm_lds_u(unsigned a) { return gvm_emu_lds<unsigned>(a); }
 inline float4 gvm_lds_f4(unsigned a) { return gvm_emu_lds<float4>(a); }
 inline uint2 gvm_lds_u2(unsigned a) { return gvm_emu_lds<uint2>(a); }
 inline uint4 gvm_lds_u4(unsigned a) { return gvm_emu_lds<uint4>(a); }
-
-// ldmatrix .x4: every lane's row address, then lane (g, q) reads row g of
-// matrix j at column 2q (4 bytes) for word j.
-inline uint4 gvm_ldsm_x4(unsigned addr) {
-    const int l = emu::lane(), g = l >> 2, q = l & 3;
-    if (addr % 16 != 0) emu::fail("ldmatrix row address not 16-byte aligned");
-    return emu::exchange(&addr, 1, [&](unsigned (*x)[12]) {
-        unsigned w[4];
-        for (int j = 0; j < 4; ++j) w[j] = gvm_emu_lds<unsigned>(x[8 * j + g][0] + 4 * q);
-        return make_uint4(w[0], w[1], w[2], w[3]);
-    });
-}
 
 // D += A * B with A 16xK, B Kx8, V = K / 8 values a register (K 16: f16 or bf16
 // pairs; K 8: tf32): a0 holds row g, k V t .. V t + V - 1; a1 row g+8; a2, a3
