@@ -70,6 +70,12 @@ OPS: dict[Op, str] = {
 }
 HEADERS = ("ops/norm.cuh", "ops/attention.cuh", "ops/route.cuh", "ops/experts.cuh", "ops/gemm.cuh")
 SCRATCH = 65536  # shared scratch of a group (runtime/params.cuh GVM_GROUP_SMEM of the 2-group Muse kernel)
+
+
+def scratch_of(defines: tuple[tuple[str, str], ...]) -> int:
+    """A group's scratch under these build defines: GVM_GROUP_SMEM's value if
+    given (the ops size their buffers by it), else the Muse kernel's default."""
+    return int(dict(defines).get("GVM_GROUP_SMEM", SCRATCH))
 GUARD = 4096     # guard bytes (0xFF: NaN as f32, bf16 and e4m3) on each side of every tensor
 POISON_I32 = 0x5A5A5A5A  # an int32 output before the run
 CUDA_INCLUDE = Path("/usr/local/cuda/include")
@@ -859,7 +865,7 @@ class GpuRunner:
         self.stream = self.dev.create_stream()
         self.sms = self.dev.properties.multiprocessor_count
         for k in self.kernels.values():  # two groups of a full scratch each: past the default 48 KB
-            self._allow_smem(k, 2 * (128 + SCRATCH))
+            self._allow_smem(k, 2 * (128 + scratch_of(defines)))
 
     def _allow_smem(self, kernel: object, nbytes: int) -> None:
         from cuda.bindings import driver
@@ -1158,7 +1164,7 @@ def main(argv: list[str] | None = None) -> int:
         expected = reference(case)
         for groups in ((1,) if a.emu else (1, 2)):
             try:
-                results = run_case(runner, case, expected, groups)
+                results = run_case(runner, case, expected, groups, scratch_of(defines))
             except EmuError as e:
                 results = [Outcome(case.name, groups, "emulator", False, note=str(e))]
             for r in results:
