@@ -91,3 +91,19 @@ def test_a_wrong_fragment_fails(tmp_path: Path) -> None:
 def test_a_wrong_fragment_of_the_register_path_fails(tmp_path: Path) -> None:
     broken = _mutant(tmp_path, "ops/experts.cuh", "pa[0], pb[0], pa[2], pb[2], x.x, x.y);", "pa[2], pb[0], pa[0], pb[2], x.x, x.y);")
     assert _failures(broken, {Op.EXPERT_UP}) != []
+
+
+def test_a_wgmma_left_in_flight_fails(tmp_path: Path) -> None:
+    """The emulator computes a wgmma when a wait retires it: without the wait
+    the staged GEMM's accumulators are read stale and the op returns with the
+    MMAs still queued, which the emulator reports."""
+    broken = _mutant(tmp_path, "ops/gemm.cuh", "        gvm_wgmma_wait<0>();\n", "")
+    with pytest.raises(EmuError, match="not retired by a wait"):
+        _failures(broken, {Op.GEMM})
+
+
+def test_a_wrong_wgmma_descriptor_fails(tmp_path: Path) -> None:
+    """The k16 steps of a stage advance the descriptors by 32 bytes; by 16 the
+    staged GEMM multiplies the wrong k and its answers are off."""
+    broken = _mutant(tmp_path, "ops/gemm.cuh", "da + 2 * s, db + 2 * s", "da + s, db + s")
+    assert any("staged" in f or "token ranges" in f for f in _failures(broken, {Op.GEMM}))
