@@ -204,8 +204,9 @@ __device__ __forceinline__ void gvm_wgmma_wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;" :: "n"(N) : "memory");
 }
 // D(64 x 64, f32) += A(64 rows x 16 k) B(64 rows x 16 k)^T, bf16, both from
-// shared memory (by descriptor: ops/gemm.cuh, gvm_wgmma_desc), by the 4 warps of a warpgroup. Warp w,
-// lane (g, q) holds d[4 j + i]: row 16 w + g + 8 (i >> 1), column 8 j + 2 q + (i & 1).
+// shared memory (by descriptor: ops/gemm.cuh, gvm_wgmma_desc), by the 4 warps
+// of a warpgroup. Warp w, lane (g, q) holds d[4 j + i]: row 16 w + g + 8 (i >> 1),
+// column 8 j + 2 q + (i & 1).
 __device__ __forceinline__ void gvm_wgmma_bf16_n64(float (&d)[32], unsigned long long a, unsigned long long b) {
     asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, %32, %33, 1, 1, 1, 0, 0;"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),

@@ -70,15 +70,15 @@ OPS: dict[Op, str] = {
 }
 HEADERS = ("ops/norm.cuh", "ops/attention.cuh", "ops/route.cuh", "ops/experts.cuh", "ops/gemm.cuh")
 SCRATCH = 65536  # shared scratch of a group (runtime/params.cuh GVM_GROUP_SMEM of the 2-group Muse kernel)
+GUARD = 4096     # guard bytes (0xFF: NaN as f32, bf16 and e4m3) on each side of every tensor
+POISON_I32 = 0x5A5A5A5A  # an int32 output before the run
+CUDA_INCLUDE = Path("/usr/local/cuda/include")
 
 
 def scratch_of(defines: tuple[tuple[str, str], ...]) -> int:
     """A group's scratch under these build defines: GVM_GROUP_SMEM's value if
     given (the ops size their buffers by it), else the Muse kernel's default."""
     return int(dict(defines).get("GVM_GROUP_SMEM", SCRATCH))
-GUARD = 4096     # guard bytes (0xFF: NaN as f32, bf16 and e4m3) on each side of every tensor
-POISON_I32 = 0x5A5A5A5A  # an int32 output before the run
-CUDA_INCLUDE = Path("/usr/local/cuda/include")
 
 
 # ---- device source ------------------------------------------------------------------

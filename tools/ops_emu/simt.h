@@ -65,13 +65,13 @@ struct Barrier {
 };
 
 constexpr int kThreads = 128;
+constexpr int kStack = 256 * 1024;
 
 struct WgmmaOp {  // a wgmma issued and not yet retired by a wait (ptx.cuh)
     float* d;
     unsigned long long a, b;
     int group;  // its commit group; 0: not committed yet
 };
-constexpr int kStack = 256 * 1024;
 
 struct Machine {
     ucontext_t main{};
