@@ -41,6 +41,8 @@ inline float f16_value(unsigned short u) {
     return (float)h;
 }
 
+inline float bf16_value(unsigned short u) { return __uint_as_float((unsigned)u << 16); }  // exact
+
 inline unsigned short bf16_bits(float x) {
     unsigned u = __float_as_uint(x);
     if (std::isnan(x)) return 0x7fff;
@@ -173,8 +175,8 @@ inline void gvm_mma_f16(float (&d)[4], unsigned a0, unsigned a1, unsigned a2, un
                     [](unsigned w, int e) { return (double)emu::f16_value((unsigned short)(e ? w >> 16 : w & 0xffff)); });
 }
 inline void gvm_mma_bf16(float (&d)[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0, unsigned b1) {
-    gvm_emu_mma<16>(d, a0, a1, a2, a3, b0, b1,  // a bf16 is the top half of an f32: exact
-                    [](unsigned w, int e) { return (double)__uint_as_float((e ? w >> 16 : w & 0xffffu) << 16); });
+    gvm_emu_mma<16>(d, a0, a1, a2, a3, b0, b1,
+                    [](unsigned w, int e) { return (double)emu::bf16_value((unsigned short)(e ? w >> 16 : w & 0xffff)); });
 }
 // m16n8k8 tf32 (see ops/ptx.cuh): the inputs' low 13 bits are ignored.
 inline void gvm_mma_tf32(float (&d)[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0, unsigned b1) {
@@ -195,9 +197,7 @@ inline unsigned wgmma_at(unsigned long long desc, int r, int k) {
     return a ^ (((a >> 7) & 7u) << 4);
 }
 inline float wgmma_bf16(unsigned long long desc, int r, int k) {
-    unsigned short v;
-    std::memcpy(&v, smem_at(wgmma_at(desc, r, k), 2, false), 2);
-    return __uint_as_float((unsigned)v << 16);
+    return bf16_value(gvm_emu_lds<unsigned short>(wgmma_at(desc, r, k)));
 }
 inline void wgmma_run(const WgmmaOp& op) {
     const int w = warp(), g = lane() >> 2, q = lane() & 3;
