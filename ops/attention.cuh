@@ -135,6 +135,10 @@ __device__ int gvm_op_qk_rope_kv(const gvm_ctx& c) {
 #define GVM_ATT_AREA_BYTES (GVM_ATT_RING_BYTES > GVM_ATT_STATE_BYTES ? GVM_ATT_RING_BYTES : GVM_ATT_STATE_BYTES)
 #define GVM_ATT_WARP_BYTES (GVM_ATT_AREA_BYTES + 2048)       // + Q fragments [4 k-steps][32 lanes] x 16 B
 
+// Byte offset of 16-byte chunk c of row r in a tile of 128-byte rows in wgmma's
+// 128-byte swizzle (gvm_wgmma_desc).
+__device__ __forceinline__ unsigned gvm_attn_wg_at(unsigned r, unsigned c) { return r * 128 + ((c ^ (r & 7)) << 4); }
+
 struct gvm_attn_job {
     const unsigned char* kbase;   // k cache bytes of (conv, slot 0, head h)
     const unsigned char* vbase;
@@ -164,8 +168,29 @@ __device__ __forceinline__ void gvm_attn_q_raw(const gvm_ctx& c, const gvm_tenso
     raw[0] = a.x, raw[1] = a.y, raw[2] = a.z, raw[3] = a.w, raw[4] = b.x, raw[5] = b.y, raw[6] = b.z, raw[7] = b.w;
 }
 
+// Q's f16 pairs w[hr][i] (row g + 8 hr of m-tile mt, dims 16 t4 + 2 i, + 1) into
+// this thread's 64 bytes of the warp's fragments at qf (the per-warp path), or
+// (TILE) into the round's 64-row tile at qf in wgmma's 128-byte swizzle.
+template <bool TILE>
+__device__ __forceinline__ void gvm_attn_put_q(const unsigned (&w)[2][8], int mt, unsigned qf, unsigned lane) {
+    if (TILE) {
+        const unsigned t4 = lane & 3;
+#pragma unroll
+        for (int hr = 0; hr < 2; ++hr) {
+            const unsigned r = 16 * (unsigned)(mt & 3) + (lane >> 2) + 8 * hr;
+#pragma unroll
+            for (int c = 0; c < 2; ++c)
+                gvm_sts(qf + gvm_attn_wg_at(r, 2 * t4 + c), make_uint4(w[hr][4 * c], w[hr][4 * c + 1], w[hr][4 * c + 2], w[hr][4 * c + 3]));
+        }
+    } else {
+#pragma unroll
+        for (int s = 0; s < 4; ++s) gvm_sts(qf + (s * 32 + lane) * 16, make_uint4(w[0][2 * s], w[1][2 * s], w[0][2 * s + 1], w[1][2 * s + 1]));
+    }
+}
+
 // The A fragments of m-tile mt (rows g, g+8; dims 16*t4 + 4s .. +3 for k-step s)
-// as f16, into this thread's 64 bytes of qf. Zero rows past the query rows.
+// as f16 (gvm_attn_put_q). Zero rows past the query rows.
+template <bool TILE>
 __device__ __forceinline__ void gvm_attn_stage_q(const gvm_ctx& c, const gvm_attn_job& jb, int mt, unsigned qf) {
     const gvm_tensor& tq = gvm_t(c, 0);
     const int tok0 = gvm_ptr<const int>(gvm_t(c, 3), c.ins->arg[0] * gvm_t(c, 3).stride[0], 4)[0];
@@ -178,14 +203,14 @@ __device__ __forceinline__ void gvm_attn_stage_q(const gvm_ctx& c, const gvm_att
 #pragma unroll
         for (int i = 0; i < 8; ++i) w[hr][i] = gvm_bf16x2_to_f16x2(raw[i]);
     }
-#pragma unroll
-    for (int s = 0; s < 4; ++s) gvm_sts(qf + (s * 32 + lane) * 16, make_uint4(w[0][2 * s], w[1][2 * s], w[0][2 * s + 1], w[1][2 * s + 1]));
+    gvm_attn_put_q<TILE>(w, mt, qf, lane);
 }
 
 // The same fragments straight from qkvg (fused QK-norm/RoPE, a7 of a fused
 // chunk): thread (g, t4) holds dims 16 t4 .. 16 t4 + 15 of a row, so the head's
 // sum of squares is its 4 lanes' by two shuffles and RoPE pair i = 8 t4 + k lies
 // in its own dims. Rounded to bf16 as QK_ROPE_KV stores q, then to f16.
+template <bool TILE>
 __device__ __forceinline__ void gvm_attn_stage_q_fused(const gvm_ctx& c, const gvm_attn_job& jb, int mt, unsigned qf,
                                                        unsigned lane, int rope) {
     const gvm_tensor& tx = gvm_t(c, 0);
@@ -217,8 +242,7 @@ __device__ __forceinline__ void gvm_attn_stage_q_fused(const gvm_ctx& c, const g
             }
         }
     }
-#pragma unroll
-    for (int s = 0; s < 4; ++s) gvm_sts(qf + (s * 32 + lane) * 16, make_uint4(w[0][2 * s], w[1][2 * s], w[0][2 * s + 1], w[1][2 * s + 1]));
+    gvm_attn_put_q<TILE>(w, mt, qf, lane);
 }
 
 // A fused chunk holding new positions [max(kb, pos0), ke) writes their k (normed with
@@ -494,6 +518,198 @@ __device__ __forceinline__ void gvm_attn_write(const gvm_ctx& c, const gvm_attn_
     }
 }
 
+// ---- ATTN_CHUNK rounds on the warpgroup (3+ m-tiles) ----------------------------------
+// A round's 64 query rows are the M of warpgroup MMAs (wgmma m64n64k16): S = Q K^T
+// and O += P V for 64 keys a step. The step's K and V come once for the group
+// (cp.async, raw e4m3, GVM_ATT_WG_STAGES - 1 steps ahead) and are converted once
+// to f16, K as key rows of 64 dims and V transposed to dim rows of 64 keys, so
+// that both are K-major operands in the 128-byte swizzle; P stays in registers
+// as the second MMA's A (a D fragment is an A fragment). The per-warp path
+// converts each key once per m-tile, 4 times a 64-row round, in 16 x 8 MMAs.
+#ifndef GVM_ATT_WG
+#define GVM_ATT_WG 1  // 0: every chunk on the per-warp path (gvm_attn_tile)
+#endif
+#define GVM_ATT_WG_STAGES 4
+#define GVM_ATT_WG_Q 0                                  // Q f16 [64 rows][64 dims]
+#define GVM_ATT_WG_K 8192                               // K f16 [64 keys][64 dims]
+#define GVM_ATT_WG_VT 16384                             // V^T f16 [64 dims][64 keys]
+#define GVM_ATT_WG_RAW 24576                            // raw stages: K [64 keys][64 B], V (gvm_attn_wg_vraw)
+#define GVM_ATT_WG_BYTES (GVM_ATT_WG_RAW + GVM_ATT_WG_STAGES * 8192)
+static_assert(GVM_ATT_WG_BYTES <= 4 * GVM_ATT_WARP_BYTES, "the op's scratch check covers the warpgroup rounds");
+
+// Chunk c (dims 16 c ..) of key k's V in a raw stage's V half: keys 8 apart swap
+// halves of a 128-byte line and chunks rotate with k / 16, so that the transposing
+// reads (8 key blocks x 4 words of one chunk) hit 32 different banks.
+__device__ __forceinline__ unsigned gvm_attn_wg_vraw(unsigned k, unsigned c) {
+    return ((k ^ ((k >> 3) & 1)) << 6) | ((c ^ ((k >> 4) & 3)) << 4);
+}
+
+// cp.async of step st's 64 keys (first in cache slot s0) into the raw stage at dst:
+// thread tid copies chunks tid and tid + 128 of K and of V (key = chunk / 4);
+// keys past the chunk come zero-filled. cache_s >= 64.
+__device__ __forceinline__ void gvm_attn_wg_fetch(const gvm_attn_job& jb, int st, int s0, unsigned dst, unsigned tid,
+                                                  unsigned long long pol) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const unsigned n = tid + 128 * h, k = n >> 2, ch = n & 3;
+        const int sl = gvm_attn_slot_add(s0, (int)k, jb.cache_s);
+        const bool valid = jb.kb + st * 64 + (int)k < jb.ke;
+        gvm_cp_async16(dst + k * 64 + ch * 16, jb.kbase + (long long)sl * jb.krow + 16 * ch, valid, pol);
+        gvm_cp_async16(dst + 4096 + gvm_attn_wg_vraw(k, ch), jb.vbase + (long long)sl * jb.vrow + 16 * ch, valid, pol);
+    }
+}
+
+// A raw stage -> the f16 K and V^T tiles (exact). Thread tid: K of key tid / 2,
+// dims 32 (tid & 1) .. + 31; V of keys 8 (tid & 7) .. + 7, dims 4 (tid >> 3) .. + 3,
+// the bytes of key pairs side by side (one conversion makes a V^T word).
+__device__ __forceinline__ void gvm_attn_wg_convert(unsigned raw, unsigned kt, unsigned vt, unsigned tid) {
+    const unsigned k = tid >> 1, h = tid & 1;
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+        const uint4 r = gvm_lds_u4(raw + k * 64 + (2 * h + c) * 16);
+        gvm_sts(kt + gvm_attn_wg_at(k, 4 * h + 2 * c), make_uint4(gvm_e4m3x2_to_f16x2(r.x), gvm_e4m3x2_hi_to_f16x2(r.x),
+                                                                 gvm_e4m3x2_to_f16x2(r.y), gvm_e4m3x2_hi_to_f16x2(r.y)));
+        gvm_sts(kt + gvm_attn_wg_at(k, 4 * h + 2 * c + 1), make_uint4(gvm_e4m3x2_to_f16x2(r.z), gvm_e4m3x2_hi_to_f16x2(r.z),
+                                                                     gvm_e4m3x2_to_f16x2(r.w), gvm_e4m3x2_hi_to_f16x2(r.w)));
+    }
+    const unsigned kb = tid & 7, m = tid >> 3;
+    unsigned w[8];  // dims 4 m .. + 3 of key 8 kb + i
+#pragma unroll
+    for (int i = 0; i < 8; ++i) w[i] = gvm_lds_u(raw + 4096 + gvm_attn_wg_vraw(8 * kb + i, m >> 2) + 4 * (m & 3));
+    unsigned o[4][4];  // o[d][p]: dim 4 m + d of keys 8 kb + 2 p, + 1
+#pragma unroll
+    for (int p = 0; p < 4; ++p) {
+        const unsigned lo = __byte_perm(w[2 * p], w[2 * p + 1], 0x5140), hi = __byte_perm(w[2 * p], w[2 * p + 1], 0x7362);
+        o[0][p] = gvm_e4m3x2_to_f16x2(lo);
+        o[1][p] = gvm_e4m3x2_hi_to_f16x2(lo);
+        o[2][p] = gvm_e4m3x2_to_f16x2(hi);
+        o[3][p] = gvm_e4m3x2_hi_to_f16x2(hi);
+    }
+#pragma unroll
+    for (int d = 0; d < 4; ++d) gvm_sts(vt + gvm_attn_wg_at(4 * m + d, kb), make_uint4(o[d][0], o[d][1], o[d][2], o[d][3]));
+}
+
+// Rows [64 round, + 64) of the chunk over all its keys: warp w's (m, l, o) of its
+// 16 rows into its state area (smem + w GVM_ATT_WARP_BYTES), as gvm_attn_write
+// reads them. smem 1024-byte aligned, cache_s >= 64.
+__device__ __forceinline__ void gvm_attn_wg_round(const gvm_ctx& c, const gvm_attn_job& jb, int round, bool fused,
+                                                  unsigned smem) {
+    const unsigned tid = gvm_opaque(c.tid), warp = tid >> 5, lane = tid & 31, g = lane >> 2, q = lane & 3;
+    const int mt = round * 4 + (int)warp;
+    if (fused)
+        gvm_attn_stage_q_fused<true>(c, jb, mt, smem + GVM_ATT_WG_Q, lane, c.ins->arg[7]);
+    else
+        gvm_attn_stage_q<true>(c, jb, mt, smem + GVM_ATT_WG_Q);
+    const int r0 = mt * 16 + (int)g, r1 = r0 + 8;
+    const int p0 = r0 < jb.rows ? jb.pos0 + r0 / jb.g : -1;  // -1 sees no key
+    const int p1 = r1 < jb.rows ? jb.pos0 + r1 / jb.g : -1;
+    const int pos_hi = jb.pos0 + (jb.rows - 1) / jb.g;
+    float m0 = GVM_NEG_INF, m1 = GVM_NEG_INF, l0 = 0.0f, l1 = 0.0f;
+    float o[32];
+#pragma unroll
+    for (int i = 0; i < 32; ++i) o[i] = 0.0f;
+    const unsigned long long pol = gvm_policy_evict_first();  // the cache is read once a step
+    const unsigned long long dq = gvm_wgmma_desc(smem + GVM_ATT_WG_Q), dk = gvm_wgmma_desc(smem + GVM_ATT_WG_K),
+                             dv = gvm_wgmma_desc(smem + GVM_ATT_WG_VT);
+    const int steps = (jb.ke - jb.kb + 63) / 64;
+    int fs = 0, sf = jb.kb % jb.cache_s;  // the next step to fetch, its first key's cache slot
+    // one commit group a step, empty past the last: the wait counts groups
+    const auto fetch_next = [&]() {
+        if (fs < steps) gvm_attn_wg_fetch(jb, fs, sf, smem + GVM_ATT_WG_RAW + (fs % GVM_ATT_WG_STAGES) * 8192, tid, pol);
+        gvm_cp_async_commit();
+        ++fs;
+        sf = gvm_attn_slot_add(sf, 64, jb.cache_s);
+    };
+#pragma unroll 1
+    for (int d = 0; d < GVM_ATT_WG_STAGES - 1; ++d) fetch_next();
+#pragma unroll 1
+    for (int st = 0; st < steps; ++st) {
+        fetch_next();  // into the stage converted last step: every thread passed that step's second barrier
+        gvm_cp_async_wait<GVM_ATT_WG_STAGES - 1>();
+        gvm_group_sync(c);  // this step's copies are in, and last step's MMAs (every warp waited) are done with the tiles
+        gvm_attn_wg_convert(smem + GVM_ATT_WG_RAW + (st % GVM_ATT_WG_STAGES) * 8192, smem + GVM_ATT_WG_K,
+                            smem + GVM_ATT_WG_VT, tid);
+        gvm_fence_async_smem();
+        gvm_group_sync(c);  // the tiles (and Q) are whole, for the MMAs' async proxy too
+        float s[32];        // raw scores q.k: s[4 j + i] row g + 8 (i >> 1), key 8 j + 2 q + (i & 1)
+#pragma unroll
+        for (int i = 0; i < 32; ++i) s[i] = 0.0f;
+        gvm_wgmma_fence();
+#pragma unroll
+        for (int k = 0; k < 4; ++k) gvm_wgmma_f16_n64(s, dq + 2 * k, dk + 2 * k);  // + 32 bytes a k16 step
+        gvm_wgmma_commit();
+        gvm_wgmma_wait<0>();
+        const int kp0 = jb.kb + st * 64;
+        // every query row sees every key of the step: no per-score test (the usual case)
+        const bool whole = kp0 + 63 < jb.ke && kp0 + 63 <= jb.pos0 && (jb.window == 0 || kp0 > pos_hi - jb.window);
+        if (!whole) {
+#pragma unroll
+            for (int i = 0; i < 32; ++i)
+                if (!gvm_attn_visible(jb, kp0 + 8 * (i >> 2) + 2 * (int)q + (i & 1), (i & 2) ? p1 : p0)) s[i] = GVM_NEG_INF;
+        }
+        float mx0 = GVM_NEG_INF, mx1 = GVM_NEG_INF;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            mx0 = fmaxf(mx0, fmaxf(s[4 * j], s[4 * j + 1]));
+            mx1 = fmaxf(mx1, fmaxf(s[4 * j + 2], s[4 * j + 3]));
+        }
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+        // m in log2 units of the scaled scores; a row with nothing visible yet keeps -inf (subtract 0: no inf - inf)
+        const float mn0 = fmaxf(m0, mx0 * jb.score_scale), mn1 = fmaxf(m1, mx1 * jb.score_scale);
+        const float mu0 = mn0 == GVM_NEG_INF ? 0.0f : mn0, mu1 = mn1 == GVM_NEG_INF ? 0.0f : mn1;
+        const float al0 = gvm_ex2(m0 - mu0), al1 = gvm_ex2(m1 - mu1);
+        m0 = mn0;
+        m1 = mn1;
+        float ls0 = 0.0f, ls1 = 0.0f;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            s[4 * j] = gvm_ex2(fmaf(s[4 * j], jb.score_scale, -mu0));
+            s[4 * j + 1] = gvm_ex2(fmaf(s[4 * j + 1], jb.score_scale, -mu0));
+            s[4 * j + 2] = gvm_ex2(fmaf(s[4 * j + 2], jb.score_scale, -mu1));
+            s[4 * j + 3] = gvm_ex2(fmaf(s[4 * j + 3], jb.score_scale, -mu1));
+            ls0 += s[4 * j] + s[4 * j + 1];
+            ls1 += s[4 * j + 2] + s[4 * j + 3];
+            o[4 * j] *= al0;
+            o[4 * j + 1] *= al0;
+            o[4 * j + 2] *= al1;
+            o[4 * j + 3] *= al1;
+        }
+        l0 = l0 * al0 + ls0;
+        l1 = l1 * al1 + ls1;
+        gvm_wgmma_fence();  // o was rescaled in registers
+#pragma unroll
+        for (int kb = 0; kb < 4; ++kb)  // keys 16 kb .. + 15: D columns 8 (2 kb) .. and 8 (2 kb + 1) ..
+            gvm_wgmma_f16_rs_n64(o, gvm_pack_f16x2(s[8 * kb], s[8 * kb + 1]), gvm_pack_f16x2(s[8 * kb + 2], s[8 * kb + 3]),
+                                 gvm_pack_f16x2(s[8 * kb + 4], s[8 * kb + 5]), gvm_pack_f16x2(s[8 * kb + 6], s[8 * kb + 7]),
+                                 dv + 2 * kb);
+        gvm_wgmma_commit();
+        gvm_wgmma_wait<0>();
+    }
+    gvm_cp_async_wait<0>();  // the empty groups past the last step
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+    gvm_group_sync(c);  // every warp is done with the tiles: the state areas overlap them
+    const unsigned sa = smem + warp * GVM_ATT_WARP_BYTES, ml = sa + 16 * GVM_ATT_OSTRIDE * 4;
+    if (q == 0) {
+        gvm_sts(ml + g * 4, m0);
+        gvm_sts(ml + (g + 8) * 4, m1);
+        gvm_sts(ml + 64 + g * 4, l0);
+        gvm_sts(ml + 64 + (g + 8) * 4, l1);
+    }
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {  // o[4 j + i]: row g + 8 (i >> 1), dim 8 j + 2 q + (i & 1)
+        gvm_sts(sa + (g * GVM_ATT_OSTRIDE + 8 * j + 2 * q) * 4, o[4 * j]);
+        gvm_sts(sa + (g * GVM_ATT_OSTRIDE + 8 * j + 2 * q + 1) * 4, o[4 * j + 1]);
+        gvm_sts(sa + ((g + 8) * GVM_ATT_OSTRIDE + 8 * j + 2 * q) * 4, o[4 * j + 2]);
+        gvm_sts(sa + ((g + 8) * GVM_ATT_OSTRIDE + 8 * j + 2 * q + 1) * 4, o[4 * j + 3]);
+    }
+}
+
 __device__ __noinline__ bool gvm_attn_chunk_args_ok(const gvm_ctx& c) {
     const gvm_tensor& tq = gvm_t(c, 0);
     const gvm_tensor& tk = gvm_t(c, 1);
@@ -563,13 +779,22 @@ __device__ int gvm_op_attn_chunk(const gvm_ctx& c) {
         __threadfence();    // in L2 before the barrier: the ring's copies (.cg) read L2, not L1
         gvm_group_sync(c);  // the ring's copies below read them
     }
+    if (GVM_ATT_WG && split == 1 && jb.cache_s >= 64 && (smem & 1023u) == 0) {  // 64-row rounds on the warpgroup
+        for (int round = 0; round * 4 < mtiles; ++round) {
+            gvm_attn_wg_round(c, jb, round, fused, smem);
+            gvm_group_sync(c);
+            gvm_attn_write(c, jb, round, 4, 1, smem);
+            gvm_group_sync(c);
+        }
+        return GVM_ERR_NONE;
+    }
     for (int round = 0; round * per_round < mtiles; ++round) {
         const int mt = round * per_round + warp / split;
         if (mt < mtiles) {
             if (fused)
-                gvm_attn_stage_q_fused(c, jb, mt, st + GVM_ATT_AREA_BYTES, gvm_opaque(c.tid) & 31, c.ins->arg[7]);
+                gvm_attn_stage_q_fused<false>(c, jb, mt, st + GVM_ATT_AREA_BYTES, gvm_opaque(c.tid) & 31, c.ins->arg[7]);
             else
-                gvm_attn_stage_q(c, jb, mt, st + GVM_ATT_AREA_BYTES);
+                gvm_attn_stage_q<false>(c, jb, mt, st + GVM_ATT_AREA_BYTES);
             // lane opaque: its ring offsets are not hoisted out of the persistent loop (168 registers)
             gvm_attn_tile(jb, mt, warp % split, split, gvm_opaque(c.tid) & 31, st, st + GVM_ATT_AREA_BYTES);
         }

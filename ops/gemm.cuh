@@ -495,15 +495,6 @@ __device__ __forceinline__ void gvm_gemm_xs_stage(unsigned buf, const char* wt, 
     }
 }
 
-// wgmma's descriptor of a K-major operand in 128-byte swizzle: row r of 64
-// b16 values (128 bytes) at base + 128 r, its 16-byte chunk c at c ^ (r & 7)
-// (gvm_gemm_xs_at), base 1024-byte aligned, 8-row groups 1024 bytes apart.
-// The descriptor of the 16 k from value 16 s of every row is that of base + 32 s.
-__device__ __forceinline__ unsigned long long gvm_wgmma_desc(unsigned base) {
-    return (unsigned long long)((base & 0x3ffffu) >> 4) | (1ull << 16) | ((unsigned long long)(1024 >> 4) << 32) |
-           (1ull << 62);
-}
-
 // One pass: W rows [0, nr) past wt (nr <= 64) x tokens [0, nt) past xt
 // (nt <= 64), all of K (a multiple of 64); out's (token 0, row 0) at `ot`.
 // One warpgroup MMA (m64n64k16) a k16 step: the group's 4 warps are a

@@ -203,15 +203,31 @@ template <int N>
 __device__ __forceinline__ void gvm_wgmma_wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;" :: "n"(N) : "memory");
 }
-// D(64 x 64, f32) += A(64 rows x 16 k) B(64 rows x 16 k)^T, bf16, both from
-// shared memory (by descriptor: ops/gemm.cuh, gvm_wgmma_desc), by the 4 warps
+// The 32 f32 accumulators of an m64n64 wgmma, as asm operands 0..31.
+#define GVM_WG_D32(d)                                                                                         \
+    "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), \
+        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),   \
+        "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),  \
+        "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+#define GVM_WG_D32_LIST "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}"
+// D(64 x 64, f32) += A(64 rows x 16 k) B(64 rows x 16 k)^T, bf16 or f16, both
+// from shared memory (by descriptor: common.cuh, gvm_wgmma_desc), by the 4 warps
 // of a warpgroup. Warp w, lane (g, q) holds d[4 j + i]: row 16 w + g + 8 (i >> 1),
 // column 8 j + 2 q + (i & 1).
 __device__ __forceinline__ void gvm_wgmma_bf16_n64(float (&d)[32], unsigned long long a, unsigned long long b) {
-    asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, %32, %33, 1, 1, 1, 0, 0;"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-                 : "l"(a), "l"(b));
+    asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " GVM_WG_D32_LIST ", %32, %33, 1, 1, 1, 0, 0;"
+                 : GVM_WG_D32(d) : "l"(a), "l"(b));
+}
+__device__ __forceinline__ void gvm_wgmma_f16_n64(float (&d)[32], unsigned long long a, unsigned long long b) {
+    asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 " GVM_WG_D32_LIST ", %32, %33, 1, 1, 1, 0, 0;"
+                 : GVM_WG_D32(d) : "l"(a), "l"(b));
+}
+// The same, f16, with A from registers: warp w's rows 16 w .. 16 w + 15 in
+// mma.sync's A fragment (a0: row g, k 2q, 2q + 1; a1: row g + 8; a2, a3: k + 8),
+// which is a D fragment's layout, so that an m64n64 result (P) feeds the next
+// MMA's A without leaving registers.
+__device__ __forceinline__ void gvm_wgmma_f16_rs_n64(float (&d)[32], unsigned a0, unsigned a1, unsigned a2, unsigned a3,
+                                                     unsigned long long b) {
+    asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 " GVM_WG_D32_LIST ", {%32, %33, %34, %35}, %36, 1, 1, 1, 0;"
+                 : GVM_WG_D32(d) : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(b));
 }

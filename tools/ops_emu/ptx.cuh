@@ -196,16 +196,23 @@ inline unsigned wgmma_at(unsigned long long desc, int r, int k) {
     const unsigned a = start + (unsigned)(r >> 3) * sbo + (unsigned)(r & 7) * 128u + 2u * (unsigned)k;
     return a ^ (((a >> 7) & 7u) << 4);
 }
-inline float wgmma_bf16(unsigned long long desc, int r, int k) {
-    return bf16_value(gvm_emu_lds<unsigned short>(wgmma_at(desc, r, k)));
+inline double wgmma_value(unsigned short v, bool f16) { return f16 ? (double)f16_value(v) : (double)bf16_value(v); }
+inline double wgmma_operand(unsigned long long desc, int r, int k, bool f16) {
+    return wgmma_value(gvm_emu_lds<unsigned short>(wgmma_at(desc, r, k)), f16);
 }
 inline void wgmma_run(const WgmmaOp& op) {
     const int w = warp(), g = lane() >> 2, q = lane() & 3;
+    const bool f16 = op.kind != 0;
     for (int j = 0; j < 8; ++j)
         for (int i = 0; i < 4; ++i) {
             const int row = 16 * w + g + 8 * (i >> 1), col = 8 * j + 2 * q + (i & 1);
             double acc = op.d[4 * j + i];
-            for (int k = 0; k < 16; ++k) acc += (double)wgmma_bf16(op.a, row, k) * wgmma_bf16(op.b, col, k);
+            for (int k = 0; k < 16; ++k) {
+                const unsigned ak = op.ra[i >> 1][k >> 1];
+                const double a = op.kind == 2 ? wgmma_value((unsigned short)(k & 1 ? ak >> 16 : ak & 0xffff), true)
+                                              : wgmma_operand(op.a, row, k, f16);
+                acc += a * wgmma_operand(op.b, col, k, f16);
+            }
             op.d[4 * j + i] = (float)acc;
         }
 }
@@ -213,7 +220,23 @@ inline void wgmma_run(const WgmmaOp& op) {
 inline void gvm_fence_async_smem() {}
 inline void gvm_wgmma_fence() {}
 inline void gvm_wgmma_bf16_n64(float (&d)[32], unsigned long long a, unsigned long long b) {
-    emu::wgmma_queue().push_back({d, a, b, 0});
+    emu::wgmma_queue().push_back({d, a, b, 0, 0, {}});
+}
+inline void gvm_wgmma_f16_n64(float (&d)[32], unsigned long long a, unsigned long long b) {
+    emu::wgmma_queue().push_back({d, a, b, 0, 1, {}});
+}
+// A from registers: the warp's lanes trade their fragments when the MMA is
+// issued (the registers are read then), each keeping its two rows' 16 k.
+inline void gvm_wgmma_f16_rs_n64(float (&d)[32], unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned long long b) {
+    emu::WgmmaOp op{d, 0, b, 0, 2, {}};
+    const unsigned mine[4] = {a0, a1, a2, a3};
+    const int g = emu::lane() >> 2;
+    emu::exchange(mine, 4, [&](unsigned (*x)[12]) {
+        for (int p = 0; p < 8; ++p)  // k pair p of rows g (a0, a2) and g + 8 (a1, a3): lane 4 g + p % 4
+            for (int h = 0; h < 2; ++h) op.ra[h][p] = x[4 * g + (p & 3)][h + 2 * (p >> 2)];
+        return 0;
+    });
+    emu::wgmma_queue().push_back(op);
 }
 inline void gvm_wgmma_commit() {
     auto& q = emu::wgmma_queue();

@@ -70,7 +70,9 @@ constexpr int kStack = 256 * 1024;
 struct WgmmaOp {  // a wgmma issued and not yet retired by a wait (ptx.cuh)
     float* d;
     unsigned long long a, b;
-    int group;  // its commit group; 0: not committed yet
+    int group;   // its commit group; 0: not committed yet
+    int kind;    // 0: bf16, A and B by descriptor; 1: f16 so; 2: f16, A from registers (ra)
+    unsigned ra[2][8];  // kind 2: A rows g and g + 8 of the thread's warp, k pairs 0..7
 };
 
 struct Machine {
