@@ -465,6 +465,9 @@ def cases_attn(sz: Sizes, gen: torch.Generator) -> list[Case]:
         _attn_case("attn_chunk full", sz, gen, sz.attn_full, sz.chunk, 0, top + 16),
         _attn_case("attn_chunk sliding, ring cache", sz, gen, sz.attn_sliding, sz.chunk // 2, sz.window, sz.ring),
         _attn_case("attn_chunk ragged tokens, odd chunks", sz, gen, sz.attn_odd, sz.odd_chunk, 0, sz.ring),
+        # 64-row rounds over chunks of several 64-key steps (the small sizes' chunks are one step), 1 and 2
+        # rounds, a partial last step and round, and a chunk past the keys (no step)
+        _attn_case("attn_chunk 64-row rounds, 5-step chunks", sz, gen, ((8, 300), (9, 250), (5, 200)), 320, 0, 336),
         _attn_case("attn_chunk chunk past NCH -> BAD_ARGS", sz, gen, ((1, 3),), 16, 0, 16, nch=2, bad=_set_arg(2, 2)),
         _attn_case("attn_chunk k scale 0 -> BAD_ARGS", sz, gen, ((1, 3),), 16, 0, 16, bad=_set_arg(5, f2i(0.0))),
     ]
