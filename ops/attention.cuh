@@ -529,16 +529,13 @@ __device__ __forceinline__ void gvm_attn_write(const gvm_ctx& c, const gvm_attn_
 #ifndef GVM_ATT_WG
 #define GVM_ATT_WG 1  // 0: every chunk on the per-warp path (gvm_attn_tile)
 #endif
-#ifndef GVM_ATT_WG_PIPE
-#define GVM_ATT_WG_PIPE 1  // two f16 tile sets: step s + 1 converted while step s's S = Q K^T runs, one barrier a step
-#endif
-#define GVM_ATT_WG_BUFS (GVM_ATT_WG_PIPE ? 2 : 1)
-#define GVM_ATT_WG_STAGES (GVM_ATT_WG_PIPE ? 3 : 4)
+#define GVM_ATT_WG_STAGES 4
 #define GVM_ATT_WG_Q 0                                  // Q f16 [64 rows][64 dims]
-#define GVM_ATT_WG_K(b) (8192 + (b) * 16384)            // K f16 [64 keys][64 dims] of tile set b
-#define GVM_ATT_WG_VT(b) (GVM_ATT_WG_K(b) + 8192)       // V^T f16 [64 dims][64 keys]
-#define GVM_ATT_WG_RAW GVM_ATT_WG_K(GVM_ATT_WG_BUFS)    // raw stages: K [64 keys][64 B], V (gvm_attn_wg_vraw)
+#define GVM_ATT_WG_K 8192                               // K f16 [64 keys][64 dims]
+#define GVM_ATT_WG_VT 16384                             // V^T f16 [64 dims][64 keys]
+#define GVM_ATT_WG_RAW 24576                            // raw stages: K [64 keys][64 B], V (gvm_attn_wg_vraw)
 #define GVM_ATT_WG_BYTES (GVM_ATT_WG_RAW + GVM_ATT_WG_STAGES * 8192)
+static_assert(GVM_ATT_WG_BYTES <= 4 * GVM_ATT_WARP_BYTES, "the op's scratch check covers the warpgroup rounds");
 
 // Chunk c (dims 16 c ..) of key k's V in a raw stage's V half: keys 8 apart swap
 // halves of a 128-byte line and chunks rotate with k / 16, so that the transposing
@@ -612,58 +609,35 @@ __device__ __forceinline__ void gvm_attn_wg_round(const gvm_ctx& c, const gvm_at
 #pragma unroll
     for (int i = 0; i < 32; ++i) o[i] = 0.0f;
     const unsigned long long pol = gvm_policy_evict_first();  // the cache is read once a step
-    const unsigned long long dq = gvm_wgmma_desc(smem + GVM_ATT_WG_Q);
+    const unsigned long long dq = gvm_wgmma_desc(smem + GVM_ATT_WG_Q), dk = gvm_wgmma_desc(smem + GVM_ATT_WG_K),
+                             dv = gvm_wgmma_desc(smem + GVM_ATT_WG_VT);
     const int steps = (jb.ke - jb.kb + 63) / 64;
     int fs = 0, sf = jb.kb % jb.cache_s;  // the next step to fetch, its first key's cache slot
-    // one commit group a step, empty past the last: the waits count groups
+    // one commit group a step, empty past the last: the wait counts groups
     const auto fetch_next = [&]() {
         if (fs < steps) gvm_attn_wg_fetch(jb, fs, sf, smem + GVM_ATT_WG_RAW + (fs % GVM_ATT_WG_STAGES) * 8192, tid, pol);
         gvm_cp_async_commit();
         ++fs;
         sf = gvm_attn_slot_add(sf, 64, jb.cache_s);
     };
-    const auto convert = [&](int st) {
-        const unsigned b = GVM_ATT_WG_PIPE ? st & 1 : 0;
-        gvm_attn_wg_convert(smem + GVM_ATT_WG_RAW + (st % GVM_ATT_WG_STAGES) * 8192, smem + GVM_ATT_WG_K(b),
-                            smem + GVM_ATT_WG_VT(b), tid);
-        gvm_fence_async_smem();  // for the MMAs' async proxy, after the barrier that follows
-    };
 #pragma unroll 1
-    for (int d = 0; d < GVM_ATT_WG_STAGES - (GVM_ATT_WG_PIPE ? 0 : 1); ++d) fetch_next();
-    if (GVM_ATT_WG_PIPE && steps > 0) {  // step 0's tiles (steps is the group's)
-        gvm_cp_async_wait<GVM_ATT_WG_STAGES - 1>();
-        gvm_group_sync(c);
-        convert(0);
-    }
+    for (int d = 0; d < GVM_ATT_WG_STAGES - 1; ++d) fetch_next();
 #pragma unroll 1
     for (int st = 0; st < steps; ++st) {
-        const unsigned b = GVM_ATT_WG_PIPE ? st & 1 : 0;
-        float s[32];  // raw scores q.k: s[4 j + i] row g + 8 (i >> 1), key 8 j + 2 q + (i & 1)
+        fetch_next();  // into the stage converted last step: every thread passed that step's second barrier
+        gvm_cp_async_wait<GVM_ATT_WG_STAGES - 1>();
+        gvm_group_sync(c);  // this step's copies are in, and last step's MMAs (every warp waited) are done with the tiles
+        gvm_attn_wg_convert(smem + GVM_ATT_WG_RAW + (st % GVM_ATT_WG_STAGES) * 8192, smem + GVM_ATT_WG_K,
+                            smem + GVM_ATT_WG_VT, tid);
+        gvm_fence_async_smem();
+        gvm_group_sync(c);  // the tiles (and Q) are whole, for the MMAs' async proxy too
+        float s[32];        // raw scores q.k: s[4 j + i] row g + 8 (i >> 1), key 8 j + 2 q + (i & 1)
 #pragma unroll
         for (int i = 0; i < 32; ++i) s[i] = 0.0f;
-        if (GVM_ATT_WG_PIPE) {
-            gvm_cp_async_wait<1>();  // step st + 1's copies (an empty group past the last step)
-            // every thread's copies of step st + 1 are in and its tiles of step st whole; every
-            // warp's MMAs of step st - 1 are done with tile set b ^ 1 and step st's raw stage is free
-            gvm_group_sync(c);
-            fetch_next();  // step st + 3, into step st's raw stage
-            gvm_wgmma_fence();
+        gvm_wgmma_fence();
 #pragma unroll
-            for (int k = 0; k < 4; ++k)
-                gvm_wgmma_f16_n64(s, dq + 2 * k, gvm_wgmma_desc(smem + GVM_ATT_WG_K(b)) + 2 * k);  // + 32 bytes a k16 step
-            gvm_wgmma_commit();
-            if (st + 1 < steps) convert(st + 1);  // while the MMAs run
-        } else {
-            fetch_next();  // into the stage converted last step: every thread passed that step's second barrier
-            gvm_cp_async_wait<GVM_ATT_WG_STAGES - 1>();
-            gvm_group_sync(c);  // this step's copies are in, and last step's MMAs (every warp waited) are done with the tiles
-            convert(st);
-            gvm_group_sync(c);  // the tiles (and Q) are whole
-            gvm_wgmma_fence();
-#pragma unroll
-            for (int k = 0; k < 4; ++k) gvm_wgmma_f16_n64(s, dq + 2 * k, gvm_wgmma_desc(smem + GVM_ATT_WG_K(0)) + 2 * k);
-            gvm_wgmma_commit();
-        }
+        for (int k = 0; k < 4; ++k) gvm_wgmma_f16_n64(s, dq + 2 * k, dk + 2 * k);  // + 32 bytes a k16 step
+        gvm_wgmma_commit();
         gvm_wgmma_wait<0>();
         const int kp0 = jb.kb + st * 64;
         // every query row sees every key of the step: no per-score test (the usual case)
@@ -710,7 +684,7 @@ __device__ __forceinline__ void gvm_attn_wg_round(const gvm_ctx& c, const gvm_at
         for (int kb = 0; kb < 4; ++kb)  // keys 16 kb .. + 15: D columns 8 (2 kb) .. and 8 (2 kb + 1) ..
             gvm_wgmma_f16_rs_n64(o, gvm_pack_f16x2(s[8 * kb], s[8 * kb + 1]), gvm_pack_f16x2(s[8 * kb + 2], s[8 * kb + 3]),
                                  gvm_pack_f16x2(s[8 * kb + 4], s[8 * kb + 5]), gvm_pack_f16x2(s[8 * kb + 6], s[8 * kb + 7]),
-                                 gvm_wgmma_desc(smem + GVM_ATT_WG_VT(b)) + 2 * kb);
+                                 dv + 2 * kb);
         gvm_wgmma_commit();
         gvm_wgmma_wait<0>();
     }
@@ -805,7 +779,7 @@ __device__ int gvm_op_attn_chunk(const gvm_ctx& c) {
         __threadfence();    // in L2 before the barrier: the ring's copies (.cg) read L2, not L1
         gvm_group_sync(c);  // the ring's copies below read them
     }
-    if (GVM_ATT_WG && split == 1 && jb.cache_s >= 64 && (smem & 1023u) == 0 && c.smem_bytes >= GVM_ATT_WG_BYTES) {  // 64-row rounds on the warpgroup
+    if (GVM_ATT_WG && split == 1 && jb.cache_s >= 64 && (smem & 1023u) == 0) {  // 64-row rounds on the warpgroup
         for (int round = 0; round * 4 < mtiles; ++round) {
             gvm_attn_wg_round(c, jb, round, fused, smem);
             gvm_group_sync(c);
