@@ -49,12 +49,14 @@ def test_op_matches_cpu_backend(runner: EmuRunner, op: Op) -> None:
 
 
 @pytest.mark.parametrize(("op", "define"), [(Op.EXPERT_UP, "GVM_EXPERT_REG=0"), (Op.EXPERT_DOWN, "GVM_EXPERT_REG=0"), (Op.GEMM, "GVM_GEMM_TT=1"),
-                                            (Op.GEMM, "GVM_GEMM_F32_RN=4+GVM_GEMM_F32_TT=4")],
-                         ids=["expert_up-shared-tile-only", "expert_down-shared-tile-only", "gemm-1-token-tile", "gemm-router-4x4"])
+                                            (Op.GEMM, "GVM_GEMM_F32_RN=4+GVM_GEMM_F32_TT=4"), (Op.ATTN_CHUNK, "GVM_ATT_WG=0")],
+                         ids=["expert_up-shared-tile-only", "expert_down-shared-tile-only", "gemm-1-token-tile", "gemm-router-4x4",
+                              "attn_chunk-per-warp"])
 def test_switch_alternatives(tmp_path_factory: pytest.TempPathFactory, op: Op, define: str) -> None:
     """The build switches' other settings, kept for A/B runs on the H200:
     GVM_EXPERT_REG=0 (every expert through the shared tile), GVM_GEMM_TT=1
-    (each token tile re-reads the weights), the router's old 4 x 4 tile."""
+    (each token tile re-reads the weights), the router's old 4 x 4 tile,
+    GVM_ATT_WG=0 (every attention chunk on the per-warp path)."""
     lib = build_emulator(tmp_path_factory.mktemp("emu_switch"), defines=tuple(tuple(d.split("=")) for d in define.split("+")))
     assert _failures(EmuRunner(lib), {op}) == []
 
@@ -100,6 +102,15 @@ def test_a_wgmma_left_in_flight_fails(tmp_path: Path) -> None:
     broken = _mutant(tmp_path, "ops/gemm.cuh", "        gvm_wgmma_wait<0>();\n", "")
     with pytest.raises(EmuError, match="not retired by a wait"):
         _failures(broken, {Op.GEMM})
+
+
+def test_a_wrong_p_fragment_of_the_attention_rounds_fails(tmp_path: Path) -> None:
+    """P feeds the warpgroup's P V MMA from registers in an A fragment (rows g
+    and g + 8, keys 2 q and 2 q + 8): registers a1 and a2 swapped put row g + 8's
+    probabilities on row g's keys 8 on."""
+    broken = _mutant(tmp_path, "ops/attention.cuh", "gvm_pack_f16x2(s[8 * kb + 2], s[8 * kb + 3]),\n                                 gvm_pack_f16x2(s[8 * kb + 4], s[8 * kb + 5])",
+                     "gvm_pack_f16x2(s[8 * kb + 4], s[8 * kb + 5]),\n                                 gvm_pack_f16x2(s[8 * kb + 2], s[8 * kb + 3])")
+    assert any("rounds" in f or "attn_chunk full" in f for f in _failures(broken, {Op.ATTN_CHUNK}))
 
 
 def test_a_wrong_wgmma_descriptor_fails(tmp_path: Path) -> None:
