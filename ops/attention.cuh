@@ -313,6 +313,42 @@ __device__ __forceinline__ void gvm_attn_fetch_stage(const gvm_attn_job& jb, int
     }
 }
 
+// One step of the online softmax over a thread's scores of rows g and g + 8 (the
+// mma D layout, both paths): the quad's max (mx: this thread's), the new running
+// max m in log2 units of the scaled scores (score_scale > 0: the max commutes with
+// it), mu to subtract (0 while a row has seen nothing: no inf - inf), and the
+// factors rescaling o and l.
+struct gvm_attn_max {
+    float mu0, mu1, al0, al1;
+};
+__device__ __forceinline__ gvm_attn_max gvm_attn_new_max(float mx0, float mx1, float& m0, float& m1, float scale) {
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+    const float mn0 = fmaxf(m0, mx0 * scale), mn1 = fmaxf(m1, mx1 * scale);
+    gvm_attn_max x;
+    x.mu0 = mn0 == GVM_NEG_INF ? 0.0f : mn0;
+    x.mu1 = mn1 == GVM_NEG_INF ? 0.0f : mn1;
+    x.al0 = gvm_ex2(m0 - x.mu0);
+    x.al1 = gvm_ex2(m1 - x.mu1);
+    m0 = mn0;
+    m1 = mn1;
+    return x;
+}
+
+// Scores (a, b) of row g and (c, d) of row g + 8 -> their probabilities (unnormed),
+// added to the rows' sums.
+__device__ __forceinline__ void gvm_attn_exp4(float& a, float& b, float& c, float& d, const gvm_attn_max& x, float scale,
+                                              float& ls0, float& ls1) {
+    a = gvm_ex2(fmaf(a, scale, -x.mu0));
+    b = gvm_ex2(fmaf(b, scale, -x.mu0));
+    c = gvm_ex2(fmaf(c, scale, -x.mu1));
+    d = gvm_ex2(fmaf(d, scale, -x.mu1));
+    ls0 += a + b;
+    ls1 += c + d;
+}
+
 // Running (m [log2 units], l, o) of m-tile mt over key tiles first, first+step, ...
 // written to the warp's state area st (its ring until then); qf holds the staged
 // Q fragments.
@@ -397,37 +433,21 @@ __device__ __forceinline__ void gvm_attn_tile(const gvm_attn_job& jb, int mt, in
                 mx0 = fmaxf(mx0, fmaxf(sc[u][nb][0], sc[u][nb][1]));
                 mx1 = fmaxf(mx1, fmaxf(sc[u][nb][2], sc[u][nb][3]));
             }
-        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-        // m in log2 units of the scaled scores (score_scale > 0: the max commutes with it)
-        const float mn0 = fmaxf(m0, mx0 * jb.score_scale), mn1 = fmaxf(m1, mx1 * jb.score_scale);
-        // a row with nothing visible yet keeps m = -inf; subtract 0 instead so no inf - inf
-        const float mu0 = mn0 == GVM_NEG_INF ? 0.0f : mn0, mu1 = mn1 == GVM_NEG_INF ? 0.0f : mn1;
-        const float al0 = gvm_ex2(m0 - mu0), al1 = gvm_ex2(m1 - mu1);
-        m0 = mn0;
-        m1 = mn1;
+        const gvm_attn_max x = gvm_attn_new_max(mx0, mx1, m0, m1, jb.score_scale);
         float ls0 = 0.0f, ls1 = 0.0f;
 #pragma unroll
         for (int u = 0; u < GVM_ATT_SUB; ++u)
 #pragma unroll
-            for (int nb = 0; nb < 2; ++nb) {
-                sc[u][nb][0] = gvm_ex2(fmaf(sc[u][nb][0], jb.score_scale, -mu0));
-                sc[u][nb][1] = gvm_ex2(fmaf(sc[u][nb][1], jb.score_scale, -mu0));
-                sc[u][nb][2] = gvm_ex2(fmaf(sc[u][nb][2], jb.score_scale, -mu1));
-                sc[u][nb][3] = gvm_ex2(fmaf(sc[u][nb][3], jb.score_scale, -mu1));
-                ls0 += sc[u][nb][0] + sc[u][nb][1];
-                ls1 += sc[u][nb][2] + sc[u][nb][3];
-            }
-        l0 = l0 * al0 + ls0;
-        l1 = l1 * al1 + ls1;
+            for (int nb = 0; nb < 2; ++nb)
+                gvm_attn_exp4(sc[u][nb][0], sc[u][nb][1], sc[u][nb][2], sc[u][nb][3], x, jb.score_scale, ls0, ls1);
+        l0 = l0 * x.al0 + ls0;
+        l1 = l1 * x.al1 + ls1;
 #pragma unroll
         for (int d = 0; d < 8; ++d) {
-            o[d][0] *= al0;
-            o[d][1] *= al0;
-            o[d][2] *= al1;
-            o[d][3] *= al1;
+            o[d][0] *= x.al0;
+            o[d][1] *= x.al0;
+            o[d][2] *= x.al1;
+            o[d][3] *= x.al1;
         }
 #pragma unroll
         for (int u = 0; u < GVM_ATT_SUB; ++u) {
@@ -653,32 +673,18 @@ __device__ __forceinline__ void gvm_attn_wg_round(const gvm_ctx& c, const gvm_at
             mx0 = fmaxf(mx0, fmaxf(s[4 * j], s[4 * j + 1]));
             mx1 = fmaxf(mx1, fmaxf(s[4 * j + 2], s[4 * j + 3]));
         }
-        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-        // m in log2 units of the scaled scores; a row with nothing visible yet keeps -inf (subtract 0: no inf - inf)
-        const float mn0 = fmaxf(m0, mx0 * jb.score_scale), mn1 = fmaxf(m1, mx1 * jb.score_scale);
-        const float mu0 = mn0 == GVM_NEG_INF ? 0.0f : mn0, mu1 = mn1 == GVM_NEG_INF ? 0.0f : mn1;
-        const float al0 = gvm_ex2(m0 - mu0), al1 = gvm_ex2(m1 - mu1);
-        m0 = mn0;
-        m1 = mn1;
+        const gvm_attn_max x = gvm_attn_new_max(mx0, mx1, m0, m1, jb.score_scale);
         float ls0 = 0.0f, ls1 = 0.0f;
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
-            s[4 * j] = gvm_ex2(fmaf(s[4 * j], jb.score_scale, -mu0));
-            s[4 * j + 1] = gvm_ex2(fmaf(s[4 * j + 1], jb.score_scale, -mu0));
-            s[4 * j + 2] = gvm_ex2(fmaf(s[4 * j + 2], jb.score_scale, -mu1));
-            s[4 * j + 3] = gvm_ex2(fmaf(s[4 * j + 3], jb.score_scale, -mu1));
-            ls0 += s[4 * j] + s[4 * j + 1];
-            ls1 += s[4 * j + 2] + s[4 * j + 3];
-            o[4 * j] *= al0;
-            o[4 * j + 1] *= al0;
-            o[4 * j + 2] *= al1;
-            o[4 * j + 3] *= al1;
+            gvm_attn_exp4(s[4 * j], s[4 * j + 1], s[4 * j + 2], s[4 * j + 3], x, jb.score_scale, ls0, ls1);
+            o[4 * j] *= x.al0;
+            o[4 * j + 1] *= x.al0;
+            o[4 * j + 2] *= x.al1;
+            o[4 * j + 3] *= x.al1;
         }
-        l0 = l0 * al0 + ls0;
-        l1 = l1 * al1 + ls1;
+        l0 = l0 * x.al0 + ls0;
+        l1 = l1 * x.al1 + ls1;
         gvm_wgmma_fence();  // o was rescaled in registers
 #pragma unroll
         for (int kb = 0; kb < 4; ++kb)  // keys 16 kb .. + 15: D columns 8 (2 kb) .. and 8 (2 kb + 1) ..
