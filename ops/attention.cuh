@@ -349,6 +349,22 @@ __device__ __forceinline__ void gvm_attn_exp4(float& a, float& b, float& c, floa
     ls1 += c + d;
 }
 
+// A warp's running (m, l) of rows g and g + 8 into its state area st (after
+// o[16][GVM_ATT_OSTRIDE]): l summed over the quad, stored by its first lane.
+__device__ __forceinline__ void gvm_attn_put_ml(unsigned st, unsigned lane, float m0, float m1, float l0, float l1) {
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+    const unsigned ml = st + 16 * GVM_ATT_OSTRIDE * 4, g = lane >> 2;
+    if ((lane & 3) == 0) {
+        gvm_sts(ml + g * 4, m0);
+        gvm_sts(ml + (g + 8) * 4, m1);
+        gvm_sts(ml + 64 + g * 4, l0);
+        gvm_sts(ml + 64 + (g + 8) * 4, l1);
+    }
+}
+
 // Running (m [log2 units], l, o) of m-tile mt over key tiles first, first+step, ...
 // written to the warp's state area st (its ring until then); qf holds the staged
 // Q fragments.
@@ -476,18 +492,8 @@ __device__ __forceinline__ void gvm_attn_tile(const gvm_attn_job& jb, int mt, in
         }
     }
     __syncwarp();  // the state below overwrites the ring
-    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
-    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+    gvm_attn_put_ml(st, lane, m0, m1, l0, l1);
     // o[d][0] is dim 16*t4 + d of row g, o[d][1] dim 16*t4 + 8 + d; [2], [3] row g + 8
-    const unsigned ml = st + 16 * GVM_ATT_OSTRIDE * 4;
-    if (t4 == 0) {
-        gvm_sts(ml + g * 4, m0);
-        gvm_sts(ml + (g + 8) * 4, m1);
-        gvm_sts(ml + 64 + g * 4, l0);
-        gvm_sts(ml + 64 + (g + 8) * 4, l1);
-    }
 #pragma unroll
     for (int hr = 0; hr < 2; ++hr) {
         const unsigned row = st + ((g + 8 * hr) * GVM_ATT_OSTRIDE + 16 * t4) * 4;
@@ -695,18 +701,9 @@ __device__ __forceinline__ void gvm_attn_wg_round(const gvm_ctx& c, const gvm_at
         gvm_wgmma_wait<0>();
     }
     gvm_cp_async_wait<0>();  // the empty groups past the last step
-    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
-    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
     gvm_group_sync(c);  // every warp is done with the tiles: the state areas overlap them
-    const unsigned sa = smem + warp * GVM_ATT_WARP_BYTES, ml = sa + 16 * GVM_ATT_OSTRIDE * 4;
-    if (q == 0) {
-        gvm_sts(ml + g * 4, m0);
-        gvm_sts(ml + (g + 8) * 4, m1);
-        gvm_sts(ml + 64 + g * 4, l0);
-        gvm_sts(ml + 64 + (g + 8) * 4, l1);
-    }
+    const unsigned sa = smem + warp * GVM_ATT_WARP_BYTES;
+    gvm_attn_put_ml(sa, lane, m0, m1, l0, l1);
 #pragma unroll
     for (int j = 0; j < 8; ++j) {  // o[4 j + i]: row g + 8 (i >> 1), dim 8 j + 2 q + (i & 1)
         gvm_sts(sa + (g * GVM_ATT_OSTRIDE + 8 * j + 2 * q) * 4, o[4 * j]);
