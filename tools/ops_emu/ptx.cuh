@@ -203,16 +203,19 @@ inline double wgmma_operand(unsigned long long desc, int r, int k, bool f16) {
 inline void wgmma_run(const WgmmaOp& op) {
     const int w = warp(), g = lane() >> 2, q = lane() & 3;
     const bool f16 = op.kind != 0;
+    double a[2][16], b[16][16];  // the thread's rows g, g + 8 and columns 8 j + 2 q + e (index 2 j + e), each read once
+    for (int h = 0; h < 2; ++h)
+        for (int k = 0; k < 16; ++k) {
+            const unsigned ak = op.ra[h][k >> 1];
+            a[h][k] = op.kind == 2 ? wgmma_value((unsigned short)(k & 1 ? ak >> 16 : ak & 0xffff), true)
+                                   : wgmma_operand(op.a, 16 * w + g + 8 * h, k, f16);
+        }
+    for (int c = 0; c < 16; ++c)
+        for (int k = 0; k < 16; ++k) b[c][k] = wgmma_operand(op.b, 8 * (c >> 1) + 2 * q + (c & 1), k, f16);
     for (int j = 0; j < 8; ++j)
         for (int i = 0; i < 4; ++i) {
-            const int row = 16 * w + g + 8 * (i >> 1), col = 8 * j + 2 * q + (i & 1);
             double acc = op.d[4 * j + i];
-            for (int k = 0; k < 16; ++k) {
-                const unsigned ak = op.ra[i >> 1][k >> 1];
-                const double a = op.kind == 2 ? wgmma_value((unsigned short)(k & 1 ? ak >> 16 : ak & 0xffff), true)
-                                              : wgmma_operand(op.a, row, k, f16);
-                acc += a * wgmma_operand(op.b, col, k, f16);
-            }
+            for (int k = 0; k < 16; ++k) acc += a[i >> 1][k] * b[2 * j + (i & 1)][k];
             op.d[4 * j + i] = (float)acc;
         }
 }

@@ -8,6 +8,35 @@
 #include "ops/experts.cuh"
 #include "ops/gemm.cuh"
 
+#if defined(__x86_64__)
+// gvm_emu_switch(save_sp, load_sp): the System V callee-saved registers onto this
+// stack, its pointer to *save_sp, then the same in reverse from load_sp's stack,
+// returning into the other fiber (see simt.h).
+asm(R"(
+    .text
+    .globl gvm_emu_switch
+    .hidden gvm_emu_switch
+    .type gvm_emu_switch, @function
+gvm_emu_switch:
+    pushq %rbp
+    pushq %rbx
+    pushq %r12
+    pushq %r13
+    pushq %r14
+    pushq %r15
+    movq %rsp, (%rdi)
+    movq %rsi, %rsp
+    popq %r15
+    popq %r14
+    popq %r13
+    popq %r12
+    popq %rbx
+    popq %rbp
+    ret
+    .size gvm_emu_switch, .-gvm_emu_switch
+)");
+#endif
+
 namespace {
 
 using OpFn = int (*)(const gvm_ctx&);
@@ -49,7 +78,17 @@ void fiber_main() {
     job->rc[t] = rc;
     m->done[t] = true;
     ++m->progress;
-}  // returns to m->main through uc_link
+}  // ucontext: returns to m->main through uc_link
+
+#if defined(__x86_64__)
+// A fiber's first frame: the op, then back to the scheduler for good (a done
+// fiber is never resumed).
+void fiber_entry() {
+    fiber_main();
+    emu::yield();
+    __builtin_trap();
+}
+#endif
 
 // Runs one instruction on a fresh machine; returns "" or what went wrong.
 std::string run_one(const gvm_instr* ins, const gvm_tensor* tab, unsigned smem_bytes, int* rc) {
@@ -68,16 +107,29 @@ std::string run_one(const gvm_instr* ins, const gvm_tensor* tab, unsigned smem_b
     m.r_warp.assign(smem_bytes, -1);
     m.group.expected = emu::kThreads;
     for (auto& w : m.warp) w.expected = 32;
-    m.stacks.resize((size_t)emu::kThreads * emu::kStack);
+    // the fibers' stacks, allocated once and not cleared: a fresh zeroed 32 MB an
+    // instruction was most of the emulator's system time
+    static char* stacks = new char[(size_t)emu::kThreads * emu::kStack];
+    m.stacks = stacks;
     Job j{fn, ins, tab, {}};
     job = &j;
     emu::machine() = &m;
     for (int t = 0; t < emu::kThreads; ++t) {
+#if defined(__x86_64__)
+        // as if gvm_emu_switch had saved it: 6 registers, then the return into
+        // fiber_entry, whose own return address slot leaves rsp = 8 mod 16 at its entry
+        void** sp = reinterpret_cast<void**>(m.stacks + (size_t)(t + 1) * emu::kStack);
+        *--sp = nullptr;
+        *--sp = reinterpret_cast<void*>(&fiber_entry);
+        for (int i = 0; i < 6; ++i) *--sp = nullptr;
+        m.sp[t] = sp;
+#else
         getcontext(&m.ctx[t]);
-        m.ctx[t].uc_stack.ss_sp = m.stacks.data() + (size_t)t * emu::kStack;
+        m.ctx[t].uc_stack.ss_sp = m.stacks + (size_t)t * emu::kStack;
         m.ctx[t].uc_stack.ss_size = emu::kStack;
         m.ctx[t].uc_link = &m.main;
         makecontext(&m.ctx[t], fiber_main, 0);
+#endif
     }
     std::string err;
     for (int live = emu::kThreads; live > 0 && err.empty();) {
@@ -85,7 +137,11 @@ std::string run_one(const gvm_instr* ins, const gvm_tensor* tab, unsigned smem_b
         for (int t = 0; t < emu::kThreads && err.empty(); ++t) {
             if (m.done[t]) continue;
             m.cur = t;
+#if defined(__x86_64__)
+            emu::gvm_emu_switch(&m.main_sp, m.sp[t]);
+#else
             swapcontext(&m.main, &m.ctx[t]);
+#endif
             if (!m.error.empty()) err = "thread " + std::to_string(t) + ": " + m.error;
         }
         live = 0;

@@ -1,4 +1,4 @@
-// A host SIMT machine for one warp group: 128 fibers (ucontext) run round-robin
+// A host SIMT machine for one warp group: 128 fibers run round-robin
 // and meet at barriers, so that the Muse ops of ops/*.cuh run unchanged on the
 // CPU. Warp collectives (shuffles, reductions, mma) rendezvous all 32 lanes of a
 // warp; a barrier or collective that not every thread reaches is reported as a
@@ -75,10 +75,23 @@ struct WgmmaOp {  // a wgmma issued and not yet retired by a wait (ptx.cuh)
     unsigned ra[2][8];  // kind 2: A rows g and g + 8 of the thread's warp, k pairs 0..7
 };
 
+// Fibers switch by pushing the callee-saved registers on their own stack and
+// swapping stack pointers (x86-64, run.cpp): swapcontext also saves and sets the
+// signal mask, a system call a switch, which took half the emulator's time.
+// Other hosts use ucontext.
+#if defined(__x86_64__)
+extern "C" void gvm_emu_switch(void** save_sp, void* load_sp);
+#endif
+
 struct Machine {
+#if defined(__x86_64__)
+    void* main_sp = nullptr;
+    void* sp[kThreads]{};  // a suspended fiber's stack pointer
+#else
     ucontext_t main{};
     ucontext_t ctx[kThreads]{};
-    std::vector<char> stacks;
+#endif
+    char* stacks = nullptr;  // kThreads stacks of kStack bytes (run.cpp keeps them between instructions)
     bool done[kThreads]{};
     int cur = 0;
     unsigned long long progress = 0;      // barrier releases and exits
@@ -111,7 +124,11 @@ inline int warp() { return machine()->cur >> 5; }
 
 inline void yield() {
     Machine* m = machine();
+#if defined(__x86_64__)
+    gvm_emu_switch(&m->sp[m->cur], m->main_sp);
+#else
     swapcontext(&m->ctx[m->cur], &m->main);
+#endif
 }
 
 inline void wait(Barrier& b) {
