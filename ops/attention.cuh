@@ -563,9 +563,10 @@ __device__ __forceinline__ void gvm_attn_write(const gvm_ctx& c, const gvm_attn_
 #define GVM_ATT_WG_BYTES (GVM_ATT_WG_RAW + GVM_ATT_WG_STAGES * 8192)
 static_assert(GVM_ATT_WG_BYTES <= 4 * GVM_ATT_WARP_BYTES, "the op's scratch check covers the warpgroup rounds");
 
-// Chunk c (dims 16 c ..) of key k's V in a raw stage's V half: keys 8 apart swap
-// halves of a 128-byte line and chunks rotate with k / 16, so that the transposing
-// reads (8 key blocks x 4 words of one chunk) hit 32 different banks.
+// Chunk c (dims 16 c ..) of key k's V in a raw stage's V half: in every other
+// block of 8 keys the two keys of a 128-byte line swap halves, and chunks rotate
+// with k / 16, so that the transposing reads (8 key blocks x 4 words of one
+// chunk) hit 32 different banks.
 __device__ __forceinline__ unsigned gvm_attn_wg_vraw(unsigned k, unsigned c) {
     return ((k ^ ((k >> 3) & 1)) << 6) | ((c ^ ((k >> 4) & 3)) << 4);
 }
