@@ -135,10 +135,6 @@ __device__ int gvm_op_qk_rope_kv(const gvm_ctx& c) {
 #define GVM_ATT_AREA_BYTES (GVM_ATT_RING_BYTES > GVM_ATT_STATE_BYTES ? GVM_ATT_RING_BYTES : GVM_ATT_STATE_BYTES)
 #define GVM_ATT_WARP_BYTES (GVM_ATT_AREA_BYTES + 2048)       // + Q fragments [4 k-steps][32 lanes] x 16 B
 
-// Byte offset of 16-byte chunk c of row r in a tile of 128-byte rows in wgmma's
-// 128-byte swizzle (gvm_wgmma_desc).
-__device__ __forceinline__ unsigned gvm_attn_wg_at(unsigned r, unsigned c) { return r * 128 + ((c ^ (r & 7)) << 4); }
-
 struct gvm_attn_job {
     const unsigned char* kbase;   // k cache bytes of (conv, slot 0, head h)
     const unsigned char* vbase;
@@ -180,7 +176,7 @@ __device__ __forceinline__ void gvm_attn_put_q(const unsigned (&w)[2][8], int mt
             const unsigned r = 16 * (unsigned)(mt & 3) + (lane >> 2) + 8 * hr;
 #pragma unroll
             for (int c = 0; c < 2; ++c)
-                gvm_sts(qf + gvm_attn_wg_at(r, 2 * t4 + c), make_uint4(w[hr][4 * c], w[hr][4 * c + 1], w[hr][4 * c + 2], w[hr][4 * c + 3]));
+                gvm_sts(gvm_wgmma_at(qf, r, 2 * t4 + c), make_uint4(w[hr][4 * c], w[hr][4 * c + 1], w[hr][4 * c + 2], w[hr][4 * c + 3]));
         }
     } else {
 #pragma unroll
@@ -594,9 +590,9 @@ __device__ __forceinline__ void gvm_attn_wg_convert(unsigned raw, unsigned kt, u
 #pragma unroll
     for (int c = 0; c < 2; ++c) {
         const uint4 r = gvm_lds_u4(raw + k * 64 + (2 * h + c) * 16);
-        gvm_sts(kt + gvm_attn_wg_at(k, 4 * h + 2 * c), make_uint4(gvm_e4m3x2_to_f16x2(r.x), gvm_e4m3x2_hi_to_f16x2(r.x),
+        gvm_sts(gvm_wgmma_at(kt, k, 4 * h + 2 * c), make_uint4(gvm_e4m3x2_to_f16x2(r.x), gvm_e4m3x2_hi_to_f16x2(r.x),
                                                                  gvm_e4m3x2_to_f16x2(r.y), gvm_e4m3x2_hi_to_f16x2(r.y)));
-        gvm_sts(kt + gvm_attn_wg_at(k, 4 * h + 2 * c + 1), make_uint4(gvm_e4m3x2_to_f16x2(r.z), gvm_e4m3x2_hi_to_f16x2(r.z),
+        gvm_sts(gvm_wgmma_at(kt, k, 4 * h + 2 * c + 1), make_uint4(gvm_e4m3x2_to_f16x2(r.z), gvm_e4m3x2_hi_to_f16x2(r.z),
                                                                      gvm_e4m3x2_to_f16x2(r.w), gvm_e4m3x2_hi_to_f16x2(r.w)));
     }
     const unsigned kb = tid & 7, m = tid >> 3;
@@ -613,7 +609,7 @@ __device__ __forceinline__ void gvm_attn_wg_convert(unsigned raw, unsigned kt, u
         o[3][p] = gvm_e4m3x2_hi_to_f16x2(hi);
     }
 #pragma unroll
-    for (int d = 0; d < 4; ++d) gvm_sts(vt + gvm_attn_wg_at(4 * m + d, kb), make_uint4(o[d][0], o[d][1], o[d][2], o[d][3]));
+    for (int d = 0; d < 4; ++d) gvm_sts(gvm_wgmma_at(vt, 4 * m + d, kb), make_uint4(o[d][0], o[d][1], o[d][2], o[d][3]));
 }
 
 // Rows [64 round, + 64) of the chunk over all its keys: warp w's (m, l, o) of its

@@ -62,11 +62,13 @@ __device__ __forceinline__ void gvm_e2m1x8_to_e4m3(unsigned w, unsigned* even_b,
 }
 
 // ---- warpgroup mma operands -------------------------------------------------------
-// wgmma's descriptor of a K-major operand in 128-byte swizzle: row r of 64
-// b16 values (128 bytes) at base + 128 r, its 16-byte chunk c at c ^ (r & 7)
-// (gemm.cuh gvm_gemm_xs_at, attention.cuh gvm_attn_wg_at), base 1024-byte
-// aligned, 8-row groups 1024 bytes apart. The descriptor of the 16 k from value
-// 16 s of every row is that of base + 32 s.
+// A K-major operand in wgmma's 128-byte swizzle: row r of 64 b16 values (128
+// bytes) at base + 128 r, its 16-byte chunk c at c ^ (r & 7) (gvm_wgmma_at),
+// base 1024-byte aligned, 8-row groups 1024 bytes apart. gvm_wgmma_desc is its
+// descriptor; that of the 16 k from value 16 s of every row is that of base + 32 s.
+__device__ __forceinline__ unsigned gvm_wgmma_at(unsigned base, unsigned r, unsigned c) {
+    return base + r * 128u + ((c ^ (r & 7u)) << 4);
+}
 __device__ __forceinline__ unsigned long long gvm_wgmma_desc(unsigned base) {
     return (unsigned long long)((base & 0x3ffffu) >> 4) | (1ull << 16) | ((unsigned long long)(1024 >> 4) << 32) |
            (1ull << 62);

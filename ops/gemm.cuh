@@ -474,10 +474,6 @@ __device__ __forceinline__ unsigned gvm_stages_next(const gvm_ctx& c, int kc, in
     return stage0 + (kc % NS) * bytes;
 }
 
-// Shared address of 16-byte chunk `ch` of row `row` of an operand at `base`.
-__device__ __forceinline__ unsigned gvm_gemm_xs_at(unsigned base, int row, int ch) {
-    return base + (unsigned)row * 128u + ((unsigned)(ch ^ (row & 7)) << 4);
-}
 
 // Starts copying stage kc (k in [64 kc, 64 kc + 64)) of W rows [0, nr) past
 // wt and x tokens [0, nt) past xt into the stage at `buf`; the rest is zeros.
@@ -488,9 +484,9 @@ __device__ __forceinline__ void gvm_gemm_xs_stage(unsigned buf, const char* wt, 
 #pragma unroll
     for (int i = 0; i < GVM_GEMM_XS_TILE / 16; ++i) {
         const int r = r0 + 16 * i;
-        gvm_cp_async16(gvm_gemm_xs_at(buf, r, ch), wt + (long long)(r < nr ? r : 0) * w_row + kc * 128 + ch * 16,
+        gvm_cp_async16(gvm_wgmma_at(buf, r, ch), wt + (long long)(r < nr ? r : 0) * w_row + kc * 128 + ch * 16,
                        r < nr, pol);
-        gvm_cp_async16(gvm_gemm_xs_at(buf + GVM_GEMM_XS_HALF, r, ch),
+        gvm_cp_async16(gvm_wgmma_at(buf + GVM_GEMM_XS_HALF, r, ch),
                        xt + (long long)(r < nt ? r : 0) * x_row + kc * 128 + ch * 16, r < nt, pol);
     }
 }
