@@ -688,12 +688,15 @@ __device__ __forceinline__ void gvm_attn_wg_round(const gvm_ctx& c, const gvm_at
         }
         l0 = l0 * x.al0 + ls0;
         l1 = l1 * x.al1 + ls1;
+        unsigned p[16];  // keys 16 kb .. + 15 in p[4 kb ..]: D columns 8 (2 kb) .. and 8 (2 kb + 1) ..
+#pragma unroll
+        for (int i = 0; i < 16; ++i) {
+            p[i] = gvm_pack_f16x2(s[2 * i], s[2 * i + 1]);
+            gvm_reg_fence(p[i]);  // packed before the fence: none written between the MMAs (ptxas would add waits)
+        }
         gvm_wgmma_fence();  // o was rescaled in registers
 #pragma unroll
-        for (int kb = 0; kb < 4; ++kb)  // keys 16 kb .. + 15: D columns 8 (2 kb) .. and 8 (2 kb + 1) ..
-            gvm_wgmma_f16_rs_n64(o, gvm_pack_f16x2(s[8 * kb], s[8 * kb + 1]), gvm_pack_f16x2(s[8 * kb + 2], s[8 * kb + 3]),
-                                 gvm_pack_f16x2(s[8 * kb + 4], s[8 * kb + 5]), gvm_pack_f16x2(s[8 * kb + 6], s[8 * kb + 7]),
-                                 dv + 2 * kb);
+        for (int kb = 0; kb < 4; ++kb) gvm_wgmma_f16_rs_n64(o, p[4 * kb], p[4 * kb + 1], p[4 * kb + 2], p[4 * kb + 3], dv + 2 * kb);
         gvm_wgmma_commit();
         gvm_wgmma_wait<0>();
     }

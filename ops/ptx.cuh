@@ -198,6 +198,8 @@ __device__ __forceinline__ void gvm_mma_bf16(float (&d)[4], unsigned a0, unsigne
 // generic writes (st.shared, cp.async) are visible to it after this fence.
 __device__ __forceinline__ void gvm_fence_async_smem() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 __device__ __forceinline__ void gvm_wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+// r is written here as far as the compiler knows: its producers stay before this point.
+__device__ __forceinline__ void gvm_reg_fence(unsigned& r) { asm volatile("" : "+r"(r)::"memory"); }
 __device__ __forceinline__ void gvm_wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
 template <int N>
 __device__ __forceinline__ void gvm_wgmma_wait() {

@@ -108,8 +108,8 @@ def test_a_wrong_p_fragment_of_the_attention_rounds_fails(tmp_path: Path) -> Non
     """P feeds the warpgroup's P V MMA from registers in an A fragment (rows g
     and g + 8, keys 2 q and 2 q + 8): registers a1 and a2 swapped put row g + 8's
     probabilities on row g's keys 8 on."""
-    broken = _mutant(tmp_path, "ops/attention.cuh", "gvm_pack_f16x2(s[8 * kb + 2], s[8 * kb + 3]),\n                                 gvm_pack_f16x2(s[8 * kb + 4], s[8 * kb + 5])",
-                     "gvm_pack_f16x2(s[8 * kb + 4], s[8 * kb + 5]),\n                                 gvm_pack_f16x2(s[8 * kb + 2], s[8 * kb + 3])")
+    broken = _mutant(tmp_path, "ops/attention.cuh", "p[4 * kb], p[4 * kb + 1], p[4 * kb + 2], p[4 * kb + 3]",
+                     "p[4 * kb], p[4 * kb + 2], p[4 * kb + 1], p[4 * kb + 3]")
     assert any("rounds" in f or "attn_chunk full" in f for f in _failures(broken, {Op.ATTN_CHUNK}))
 
 

@@ -222,6 +222,7 @@ inline void wgmma_run(const WgmmaOp& op) {
 }  // namespace emu
 inline void gvm_fence_async_smem() {}
 inline void gvm_wgmma_fence() {}
+inline void gvm_reg_fence(unsigned&) {}
 inline void gvm_wgmma_bf16_n64(float (&d)[32], unsigned long long a, unsigned long long b) {
     emu::wgmma_queue().push_back({d, a, b, 0, 0, {}});
 }
