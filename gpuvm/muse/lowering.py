@@ -117,7 +117,12 @@ class Tiles:
     # H200, 046a761's device code, 2048 against 1024 keys: full-c32-t1 746 / 788
     # us, full-c32-t8 2183 / 2252, step 32 x 8 113.6 / 114.8 ms; but full-c1-t8
     # 296 / 287 and full-c16-t1 513 / 518 (so 32 conversations' 5,184 ops only).
-    full_ops: int = 4096
+    # With the warpgroup rounds (session 23, 28c12ae, one run), 2048 against 4096:
+    # full-c16-t8 1007 / 1035 us (2,048-key chunks), full-c32-t8 1421 / 1440 and
+    # full-c32-t1 724 / 731 (4,096), full-c16-t1 level; step 16 x 8 54.07 / 54.50 ms,
+    # 32 x 8 71.52 / 71.88. One conversation (162 ops) keeps 1,024 keys: 2,048 there
+    # ran full-c1-t8 273 against 268 us.
+    full_ops: int = 2048
     # Up to fuse_qk tokens a step (0: never) the attention chunks do QK-norm/RoPE
     # themselves (ATTN_CHUNK's fused form: q from qkvg, the chunk holding the new
     # positions writes their k and v) and the layer has no QK_ROPE_KV op: one
