@@ -15,7 +15,7 @@ from gpuvm.cpu import run_stream
 from gpuvm.cpu.ops import list_items
 from gpuvm.isa import NONE, DType, Op, i2f
 from gpuvm.muse.config import SHARD, SMALL
-from gpuvm.muse.lowering import POISON_INT, LayerProgram, Tiles, _fill_rows, _span_rows, bind_layer, emit_layer, lower_layer, n_chunks
+from gpuvm.muse.lowering import EXPERT_CAP, POISON_INT, LayerProgram, Tiles, _fill_rows, _span_rows, bind_layer, emit_layer, lower_layer, n_chunks
 from gpuvm.muse.state import make_inputs, make_state
 from gpuvm.muse.weights import layer_shapes, make_layer_weights
 from gpuvm.program import Program, ProgramError
@@ -316,6 +316,30 @@ def test_gemm_fill_sizes_tiles_to_one_wave() -> None:
         Tiles(topk_span=-1)
     with pytest.raises(ProgramError, match="exceeds gemm_max_bytes"):
         Tiles(gemm_min_bytes=1 << 20, gemm_max_bytes=1 << 19)
+
+
+def test_expert_items_are_capped_only_from_expert_cap_tokens() -> None:
+    """Below Tiles.expert_cap_tokens tokens a step the lists' items are sized
+    for one round of the workers whatever the experts hit; from it on they are
+    at most EXPERT_CAP rows (two or more rounds once 5 of the 32 are hit)."""
+    tl = Tiles(expert_cap_tokens=9)
+    for (C, n), capped in (((1, 8), False), ((16, 1), True), ((1, 1), False)):
+        s = lower_layer(SHARD, "sliding", C, n, 4096, tiles=tl).stream
+        for opcode, n_out in ((Op.EXPERT_UP, SHARD.expert_inter), (Op.EXPERT_DOWN, SHARD.squeeze)):
+            ws = _ops(s, opcode)
+            n_w, grain, cap = len(ws), ws[0].args[2], ws[0].args[3]
+            assert (cap == EXPERT_CAP) == capped
+            rounds = []
+            for hit in range(1, SHARD.local_experts + 1):
+                meta = torch.tensor([[1] * hit + [0] * (SHARD.local_experts - hit), [0] * SHARD.local_experts], dtype=torch.int32)
+                items = list_items(meta, n_out, n_w, grain, cap)
+                rounds.append(-(-len(items) // n_w))
+                for e in range(hit):
+                    _cover([(c.start, c.stop - c.start) for x, c in items if x == e], n_out)
+            assert max(rounds) == (8 if capped else 1) and rounds[4] == (2 if capped else 1)
+    assert lower_layer(SHARD, "sliding", 1, 8, 4096).stream is not None and Tiles().expert_cap_tokens == 0
+    with pytest.raises(ProgramError, match="expert_cap_tokens"):
+        Tiles(expert_cap_tokens=-1)
 
 
 def test_bad_shapes_are_rejected() -> None:

@@ -66,7 +66,8 @@ def list_tables(counts: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor, in
     return meta, route, t
 
 
-def build_list(up: bool, grain: int, counts: tuple[int, ...], w: tuple[torch.Tensor, torch.Tensor], gen: torch.Generator) -> tuple[object, int]:
+def build_list(up: bool, grain: int, counts: tuple[int, ...], w: tuple[torch.Tensor, torch.Tensor], gen: torch.Generator,
+               cap: int = EXPERT_CAP) -> tuple[object, int]:
     """A work list over experts with `counts` tokens each; the weight bytes it reads."""
     op = Op.EXPERT_UP if up else Op.EXPERT_DOWN
     b = _Build(op.name.lower(), op, gen)
@@ -83,7 +84,7 @@ def build_list(up: bool, grain: int, counts: tuple[int, ...], w: tuple[torch.Ten
     rt = b.add("route", DType.I32, route)
     wk = b.add("work", DType.I32, torch.zeros(2, 2, dtype=torch.int32))
     for _ in range(WORKERS):
-        b.op_([dst, x, cd, sc, ts, mt, rt, wk], [0, WORKERS, grain, EXPERT_CAP])
+        b.op_([dst, x, cd, sc, ts, mt, rt, wk], [0, WORKERS, grain, cap])
     per_expert = (2 if up else 1) * n_out * (k // 2 + k // 16)
     return b.case(), hit * per_expert
 
@@ -96,6 +97,7 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="1 and 3 experts hit only")
     ap.add_argument("--shapes", default="", help="experts hit x tokens each, or skew256, e.g. 32x16,skew256 (default: 1x1,3x1,8x1,32x8)")
     ap.add_argument("--bw", type=float, default=4.3, help="streaming-read TB/s for the floor column")
+    ap.add_argument("--cap", type=int, default=EXPERT_CAP, help="rows an item at most (the lowering's EXPERT_CAP, or none: Tiles.expert_cap_tokens)")
     a = ap.parse_args()
     gen = torch.Generator().manual_seed(0)
     runner = GpuRunner(defines=tuple(tuple(d.split("=", 1)) for d in a.define))
@@ -109,7 +111,7 @@ def main() -> int:
         w = weights(up, gen)
         for counts in shapes:
             hit, tokens = len(counts), max(counts)  # (tok: the largest count)
-            case, nbytes = build_list(up, GRAIN[up], counts, w, gen)
+            case, nbytes = build_list(up, GRAIN[up], counts, w, gen, a.cap)
             placed = place(case.tensors, "cuda")
             records, table = encode(case, placed)
             ins, tab, err = runner._upload(records, table)
@@ -128,7 +130,7 @@ def main() -> int:
             if codes.any():
                 raise SystemExit(f"error codes {sorted(set(codes.tolist()))}")
             us = statistics.median(times)
-            r = dict(op="up" if up else "down", grain=GRAIN[up], hit=hit, tokens=tokens, counts=list(counts), us=us, bytes=nbytes)
+            r = dict(op="up" if up else "down", grain=GRAIN[up], cap=a.cap, hit=hit, tokens=tokens, counts=list(counts), us=us, bytes=nbytes)
             res.append(r)
             print(f"{r['op']:5} {hit:3d} {tokens:3d} {us:8.1f} {nbytes / 1e6:7.1f} {nbytes / us / 1e3:7.0f} {nbytes / (a.bw * 1e6):8.1f}", flush=True)
             del placed, ins, tab, err

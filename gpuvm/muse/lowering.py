@@ -34,7 +34,7 @@ __all__ = ["Tiles", "LayerHandles", "LayerProgram", "emit_layer", "lower_layer",
 POISON_INT = -7
 #: expert work items (sized on the GPU, opspec.expert_item_rows): rows in
 #: multiples of a warp's unit, 8 gate|up rows (EXPERT_UP) or 16 down rows, and
-#: at most EXPERT_CAP rows
+#: at most EXPERT_CAP rows from Tiles.expert_cap_tokens tokens a step on
 EXPERT_GRAIN = {Op.EXPERT_UP: 8, Op.EXPERT_DOWN: 16}
 EXPERT_CAP = 64
 KINDS = ("full", "sliding")
@@ -90,6 +90,13 @@ class Tiles:
     topk_tokens: int = 16
     router_splits: int = 1  # token ranges per router tile at T > 1 (2 measured no faster on the H200: NOTES.md session 5)
     expert_workers: int = 264  # EXPERT_UP / EXPERT_DOWN instructions per layer (H200: 132 SMs x 2 groups)
+    # From expert_cap_tokens tokens a step (0: always) expert work items are at
+    # most EXPERT_CAP rows, so that the workers even out experts' unequal token
+    # counts; below, no expert can have more tokens than the register path
+    # takes (ops/experts.cuh: 8), an item costs its rows alone, and items are
+    # sized so that the list is one round of the workers (opspec.expert_item_rows):
+    # capped, 5 experts hit made 320 items of 64 rows for 264 workers, two rounds.
+    expert_cap_tokens: int = 0
     rows: int = 1  # token rows per RMSNORM / RESIDUAL / EXPERT_COMBINE op (latency bound: one row each ran fastest)
     # A RESIDUAL row block is cut into residual_slices column ranges when all
     # the cuts of a layer point fit in residual_max_ops ops (else whole rows),
@@ -138,7 +145,7 @@ class Tiles:
             raise ProgramError(f"Tiles.gemm_fill must be an int >= 0, not {self.gemm_fill!r}")
         if self.gemm_min_bytes > self.gemm_max_bytes:
             raise ProgramError(f"Tiles.gemm_min_bytes {self.gemm_min_bytes} exceeds gemm_max_bytes {self.gemm_max_bytes}")
-        for name in ("router_span", "topk_span"):
+        for name in ("router_span", "topk_span", "expert_cap_tokens"):
             v = getattr(self, name)
             if not isinstance(v, int) or v < 0:
                 raise ProgramError(f"Tiles.{name} must be an int >= 0, not {v!r}")
@@ -478,7 +485,8 @@ def emit_layer(
         p.op(Op.TOPK, [scores, meta, route, work], [0, E], waits=[scored], signal=routed, label=f"{prefix}topk")
     # work lists: which experts have tokens is known only on the GPU; workers
     # take items from a counter (ops/experts.cuh)
-    up_grain, down_grain, cap = EXPERT_GRAIN[Op.EXPERT_UP], EXPERT_GRAIN[Op.EXPERT_DOWN], EXPERT_CAP
+    up_grain, down_grain = EXPERT_GRAIN[Op.EXPERT_UP], EXPERT_GRAIN[Op.EXPERT_DOWN]
+    cap = EXPERT_CAP if not tl.expert_cap_tokens or T >= tl.expert_cap_tokens else max(I, H)
     up_done, down_done = ctr("hbuf"), ctr("y")
     up_workers = min(tl.expert_workers, E * -(-I // up_grain))
     for wk in range(up_workers):
