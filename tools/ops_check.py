@@ -605,14 +605,15 @@ def cases_experts(sz: Sizes, gen: torch.Generator) -> list[Case]:
             sc = b.add("scales", DType.E4M3, scales)
             mt = b.add("route_meta", DType.I32, meta)
             rt = b.add("route", DType.I32, route)
-            wk = b.add("work", DType.I32, torch.zeros(4, 2, dtype=torch.int32), EXACT)  # ends at (items + workers, items)
+            wk = b.add("work", DType.I32, torch.zeros(5, 2, dtype=torch.int32), EXACT)  # ends at (items + workers, items)
             # work lists (workers, row grain, row cap), each into its own
             # output: 7 workers at a grain of sz.cols on counter 0, then a grain
             # of sz.cols - 3 rows (not a multiple of the 8- or 16-row unit) on
             # counter 1, more workers than items; then grains of 12 and 5 rows,
-            # fewer rows than the four warps' units, the last capped at 10
+            # fewer rows than the four warps' units, the last capped at 10; then
+            # 40 rows, three units (the last one half): the register path splits K in 4
             many = sz.local * -(-h // 5) + 5
-            lists = [(7, sz.cols, 1 << 20), (many, sz.cols - 3, 1 << 20), (many, 12, 1 << 20), (many, 5, 10)]
+            lists = [(7, sz.cols, 1 << 20), (many, sz.cols - 3, 1 << 20), (many, 12, 1 << 20), (many, 5, 10), (many, 40, 1 << 20)]
             for kk, (n_w, grain, cap) in enumerate(lists):
                 if up:
                     dst = b.out(f"hbuf{kk}", DType.BF16, (8 * t, h), Check("float", rtol=2.0**-7, atol_max=1e-3, norm=5e-3))
