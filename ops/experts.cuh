@@ -609,29 +609,27 @@ __device__ int gvm_expert_tile_reg(const gvm_ctx& c, int e, int n0, int nn, int 
     if (GVM_EXPR_PROBE & 8) return GVM_ERR_NONE;  // probe: the item ends once x is staged (times the list's walk)
     const unsigned xrow = s_x + (unsigned)min((int)g, count - 1) * pitch;  // the B column of token g (a valid row past count)
     const int units = (nn + 15) / 16;
-    // Passes of 4 units, K whole; of 2 units, K split in 2; of 1, K in 4: every
-    // warp streams a piece. 3 units left go as 2 then 1 (as 3 they left a warp
-    // idle and took a whole K: 3 experts hit at one token, 48-row items).
 #pragma unroll 1
-    for (int u0 = 0, nu; u0 < units; u0 += nu) {
-        nu = units - u0 >= 4 ? 4 : units - u0 == 1 ? 1 : 2;
-        const int S = 4 / nu;  // K splits: nu * S = 4 pieces
+    for (int u0 = 0; u0 < units; u0 += 4) {
+        const int nu = min(4, units - u0), S = nu == 1 ? 4 : nu == 2 ? 2 : 1;  // K splits: nu * S <= 4 pieces
         const int cps = ((nch + S - 1) / S + 1) & ~1;  // even: the ring copies whole scale words
         const int piece = (int)warp, pu = piece / S, ps = piece - pu * S;
-        float acc[2][4];
-        const int c_beg = ps * cps, c_end = min(nch, c_beg + cps);
-        if (nsl >= GVM_EXPR_RING_MIN)
-            gvm_expr_unit_ring<UP>(c, acc, e, n0 + (u0 + pu) * 16, n0 + nn - 1, c_beg, c_end, nch, xrow,
-                                   s_ring + warp * (unsigned)nsl * GVM_EXPR_SLOT, nsl);
-        else
-            gvm_expr_unit<UP>(c, acc, e, n0 + (u0 + pu) * 16, n0 + nn - 1, c_beg, c_end, nch, xrow);
+        if (pu < nu) {
+            float acc[2][4];
+            const int c_beg = ps * cps, c_end = min(nch, c_beg + cps);
+            if (nsl >= GVM_EXPR_RING_MIN)
+                gvm_expr_unit_ring<UP>(c, acc, e, n0 + (u0 + pu) * 16, n0 + nn - 1, c_beg, c_end, nch, xrow,
+                                       s_ring + warp * (unsigned)nsl * GVM_EXPR_SLOT, nsl);
+            else
+                gvm_expr_unit<UP>(c, acc, e, n0 + (u0 + pu) * 16, n0 + nn - 1, c_beg, c_end, nch, xrow);
 #pragma unroll
-        for (int s = 0; s < SETS; ++s) {  // [16 rows][8 tokens]
-            const unsigned t = s_part + (piece * SETS + s) * GVM_EXPR_PART;
-            gvm_sts(t + (g * 8 + 2 * q) * 4, acc[s][0]);
-            gvm_sts(t + (g * 8 + 2 * q + 1) * 4, acc[s][1]);
-            gvm_sts(t + ((g + 8) * 8 + 2 * q) * 4, acc[s][2]);
-            gvm_sts(t + ((g + 8) * 8 + 2 * q + 1) * 4, acc[s][3]);
+            for (int s = 0; s < SETS; ++s) {  // [16 rows][8 tokens]
+                const unsigned t = s_part + (piece * SETS + s) * GVM_EXPR_PART;
+                gvm_sts(t + (g * 8 + 2 * q) * 4, acc[s][0]);
+                gvm_sts(t + (g * 8 + 2 * q + 1) * 4, acc[s][1]);
+                gvm_sts(t + ((g + 8) * 8 + 2 * q) * 4, acc[s][2]);
+                gvm_sts(t + ((g + 8) * 8 + 2 * q + 1) * 4, acc[s][3]);
+            }
         }
         gvm_group_sync(c);
         if (GVM_EXPR_PROBE & 32) continue;  // probe: no epilogue (nothing stored; times the rest)
