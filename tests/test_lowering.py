@@ -323,7 +323,7 @@ def test_expert_items_are_capped_only_from_expert_cap_tokens() -> None:
     for one round of the workers whatever the experts hit; from it on they are
     at most EXPERT_CAP rows (two or more rounds once 5 of the 32 are hit)."""
     tl = Tiles(expert_cap_tokens=9)
-    for (C, n), capped in (((1, 8), False), ((16, 1), True), ((1, 1), False)):
+    for (C, n), capped in (((1, 8), False), ((16, 1), True), ((1, 1), False), ((32, 1), True)):
         s = lower_layer(SHARD, "sliding", C, n, 4096, tiles=tl).stream
         for opcode, n_out in ((Op.EXPERT_UP, SHARD.expert_inter), (Op.EXPERT_DOWN, SHARD.squeeze)):
             ws = _ops(s, opcode)
@@ -337,7 +337,8 @@ def test_expert_items_are_capped_only_from_expert_cap_tokens() -> None:
                 for e in range(hit):
                     _cover([(c.start, c.stop - c.start) for x, c in items if x == e], n_out)
             assert max(rounds) == (8 if capped else 1) and rounds[4] == (2 if capped else 1)
-    assert lower_layer(SHARD, "sliding", 1, 8, 4096).stream is not None and Tiles().expert_cap_tokens == 0
+    default = {(C, n): _ops(lower_layer(SHARD, "sliding", C, n, 4096).stream, Op.EXPERT_UP)[0].args[3] for C, n in ((16, 1), (32, 1))}
+    assert default == {(16, 1): SHARD.expert_inter, (32, 1): EXPERT_CAP}  # Tiles(): uncapped up to 16 tokens
     with pytest.raises(ProgramError, match="expert_cap_tokens"):
         Tiles(expert_cap_tokens=-1)
 

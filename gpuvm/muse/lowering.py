@@ -92,11 +92,13 @@ class Tiles:
     expert_workers: int = 264  # EXPERT_UP / EXPERT_DOWN instructions per layer (H200: 132 SMs x 2 groups)
     # From expert_cap_tokens tokens a step (0: always) expert work items are at
     # most EXPERT_CAP rows, so that the workers even out experts' unequal token
-    # counts; below, no expert can have more tokens than the register path
-    # takes (ops/experts.cuh: 8), an item costs its rows alone, and items are
-    # sized so that the list is one round of the workers (opspec.expert_item_rows):
-    # capped, 5 experts hit made 320 items of 64 rows for 264 workers, two rounds.
-    expert_cap_tokens: int = 0
+    # counts; below, items are sized so that the list is one round of the
+    # workers (opspec.expert_item_rows): capped, 5 experts hit made 320 items of
+    # 64 rows for 264 workers, two rounds. H200, b898d7d, one run, capped / not:
+    # expert_bench 5 hits x 1 token up 75.3 / 60.1 us, down 45.2 / 33.8; step
+    # 1 x 8 16.65 / 15.64 ms, 16 x 1 26.09 / 25.48; but 32 x 1 34.48 / 35.55
+    # (more experts a token's picks share: their unequal counts matter again).
+    expert_cap_tokens: int = 17
     rows: int = 1  # token rows per RMSNORM / RESIDUAL / EXPERT_COMBINE op (latency bound: one row each ran fastest)
     # A RESIDUAL row block is cut into residual_slices column ranges when all
     # the cuts of a layer point fit in residual_max_ops ops (else whole rows),
