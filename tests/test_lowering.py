@@ -341,6 +341,8 @@ def test_expert_items_are_capped_only_from_expert_cap_tokens() -> None:
     assert default == {(16, 1): SHARD.expert_inter, (32, 1): EXPERT_CAP}  # Tiles(): uncapped up to 16 tokens
     with pytest.raises(ProgramError, match="expert_cap_tokens"):
         Tiles(expert_cap_tokens=-1)
+    with pytest.raises(ProgramError, match="expert_cap"):
+        Tiles(expert_cap=0)
 
 
 def test_bad_shapes_are_rejected() -> None:

@@ -34,7 +34,7 @@ __all__ = ["Tiles", "LayerHandles", "LayerProgram", "emit_layer", "lower_layer",
 POISON_INT = -7
 #: expert work items (sized on the GPU, opspec.expert_item_rows): rows in
 #: multiples of a warp's unit, 8 gate|up rows (EXPERT_UP) or 16 down rows, and
-#: at most EXPERT_CAP rows from Tiles.expert_cap_tokens tokens a step on
+#: at most Tiles.expert_cap (EXPERT_CAP) rows from Tiles.expert_cap_tokens tokens a step on
 EXPERT_GRAIN = {Op.EXPERT_UP: 8, Op.EXPERT_DOWN: 16}
 EXPERT_CAP = 64
 KINDS = ("full", "sliding")
@@ -91,7 +91,7 @@ class Tiles:
     router_splits: int = 1  # token ranges per router tile at T > 1 (2 measured no faster on the H200: NOTES.md session 5)
     expert_workers: int = 264  # EXPERT_UP / EXPERT_DOWN instructions per layer (H200: 132 SMs x 2 groups)
     # From expert_cap_tokens tokens a step (0: always) expert work items are at
-    # most EXPERT_CAP rows, so that the workers even out experts' unequal token
+    # most expert_cap rows, so that the workers even out experts' unequal token
     # counts; below, items are sized so that the list is one round of the
     # workers (opspec.expert_item_rows): capped, 5 experts hit made 320 items of
     # 64 rows for 264 workers, two rounds. H200, b898d7d, one run, capped / not:
@@ -99,6 +99,7 @@ class Tiles:
     # 1 x 8 16.65 / 15.64 ms, 16 x 1 26.09 / 25.48; but 32 x 1 34.48 / 35.55
     # (more experts a token's picks share: their unequal counts matter again).
     expert_cap_tokens: int = 17
+    expert_cap: int = EXPERT_CAP
     rows: int = 1  # token rows per RMSNORM / RESIDUAL / EXPERT_COMBINE op (latency bound: one row each ran fastest)
     # A RESIDUAL row block is cut into residual_slices column ranges when all
     # the cuts of a layer point fit in residual_max_ops ops (else whole rows),
@@ -153,7 +154,7 @@ class Tiles:
                 raise ProgramError(f"Tiles.{name} must be an int >= 0, not {v!r}")
         if not isinstance(self.fuse_qk, int) or self.fuse_qk < 0:
             raise ProgramError(f"Tiles.fuse_qk must be an int >= 0, not {self.fuse_qk!r}")
-        for name in ("gemm_bytes", "gemm_min_bytes", "gemm_max_bytes", "gemm_span", "router_ops", "router_bytes", "topk_tokens", "router_splits", "expert_workers", "rows", "residual_slices", "residual_max_ops", "chunk", "sliding_chunk", "sliding_ops", "full_ops"):
+        for name in ("gemm_bytes", "gemm_min_bytes", "gemm_max_bytes", "gemm_span", "router_ops", "router_bytes", "topk_tokens", "router_splits", "expert_workers", "expert_cap", "rows", "residual_slices", "residual_max_ops", "chunk", "sliding_chunk", "sliding_ops", "full_ops"):
             v = getattr(self, name)
             if not isinstance(v, int) or v <= 0:
                 raise ProgramError(f"Tiles.{name} must be a positive int, not {v!r}")
@@ -488,7 +489,7 @@ def emit_layer(
     # work lists: which experts have tokens is known only on the GPU; workers
     # take items from a counter (ops/experts.cuh)
     up_grain, down_grain = EXPERT_GRAIN[Op.EXPERT_UP], EXPERT_GRAIN[Op.EXPERT_DOWN]
-    cap = EXPERT_CAP if not tl.expert_cap_tokens or T >= tl.expert_cap_tokens else max(I, H)
+    cap = tl.expert_cap if not tl.expert_cap_tokens or T >= tl.expert_cap_tokens else max(I, H)
     up_done, down_done = ctr("hbuf"), ctr("y")
     up_workers = min(tl.expert_workers, E * -(-I // up_grain))
     for wk in range(up_workers):
