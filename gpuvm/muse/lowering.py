@@ -54,7 +54,12 @@ class Tiles:
     # 158.3 / 168.3; Wo goes from 64 tiles to 256, Wsq from 256 to 128)
     gemm_fill: int = 264
     gemm_min_bytes: int = 64 * 1024
-    gemm_max_bytes: int = 512 * 1024
+    # At most 256 KB: the squeeze's 128 tiles of 512 KB beside the router's 128
+    # (one group of an SM streaming, the other done early) became 256 of 256 KB,
+    # claimed as the router's groups free. H200, 6536bd0 and b898d7d, two runs,
+    # 512 / 256 KB: step 1 x 1 9.10 / 9.01 and 9.06 / 8.97 ms, full-c1-t8 272 / 262
+    # and 270 / 264 us; 32 x 8 71.9 / 71.9 ms, 16 x 8 54.2 / 53.9.
+    gemm_max_bytes: int = 256 * 1024
     # From gemm_span tokens on (with gemm_fill > 0) a bf16 GEMM is also cut
     # over tokens, in spans of gemm_span, into tiles of at least 64 rows. The
     # device stages W and x in shared memory for such tiles, 64 rows x 64
