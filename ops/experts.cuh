@@ -601,16 +601,11 @@ __device__ int gvm_expert_tile_reg(const gvm_ctx& c, int e, int n0, int nn, int 
     const unsigned s_ring = (s_flag + 16 + 15) & ~15u;
     const int room = (int)c.smem_bytes - GVM_EXP_STATE - (int)(s_ring - s_x);
     const int nsl = min(GVM_EXPR_RING, max(0, room) / (4 * GVM_EXPR_SLOT));
-    // the expert's tensor scales, loaded now (not a round trip at the epilogue) and
-    // kept in the words after the flag until it
-    const gvm_tensor& tts0 = gvm_t(c, 4);
-    const float tsv = c.tid < SETS ? gvm_ptr<const float>(tts0, e * tts0.stride[0], 4)[c.tid] : 0.0f;
     if (c.tid == 0) gvm_sts(s_flag, 0u);
     gvm_group_sync(c);
     gvm_expr_stage_x<UP>(c, s_x, flag, count, slot0, kdim);
     gvm_group_sync(c);
     if (gvm_lds_u(s_flag)) return GVM_ERR_BAD_ARGS;
-    if (c.tid < SETS) gvm_sts(s_flag + 4 + 4 * c.tid, tsv);  // read after the K loop's barrier
     if (GVM_EXPR_PROBE & 8) return GVM_ERR_NONE;  // probe: the item ends once x is staged (times the list's walk)
     const unsigned xrow = s_x + (unsigned)min((int)g, count - 1) * pitch;  // the B column of token g (a valid row past count)
     const int units = (nn + 15) / 16;
@@ -640,7 +635,9 @@ __device__ int gvm_expert_tile_reg(const gvm_ctx& c, int e, int n0, int nn, int 
         if (GVM_EXPR_PROBE & 32) continue;  // probe: no epilogue (nothing stored; times the rest)
         // sum the K splits in order and store; consecutive threads take consecutive rows
         const gvm_tensor& to = gvm_t(c, 0);
-        const float ts0 = gvm_lds_f(s_flag + 4), ts1 = gvm_lds_f(s_flag + 4 + 4 * (SETS - 1));
+        const gvm_tensor& tts = gvm_t(c, 4);
+        const float ts0 = gvm_ptr<const float>(tts, e * tts.stride[0], 4)[0];
+        const float ts1 = gvm_ptr<const float>(tts, e * tts.stride[0], 4)[UP ? 1 : 0];
         for (int i = c.tid; i < nu * 128; i += 128) {
             const int uu = i >> 7, tk = (i >> 4) & 7, r = i & 15, row = (u0 + uu) * 16 + r;
             if (row >= nn || tk >= count) continue;
@@ -664,13 +661,14 @@ __device__ int gvm_expert_tile_reg(const gvm_ctx& c, int e, int n0, int nn, int 
 }
 #endif
 
-// Rows [n0, n0 + nn) of expert e for all its tokens (count of them, at slots slot0
-// ..., route_meta's; not checked yet). UP: sets 0/1 are the gate
+// Rows [n0, n0 + nn) of expert e for all its tokens. UP: sets 0/1 are the gate
 // and up rows of one 8-row block; DOWN: two 8-row blocks. Descriptors are
 // re-read where they are used (gvm_t), not held across the K loop.
 template <bool UP>
-__device__ int gvm_expert_tile(const gvm_ctx& c, int e, int n0, int nn, int count, int slot0) {
+__device__ int gvm_expert_tile(const gvm_ctx& c, int e, int n0, int nn) {
     const int slots = gvm_t(c, 6).shape[1];
+    const int count = gvm_ptr<const int>(gvm_t(c, 5), e, 4)[0];
+    const int slot0 = gvm_ptr<const int>(gvm_t(c, 5), gvm_t(c, 5).stride[0] + e, 4)[0];
     if (count == 0 || nn == 0) return GVM_ERR_NONE;  // nothing routed here: load nothing
     if (count < 0 || slot0 < 0 || slot0 + count > slots) return GVM_ERR_BAD_ARGS;
 #if GVM_EXPERT_REG
@@ -820,19 +818,13 @@ __device__ __forceinline__ int gvm_nth_bit(unsigned m, int r) {
 template <bool UP>
 __device__ int gvm_expert_matmul(const gvm_ctx& c) {
     if (GVM_EXPR_PROBE & 64) return GVM_ERR_NONE;  // probe: the op does nothing (times the launch and the runtime)
-    const unsigned st = gvm_smem_addr(c.smem) + c.smem_bytes - GVM_EXP_STATE, lane = c.tid & 31;
-    int e_count = 0, e_slot0 = 0;  // call 0: expert lane's route_meta, read with the hit mask
+    const unsigned st = gvm_smem_addr(c.smem) + c.smem_bytes - GVM_EXP_STATE;
     if (c.again == 0) {
         if (!gvm_expert_args_ok<UP>(c)) return GVM_ERR_BAD_ARGS;
         if (GVM_EXPR_PROBE & 128) return GVM_ERR_NONE;  // probe: the argument check alone
-        // experts with tokens: lane e reads expert e's count (and first slot, for
-        // this call's item), the warp ORs the bits
-        const gvm_tensor& tm = gvm_t(c, 5);
-        if ((int)lane < tm.shape[1]) {
-            e_count = gvm_ptr<const int>(tm, lane, 4)[0];
-            e_slot0 = gvm_ptr<const int>(tm, tm.stride[0] + lane, 4)[0];
-        }
-        unsigned hit = e_count != 0 ? 1u << lane : 0u;
+        // experts with tokens: lane e reads expert e's count, the warp ORs the bits
+        const unsigned lane = c.tid & 31;
+        unsigned hit = (int)lane < gvm_t(c, 5).shape[1] && gvm_ptr<const int>(gvm_t(c, 5), lane, 4)[0] != 0 ? 1u << lane : 0u;
 #pragma unroll
         for (int o = 16; o > 0; o >>= 1) hit |= __shfl_xor_sync(0xffffffffu, hit, o);
         if (c.tid == 0) gvm_sts(st + 8, hit);
@@ -858,15 +850,8 @@ __device__ int gvm_expert_matmul(const gvm_ctx& c) {
     if (c.again != 0 && (int)gvm_lds_u(st + 12) + 1 == items) return GVM_SIGNAL_N(c.ins->arg[1]);
     if (i >= items) return GVM_SIGNAL_N(items == 0 && i == 0 ? c.ins->arg[1] : 0);
     if (GVM_EXPR_PROBE & 16) return GVM_AGAIN;  // probe: items taken, none computed (times the list's walk)
-    const int r = i / per, t = i - r * per, e = gvm_nth_bit(hit, r);
-    // the item's expert: its count and first slot by shuffle in call 0 (a round
-    // trip less on a one-round list's path), from route_meta after
-    int count = __shfl_sync(0xffffffffu, e_count, e), slot0 = __shfl_sync(0xffffffffu, e_slot0, e);
-    if (c.again != 0) {
-        count = gvm_ptr<const int>(gvm_t(c, 5), e, 4)[0];
-        slot0 = gvm_ptr<const int>(gvm_t(c, 5), gvm_t(c, 5).stride[0] + e, 4)[0];
-    }
-    const int rc = gvm_expert_tile<UP>(c, e, t * rows, min(rows, nout - t * rows), count, slot0);
+    const int r = i / per, t = i - r * per;
+    const int rc = gvm_expert_tile<UP>(c, gvm_nth_bit(hit, r), t * rows, min(rows, nout - t * rows));
     return rc != GVM_ERR_NONE ? rc : GVM_AGAIN;
 }
 
