@@ -146,8 +146,8 @@ for s in $steps; do
     oneop) # the one-token decode's single-instruction ops alone (11-12 us each in a layer at 34e08d1: QK-norm/RoPE, top-k, merge), us per instruction
            timeout ${T_ONEOP:-200} python3 tools/ops_check.py --time 200 --only qk_rope_kv,topk,attn_merge,rmsnorm,residual,expert_combine > "$OUT/oneop.log" 2>&1; echo "oneop rc=$?"; grep -iE "one token|T=1 |1 token|rmsnorm|residual|combine" "$OUT/oneop.log" | head -30 ;;
     ringbench) # the few-token expert lists alone (one round: --cap 4096, as Tiles.expert_cap_tokens makes them) at ring depths GVM_EXPR_RING 3 (the default) / 4 / 6,
-               # and with probes 4 (no weight copies) and 5 (no copies nor decode): is the loop issue-bound (NOTES session 24) or waiting on its copies?
-           for v in GVM_EXPR_RING=3 GVM_EXPR_RING=4 GVM_EXPR_RING=6 GVM_EXPR_PROBE=4 GVM_EXPR_PROBE=5; do timeout 60 python3 tools/expert_bench.py --reps 10 --cap 4096 --shapes ${RB_SHAPES:-1x1,3x1,5x1,10x1} --define $v --out "$OUT/rb_$v.json" > "$OUT/rb_$v.log" 2>&1; echo "expert_bench $v rc=$?"; grep -E "^(up|down) " "$OUT/rb_$v.log"; done
+               # and with probes 1 (no decode), 4 (no weight copies) and 5 (neither): is the loop issue-bound on its decode (NOTES session 24) or waiting on its copies?
+           for v in GVM_EXPR_RING=3 GVM_EXPR_RING=4 GVM_EXPR_RING=6 GVM_EXPR_PROBE=1 GVM_EXPR_PROBE=4 GVM_EXPR_PROBE=5; do timeout 60 python3 tools/expert_bench.py --reps 10 --cap 4096 --shapes ${RB_SHAPES:-1x1,3x1,5x1,10x1} --define $v --out "$OUT/rb_$v.json" > "$OUT/rb_$v.log" 2>&1; echo "expert_bench $v rc=$?"; grep -E "^(up|down) " "$OUT/rb_$v.log"; done
            (cd "$OUT" && tar czf ringbench.tgz rb_* && rm -f rb_*) ;;
     opsgemm) timeout 150 python3 tools/ops_check.py --only gemm,qk_rope_kv > "$OUT/ops_gemm_qk.log" 2>&1; echo "ops_check gemm,qk_rope_kv rc=$?"; tail -2 "$OUT/ops_gemm_qk.log" ;;
     ncu) # Nsight Compute on the one-op kernels of the 256-token hot spots: the expert up / down lists at 32 experts x 16 tokens and
