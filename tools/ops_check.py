@@ -611,9 +611,9 @@ def cases_experts(sz: Sizes, gen: torch.Generator) -> list[Case]:
             # of sz.cols - 3 rows (not a multiple of the 8- or 16-row unit) on
             # counter 1, more workers than items; then grains of 12 and 5 rows,
             # fewer rows than the four warps' units, the last capped at 10; then
-            # 40 rows, three units (the last one half): the register path splits K in 4
+            # 7 workers over items of 40 rows, three units (the last one half)
             many = sz.local * -(-h // 5) + 5
-            lists = [(7, sz.cols, 1 << 20), (many, sz.cols - 3, 1 << 20), (many, 12, 1 << 20), (many, 5, 10), (many, 40, 1 << 20)]
+            lists = [(7, sz.cols, 1 << 20), (many, sz.cols - 3, 1 << 20), (many, 12, 1 << 20), (many, 5, 10), (7, 40, 1 << 20)]
             for kk, (n_w, grain, cap) in enumerate(lists):
                 if up:
                     dst = b.out(f"hbuf{kk}", DType.BF16, (8 * t, h), Check("float", rtol=2.0**-7, atol_max=1e-3, norm=5e-3))
