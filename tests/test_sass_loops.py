@@ -1,0 +1,41 @@
+"""tools/sass_loops.py: loops found in SASS text, and in a real op kernel where
+nvdisasm is at hand (the CUDA toolkit's or triton's)."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from gpuvm.isa import Op  # noqa: E402
+from tools.sass_loops import loops, nvdisasm, op_sass  # noqa: E402
+
+SASS = """
+        /*0000*/                   MOV R1, c[0x0][0x28] ;
+.L_x_1:
+        /*0010*/                   LDS R2, [R3] ;
+.L_x_2:
+        /*0020*/                   HMMA.16816.F32 R4, R8, R12, R4 ;
+        /*0030*/               @P0 BRA `(.L_x_2) ;
+        /*0040*/                   IADD3 R3, R3, 0x10, RZ ;
+        /*0050*/              @!P1 BRA `(.L_x_1) ;
+.L_x_3:
+        /*0060*/                   BRA `(.L_x_4) ;
+.L_x_4:
+        /*0070*/                   EXIT ;
+"""
+
+
+def test_loops_are_labels_with_a_backward_branch() -> None:
+    found = {lp.label: lp for lp in loops(SASS)}
+    assert sorted(found) == [".L_x_1", ".L_x_2"]  # .L_x_4 is only branched to forward
+    assert found[".L_x_2"].length == 2 and found[".L_x_2"].mix == {"HMMA": 1, "BRA": 1}
+    assert found[".L_x_1"].length == 5 and found[".L_x_1"].mix["BRA"] == 2  # the inner loop counts too
+
+
+@pytest.mark.skipif(nvdisasm() is None, reason="no nvdisasm (CUDA toolkit or triton)")
+def test_the_expert_ring_loop_is_found() -> None:
+    # the few-token ring's slot: 16 MMAs (two pieces x 4 words x 2) and 6 copies a lane
+    slots = [lp for lp in loops(op_sass(Op.EXPERT_UP)) if lp.mix["HMMA"] == 16 and lp.mix["LDGSTS"] == 6]
+    assert slots and all(100 < lp.length < 1000 for lp in slots)

@@ -1,0 +1,106 @@
+#!/usr/bin/env python3
+"""The loops of one op's test kernel in SASS, by instruction mix: what a K
+step costs in warp instructions before any GPU time is spent on it.
+
+    python3 tools/sass_loops.py expert_up                  # loops with an MMA or a copy in them
+    python3 tools/sass_loops.py expert_up --define GVM_EXPR_RING=4 --all
+
+Compiles the op's kernel as tools/ops_check.py does (NVRTC, sm_90a), takes the
+SASS from nvdisasm (the CUDA toolkit's, or the copy that ships with triton),
+and lists every loop (a label and the backward branch to it; nested loops
+count their inner ones too) with its length and its most frequent opcodes.
+An SM issues at most 4 warp instructions a cycle (one a scheduler), so a
+loop's length over the bytes it moves sets its throughput ceiling (NOTES.md,
+session 24: the experts' ring, 394 instructions a 2 KB slot).
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from gpuvm.isa import Op  # noqa: E402
+from tools.ops_check import OPS, compile_ops  # noqa: E402
+
+_INSN = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)")
+_LABEL = re.compile(r"^\s*(\.L_x_\d+):")
+_BACK = re.compile(r"BRA\s+(?:\w+,\s*)?`\((\.L_x_\d+)\)")
+#: opcodes that mark a loop worth listing without --all: MMAs and memory copies
+MARKERS = ("HMMA", "HGMMA", "IMMA", "LDGSTS", "UTMALDG", "LDG", "LDS")
+
+
+@dataclass
+class Loop:
+    label: str
+    start: int  # SASS line of the label
+    length: int  # instructions, the backward branch included
+    mix: collections.Counter[str]
+
+
+def nvdisasm() -> str | None:
+    """The nvdisasm binary: on PATH, in the CUDA toolkit, or triton's copy."""
+    found = shutil.which("nvdisasm") or next((p for p in ("/usr/local/cuda/bin/nvdisasm",) if Path(p).is_file()), None)
+    if found:
+        return found
+    try:
+        import triton
+    except ImportError:
+        return None
+    p = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "nvdisasm"
+    return str(p) if p.is_file() else None
+
+
+def loops(sass: str) -> list[Loop]:
+    """Every label with a backward branch to it, from the label to its last such branch."""
+    lines = sass.splitlines()
+    at = {m.group(1): i for i, l in enumerate(lines) if (m := _LABEL.match(l))}
+    last: dict[str, int] = {}
+    for i, l in enumerate(lines):
+        m = _BACK.search(l)
+        if m and at.get(m.group(1), i) < i:
+            last[m.group(1)] = i
+    out = []
+    for name, end in last.items():
+        mix = collections.Counter(m.group(1) for l in lines[at[name]:end + 1] if (m := _INSN.search(l)))
+        out.append(Loop(name, at[name], sum(mix.values()), mix))
+    return sorted(out, key=lambda lp: lp.start)
+
+
+def op_sass(op: Op, defines: tuple[tuple[str, str], ...] = ()) -> str:
+    """SASS of the op's test kernel (tools/ops_check.py's build)."""
+    tool = nvdisasm()
+    if tool is None:
+        raise SystemExit("nvdisasm not found (CUDA toolkit or triton)")
+    obj, _ = compile_ops([op], defines=defines)
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(obj.code)
+        f.flush()
+        return subprocess.run([tool, "-c", f.name], check=True, capture_output=True, text=True).stdout
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("op", choices=sorted(OPS.values()))
+    ap.add_argument("--define", action="append", default=[], metavar="MACRO=VALUE")
+    ap.add_argument("--all", action="store_true", help="every loop, not only those with an MMA or a memory op")
+    ap.add_argument("--top", type=int, default=10, help="opcodes shown a loop")
+    a = ap.parse_args(argv)
+    op = {v: k for k, v in OPS.items()}[a.op]
+    defines = tuple((d.partition("=")[0], d.partition("=")[2] or "1") for d in a.define)
+    found = [lp for lp in loops(op_sass(op, defines)) if a.all or any(lp.mix[k] for k in MARKERS)]
+    print(f"{a.op}: {len(found)} loops" + (" (with an MMA or a memory op)" if not a.all else ""))
+    for lp in found:
+        print(f"{lp.label:>10} at line {lp.start:6d}: {lp.length:5d} instructions  "
+              + " ".join(f"{k} {n}" for k, n in lp.mix.most_common(a.top)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
