@@ -474,7 +474,6 @@ __device__ __forceinline__ unsigned gvm_stages_next(const gvm_ctx& c, int kc, in
     return stage0 + (kc % NS) * bytes;
 }
 
-
 // Starts copying stage kc (k in [64 kc, 64 kc + 64)) of W rows [0, nr) past
 // wt and x tokens [0, nt) past xt into the stage at `buf`; the rest is zeros.
 __device__ __forceinline__ void gvm_gemm_xs_stage(unsigned buf, const char* wt, long long w_row, int nr,
