@@ -78,9 +78,7 @@
 
 struct gvm_cslot {
     unsigned state;  // GVM_CS_*, the same in every lane
-    unsigned raw;    // the claim as issued (gvm_claim_issue)
-    unsigned idx;    // the stream index
-    unsigned since;  // WAITING: %globaltimer (low 32 bits) of the first probe
+    unsigned idx;    // the stream index (CLAIMED: the claim as issued, gvm_claim_issue)
 };
 
 // Lane w < n_waits: wait w of the record (one word per lane) as counter and
@@ -223,7 +221,7 @@ __device__ __forceinline__ void gvm_controller(const gvm_params& p, gvm_shared& 
     gvm_claimer claimer = gvm_claimer_init(p);
     gvm_cslot s[GVM_CLAIM_SLOTS];
 #pragma unroll
-    for (unsigned j = 0; j < GVM_CLAIM_SLOTS; ++j) s[j] = gvm_cslot{GVM_CS_EMPTY, 0u, 0u, 0u};
+    for (unsigned j = 0; j < GVM_CLAIM_SLOTS; ++j) s[j] = gvm_cslot{GVM_CS_EMPTY, 0u};
     unsigned held = 0;         // slots not empty
     bool exhausted = false;    // a claim came back past the end: every later one will too
     bool aborted = false;      // a block failed: hand out nothing more
@@ -242,7 +240,7 @@ __device__ __forceinline__ void gvm_controller(const gvm_params& p, gvm_shared& 
             const bool group_done = gvm_test_group(view, sh.empty, groups);
             gvm_cslot& f = s[fj];
             if (f.state == GVM_CS_CLAIMED) {
-                f.idx = gvm_claim_finish(claimer, f.raw, n);
+                f.idx = gvm_claim_finish(claimer, f.idx, n);
                 if (f.idx >= n || aborted) {
                     exhausted = exhausted || f.idx >= n;
                     f.state = GVM_CS_EMPTY;
@@ -268,7 +266,7 @@ __device__ __forceinline__ void gvm_controller(const gvm_params& p, gvm_shared& 
                     gvm_wait_of(p, word, n_waits, lane, ctr, target);
                     const unsigned now = (unsigned)__shfl_sync(0xffffffffu, lane == 0 ? gvm_globaltimer() : 0ull, 0);
                     go = h.state == GVM_CS_WAITING &&
-                         (gvm_probe_met(sh.probe[j], ctr, target, lane) || now - h.since > GVM_READY_PATIENCE_NS);
+                         (gvm_probe_met(sh.probe[j], ctr, target, lane) || now - sh.since[j] > GVM_READY_PATIENCE_NS);
                     if (!go && GVM_PARK && gvm_can_park(view, groups)) {
                         if (h.state == GVM_CS_LOADED)  // its weights start loading now, as it waits in the group
                             gvm_queue_prefetch(p, sh, ring_head, h.idx, word, lane, n_waits, ctr, target);
@@ -278,7 +276,7 @@ __device__ __forceinline__ void gvm_controller(const gvm_params& p, gvm_shared& 
                         gvm_probe_issue(p, sh.probe[j], ctr, lane);  // in the next visit's commit group
                         if (h.state == GVM_CS_LOADED) {  // its weights start loading now, before its waits are met
                             gvm_queue_prefetch(p, sh, ring_head, h.idx, word, lane, n_waits, ctr, target);
-                            h.since = now;
+                            sh.since[j] = now;  // the same in every lane
                         }
                         h.state = GVM_CS_WAITING;
                     }
@@ -291,7 +289,7 @@ __device__ __forceinline__ void gvm_controller(const gvm_params& p, gvm_shared& 
                 }
             }
             if (h.state == GVM_CS_EMPTY && !exhausted && !aborted && held < depth) {
-                h.raw = gvm_claim_issue(claimer);
+                h.idx = gvm_claim_issue(claimer);
                 h.state = GVM_CS_CLAIMED;
                 ++held;
             }

@@ -22,6 +22,7 @@ struct gvm_shared {
     gvm_slot slot[GVM_MAX_GROUPS];
     __align__(16) unsigned stage[GVM_CLAIM_SLOTS][32];  // claimed records on their way in (controller)
     __align__(16) unsigned probe[GVM_CLAIM_SLOTS][16];  // counter lines of a waiting slot's waits, 4 per wait
+    unsigned since[GVM_CLAIM_SLOTS];  // a waiting slot's first probe, %globaltimer's low word (not held in registers)
     unsigned long long full[GVM_MAX_GROUPS];
     unsigned long long empty[GVM_MAX_GROUPS];
     gvm_pf_entry ring[GVM_PF_RING];

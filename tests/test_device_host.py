@@ -156,7 +156,7 @@ def test_nvtx_range_is_harmless() -> None:
 class _FakeVM:
     """What Loaded.params reads of a VM: a 4-block, 2-group GPU, warmer on."""
 
-    n_blocks, groups, claim_depth = 4, 2, 3
+    n_blocks, groups, claim_depth, claim_slots = 4, 2, 3, CLAIM_SLOTS
     torch_device = torch.device("cpu")
 
     def warm_args(self) -> tuple[int, int, int]:

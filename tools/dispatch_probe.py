@@ -152,7 +152,7 @@ def chain_links(names: list[str], n: int = 2000, trace: bool = True) -> dict[str
     long, short = chain_stream(n), chain_stream(1)
     for name in names:
         vm = VM(groups=2, muse_ops=False, defines=VARIANTS[name])
-        for depth in (1, 6):
+        for depth in (1, vm.claim_slots):
             with at_claim_depth(vm, depth):
                 for mode in ("dynamic", "static"):
                     t_long = step_time(vm.load(long, {}), mode)["median_ms"]

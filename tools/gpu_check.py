@@ -159,7 +159,7 @@ def main() -> int:
     log("dispatch: empty instructions")
     disp = []
     for label, v in (("2 groups", vm), ("4 groups core", vm4)):
-        for depth in (1, 2, 4, 6):
+        for depth in sorted({1, 2, v.claim_slots}):
             for mode in ("dynamic", "static"):
                 r = dispatch_overhead(v, mode, reps=args.reps, claim_depth=depth)
                 r["kernel"] = label
@@ -191,7 +191,7 @@ def main() -> int:
     log("static vs dynamic on the mixed stream, at each claim depth (a deep queue can hold work back from idle blocks)")
     lm = vm.load(mixed, mbufs)
     sd: dict[str, float] = {}
-    for depth in (1, 2, 4, 6):
+    for depth in sorted({1, 2, vm.claim_slots}):
         with at_claim_depth(vm, depth):
             for mode in ("dynamic", "static"):
                 sd[f"{mode}_depth{depth}"] = step_time(lm, mode, args.reps)["median_ms"]

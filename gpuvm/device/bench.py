@@ -14,7 +14,6 @@ import torch
 
 from ..isa import DType, Op, Stamp
 from .build import compile_source
-from .layout import CLAIM_SLOTS
 from .programs import gemm_bindings, gemm_stream, nop_stream
 from .vm import VM, Loaded
 
@@ -164,10 +163,12 @@ def gemm_bandwidth(
             "weight_bytes": wbytes, "instructions": len(stream), "tb_s": wbytes / (t["median_ms"] * 1e-3) / 1e12}
 
 
-def dispatch_overhead(vm: VM, mode: str, per_block: int = 1000, reps: int = 20, claim_depth: int = CLAIM_SLOTS) -> dict[str, float]:
+def dispatch_overhead(vm: VM, mode: str, per_block: int = 1000, reps: int = 20, claim_depth: int | None = None) -> dict[str, float]:
     """Empty instructions: step time of n_blocks * per_block NOPs, net of a
     launch with one NOP per block, per instruction per block (us), with
-    claim_depth claims held ahead (the VM's own depth is restored after)."""
+    claim_depth claims held ahead (default: every claim slot of the build;
+    the VM's own depth is restored after)."""
+    claim_depth = claim_depth or vm.claim_slots
     ts = timing_stream(vm)
     out: dict[str, float] = {"mode": mode, "per_block": per_block, "claim_depth": claim_depth}  # type: ignore[dict-item]
     with at_claim_depth(vm, claim_depth):

@@ -31,8 +31,9 @@ PARAMS_DTYPE = np.dtype(
 
 MODES = {"dynamic": 0, "static": 1}
 
-#: claims a block's controller may hold ahead (runtime/params.cuh GVM_CLAIM_SLOTS); the build checks it
-CLAIM_SLOTS = 6
+#: claims a block's controller may hold ahead in the default build (runtime/params.cuh
+#: GVM_CLAIM_SLOTS); a build's own number is its layout's claim_slots
+CLAIM_SLOTS = 3
 
 _OFFSET_FIELDS = list(PARAMS_DTYPE.names)
 
@@ -50,6 +51,7 @@ class DeviceLayout:
     control_threads: int
     group_threads: int
     state_words: int
+    claim_slots: int = CLAIM_SLOTS
 
     def block_threads(self, groups: int) -> int:
         return self.control_threads + groups * self.group_threads
@@ -71,9 +73,9 @@ def check_layout(words: np.ndarray) -> DeviceLayout:
         if PARAMS_DTYPE.fields[name][1] != off:
             raise LayoutError(f"gvm_params.{name} at byte {off} on the device, {PARAMS_DTYPE.fields[name][1]} on the host")
     max_groups, group_smem, control, group, state_words, ib, tb, trb, eb, slots = w[1 + n_off :]
-    if slots != CLAIM_SLOTS:
-        raise LayoutError(f"the controller holds {slots} claims on the device, {CLAIM_SLOTS} on the host")
+    if not 1 <= slots <= 32:
+        raise LayoutError(f"the controller holds {slots} claims on the device; the host takes 1 to 32")
     for what, dev, host in (("gvm_instr", ib, INSTR_BYTES), ("gvm_tensor", tb, TENSOR_BYTES), ("gvm_trace", trb, TRACE_BYTES), ("gvm_error", eb, ERROR_BYTES)):
         if dev != host:
             raise LayoutError(f"{what} is {dev} bytes on the device, {host} on the host")
-    return DeviceLayout(max_groups, group_smem, control, group, state_words)
+    return DeviceLayout(max_groups, group_smem, control, group, state_words, slots)

@@ -28,7 +28,7 @@ from ..program import Stream
 from ..trace.format import Trace
 from .build import KERNEL, Build, BuildOptions, build
 from .errors import LaunchError, SpillError, error_from_record
-from .layout import CLAIM_SLOTS, MODES, PARAMS_DTYPE
+from .layout import MODES, PARAMS_DTYPE
 from .validate import check_records
 from .warm import warm_bindings, warm_stream
 
@@ -57,12 +57,12 @@ class VM:
     instruction-cache warmer at each launch (off by default: on the H200 it
     has never paid, and it cost 4-10 us a Muse layer at one token, 1e0f1bb);
     claim_depth is how many claimed
-    instructions a block holds ahead of its groups, 1..CLAIM_SLOTS (both
-    settable between launches). The default depth 1 measured fastest on the
+    instructions a block holds ahead of its groups, 1 to the build's claim
+    slots (build.layout.claim_slots; both settable between launches). The default depth 1 measured fastest on the
     Muse layer and step (H200, 4233027: step 1x1 19.5 ms at depth 1 against
     23.5 at 6): a claim held ahead waits for its own block's groups even when
-    another block has one free. Empty instructions dispatch fastest at
-    CLAIM_SLOTS (device.bench.dispatch_overhead)."""
+    another block has one free. Empty instructions dispatch fastest with
+    every slot held (device.bench.dispatch_overhead)."""
 
     def __init__(
         self,
@@ -98,6 +98,7 @@ class VM:
             raise LaunchError(f"the kernel is built for sm_90a; device {device} is compute capability {major}.{minor}")
         self.device_name = self._dev.name
         layout = self.build.layout
+        self.claim_slots = layout.claim_slots
         self.threads = layout.block_threads(groups)
         self.smem = layout.dynamic_smem(groups)
         with nvtx_range("gpuvm load"):
@@ -206,8 +207,9 @@ class Loaded:
             raise ValueError(f"mode must be one of {sorted(MODES)}, not {mode!r}")
         if not 0 <= step < 2**32:
             raise ValueError(f"step must be in [0, 2^32), not {step}")
-        if not 1 <= self.vm.claim_depth <= CLAIM_SLOTS:
-            raise ValueError(f"claim_depth must be 1..{CLAIM_SLOTS}, not {self.vm.claim_depth}")
+        slots = self.vm.claim_slots
+        if not 1 <= self.vm.claim_depth <= slots:
+            raise ValueError(f"claim_depth must be 1..{slots} (the controller's claim slots), not {self.vm.claim_depth}")
         if not watchdog_s > 0:
             raise ValueError(f"the watchdog bound must be positive, not {watchdog_s}")
         if mode == "static" and self._static is None:
