@@ -4,8 +4,9 @@ once instead of each waiting for NVRTC in turn.
 
     PYTHONPATH=. python3 tools/prebuild.py [--trace] [MACRO=value[+MACRO=value] ...]
 
-Each positional argument is one variant of the 2-group Muse kernel ('' or
-'base' for the default build); --trace adds the traced build of the default.
+Each positional argument is one variant of the Muse kernel ('' or 'base' for
+the default build; groups=N: built for N compute groups); --trace adds the
+traced build of the default.
 """
 from __future__ import annotations
 
@@ -19,9 +20,11 @@ from gpuvm.device.build import BuildOptions, build
 
 def _one(spec: tuple[bool, tuple[tuple[str, str], ...]]) -> str:
     trace, defines = spec
+    groups = int(dict(defines).get("groups", BuildOptions().max_groups))
+    defines = tuple(d for d in defines if d[0] != "groups")
     t0 = time.time()
     try:
-        b = build(BuildOptions(trace=trace, defines=defines))
+        b = build(BuildOptions(trace=trace, max_groups=groups, defines=defines))
     except Exception as e:  # reported, not raised: the other variants still build
         return f"FAIL {'trace ' if trace else ''}{defines}: {str(e).splitlines()[0]}"
     return f"ok   {'trace ' if trace else ''}{defines or 'default'}: {b.kernel.registers} registers, {time.time() - t0:.0f} s{' (cached)' if b.cached else ''}"

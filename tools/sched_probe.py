@@ -31,21 +31,27 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default="out/sched_probe.json")
     ap.add_argument("--depths", default="1,2,3,6")
-    ap.add_argument("--variants", default="ready:GVM_READY_FIRST=1,inorder:GVM_READY_FIRST=0", help="name:MACRO=value[+MACRO=value],... (one build each; warm=0: the VM without its instruction-cache warmer)")
+    ap.add_argument("--variants", default="ready:GVM_READY_FIRST=1,inorder:GVM_READY_FIRST=0",
+                    help="name:MACRO=value[+MACRO=value],... (one build each; warm=0: the VM without its instruction-cache warmer; "
+                    "groups=N: N compute groups a block, of a kernel built for max_groups=M (default N); tiles=a/b: only the --tiles named a and b)")
     ap.add_argument("--cases", default="full-c1-t1,sliding-c32-t8")
     ap.add_argument("--step", default="1x1", help="step shapes, e.g. 1x1,1x8 ('' for none)")
     ap.add_argument("--tiles", default="", help="name:field=value[+field=value],... of lowering.Tiles (default: Tiles())")
-    ap.add_argument("--static-depths", action="store_true", help="static mode at every --depths too (default: depth 6 only)")
-    ap.add_argument("--modes", default="dynamic,static", help="scheduling modes to time (static: at depth 6 unless --static-depths)")
+    ap.add_argument("--static-depths", action="store_true", help="static mode at every --depths too (default: with every claim slot held only)")
+    ap.add_argument("--modes", default="dynamic,static", help="scheduling modes to time (static: with every claim slot held unless --static-depths)")
     ap.add_argument("--orders", default="depth", help="stream orders to compare (Program.build: depth, the lowering's default, or priority)")
     a = ap.parse_args()
     depths = [int(d) for d in a.depths.split(",")]
     vms = {}
+    only: dict[str, set[str]] = {}  # variant -> the tilings it runs (absent: all)
     for v in a.variants.split(","):
         name, _, defs = v.partition(":")
-        kv = [tuple(d.split("=", 1)) for d in defs.split("+") if d]
-        warm = all(v != "0" for k, v in kv if k == "warm")
-        vms[name] = VM(groups=2, warm=warm, defines=tuple(d for d in kv if d[0] != "warm"))  # type: ignore[misc]
+        kv = dict(tuple(d.split("=", 1)) for d in defs.split("+") if d)  # type: ignore[misc]
+        warm, groups = kv.pop("warm", "1") != "0", int(kv.pop("groups", "2"))
+        max_groups = int(kv.pop("max_groups", str(groups)))
+        if "tiles" in kv:
+            only[name] = set(kv.pop("tiles").split("/"))
+        vms[name] = VM(groups=groups, max_groups=max_groups, warm=warm, defines=tuple(kv.items()))
     tilings = {"": Tiles()}
     if a.tiles:
         tilings = {}
@@ -60,7 +66,7 @@ def main() -> int:
     def timed(tag: str, ld, reps: int, before) -> None:  # type: ignore[no-untyped-def]
         ts = timing_stream(ld.vm)
         for mode in a.modes.split(","):
-            for d in depths if mode == "dynamic" or a.static_depths else [6]:
+            for d in depths if mode == "dynamic" or a.static_depths else [ld.vm.claim_slots]:
                 with at_claim_depth(ld.vm, d):
                     t = statistics.median(time_ms(lambda r: ld.run(ld.next_step, mode, check=False, stream=ts), ts, reps, before=before)) * 1e3
                     ld.check(ts)
@@ -76,6 +82,8 @@ def main() -> int:
         for (tname, tl), order in itertools.product(tilings.items(), orders):
             lp = lower_layer(SHARD, case.kind, case.conversations, case.tokens_each, state.slots, tiles=tl, order=order)
             for name, vm in vms.items():
+                if name in only and tname not in only[name]:
+                    continue
                 ld = vm.load(lp.stream, bind_layer(lp, w, state.clone(), s0, device="cuda"))
                 timed(f"{cname}/{name}{tname}{otag[order]}", ld, 20, flush)
                 del ld
@@ -91,6 +99,8 @@ def main() -> int:
                 sp = lower_step(SHARD, C, n, state.context_capacity, tiles=tl, order=order)
                 bufs = bind_step(sp, mw, state, tokens, device="cuda")
                 for name, vm in vms.items():
+                    if name in only and tname not in only[name]:
+                        continue
                     ld = vm.load(sp.stream, bufs)
                     timed(f"step{shp}/{name}{tname}{otag[order]}", ld, 10, None)
                     del ld
