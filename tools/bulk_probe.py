@@ -23,7 +23,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-SRC = r"""
+#: shared-memory address and mbarrier wait, also used by tools/ring_probe.py
+HELPERS = r"""
 __device__ __forceinline__ unsigned smem_u32(const void* p) {
     unsigned r; asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(r) : "l"(p)); return r;
 }
@@ -34,6 +35,9 @@ __device__ __forceinline__ void bar_wait(unsigned bar, unsigned parity) {
                      : "=r"(done) : "r"(bar), "r"(parity) : "memory");
     } while (!done);
 }
+"""
+
+SRC = HELPERS + r"""
 extern "C" __global__ void __launch_bounds__(128) ring(const char* src, unsigned long long per_block, unsigned bytes,
                                                        unsigned copies, unsigned stages, unsigned waiters, unsigned* sink) {
     extern __shared__ __align__(128) unsigned char sm[];

@@ -28,27 +28,21 @@ import argparse
 import json
 import statistics
 import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 import torch
 
-SRC = r"""
-__device__ __forceinline__ unsigned smem_u32(const void* p) {
-    unsigned r; asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(r) : "l"(p)); return r;
-}
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tools.bulk_probe import HELPERS  # noqa: E402
+
+SRC = HELPERS + r"""
 __device__ __forceinline__ void cp16(unsigned dst, const void* src, unsigned long long pol) {
     asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;" :: "r"(dst), "l"(src), "l"(pol) : "memory");
 }
 __device__ __forceinline__ void cp4(unsigned dst, const void* src, unsigned long long pol) {
     asm volatile("cp.async.ca.shared.global.L2::cache_hint [%0], [%1], 4, %2;" :: "r"(dst), "l"(src), "l"(pol) : "memory");
-}
-__device__ __forceinline__ void bar_wait(unsigned bar, unsigned parity) {
-    unsigned done;
-    do {
-        asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.acquire.cta.shared::cta.b64 p, [%1], %2; selp.b32 %0, 1, 0, p; }"
-                     : "=r"(done) : "r"(bar), "r"(parity) : "memory");
-    } while (!done);
 }
 #define PIECE 1152u   // 16 rows x 64 B of codes + 16 x 8 B of scales
 #define SLOT (2u * PIECE)
