@@ -30,7 +30,7 @@ from gpuvm.muse.weights import make_layer_weights, make_model_weights
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default="out/sched_probe.json")
-    ap.add_argument("--depths", default="1,2,3,6")
+    ap.add_argument("--depths", default="1,2,3", help="claim depths (at most the build's claim slots)")
     ap.add_argument("--variants", default="ready:GVM_READY_FIRST=1,inorder:GVM_READY_FIRST=0",
                     help="name:MACRO=value[+MACRO=value],... (one build each; warm=0: the VM without its instruction-cache warmer; "
                     "groups=N: N compute groups a block, of a kernel built for max_groups=M (default N); tiles=a/b: only the --tiles named a and b)")

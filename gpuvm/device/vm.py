@@ -56,9 +56,9 @@ class VM:
     groups per block. trace compiles the self-timestamps in; warm runs the
     instruction-cache warmer at each launch (off by default: on the H200 it
     has never paid, and it cost 4-10 us a Muse layer at one token, 1e0f1bb);
-    claim_depth is how many claimed
-    instructions a block holds ahead of its groups, 1 to the build's claim
-    slots (build.layout.claim_slots; both settable between launches). The default depth 1 measured fastest on the
+    claim_depth is how many claimed instructions a block holds ahead of its
+    groups, 1 to the build's claim slots (claim_slots, from its layout; the
+    depth is settable between launches). The default depth 1 measured fastest on the
     Muse layer and step (H200, 4233027: step 1x1 19.5 ms at depth 1 against
     23.5 at 6): a claim held ahead waits for its own block's groups even when
     another block has one free. Empty instructions dispatch fastest with
