@@ -2,7 +2,7 @@
 # One call on the H200 (the device tool): the VM proofs and timings, the Muse
 # ops standalone, and the decode-case sweep, each under its own time limit,
 # logs and results under $OUT (at most 8 files come back: traces are tarred).
-#   GPUVM_COMMIT=<sha> bash tools/gpu_session.sh [check|ops|opstime|sweep|step|stepsweep|probe|experts|router|park|ring|lists|steptrace|tiles|rowpf|fill|fill2|xstage|trace62|xprobe|smem|tiles2|router|xbench|against|slots|naps|icache|workers|slices|statsprobe|topkprobe|layertrace|oneop|fusedqk|ringbench|opsgemm|gputests|vmtest|ncu ...]
+#   GPUVM_COMMIT=<sha> bash tools/gpu_session.sh [check|ops|opstime|sweep|step|stepsweep|probe|experts|router|park|ring|lists|steptrace|tiles|rowpf|fill|fill2|xstage|trace62|xprobe|smem|tiles2|router|xbench|against|slots|naps|icache|workers|slices|statsprobe|topkprobe|layertrace|oneop|fusedqk|ringbench|ringprobe|opsgemm|gputests|vmtest|ncu ...]
 # (set GPUVM_COMMIT when running a snapshot without .git: else the results name the enclosing checkout)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -149,6 +149,8 @@ for s in $steps; do
                # and with probes 1 (no decode), 4 (no weight copies) and 5 (neither): is the loop issue-bound on its decode (NOTES session 24) or waiting on its copies?
            for v in GVM_EXPR_RING=3 GVM_EXPR_RING=4 GVM_EXPR_RING=6 GVM_EXPR_PROBE=1 GVM_EXPR_PROBE=4 GVM_EXPR_PROBE=5; do timeout 60 python3 tools/expert_bench.py --reps 10 --cap 4096 --shapes ${RB_SHAPES:-1x1,3x1,5x1,10x1} --define $v --out "$OUT/rb_$v.json" > "$OUT/rb_$v.log" 2>&1; echo "expert_bench $v rc=$?"; grep -E "^(up|down) " "$OUT/rb_$v.log"; done
            (cd "$OUT" && tar czf ringbench.tgz rb_* && rm -f rb_*) ;;
+    ringprobe) # the expert ring's copies alone, by weight layout (rows as stored / packed in ring order / bulk), 2-4 slots
+           timeout ${T_RINGPROBE:-200} python3 tools/ring_probe.py --out "$OUT/ring_layout_probe.json" > "$OUT/ring_layout_probe.log" 2>&1; echo "ring_probe rc=$?"; tail -10 "$OUT/ring_layout_probe.log" ;;
     opsgemm) timeout 150 python3 tools/ops_check.py --only gemm,qk_rope_kv > "$OUT/ops_gemm_qk.log" 2>&1; echo "ops_check gemm,qk_rope_kv rc=$?"; tail -2 "$OUT/ops_gemm_qk.log" ;;
     ncu) # Nsight Compute on the one-op kernels of the 256-token hot spots: the expert up / down lists at 32 experts x 16 tokens and
          # one full attention chunk alone: the sections (speed of light, scheduler, warp state, memory tables, ...) and the stall
