@@ -15,7 +15,9 @@ Layouts of the same bytes:
   each of 16 rows 2 KB apart (and 8 B of scales of each);
 - packed: every piece's 1,152 bytes contiguous, in the order they are read (an
   offline repack into the ring's order);
-- bulk: packed, each piece one `cp.async.bulk` by lane 0 on the slot's mbarrier.
+- bulk: packed, each piece one `cp.async.bulk` by lane 0 on the slot's mbarrier;
+- split: codes and scales kept apart, each in piece order (a piece's 1,024 bytes of
+  codes contiguous, its 128 bytes of scales contiguous in a second tensor).
 
 Host-timed, median of 10 launches over `mb` MB of weights with an L2 flush
 before each; GB/s against the streaming read of the same bytes.
@@ -47,7 +49,7 @@ __device__ __forceinline__ void cp4(unsigned dst, const void* src, unsigned long
 #define PIECE 1152u   // 16 rows x 64 B of codes + 16 x 8 B of scales
 #define SLOT (2u * PIECE)
 #define STEPS 32u     // K steps of a unit: 2,048 B of codes a row / 64
-// layout 0 rows, 1 packed (per-lane copies), 2 packed (one bulk copy a piece)
+// layout 0 rows, 1 packed (per-lane copies), 2 packed (one bulk copy a piece), 3 split (per-lane copies)
 extern "C" __global__ void __launch_bounds__(128) ring(const unsigned char* codes, const unsigned char* scales, unsigned units,
                                                        unsigned layout, unsigned slots, unsigned* sink) {
     extern __shared__ __align__(128) unsigned char sm[];
@@ -74,6 +76,11 @@ extern "C" __global__ void __launch_bounds__(128) ring(const unsigned char* code
                         cp16(base + s * PIECE + (lane >> 1) * 64 + 32 * (lane & 1), cp, pol);
                         cp16(base + s * PIECE + (lane >> 1) * 64 + 32 * (lane & 1) + 16, cp + 16, pol);
                         cp4(base + s * PIECE + 1024 + 4 * lane, scales + r * 256 + 8 * k + 4 * (lane & 1), pol);
+                    } else if (layout == 3) {
+                        const unsigned char* pc = codes + piece * 1024;
+                        cp16(base + s * PIECE + 32 * lane, pc + 32 * lane, pol);
+                        cp16(base + s * PIECE + 32 * lane + 16, pc + 32 * lane + 16, pol);
+                        cp4(base + s * PIECE + 1024 + 4 * lane, scales + piece * 128 + 4 * lane, pol);
                     } else if (layout == 1) {
                         const unsigned char* pp = codes + piece * PIECE;
                         cp16(base + s * PIECE + 32 * lane, pp + 32 * lane, pol);
@@ -153,7 +160,7 @@ def main() -> int:
     floor = StreamRead(gpu).measure()  # type: ignore[arg-type]
     res: dict[str, float] = {"streaming_read_tb_s": floor["tb_s"], "bytes": nbytes}
     print(f"streaming read {floor['tb_s']:.2f} TB/s; {nbytes / 1e6:.0f} MB a launch", flush=True)
-    for layout, name in ((0, "rows"), (1, "packed"), (2, "bulk")):
+    for layout, name in ((0, "rows"), (1, "packed"), (2, "bulk"), (3, "split")):
         for slots in (int(x) for x in a.slots.split(",")):
             cfg = LaunchConfig(grid=2 * sms, block=128, shmem_size=128 + 4 * slots * 2 * PIECE)
             args = (codes.data_ptr(), scales.data_ptr(), np.uint32(units), np.uint32(layout), np.uint32(slots), sink.data_ptr())
