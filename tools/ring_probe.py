@@ -17,7 +17,9 @@ Layouts of the same bytes:
   offline repack into the ring's order);
 - bulk: packed, each piece one `cp.async.bulk` by lane 0 on the slot's mbarrier;
 - split: codes and scales kept apart, each in piece order (a piece's 1,024 bytes of
-  codes contiguous, its 128 bytes of scales contiguous in a second tensor).
+  codes contiguous, its 128 bytes of scales contiguous in a second tensor);
+- split8: the same in blocks of 8 rows (a piece is two runs of 512 + 64 bytes: the
+  shared tile's UP unit is 8 rows).
 
 Host-timed, median of 10 launches over `mb` MB of weights with an L2 flush
 before each; GB/s against the streaming read of the same bytes.
@@ -49,7 +51,7 @@ __device__ __forceinline__ void cp4(unsigned dst, const void* src, unsigned long
 #define PIECE 1152u   // 16 rows x 64 B of codes + 16 x 8 B of scales
 #define SLOT (2u * PIECE)
 #define STEPS 32u     // K steps of a unit: 2,048 B of codes a row / 64
-// layout 0 rows, 1 packed (per-lane copies), 2 packed (one bulk copy a piece), 3 split (per-lane copies)
+// layout 0 rows, 1 packed (per-lane copies), 2 packed (one bulk copy a piece), 3 split, 4 split in 8-row blocks
 extern "C" __global__ void __launch_bounds__(128) ring(const unsigned char* codes, const unsigned char* scales, unsigned units,
                                                        unsigned layout, unsigned slots, unsigned* sink) {
     extern __shared__ __align__(128) unsigned char sm[];
@@ -81,6 +83,13 @@ extern "C" __global__ void __launch_bounds__(128) ring(const unsigned char* code
                         cp16(base + s * PIECE + 32 * lane, pc + 32 * lane, pol);
                         cp16(base + s * PIECE + 32 * lane + 16, pc + 32 * lane + 16, pol);
                         cp4(base + s * PIECE + 1024 + 4 * lane, scales + piece * 128 + 4 * lane, pol);
+                    } else if (layout == 4) {
+                        const unsigned r = lane >> 1;
+                        const unsigned long long blk = (((2ull * u + s) * 2 + (r >> 3)) * STEPS + k);
+                        const unsigned char* pc = codes + blk * 512 + (r & 7) * 64 + 32 * (lane & 1);
+                        cp16(base + s * PIECE + r * 64 + 32 * (lane & 1), pc, pol);
+                        cp16(base + s * PIECE + r * 64 + 32 * (lane & 1) + 16, pc + 16, pol);
+                        cp4(base + s * PIECE + 1024 + 4 * lane, scales + blk * 64 + (r & 7) * 8 + 4 * (lane & 1), pol);
                     } else if (layout == 1) {
                         const unsigned char* pp = codes + piece * PIECE;
                         cp16(base + s * PIECE + 32 * lane, pp + 32 * lane, pol);
@@ -138,6 +147,7 @@ def main() -> int:
     ap.add_argument("--out", default="out/ring_probe.json")
     ap.add_argument("--mb", type=int, default=1024, help="MB of codes (+1/8 of scales)")
     ap.add_argument("--slots", default="2,3,4")
+    ap.add_argument("--layouts", default="rows,packed,bulk,split,split8")
     a = ap.parse_args()
     from cuda.core import Device, LaunchConfig, ObjectCode, Stream, launch
 
@@ -160,7 +170,9 @@ def main() -> int:
     floor = StreamRead(gpu).measure()  # type: ignore[arg-type]
     res: dict[str, float] = {"streaming_read_tb_s": floor["tb_s"], "bytes": nbytes}
     print(f"streaming read {floor['tb_s']:.2f} TB/s; {nbytes / 1e6:.0f} MB a launch", flush=True)
-    for layout, name in ((0, "rows"), (1, "packed"), (2, "bulk"), (3, "split")):
+    for layout, name in enumerate(LAYOUTS):
+        if name not in a.layouts.split(","):
+            continue
         for slots in (int(x) for x in a.slots.split(",")):
             cfg = LaunchConfig(grid=2 * sms, block=128, shmem_size=128 + 4 * slots * 2 * PIECE)
             args = (codes.data_ptr(), scales.data_ptr(), np.uint32(units), np.uint32(layout), np.uint32(slots), sink.data_ptr())
@@ -173,6 +185,7 @@ def main() -> int:
 
 
 PIECE, STEPS = 1152, 32
+LAYOUTS = ("rows", "packed", "bulk", "split", "split8")  # the kernel's layout numbers
 
 if __name__ == "__main__":
     sys.exit(main())
