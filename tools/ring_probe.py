@@ -72,29 +72,27 @@ extern "C" __global__ void __launch_bounds__(128) ring(const unsigned char* code
             if (k < STEPS) {
                 for (unsigned s = 0; s < 2; ++s) {
                     const unsigned long long piece = ((unsigned long long)(2 * u + s) * STEPS + k);  // its index in the packed order
-                    if (layout == 0) {
-                        const unsigned long long r = (2ull * u + s) * 16 + (lane >> 1);  // row lane / 2, half lane % 2
-                        const unsigned char* cp = codes + r * 2048 + 64 * k + 32 * (lane & 1);
-                        cp16(base + s * PIECE + (lane >> 1) * 64 + 32 * (lane & 1), cp, pol);
-                        cp16(base + s * PIECE + (lane >> 1) * 64 + 32 * (lane & 1) + 16, cp + 16, pol);
-                        cp4(base + s * PIECE + 1024 + 4 * lane, scales + r * 256 + 8 * k + 4 * (lane & 1), pol);
-                    } else if (layout == 3) {
-                        const unsigned char* pc = codes + piece * 1024;
-                        cp16(base + s * PIECE + 32 * lane, pc + 32 * lane, pol);
-                        cp16(base + s * PIECE + 32 * lane + 16, pc + 32 * lane + 16, pol);
-                        cp4(base + s * PIECE + 1024 + 4 * lane, scales + piece * 128 + 4 * lane, pol);
-                    } else if (layout == 4) {
-                        const unsigned r = lane >> 1;
-                        const unsigned long long blk = (((2ull * u + s) * 2 + (r >> 3)) * STEPS + k);
-                        const unsigned char* pc = codes + blk * 512 + (r & 7) * 64 + 32 * (lane & 1);
-                        cp16(base + s * PIECE + r * 64 + 32 * (lane & 1), pc, pol);
-                        cp16(base + s * PIECE + r * 64 + 32 * (lane & 1) + 16, pc + 16, pol);
-                        cp4(base + s * PIECE + 1024 + 4 * lane, scales + blk * 64 + (r & 7) * 8 + 4 * (lane & 1), pol);
-                    } else if (layout == 1) {
-                        const unsigned char* pp = codes + piece * PIECE;
-                        cp16(base + s * PIECE + 32 * lane, pp + 32 * lane, pol);
-                        cp16(base + s * PIECE + 32 * lane + 16, pp + 32 * lane + 16, pol);
-                        cp4(base + s * PIECE + 1024 + 4 * lane, pp + 1024 + 4 * lane, pol);
+                    if (layout != 2) {  // this lane's 32 bytes of codes (row lane / 2, half lane % 2) and 4 of scales
+                        const unsigned r = lane >> 1, half = lane & 1;
+                        const unsigned char *cs, *ss;
+                        if (layout == 0) {
+                            const unsigned long long row = (2ull * u + s) * 16 + r;
+                            cs = codes + row * 2048 + 64 * k + 32 * half;
+                            ss = scales + row * 256 + 8 * k + 4 * half;
+                        } else if (layout == 1) {
+                            cs = codes + piece * PIECE + 32 * lane;
+                            ss = codes + piece * PIECE + 1024 + 4 * lane;
+                        } else if (layout == 3) {
+                            cs = codes + piece * 1024 + 32 * lane;
+                            ss = scales + piece * 128 + 4 * lane;
+                        } else {
+                            const unsigned long long blk = ((2ull * u + s) * 2 + (r >> 3)) * STEPS + k;
+                            cs = codes + blk * 512 + (r & 7) * 64 + 32 * half;
+                            ss = scales + blk * 64 + (r & 7) * 8 + 4 * half;
+                        }
+                        cp16(base + s * PIECE + 32 * lane, cs, pol);
+                        cp16(base + s * PIECE + 32 * lane + 16, cs + 16, pol);
+                        cp4(base + s * PIECE + 1024 + 4 * lane, ss, pol);
                     } else if (lane == 0) {
                         const unsigned bar = bars + 8 * slot;
                         if (s == 0)
@@ -113,12 +111,12 @@ extern "C" __global__ void __launch_bounds__(128) ring(const unsigned char* code
         for (unsigned k = 0; k < STEPS; ++k) {
             if (layout == 2) {
                 bar_wait(bars + 8 * (done % slots), (done / slots) & 1);
+            } else if (slots == 2) {
+                asm volatile("cp.async.wait_group 0;" ::: "memory");
             } else if (slots == 3) {
                 asm volatile("cp.async.wait_group 1;" ::: "memory");
-            } else if (slots == 4) {
-                asm volatile("cp.async.wait_group 2;" ::: "memory");
             } else {
-                asm volatile("cp.async.wait_group 0;" ::: "memory");
+                asm volatile("cp.async.wait_group 2;" ::: "memory");
             }
             __syncwarp();
             const unsigned base = ring + (done % slots) * SLOT;
@@ -141,6 +139,9 @@ extern "C" __global__ void __launch_bounds__(128) ring(const unsigned char* code
 }
 """
 
+PIECE, STEPS = 1152, 32  # the kernel's
+LAYOUTS = ("rows", "packed", "bulk", "split", "split8")  # the kernel's layout numbers
+
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -149,6 +150,11 @@ def main() -> int:
     ap.add_argument("--slots", default="2,3,4")
     ap.add_argument("--layouts", default="rows,packed,bulk,split,split8")
     a = ap.parse_args()
+    slot_counts = [int(x) for x in a.slots.split(",")]
+    if not all(2 <= n <= 4 for n in slot_counts):  # the kernel waits on 2-4 slots' groups and has 4 barriers a warp
+        ap.error(f"--slots takes 2 to 4 slots, not {a.slots}")
+    if unknown := set(a.layouts.split(",")) - set(LAYOUTS):
+        ap.error(f"unknown layouts {sorted(unknown)}; known: {', '.join(LAYOUTS)}")
     from cuda.core import Device, LaunchConfig, ObjectCode, Stream, launch
 
     from gpuvm.device.bench import L2Flush, StreamRead, time_ms
@@ -173,7 +179,7 @@ def main() -> int:
     for layout, name in enumerate(LAYOUTS):
         if name not in a.layouts.split(","):
             continue
-        for slots in (int(x) for x in a.slots.split(",")):
+        for slots in slot_counts:
             cfg = LaunchConfig(grid=2 * sms, block=128, shmem_size=128 + 4 * slots * 2 * PIECE)
             args = (codes.data_ptr(), scales.data_ptr(), np.uint32(units), np.uint32(layout), np.uint32(slots), sink.data_ptr())
             t = statistics.median(time_ms(lambda r: launch(Stream.from_handle(ts.cuda_stream), cfg, kern, *args), ts, 10, before=flush)) * 1e-3
@@ -183,9 +189,6 @@ def main() -> int:
         json.dump(res, f, indent=1)
     return 0
 
-
-PIECE, STEPS = 1152, 32
-LAYOUTS = ("rows", "packed", "bulk", "split", "split8")  # the kernel's layout numbers
 
 if __name__ == "__main__":
     sys.exit(main())
