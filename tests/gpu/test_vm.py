@@ -182,8 +182,9 @@ def test_gemm_streams_at_bandwidth(vm_plain: VM) -> None:
 def test_dispatch_overhead(vm_plain: VM, mode: str) -> None:
     """Issue 3's target: <= 0.5 us per empty instruction per block, with every
     claim slot held (6 until session 25, 3 since: 0.481 / 0.445 at 43cfb38). At
-    fe67bf2, 0.70-0.75 (dynamic) and 0.65-0.67 (static); at efc2077 0.501 and 0.458 (the Muse kernel; 0.483 / 0.435 without the Muse
-    ops), and 0.445 / 0.437 without the Muse ops with records one visit ahead."""
+    fe67bf2, 0.70-0.75 (dynamic) and 0.65-0.67 (static); at efc2077 0.501 and
+    0.458 (the Muse kernel; 0.483 / 0.435 without the Muse ops), and 0.445 /
+    0.437 without the Muse ops with records one visit ahead."""
     r = dispatch_overhead(vm_plain, mode)
     print(f"{mode}: {r['us_per_instr_per_block']:.3f} us per empty instruction per block")
     assert r["us_per_instr_per_block"] <= 0.5
