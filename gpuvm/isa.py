@@ -61,6 +61,8 @@ TOPK = int(DEFINES["GVM_TOPK"])
 GEMM_MAX_PARTS = int(DEFINES["GVM_GEMM_MAX_PARTS"])
 HEAD_DIM = int(DEFINES["GVM_HEAD_DIM"])
 MAX_WORKLIST_EXPERTS = int(DEFINES["GVM_MAX_WORKLIST_EXPERTS"])
+NVFP4_TILE_ROWS = int(DEFINES["GVM_NVFP4_TILE_ROWS"])
+NVFP4_TILE_K = int(DEFINES["GVM_NVFP4_TILE_K"])
 
 Op = enum.IntEnum("Op", {k[len("GVM_OP_"):]: v for k, v in _enum("gvm_opcode").items() if not k.endswith("_")})
 DType = enum.IntEnum("DType", {k[len("GVM_DT_"):]: v for k, v in _enum("gvm_dtype").items()})

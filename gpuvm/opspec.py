@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, NamedTuple, Sequence
 
-from .isa import DTYPE_BYTES, GEMM_MAX_PARTS, HEAD_DIM, MAX_WORKLIST_EXPERTS, TOPK, DType, Op, i2f
+from .isa import DTYPE_BYTES, GEMM_MAX_PARTS, HEAD_DIM, MAX_WORKLIST_EXPERTS, NVFP4_TILE_K, NVFP4_TILE_ROWS, TOPK, DType, Op, i2f
 
 
 class ProgramError(ValueError):
@@ -406,6 +406,15 @@ def _cost_topk(ts: Slots, a: Args) -> Cost:
     return Cost(act_bytes=sc.nbytes, flops=sc.shape[0] * sc.shape[1] * 8)
 
 
+def tiled_nvfp4_shapes(lead: tuple[int, ...], n: int, k: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Shapes of the tiled NVFP4 codes and scales (isa/gvm_isa.h) of [..., N, K]
+    matrices: [..., ceil(N/16), 8K] bytes and [..., ceil(N/16), K]."""
+    if n < 1 or k < 1 or k % NVFP4_TILE_K:
+        raise ProgramError(f"tiled NVFP4 needs N >= 1 rows and K a multiple of {NVFP4_TILE_K}, got N={n}, K={k}")
+    nb = -(-n // NVFP4_TILE_ROWS)
+    return (*lead, nb, 8 * k), (*lead, nb, k)
+
+
 def _check_expert(ts: Slots, a: Args, up: bool) -> None:
     out = _t(ts, 0, "hbuf" if up else "y", BF if up else F, 2)
     x = _t(ts, 1, "x" if up else "hbuf", BF, 2)
@@ -414,17 +423,14 @@ def _check_expert(ts: Slots, a: Args, up: bool) -> None:
     tsc = _t(ts, 4, "tensor scales", F)
     meta = _t(ts, 5, "route_meta", I32, 2)
     route = _t(ts, 6, "route", I32, 2)
-    e, k = meta.shape[1], x.shape[1]
-    n_out = codes.shape[-2]
-    want = (e, 2, n_out, k // 2) if up else (e, n_out, k // 2)
-    if not (codes.shape == want):
-        raise ProgramError(f"codes {codes.shape} must be {want}")
-    if not (scales.shape == want[:-1] + (k // 16,)):
-        raise ProgramError(f"scales {scales.shape} must be {want[:-1] + (k // 16,)}")
+    e, k, n_out = meta.shape[1], x.shape[1], out.shape[1]
+    want_c, want_s = tiled_nvfp4_shapes((e, 2) if up else (e,), n_out, k)
+    if not (codes.shape == want_c):
+        raise ProgramError(f"codes {codes.shape} must be {want_c} (tiled NVFP4 of {n_out} rows x {k})")
+    if not (scales.shape == want_s):
+        raise ProgramError(f"scales {scales.shape} must be {want_s} (tiled NVFP4 of {n_out} rows x {k})")
     if not (tsc.shape == ((e, 2) if up else (e,))):
         raise ProgramError(f"tensor scales {tsc.shape} wrong")
-    if not (k % 32 == 0):
-        raise ProgramError("expert K must be a multiple of 32")
     if not (out.shape == (route.shape[1], n_out)):
         raise ProgramError(f"expert out {out.shape} must be [{route.shape[1]},{n_out}]")
     if not (x.shape[0] in (route.shape[1] // TOPK, route.shape[1])):
@@ -435,8 +441,8 @@ def _check_expert(ts: Slots, a: Args, up: bool) -> None:
     _range(a[0], 1, work.shape[0], "expert work list")
     if not (a[1] >= 1):
         raise ProgramError(f"an expert work list needs >= 1 workers, not {a[1]}")
-    if not (a[2] >= 1 and a[3] >= 1):
-        raise ProgramError(f"expert row grain and cap must be >= 1, not {a[2]} and {a[3]}")
+    if not (a[2] >= 1 and a[3] >= 1 and a[2] % NVFP4_TILE_ROWS == 0 and a[3] % NVFP4_TILE_ROWS == 0):
+        raise ProgramError(f"expert row grain and cap must be positive multiples of {NVFP4_TILE_ROWS} (items start on a tiled block), not {a[2]} and {a[3]}")
 
 
 def expert_item_rows(n_out: int, hit: int, workers: int, grain: int, cap: int) -> int:
@@ -455,9 +461,9 @@ def expert_item_rows(n_out: int, hit: int, workers: int, grain: int, cap: int) -
 def _cost_expert(ts: Slots, a: Args, mats: int) -> Cost:
     """A worker's even share of the items when every local expert has one
     token (the model rescales it to the tokens it assumes: gpuvm.sim.predict)."""
-    codes, x, meta = ts[2], ts[1], ts[5]
-    assert codes and x and meta
-    k, n_out = x.shape[1], codes.shape[-2]
+    out, x, meta = ts[0], ts[1], ts[5]
+    assert out and x and meta
+    k, n_out = x.shape[1], ts[0].shape[1]
     item = min(n_out, expert_item_rows(n_out, meta.shape[1], a[1], a[2], a[3]))
     rows = -(-meta.shape[1] * -(-n_out // item) // a[1]) * item
     return Cost(weight_bytes=mats * rows * (k // 2 + k // 16), act_bytes=rows * 8, flops=2 * mats * k * rows)

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from .muse.config import MuseConfig
-from .muse.formats import dequantize_nvfp4
+from .muse.formats import dequantize_nvfp4, untile_nvfp4
 from .muse.state import DecodeState
 from .muse.weights import LayerWeights
 
@@ -41,10 +41,10 @@ class PeerLayer:
     def create(cls, cfg: MuseConfig, w: LayerWeights, state: DecodeState, s: torch.Tensor, kind: str) -> "PeerLayer":
         if kind not in ("full", "sliding"):
             raise ValueError(f"kind must be 'full' or 'sliding', not {kind!r}")
-        gu = dequantize_nvfp4(w.gu_codes, w.gu_scales, w.gu_ts)  # [E,2,I,H]
+        gu = dequantize_nvfp4(*untile_nvfp4(w.gu_codes, w.gu_scales, cfg.expert_inter), w.gu_ts)  # [E,2,I,H]
         e, _, i, h = gu.shape
         gate_up = gu.reshape(e, 2 * i, h).to(torch.bfloat16)
-        down = dequantize_nvfp4(w.d_codes, w.d_scales, w.d_ts).to(torch.bfloat16)
+        down = dequantize_nvfp4(*untile_nvfp4(w.d_codes, w.d_scales, cfg.squeeze), w.d_ts).to(torch.bfloat16)
         return cls(cfg, w, state, kind, s, gate_up, down)
 
     # -- the chain ---------------------------------------------------------------

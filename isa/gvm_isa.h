@@ -54,6 +54,12 @@ typedef long long int64_t;
 #define GVM_GQA 8                /* query heads per kv head */
 #define GVM_MAX_WORKLIST_EXPERTS 32 /* local experts an EXPERT_UP/DOWN work list covers */
 #define GVM_GEMM_MAX_PARTS 16    /* K parts of an f32 GEMM tile (a5) */
+/* Tiled NVFP4 (the expert weights): a matrix [N,K] is ceil(N/16) blocks of
+ * 16 rows, each K step of 128 values by K step: codes [16 rows][64 B], and
+ * in the scales tensor [16 rows][8 B]. Codes [..,ceil(N/16),8K] e2m1x2 (bytes),
+ * scales [..,ceil(N/16),K] e4m3; rows past N are zeros. */
+#define GVM_NVFP4_TILE_ROWS 16
+#define GVM_NVFP4_TILE_K 128
 
 /* ---- dtypes ------------------------------------------------------------ */
 enum gvm_dtype {
@@ -157,10 +163,11 @@ enum gvm_opcode {
      * as mode 1 instructions left them (scores unread). Modes 0 and 2 take
      * a3 = a4 = 0. */
     GVM_OP_EXPERT_UP = 23,
-    /* t0 hbuf [8T,I] bf16, t1 x [T,H] bf16, t2 gu codes [E,2,I,H/2] e2m1x2,
-     * t3 gu scales [E,2,I,H/16] e4m3, t4 gu tensor scales [E,2] f32,
-     * t5 route_meta, t6 route, t7 work [K,2] i32; a0 list k, a1 workers W,
-     * a2 row grain G, a3 row cap C. Work list (E <= GVM_MAX_WORKLIST_EXPERTS):
+    /* t0 hbuf [8T,I] bf16, t1 x [T,H] bf16, t2 gu codes [E,2,I/16,8H] e2m1x2,
+     * t3 gu scales [E,2,I/16,H] e4m3 (both tiled NVFP4, above; H a multiple
+     * of 128), t4 gu tensor scales [E,2] f32, t5 route_meta, t6 route, t7 work
+     * [K,2] i32; a0 list k, a1 workers W, a2 row grain G, a3 row cap C (G and
+     * C multiples of 16). Work list (E <= GVM_MAX_WORKLIST_EXPERTS):
      * with h experts with tokens, tiles have
      * R = min(C, G * ceil(ceil(I / max(1, W / h)) / G)) rows;
      * item i is row tile i % P (rows [R*(i%P), +R) of I, P = ceil(I/R)) of the
@@ -175,8 +182,8 @@ enum gvm_opcode {
      * hbuf[slot, n] = bf16(silu(G x_t) * (U x_t)) with G = gu[e,0],
      * U = gu[e,1] dequantised: code * scale * tensor_scale. */
     GVM_OP_EXPERT_DOWN = 24,
-    /* t0 y [8T,H] f32, t1 hbuf [8T,I] bf16, t2 d codes [E,H,I/2], t3 d scales
-     * [E,H,I/16], t4 d tensor scales [E] f32, t5 route_meta, t6 route,
+    /* t0 y [8T,H] f32, t1 hbuf [8T,I] bf16, t2 d codes [E,H/16,8I], t3 d scales
+     * [E,H/16,I] (tiled), t4 d tensor scales [E] f32, t5 route_meta, t6 route,
      * t7 work; a0 list k, a1 workers W, a2 row grain G, a3 cap C: the work list of
      * EXPERT_UP over the H rows. y[slot, n] = sum_i D[n,i] hbuf[slot,i]. */
     GVM_OP_EXPERT_COMBINE = 25,

@@ -20,6 +20,11 @@
 // for |x| in [2^-14, 65504]) into a shared tile that all four warps read (many
 // tokens: fetched raw by cp.async a K step ahead, converted from shared memory).
 //
+// Weights are tiled NVFP4 (isa/gvm_isa.h): blocks of 16 rows, K step by K step
+// of 128 values, so that a warp's copy of 16 rows of a step reads one contiguous
+// run of codes and one of scales (gvm_tile_row). Items start on a block (their
+// rows are multiples of the grain, a multiple of 16).
+//
 // Each thread multiplies 64 consecutive codes (32 bytes, 4 scale blocks) of a weight
 // row per 256-wide K step, which its warp's lanes fetched together by cp.async one
 // step ahead into shared memory (gvm_exp_fetch), once per token chunk of up to 32
@@ -51,7 +56,15 @@
 #define GVM_EXP_WUNIT 2304   // a unit's weights of a K step: codes [set][row 0..7][128 B], scales [set][row][16 B]
 #define GVM_EXP_WBUF (2 * 4 * GVM_EXP_WUNIT)  // two K steps of the four warps' units
 #define GVM_F16X2_64 0x54005400u
+#define GVM_TK_CODES 1024    // code bytes of a tiled block's K step: 16 rows x 64
+#define GVM_TK_SCALES 128    // scale bytes of it: 16 rows x 8
 #define GVM_EXP_STATE 16     // smem at the end of the scratch: the work list's walk
+
+// Offset of row r's first K step in tiled NVFP4 codes (row_bytes 64, block
+// stride: the tensor's row-block stride) or scales (8).
+__device__ __forceinline__ long long gvm_tile_row(long long r, long long block_stride, int row_bytes) {
+    return (r >> 4) * block_stride + (r & 15) * row_bytes;
+}
 
 // The x tile holds each m-tile's rows g and g + 8 together, as the MMA's A
 // fragments: in pair row g, for thread t4's word w8, half 0 is (g: x0x2,
@@ -131,7 +144,8 @@ __device__ __forceinline__ void gvm_exp_decode(unsigned w, unsigned scale2, unsi
 // sector half at a time: ncu, H200, session 20): lane l copies 16-byte chunk
 // l & 7 of rows l / 8 and l / 8 + 4 of each set (cpa, cpb; chunk c of row g at
 // c ^ (g & 1), so that the readers' 16-byte loads hit distinct bank groups) and
-// scale word l & 3 of row (l / 4) & 7 (sp). live bits (zeros where a row or K
+// scale word l & 3 of row (l / 4) & 7 (sp). A K step is two tiled ones: the
+// lane's pointers hold its chunk's half of the step (see gvm_expert_tile). live bits (zeros where a row or K
 // ends): 0, 1 row l / 8 of sets 0, 1; 2, 3 row l / 8 + 4; 4, 5 the scale row. A
 // zero-fill reads nothing, but still gets an address inside the tensors (zc, zs).
 // The caller commits the group.
@@ -145,9 +159,9 @@ __device__ __forceinline__ void gvm_exp_fetch(unsigned buf, const unsigned char*
 #pragma unroll
     for (int s = 0; s < 2; ++s) {
         const bool oka = (live >> s & 1) && ck, okb = (live >> (2 + s) & 1) && ck, oks = (live >> (4 + s) & 1) && sk;
-        gvm_cp_async16(buf + s * 1024 + co, oka ? cpa + ks * 128 + s * cstep : zc, oka, pol);
-        gvm_cp_async16(buf + s * 1024 + 512 + co, okb ? cpb + ks * 128 + s * cstep : zc, okb, pol);
-        gvm_cp_async4(buf + 2048 + s * 128 + gs * 16 + 4 * q, oks ? sp + ks * 16 + s * sstep : zs, oks, pol);
+        gvm_cp_async16(buf + s * 1024 + co, oka ? cpa + ks * 2 * GVM_TK_CODES + s * cstep : zc, oka, pol);
+        gvm_cp_async16(buf + s * 1024 + 512 + co, okb ? cpb + ks * 2 * GVM_TK_CODES + s * cstep : zc, okb, pol);
+        gvm_cp_async4(buf + 2048 + s * 128 + gs * 16 + 4 * q, oks ? sp + ks * 2 * GVM_TK_SCALES + s * sstep : zs, oks, pol);
     }
 }
 
@@ -275,20 +289,23 @@ __device__ __noinline__ bool gvm_expert_args_ok(const gvm_ctx& c) {
     const gvm_tensor& twork = gvm_t(c, 7);
     const int k = c.ins->arg[0], n_w = c.ins->arg[1], grain = c.ins->arg[2], cap = c.ins->arg[3];
     const int n_exp = tmeta.shape[1], kdim = tx.shape[1], nout = to.shape[1], slots = troute.shape[1];
-    const int wd = UP ? 4 : 3;  // rank of codes / scales
+    const int wd = UP ? 4 : 3;  // rank of codes / scales: [E, (2,) row blocks, bytes of a block]
     bool ok = gvm_is(to, UP ? GVM_DT_BF16 : GVM_DT_F32, 2) & to.shape[0] == slots &
               gvm_is(tx, GVM_DT_BF16, 2) & gvm_aligned(tx, 2, 16) &
               (long long)tx.shape[0] * tx.stride[0] * 2 < (1ll << 32) &
               gvm_is(tcd, GVM_DT_E2M1X2, wd) & gvm_aligned(tcd, 1, 16) & gvm_is(tsc, GVM_DT_E4M3, wd) &
-              gvm_aligned(tsc, 1, 4) & tcd.shape[0] == n_exp & tsc.shape[0] == n_exp & tcd.shape[wd - 2] == nout &
-              tsc.shape[wd - 2] == nout & tcd.shape[wd - 1] * 2 == kdim & tsc.shape[wd - 1] * 16 == kdim &
+              gvm_aligned(tsc, 1, 4) & tcd.shape[0] == n_exp & tsc.shape[0] == n_exp &
+              tcd.shape[wd - 2] == (nout + GVM_NVFP4_TILE_ROWS - 1) / GVM_NVFP4_TILE_ROWS & tsc.shape[wd - 2] == tcd.shape[wd - 2] &
+              tcd.shape[wd - 1] == 8 * kdim & tsc.shape[wd - 1] == kdim &
               gvm_is(tts, GVM_DT_F32, UP ? 2 : 1) & tts.shape[0] == n_exp & gvm_is(tmeta, GVM_DT_I32, 2) &
-              tmeta.shape[0] == 2 & gvm_is(troute, GVM_DT_I32, 2) & troute.shape[0] == 5 & kdim % 64 == 0 &
-              n_exp <= GVM_MAX_WORKLIST_EXPERTS & gvm_aligned(tmeta, 4, 4) & n_w >= 1 & grain >= 1 & cap >= 1 &
+              tmeta.shape[0] == 2 & gvm_is(troute, GVM_DT_I32, 2) & troute.shape[0] == 5 &
+              kdim % GVM_NVFP4_TILE_K == 0 & n_exp <= GVM_MAX_WORKLIST_EXPERTS & gvm_aligned(tmeta, 4, 4) & n_w >= 1 &
+              grain >= 1 & cap >= 1 & grain % GVM_NVFP4_TILE_ROWS == 0 & cap % GVM_NVFP4_TILE_ROWS == 0 &
               gvm_is(twork, GVM_DT_I32, 2) & twork.shape[1] == 2 & k >= 0 & k < twork.shape[0] &
               c.smem_bytes >= GVM_EXP_STATE + GVM_EXP_HEAD + GVM_EXP_WBUF + GVM_EXP_RAW + GVM_EXP_MTILE;
-    // set 0 -> set 1 (the up matrix, or the next 8 rows) must fit an int of bytes
-    ok &= (UP ? tcd.stride[1] : 8 * tcd.stride[1]) < (1ll << 31) & (UP ? tsc.stride[1] : 8 * tsc.stride[1]) < (1ll << 31);
+    // set 0 -> set 1 (the up matrix) and two row blocks on (the shared tile's second unit) must fit an int of bytes
+    ok &= 2 * tcd.stride[wd - 2] < (1ll << 31) & 2 * tsc.stride[wd - 2] < (1ll << 31);
+    if (UP) ok &= tcd.stride[1] < (1ll << 31) & tsc.stride[1] < (1ll << 31);
     if (UP) ok &= tcd.shape[1] == 2 & tsc.shape[1] == 2 & tts.shape[1] == 2;
     return ok;
 }
@@ -332,15 +349,16 @@ __device__ __forceinline__ bool gvm_expr_fits(const gvm_ctx& c, int count, int k
     return count <= 8 && (unsigned)count * gvm_expr_pitch(kdim) + 4 * sets * GVM_EXPR_PART + 16 + GVM_EXP_STATE <= c.smem_bytes;
 }
 
-// One set's loads of chunk j of this lane (rows a and b, codes and scales).
+// One set's loads of chunk j of this lane (rows a and b, codes and scales): a
+// lane's chunks are one tiled K step apart.
 __device__ __forceinline__ void gvm_expr_fill(uint4& ca, uint4& cb, unsigned& sc, const unsigned char* pa,
                                               const unsigned char* pb, const unsigned char* sa, const unsigned char* sb,
                                               int j, bool live, unsigned long long pol) {
     if (live) {
-        ca = gvm_gemm_ld_w16(pa + 64 * j, pol);
-        cb = gvm_gemm_ld_w16(pb + 64 * j, pol);
-        sc = (unsigned)*reinterpret_cast<const unsigned short*>(sa + 8 * j) |
-             ((unsigned)*reinterpret_cast<const unsigned short*>(sb + 8 * j) << 16);
+        ca = gvm_gemm_ld_w16(pa + GVM_TK_CODES * j, pol);
+        cb = gvm_gemm_ld_w16(pb + GVM_TK_CODES * j, pol);
+        sc = (unsigned)*reinterpret_cast<const unsigned short*>(sa + GVM_TK_SCALES * j) |
+             ((unsigned)*reinterpret_cast<const unsigned short*>(sb + GVM_TK_SCALES * j) << 16);
     } else {
         ca = cb = make_uint4(0, 0, 0, 0);
         sc = 0;
@@ -426,8 +444,9 @@ __device__ __forceinline__ void gvm_expr_stage_x(const gvm_ctx& c, unsigned s_x,
 }
 
 // One warp's unit: rows [r0, r0 + 16) of the item (clamped to its last row
-// rl), K chunks [c_beg, c_end), all the expert's tokens (at most 8) -> the
-// 16 x 8 partial of each set in acc (rows g, g + 8; tokens 2q, 2q + 1).
+// rl), K chunks [c_beg, c_end) (c_beg a multiple of 4: a tiled K step), all
+// the expert's tokens (at most 8) -> the 16 x 8 partial of each set in acc
+// (rows g, g + 8; tokens 2q, 2q + 1).
 template <bool UP>
 __device__ __forceinline__ void gvm_expr_unit(const gvm_ctx& c, float (&acc)[2][4], int e, long long r0, long long rl,
                                               int c_beg, int c_end, int nch, unsigned xrow) {
@@ -441,12 +460,12 @@ __device__ __forceinline__ void gvm_expr_unit(const gvm_ctx& c, float (&acc)[2][
     const unsigned char *pa[SETS], *pb[SETS], *sa[SETS], *sb[SETS];
 #pragma unroll
     for (int s = 0; s < SETS; ++s) {
-        const long long cs = e * tcd.stride[0] + (UP ? s * tcd.stride[1] : 0) + 16 * (c_beg + (int)q);
-        const long long ss = e * tsc.stride[0] + (UP ? s * tsc.stride[1] : 0) + 2 * (c_beg + (int)q);
-        pa[s] = gvm_ptr<const unsigned char>(tcd, cs + ra * tcd.stride[rdim], 1);
-        pb[s] = gvm_ptr<const unsigned char>(tcd, cs + rb * tcd.stride[rdim], 1);
-        sa[s] = gvm_ptr<const unsigned char>(tsc, ss + ra * tsc.stride[rdim], 1);
-        sb[s] = gvm_ptr<const unsigned char>(tsc, ss + rb * tsc.stride[rdim], 1);
+        const long long cs = e * tcd.stride[0] + (UP ? s * tcd.stride[1] : 0) + (c_beg >> 2) * GVM_TK_CODES + 16 * (int)q;
+        const long long ss = e * tsc.stride[0] + (UP ? s * tsc.stride[1] : 0) + (c_beg >> 2) * GVM_TK_SCALES + 2 * (int)q;
+        pa[s] = gvm_ptr<const unsigned char>(tcd, cs + gvm_tile_row(ra, tcd.stride[rdim], 64), 1);
+        pb[s] = gvm_ptr<const unsigned char>(tcd, cs + gvm_tile_row(rb, tcd.stride[rdim], 64), 1);
+        sa[s] = gvm_ptr<const unsigned char>(tsc, ss + gvm_tile_row(ra, tsc.stride[rdim], 8), 1);
+        sb[s] = gvm_ptr<const unsigned char>(tsc, ss + gvm_tile_row(rb, tsc.stride[rdim], 8), 1);
     }
 #pragma unroll
     for (int s = 0; s < SETS; ++s) acc[s][0] = acc[s][1] = acc[s][2] = acc[s][3] = 0.0f;
@@ -496,15 +515,17 @@ __device__ __forceinline__ void gvm_cp_async_wait_n(int n) {
 // waited for loads issued just before them (the SASS at 2555614: the whole
 // memory latency once per chunk). A slot holds two pieces, UP the gate and up
 // sets of one K step (4 chunks), DOWN two K steps; a piece is codes [16 rows]
-// [64 B], then scales [16 rows][8 B]. Lane l copies row l / 2's half l % 2 (two
-// 16-byte pieces of codes, one 4-byte word of scales), so that a lane holds
-// two pointers; the lanes then read the fragments of rows g and g + 8.
+// [64 B], then scales [16 rows][8 B]: a tiled K step as it is stored, so a
+// warp's copy of a piece reads 1,024 + 128 contiguous bytes. Lane l copies row
+// l / 2's half l % 2 (two 16-byte pieces of codes, one 4-byte word of scales),
+// so that a lane holds two pointers; the lanes then read the fragments of rows
+// g and g + 8.
 // The two pieces' MMAs go to four accumulators, a piece's words alternating
 // between two, word by word of both pieces: four independent chains in one
 // stream. A piece at a time (one chain per piece, or two for DOWN) ran ~600
 // cycles a piece with neither copies nor decode (expert_bench probe 5: the
 // warp issues in order, so each MMA waited for the one before it).
-// c_beg and c_end are even (whole scale words; gvm_expert_tile_reg).
+// c_beg and c_end are multiples of 4 (whole tiled K steps; gvm_expert_tile_reg).
 template <bool UP>
 __device__ __forceinline__ void gvm_expr_unit_ring(const gvm_ctx& c, float (&acc)[2][4], int e, long long r0, long long rl,
                                                    int c_beg, int c_end, int nch, unsigned xrow, unsigned ring, int nsl) {
@@ -515,8 +536,11 @@ __device__ __forceinline__ void gvm_expr_unit_ring(const gvm_ctx& c, float (&acc
     const int rdim = UP ? 2 : 1;
     const long long row = min(r0 + (lane >> 1), rl);  // the row this lane copies
     const int first = c_beg + 2 * (int)half;          // its first chunk of a K step
-    const unsigned char* cp = gvm_ptr<const unsigned char>(tcd, e * tcd.stride[0] + row * tcd.stride[rdim] + 16 * first, 1);
-    const unsigned char* sp = gvm_ptr<const unsigned char>(tsc, e * tsc.stride[0] + row * tsc.stride[rdim] + 2 * first, 1);
+    const long long kb = c_beg >> 2;                  // the unit's first tiled K step
+    const unsigned char* cp = gvm_ptr<const unsigned char>(
+        tcd, e * tcd.stride[0] + gvm_tile_row(row, tcd.stride[rdim], 64) + kb * GVM_TK_CODES + 32 * half, 1);
+    const unsigned char* sp = gvm_ptr<const unsigned char>(
+        tsc, e * tsc.stride[0] + gvm_tile_row(row, tsc.stride[rdim], 8) + kb * GVM_TK_SCALES + 4 * half, 1);
     const int cset = UP ? (int)tcd.stride[1] : 0, sset = UP ? (int)tsc.stride[1] : 0;  // set 1 (up) from set 0 (gate)
     const unsigned wofs = (lane >> 1) * 64 + 32 * half;  // this lane's codes in a piece (its scale word: 1024 + 4 lane)
     const unsigned rofs = g * 64 + 16 * q, rsofs = 1024 + g * 8 + 4 * (q >> 1);  // its fragments (row g; g + 8 is +512, +64)
@@ -536,13 +560,13 @@ __device__ __forceinline__ void gvm_expr_unit_ring(const gvm_ctx& c, float (&acc
 #pragma unroll
             for (int p = 0; p < 2; ++p) {
                 const int j = UP ? i : 2 * i + p, s = UP ? p : 0;
-                // chunks first + 4 j and the next (first and c_end even: both live or both dead; dead ones are zero-filled)
+                // chunks first + 4 j and the next (c_end a multiple of 4: both live or both dead; dead ones are zero-filled)
                 const bool live = first + 4 * j < c_end;
-                const unsigned char* cj = live ? cp + s * cset + 64 * j : cp;
+                const unsigned char* cj = live ? cp + s * cset + GVM_TK_CODES * j : cp;
                 const unsigned st = ring + wsl + p * GVM_EXPR_STAGE;
                 gvm_cp_async16(st + wofs, cj, live, pol);
                 gvm_cp_async16(st + wofs + 16, live ? cj + 16 : cp, live, pol);
-                gvm_cp_async4(st + 1024 + 4 * lane, live ? sp + s * sset + 8 * j : sp, live, pol);
+                gvm_cp_async4(st + 1024 + 4 * lane, live ? sp + s * sset + GVM_TK_SCALES * j : sp, live, pol);
             }
         }
         gvm_cp_async_commit();
@@ -612,7 +636,7 @@ __device__ int gvm_expert_tile_reg(const gvm_ctx& c, int e, int n0, int nn, int 
 #pragma unroll 1
     for (int u0 = 0; u0 < units; u0 += 4) {
         const int nu = min(4, units - u0), S = nu == 1 ? 4 : nu == 2 ? 2 : 1;  // K splits: nu * S <= 4 pieces
-        const int cps = ((nch + S - 1) / S + 1) & ~1;  // even: the ring copies whole scale words
+        const int cps = ((nch + S - 1) / S + 3) & ~3;  // whole tiled K steps of 4 chunks
         const int piece = (int)warp, pu = piece / S, ps = piece - pu * S;
         if (pu < nu) {
             float acc[2][4];
@@ -741,17 +765,19 @@ __device__ int gvm_expert_tile(const gvm_ctx& c, int e, int n0, int nn) {
                 const int r = UP ? 2 : 1;  // the row dim of codes / scales; UP's dim 1 is gate | up
                 // rows past the instruction point at its last (zero-filled: live)
                 const long long ra = n0 + min(r0 + ga, nn - 1), rb = n0 + min(r0 + ga + 4, nn - 1), rs = n0 + min(r0 + gs, nn - 1);
-                const long long ce = e * tcd.stride[0] + 16 * (lane & 7), se = e * tsc.stride[0] + 4 * (lane & 3);
-                const unsigned char* cpa = gvm_ptr<const unsigned char>(tcd, ce + ra * tcd.stride[r], 1);
-                const unsigned char* cpb = gvm_ptr<const unsigned char>(tcd, ce + rb * tcd.stride[r], 1);
-                const unsigned char* sp = gvm_ptr<const unsigned char>(tsc, se + rs * tsc.stride[r], 1);
-                const int cstep = (int)(UP ? tcd.stride[1] : 8 * tcd.stride[1]);
-                const int sstep = (int)(UP ? tsc.stride[1] : 8 * tsc.stride[1]);
+                // chunk lane & 7 of a 256-wide K step: tiled step (lane & 7) / 4; scale word lane & 3: step (lane & 3) / 2
+                const long long ce = e * tcd.stride[0] + ((lane & 7) >> 2) * GVM_TK_CODES + 16 * (lane & 3);
+                const long long se = e * tsc.stride[0] + ((lane & 3) >> 1) * GVM_TK_SCALES + 4 * (lane & 1);
+                const unsigned char* cpa = gvm_ptr<const unsigned char>(tcd, ce + gvm_tile_row(ra, tcd.stride[r], 64), 1);
+                const unsigned char* cpb = gvm_ptr<const unsigned char>(tcd, ce + gvm_tile_row(rb, tcd.stride[r], 64), 1);
+                const unsigned char* sp = gvm_ptr<const unsigned char>(tsc, se + gvm_tile_row(rs, tsc.stride[r], 8), 1);
+                // set 1: UP the up matrix, DOWN 8 rows on in the same block (units start on a block)
+                const int cstep = (int)(UP ? tcd.stride[1] : 8 * 64);
+                const int sstep = (int)(UP ? tsc.stride[1] : 8 * 8);
                 const unsigned char* x = reinterpret_cast<const unsigned char*>(gvm_t(c, 1).ptr);
-                // unit + 4 (dbl) is 4 * unit_rows rows on wherever its rows exist (its lanes' bits)
-                const int du = 4 * unit_rows;
+                // unit + 4 (dbl, UP) is 32 rows, two blocks, on wherever its rows exist (its lanes' bits)
                 if (dbl)  // one instance a shape: the one-unit pass holds no second unit's offsets
-                    gvm_exp_mma<true>(c, acc, cpa, cpb, sp, cstep, sstep, (int)(du * tcd.stride[r]), (int)(du * tsc.stride[r]),
+                    gvm_exp_mma<true>(c, acc, cpa, cpb, sp, cstep, sstep, (int)(2 * tcd.stride[r]), (int)(2 * tsc.stride[r]),
                                       live, x, s_rows, s_tile, s_wbuf, tm, gvm_t(c, 1).shape[1]);
                 else
                     gvm_exp_mma<false>(c, acc, cpa, cpb, sp, cstep, sstep, 0, 0, live, x, s_rows, s_tile, s_wbuf, tm,

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from gpuvm.cpu import CpuOpError, StuckError, run_stream
 from gpuvm.cpu import ops
 from gpuvm.isa import DType, Op, f2i
-from gpuvm.muse.formats import E2M1_VALUES
+from gpuvm.muse.formats import E2M1_VALUES, tile_nvfp4
 from gpuvm.program import Program, ProgramError
 from tests.randprog import random_program
 
@@ -314,27 +314,27 @@ def _routing(T: int, E: int, picks: list[list[int]]) -> tuple[torch.Tensor, torc
 
 
 def test_expert_up_down_combine() -> None:
-    T, E, H, I = 4, 3, 32, 32
+    T, E, H, I = 4, 3, 128, 128
     _, meta, route = _routing(T, E, [[0, 2], [2], [1, 0], []])
     x = randn(T, H).bfloat16()
     gu_c, gu_s, gu_ts = _nvfp4(E, 2, I, H)
     d_c, d_s, d_ts = _nvfp4(E, H, I)
     hbuf, y = nan(8 * T, I, dtype=torch.bfloat16), nan(8 * T, H)
     work = torch.zeros(2, 2, dtype=torch.int32)
-    # work lists: 4 workers over 3 experts hit, one tile of all 32 rows each;
-    # the first takes all items and signals for the 4, the others nothing
-    assert [ops.expert_up([hbuf, x, gu_c, gu_s, gu_ts, meta, route, work], [0, 4, 16, 64]) for _ in range(4)] == [4, 0, 0, 0]
-    assert [ops.expert_down([y, hbuf, d_c, d_s, d_ts, meta, route, work], [1, 2, H, 64]) for _ in range(2)] == [2, 0]
+    # work lists (the ops take tiled NVFP4): 4 workers over 3 experts hit, one
+    # tile of all 128 rows each; the first takes all items and signals for the 4, the others nothing
+    assert [ops.expert_up([hbuf, x, *tile_nvfp4(gu_c, gu_s), gu_ts, meta, route, work], [0, 4, 128, 128]) for _ in range(4)] == [4, 0, 0, 0]
+    assert [ops.expert_down([y, hbuf, *tile_nvfp4(d_c, d_s), d_ts, meta, route, work], [1, 2, H, H]) for _ in range(2)] == [2, 0]
     assert work.tolist() == [[3 + 4, 3], [3 + 2, 3]]  # (items + workers: each worker's last take is past the end, items done)
     used = int(meta[0].sum())
     assert used == 5 and hbuf[used:].isnan().all() and y[used:].isnan().all()
+    mats = [[_deq(gu_c[e, s], gu_s[e, s], float(gu_ts[e, s])) for s in (0, 1)] + [_deq(d_c[e], d_s[e], float(d_ts[e]))] for e in range(E)]
     for slot in range(used):
         e = next(e for e in range(E) if meta[1, e] <= slot < meta[1, e] + meta[0, e])
         t = int(route[0, slot])
-        g = _deq(gu_c[e, 0], gu_s[e, 0], float(gu_ts[e, 0])) @ x[t].float()
-        u = _deq(gu_c[e, 1], gu_s[e, 1], float(gu_ts[e, 1])) @ x[t].float()
+        g, u = mats[e][0] @ x[t].float(), mats[e][1] @ x[t].float()
         torch.testing.assert_close(hbuf[slot], (g / (1 + torch.exp(-g)) * u).bfloat16())
-        torch.testing.assert_close(y[slot], _deq(d_c[e], d_s[e], float(d_ts[e])) @ hbuf[slot].float(), rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(y[slot], mats[e][2] @ hbuf[slot].float(), rtol=1e-4, atol=1e-4)
     fsq = nan(T, H, dtype=torch.bfloat16)
     ops.expert_combine([fsq, y, route], [0, T])
     for t in range(T):
@@ -348,22 +348,23 @@ def test_expert_up_down_combine() -> None:
 
 
 def test_expert_with_no_tokens_touches_nothing() -> None:
-    """Only expert 0 has tokens: with 4 workers at a grain of 8 rows its 4
-    items of 8 rows are the whole list, and a worker past them does nothing."""
+    """Only expert 0 has tokens: with 4 workers at a grain of 16 rows its 4
+    items of 16 rows are the whole list, and a worker past them does nothing."""
     _, meta, route = _routing(2, 3, [[0], [0]])
-    hbuf = nan(16, 32, dtype=torch.bfloat16)
-    codes, scales, ts = _nvfp4(3, 2, 32, 32)
-    x = randn(2, 32).bfloat16()
-    assert ops.list_items(meta, 32, 4, 8, 64) == [(0, slice(r, r + 8)) for r in (0, 8, 16, 24)]
+    hbuf = nan(16, 64, dtype=torch.bfloat16)
+    codes, scales = tile_nvfp4(*_nvfp4(3, 2, 64, 128)[:2])
+    ts = torch.ones(3, 2)
+    x = randn(2, 128).bfloat16()
+    assert ops.list_items(meta, 64, 4, 16, 64) == [(0, slice(r, r + 16)) for r in (0, 16, 32, 48)]
     work = torch.tensor([[4, 4]], dtype=torch.int32)  # the list already taken and done
-    assert ops.expert_up([hbuf, x, codes, scales, ts, meta, route, work], [0, 4, 8, 64]) == 0  # its finisher signalled
+    assert ops.expert_up([hbuf, x, codes, scales, ts, meta, route, work], [0, 4, 16, 64]) == 0  # its finisher signalled
     assert hbuf.isnan().all() and work.tolist() == [[5, 4]]
     work.zero_()
     for _ in range(3):
-        ops.expert_up([hbuf, x, codes, scales, ts, meta, route, work], [0, 3, 8, 64])
-    # 3 workers: 2 items of 16 rows (ceil(32 / 3) rounded up to the grain); a cap of 8: 4 items
-    assert ops.list_items(meta, 32, 3, 8, 64) == [(0, slice(0, 16)), (0, slice(16, 32))]
-    assert ops.list_items(meta, 32, 3, 8, 8) == [(0, slice(r, r + 8)) for r in (0, 8, 16, 24)]
+        ops.expert_up([hbuf, x, codes, scales, ts, meta, route, work], [0, 3, 16, 64])
+    # 3 workers: 2 items of 32 rows (ceil(64 / 3) rounded up to the grain); a cap of 16: 4 items
+    assert ops.list_items(meta, 64, 3, 16, 64) == [(0, slice(0, 32)), (0, slice(32, 64))]
+    assert ops.list_items(meta, 64, 3, 16, 16) == [(0, slice(r, r + 16)) for r in (0, 16, 32, 48)]
     assert not hbuf[:2].isnan().any() and hbuf[2:].isnan().all() and work.tolist() == [[2 + 3, 2]]
 
 
@@ -372,9 +373,9 @@ def test_empty_work_list_is_signalled_by_its_first_worker() -> None:
     end) draw completes the list, so its consumers are not left waiting."""
     _, meta, route = _routing(2, 3, [[], []])
     hbuf = nan(16, 32, dtype=torch.bfloat16)
-    codes, scales, ts = _nvfp4(3, 2, 32, 32)
+    codes, scales = tile_nvfp4(*_nvfp4(3, 2, 32, 128)[:2])
     work = torch.zeros(1, 2, dtype=torch.int32)
-    got = [ops.expert_up([hbuf, nan(2, 32, dtype=torch.bfloat16), codes, scales, ts, meta, route, work], [0, 3, 8, 64]) for _ in range(3)]
+    got = [ops.expert_up([hbuf, nan(2, 128, dtype=torch.bfloat16), codes, scales, torch.ones(3, 2), meta, route, work], [0, 3, 16, 64]) for _ in range(3)]
     assert got == [3, 0, 0] and work.tolist() == [[3, 0]] and hbuf.isnan().all()
 
 

@@ -86,8 +86,8 @@ def test_full_size_op_counts_and_tiles(kind: str) -> None:
             tickets.setdefault(m, []).append(j)
     assert sorted(tickets) == list(range(32)) and all(sorted(js) == [0, 1, 2, 3] for js in tickets.values())
     assert all(o.prefetch is None for o in s.ops if o.opcode in (Op.EXPERT_UP, Op.EXPERT_DOWN))
-    # item rows in multiples of a warp's unit (sized on the GPU): 8 gate|up rows, 16 down rows, at most 64
-    assert {o.args[2:4] for o in _ops(s, Op.EXPERT_UP)} == {(8, 64)} and {o.args[2:4] for o in _ops(s, Op.EXPERT_DOWN)} == {(16, 64)}
+    # item rows in multiples of a tiled block of 16 rows (sized on the GPU), at most 64
+    assert {o.args[2:4] for o in _ops(s, Op.EXPERT_UP)} == {(16, 64)} and {o.args[2:4] for o in _ops(s, Op.EXPERT_DOWN)} == {(16, 64)}
     assert len(s.counters) < 200 and len(s.tensors) < 50
 
 

@@ -13,8 +13,10 @@ from gpuvm.muse.formats import (
     pack_e2m1,
     quantize_nvfp4,
     quantize_nvfp4_batched,
+    tile_nvfp4,
     to_e4m3,
     unpack_e2m1,
+    untile_nvfp4,
 )
 
 
@@ -136,3 +138,24 @@ def test_bf16_round() -> None:
     x = torch.tensor([1.0 + 2 ** -9, 1.0 + 3 * 2 ** -9, 3.0])
     assert bf16_round(x).tolist() == [1.0, 1.0 + 2 ** -7, 3.0]
     assert bf16_round(x).dtype == torch.float32
+
+
+def test_tiled_nvfp4_layout_and_roundtrip() -> None:
+    """Tiled NVFP4 (isa/gvm_isa.h): blocks of 16 rows, K step of 128 values by
+    step; rows past N are zeros; untiling gives the rows back."""
+    gen = torch.Generator().manual_seed(3)
+    codes = torch.randint(0, 256, (3, 40, 128), generator=gen, dtype=torch.uint8)
+    scales = to_e4m3(torch.rand(3, 40, 16, generator=gen) + 0.5)
+    tc, ts = tile_nvfp4(codes, scales)
+    assert tc.shape == (3, 3, 2048) and ts.shape == (3, 3, 256) and ts.dtype == torch.float8_e4m3fn
+    # row 21 = block 1, row 5; code byte 70 = K step 1, byte 6; scale byte 11 = step 1, byte 3
+    assert tc[2, 1, 1024 + 5 * 64 + 6] == codes[2, 21, 70]
+    assert ts.view(torch.uint8)[2, 1, 128 + 5 * 8 + 3] == scales.view(torch.uint8)[2, 21, 11]
+    assert not tc[:, 2].reshape(3, 2, 16, 64)[:, :, 8:].any() and not ts.view(torch.uint8)[:, 2].reshape(3, 2, 16, 8)[:, :, 8:].any()
+    c2, s2 = untile_nvfp4(tc, ts, 40)
+    assert torch.equal(c2, codes) and torch.equal(s2.view(torch.uint8), scales.view(torch.uint8))
+    assert untile_nvfp4(tc, ts)[0].shape == (3, 48, 128)
+    with pytest.raises(ValueError, match="multiple of 128"):
+        tile_nvfp4(codes[..., :32], scales[..., :4])
+    with pytest.raises(ValueError, match="do not hold 30 rows"):
+        untile_nvfp4(tc, ts, 30)

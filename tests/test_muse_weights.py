@@ -47,8 +47,9 @@ def test_fields_shapes_dtypes(small: LayerWeights) -> None:
     assert small.Wqkvg.shape == (2 * 16 * 64 + 2 * 2 * 64, d) and small.Wo.shape == (d, 16 * 64)
     assert small.Wr.shape == (SMALL.n_experts, d) and small.Wr.dtype == torch.float32
     assert small.Wsq.shape == (H, d) and small.Wex.shape == (d, H) and small.Wex.dtype == torch.bfloat16
-    assert small.gu_codes.shape == (E, 2, I, H // 2) and small.gu_scales.shape == (E, 2, I, H // 16)
-    assert small.d_codes.shape == (E, H, I // 2) and small.d_scales.dtype == torch.float8_e4m3fn
+    # experts tiled: blocks of 16 rows, 8 code bytes and 1 scale byte a value of K per block
+    assert small.gu_codes.shape == (E, 2, I // 16, 8 * H) and small.gu_scales.shape == (E, 2, I // 16, H)
+    assert small.d_codes.shape == (E, H // 16, 8 * I) and small.d_scales.dtype == torch.float8_e4m3fn
     assert small.gu_ts.shape == (E, 2) and small.d_ts.shape == (E,)
     assert small.w_qn.shape == (64,) and small.alpha2.shape == (d,)
     assert small.k_scale == 1.0 and small.v_scale == 1.0
@@ -76,8 +77,8 @@ def test_parts_match_the_whole(small: LayerWeights) -> None:
     assert _same(make_dense_tensor(SMALL, "Wsq", 1, 7), small.Wsq)
     assert _same(make_router(SMALL, 1, 7), small.Wr)
     ex = make_expert(SMALL, 1, 2, 7)
-    for name, t in zip(EXPERT_FIELDS, ex):
-        assert _same(t, getattr(small, name)[2]), name
+    for name, t, stored in zip(EXPERT_FIELDS, ex, small.expert(2)):
+        assert _same(t, stored), name
     with pytest.raises(ValueError, match="dense fields"):
         make_dense_tensor(SMALL, "gu_codes", 1, 7)
     with pytest.raises(ValueError):
@@ -104,7 +105,8 @@ def test_value_ranges(small: LayerWeights) -> None:
     gate, up, down = small.expert_matrices(0)
     for m in (gate, up, down):
         assert (m.pow(2).sum(1).mean() ** 0.5).item() == pytest.approx(1.0, rel=0.1)
-    assert torch.equal(down, dequantize_nvfp4(small.d_codes[0], small.d_scales[0], small.d_ts[0].item()))
+    ex = make_expert(SMALL, 1, 0, 7)
+    assert torch.equal(down, dequantize_nvfp4(ex.d_codes, ex.d_scales, ex.d_ts.item()))
 
 
 def test_to_device_roundtrip(small: LayerWeights) -> None:

@@ -137,7 +137,7 @@ def test_work_lists_are_checked() -> None:
         t = _muse_tensors(p)
         done = p.counter("hbuf")
         for k in range(n_w):
-            args = [0, a1, 8, 64 if not (odd_args and k == 1) else 32]
+            args = [0, a1, 16, 64 if not (odd_args and k == 1) else 32]
             p.op(Op.EXPERT_UP, [t[n] for n in ("hbuf", "x", "gu", "gus", "guts", "meta", "route", "work")], args, signal=done, label=f"up{k}")
         if intruder:
             p.op(Op.NOP, signal=done, label="intruder")
@@ -156,7 +156,7 @@ def test_work_lists_are_checked() -> None:
 
 
 # ---- per-opcode shape and dtype checks -----------------------------------------
-T, D, HQ, HKV, C, S, NCH, NE, E, H, I = 4, 128, 4, 2, 3, 8, 3, 16, 4, 64, 32  # sizes that differ, so a swap shows
+T, D, HQ, HKV, C, S, NCH, NE, E, H, I = 4, 128, 4, 2, 3, 8, 3, 16, 4, 256, 128  # sizes that differ, so a swap shows
 QKVG = (2 * HQ + 2 * HKV) * 64
 
 
@@ -166,8 +166,8 @@ def _muse_tensors(p: Program) -> dict[str, TensorSpec]:
         "qkvg": ((T, QKVG), BF16), "q": ((T, HQ, 64), BF16), "w64": ((64,), F32), "kc": ((C, S, HKV, 64), E4M3),
         "vc": ((C, S, HKV, 64), E4M3), "convs": ((C, 4), I32), "po": ((T, HQ, NCH, 64), F32), "pml": ((T, HQ, NCH, 2), F32),
         "o": ((T, HQ * 64), BF16), "sc": ((T, NE), F32), "Wr": ((NE, D), F32), "meta": ((2, E), I32), "route": ((5, 8 * T), I32), "work": ((2, 2), I32),
-        "x": ((T, H), BF16), "gu": ((E, 2, I, H // 2), FP4), "gus": ((E, 2, I, H // 16), E4M3), "guts": ((E, 2), F32),
-        "hbuf": ((8 * T, I), BF16), "dc": ((E, H, I // 2), FP4), "ds": ((E, H, I // 16), E4M3), "dts": ((E,), F32),
+        "x": ((T, H), BF16), "gu": ((E, 2, I // 16, 8 * H), FP4), "gus": ((E, 2, I // 16, H), E4M3), "guts": ((E, 2), F32),
+        "hbuf": ((8 * T, I), BF16), "dc": ((E, H // 16, 8 * I), FP4), "ds": ((E, H // 16, I), E4M3), "dts": ((E,), F32),
         "y": ((8 * T, H), F32), "fsq": ((T, H), BF16), "Wbad": ((QKVG, D + 8), BF16), "s_bf": ((T, D), BF16),
         "kc_bad": ((C, S, HKV + 1, 64), E4M3), "po_bad": ((T + 1, HQ, NCH, 64), F32), "route_bad": ((5, 8 * T + 1), I32),
         "sc4": ((T, 4 * NE), F32), "tk": ((3,), I32), "tk2": ((3, 1), I32),
@@ -196,7 +196,7 @@ MUSE_CASES = [
     # the picks of tokens [1, T) (mode 1), then the table from them (mode 2)
     (Op.TOPK, ["sc", "meta", "route"], [0, E, 1, 1, T - 1], [[0, E, 1, 0, 0], [0, E, 1, T - 1, 2], [0, E, 1, -1, 1], (2, "route_bad")]),
     (Op.TOPK, ["sc", "meta", "route", "work"], [0, E, 2], [[0, E, 2, 1, 0], [0, E, 2, 0, 1], (3, "sc")]),
-    (Op.EXPERT_UP, ["hbuf", "x", "gu", "gus", "guts", "meta", "route", "work"], [0, 1, I, I], [(2, "dc"), (3, "ds"), (4, "dts"), (0, "y"), (6, "route_bad"), (7, "meta"), [2, 1, 8, 8], [0, 0, 8, 8], [0, 2, 0, 8], [0, 2, 8, 0], [-1, 2, 8, 8]]),
+    (Op.EXPERT_UP, ["hbuf", "x", "gu", "gus", "guts", "meta", "route", "work"], [0, 1, I, I], [(2, "dc"), (3, "ds"), (4, "dts"), (0, "y"), (6, "route_bad"), (7, "meta"), [2, 1, 16, 16], [0, 0, 16, 16], [0, 2, 0, 16], [0, 2, 16, 0], [-1, 2, 16, 16], [0, 2, 8, 16], [0, 2, 16, 24]]),
     (Op.EXPERT_DOWN, ["y", "hbuf", "dc", "ds", "dts", "meta", "route", "work"], [1, 4, 16, 64], [(2, "gu"), (0, "hbuf"), (4, "guts"), (7, "sc"), [1, 0, H, H]]),
     (Op.EXPERT_COMBINE, ["fsq", "y", "route"], [0, T], [(0, "h"), (2, "route_bad"), (1, "hbuf"), [1, T]]),
     (Op.COPY, ["s", "a"], [0, T * D], [(1, "h"), [1, T * D]]),

@@ -250,7 +250,7 @@ def test_a_work_list_signals_when_its_items_are_done() -> None:
     done = p.counter("hbuf")
     p.op(Op.SLEEP, [], [50_000], label="slow")
     for k in range(4):
-        p.op(Op.EXPERT_UP, [t[n] for n in ("hbuf", "x", "gu", "gus", "guts", "meta", "route", "work")], [0, 4, 8, 64], signal=done, label=f"up{k}")
+        p.op(Op.EXPERT_UP, [t[n] for n in ("hbuf", "x", "gu", "gus", "guts", "meta", "route", "work")], [0, 4, 16, 64], signal=done, label=f"up{k}")
     p.op(Op.NOP, waits=[done], label="consumer")
     s = p.build(order="given")
     hw = Hardware(n_blocks=2, groups=1, claim_depth=2)
@@ -359,7 +359,7 @@ def test_layer_costs_follow_expert_tokens() -> None:
             # weights per row, math per row and token
             j = seen.get(ins.args[0], 0)
             seen[ins.args[0]] = j + 1
-            items = list_items(meta, ins.tensors[2].shape[-2], ins.args[1], ins.args[2], ins.args[3])[j :: ins.args[1]]
+            items = list_items(meta, ins.tensors[0].shape[1], ins.args[1], ins.args[2], ins.args[3])[j :: ins.args[1]]
             mats, k = (2 if ins.opcode == Op.EXPERT_UP else 1), ins.tensors[1].shape[1]
             rows = sum(cols.stop - cols.start for _, cols in items)
             assert c.weight_bytes == mats * rows * (k // 2 + k // 16)

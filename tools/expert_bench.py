@@ -23,6 +23,7 @@ from gpuvm.device.bench import L2Flush
 from gpuvm.isa import DType, Op
 from gpuvm.muse.config import SHARD
 from gpuvm.muse.lowering import EXPERT_CAP, EXPERT_GRAIN, Tiles
+from gpuvm.opspec import tiled_nvfp4_shapes
 from tools.ops_check import SCRATCH, GpuRunner, _Build, encode, place, split_rc
 
 H, I, E, WORKERS = SHARD.squeeze, SHARD.expert_inter, SHARD.local_experts, Tiles().expert_workers
@@ -30,11 +31,11 @@ GRAIN = {up: EXPERT_GRAIN[Op.EXPERT_UP if up else Op.EXPERT_DOWN] for up in (Tru
 
 
 def weights(up: bool, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-    """Random codes and unit scales of the shard's 32 experts (gate|up or down)."""
+    """Random codes and unit scales of the shard's 32 experts (gate|up or down), tiled."""
     n_out, k = (I, H) if up else (H, I)
-    lead = (E, 2, n_out) if up else (E, n_out)
-    codes = torch.randint(0, 256, (*lead, k // 2), generator=gen, dtype=torch.uint8)
-    return codes, torch.full((*lead, k // 16), 0x38, dtype=torch.uint8)  # e4m3 1.0
+    cshape, sshape = tiled_nvfp4_shapes((E, 2) if up else (E,), n_out, k)
+    codes = torch.randint(0, 256, cshape, generator=gen, dtype=torch.uint8)
+    return codes, torch.full(sshape, 0x38, dtype=torch.uint8)  # e4m3 1.0
 
 
 # Tokens per local expert of the sweep's sliding-c32-t8 layer (the reference's

@@ -50,7 +50,7 @@ from gpuvm.cpu.backend import run_stream  # noqa: E402
 from gpuvm.device.build import BuildOptions  # noqa: E402
 from gpuvm.cpu.ops import OPS as CPU_OPS, residual_stats  # noqa: E402
 from gpuvm.isa import TENSOR_DTYPE, DType, ErrorCode, Op, f2i  # noqa: E402
-from gpuvm.muse.formats import from_e4m3, to_e4m3  # noqa: E402
+from gpuvm.muse.formats import from_e4m3, tile_nvfp4, to_e4m3  # noqa: E402
 from gpuvm.opspec import TensorSpec  # noqa: E402
 from gpuvm.program import Program, Stream, work_lists  # noqa: E402
 from gpuvm.tensors import descriptor, torch_dtype  # noqa: E402
@@ -197,8 +197,8 @@ class Sizes:
     nch_merge: int    # chunks per head in the ATTN_MERGE case
     experts: int      # router width NE
     local: int        # local experts E
-    hidden: int       # expert H = I
-    cols: int         # weight rows per expert work item
+    hidden: int       # expert H = I (a multiple of 128: tiled NVFP4)
+    cols: int         # weight rows per expert work item (a multiple of 16)
     big_tokens: int   # T of the second TOPK case (prefill-like)
     nch_deep: int = 53  # chunks per head of the ATTN_MERGE head-split case: past the 24 a lane of four busy warps
 
@@ -217,7 +217,7 @@ SMALL = Sizes(
     attn_sliding=((2, 150), (5, 40)),
     attn_odd=((1, 0), (5, 7), (4, 30)),
     chunk=32, odd_chunk=24, window=64, ring=96, nch_merge=5,
-    experts=64, local=4, hidden=320, cols=72, big_tokens=150,
+    experts=64, local=4, hidden=384, cols=80, big_tokens=150,
 )
 SIZES = {"shard": SHARD, "small": SMALL}
 
@@ -577,17 +577,19 @@ def cases_route(sz: Sizes, gen: torch.Generator) -> list[Case]:
 
 
 def _nvfp4(b: _Build, *lead: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random NVFP4 codes and scales of [*lead, K] (the last of lead: rows), tiled as the ops take them."""
     codes = torch.randint(0, 256, (*lead, k // 2), generator=b.gen, dtype=torch.uint8)
     scales = to_e4m3(2.0 ** (torch.rand((*lead, k // 16), generator=b.gen) * 4 - 3)).view(torch.uint8)
-    return codes, scales
+    return tile_nvfp4(codes, scales)
 
 
 def cases_experts(sz: Sizes, gen: torch.Generator) -> list[Case]:
     out = []
     # (name, tokens, rows out, K): the layer's shapes, then few tokens over a
-    # K of 36 steps and a tail, then the shard's K with an expert of 7 tokens
-    # (more than one staging of x holds on the register path: the shared tile's)
-    shapes = (("", sz.tokens, sz.hidden, sz.hidden), (" long K", 3, 40, 36 * 256 + 64), (" K 4096", 8, 24, 4096))
+    # K of 36 steps and a tiled step (half a step of the shared tile), then the
+    # shard's K with an expert of 7 tokens (more than one staging of x holds on
+    # the register path: the shared tile's); 40 and 24 rows end in a part block
+    shapes = (("", sz.tokens, sz.hidden, sz.hidden), (" long K", 3, 40, 36 * 256 + 128), (" K 4096", 8, 24, 4096))
     for up in (True, False):
         for what, t, h, k in shapes:
             op = Op.EXPERT_UP if up else Op.EXPERT_DOWN
@@ -606,14 +608,14 @@ def cases_experts(sz: Sizes, gen: torch.Generator) -> list[Case]:
             mt = b.add("route_meta", DType.I32, meta)
             rt = b.add("route", DType.I32, route)
             wk = b.add("work", DType.I32, torch.zeros(5, 2, dtype=torch.int32), EXACT)  # ends at (items + workers, items)
-            # work lists (workers, row grain, row cap), each into its own
-            # output: 7 workers at a grain of sz.cols on counter 0, then a grain
-            # of sz.cols - 3 rows (not a multiple of the 8- or 16-row unit) on
-            # counter 1, more workers than items; then grains of 12 and 5 rows,
-            # fewer rows than the four warps' units, the last capped at 10; then
-            # 7 workers over items of 40 rows, three units (the last one half)
-            many = sz.local * -(-h // 5) + 5
-            lists = [(7, sz.cols, 1 << 20), (many, sz.cols - 3, 1 << 20), (many, 12, 1 << 20), (many, 5, 10), (7, 40, 1 << 20)]
+            # work lists (workers, row grain, row cap: multiples of 16, items
+            # start on a tiled block), each into its own output: 7 workers at a
+            # grain of sz.cols on counter 0, then grains of 32 and 16 rows with
+            # more workers than items (items of one and two units: the K split
+            # four and two ways); then 7 workers capped at 32 rows; then 7 over
+            # items of 48 rows, three units
+            many = sz.local * -(-h // 16) + 5
+            lists = [(7, sz.cols, 1 << 20), (many, 32, 1 << 20), (many, 16, 1 << 20), (7, 16, 32), (7, 48, 1 << 20)]
             for kk, (n_w, grain, cap) in enumerate(lists):
                 if up:
                     dst = b.out(f"hbuf{kk}", DType.BF16, (8 * t, h), Check("float", rtol=2.0**-7, atol_max=1e-3, norm=5e-3))
@@ -629,18 +631,19 @@ def cases_experts(sz: Sizes, gen: torch.Generator) -> list[Case]:
     for r, n in _row_blocks(t, 7):
         b.op_([fsq, yy, rt], [r, n])
     out.append(b.case())
-    for what in ("counter past the work", "a slot's token past x"):
+    corrupt = {"counter past the work": _set_arg(0, 1), "a slot's token past x": None, "a row grain of 8 (not a tiled block)": _set_arg(2, 8)}
+    for what, bad in corrupt.items():
         b = _Build(f"expert_up {what} -> BAD_ARGS", Op.EXPERT_UP, gen)
         meta, route = _routing(b, 8, replace(sz, local=2))
         if what != "counter past the work":
             route[0, int(meta[1, 0])] = 8  # the first slot of expert 0 (the busy one)
-        codes, scales = _nvfp4(b, 2, 2, 64, k=64)
-        b.op_([b.out("hbuf", DType.BF16, (64, 64), EXACT), b.add("x", DType.BF16, b.randn(8, 64).bfloat16()),
+        codes, scales = _nvfp4(b, 2, 2, 64, k=128)
+        b.op_([b.out("hbuf", DType.BF16, (64, 64), EXACT), b.add("x", DType.BF16, b.randn(8, 128).bfloat16()),
                b.add("codes", DType.E2M1X2, codes), b.add("scales", DType.E4M3, scales),
                b.add("tscale", DType.F32, torch.ones(2, 2)), b.add("route_meta", DType.I32, meta),
                b.add("route", DType.I32, route),
                b.add("work", DType.I32, torch.zeros(1, 2, dtype=torch.int32), Check("counter", atol=1))], [0, 1, 64, 64])
-        out.append(b.case(int(ErrorCode.BAD_ARGS), _set_arg(0, 1) if what == "counter past the work" else None))
+        out.append(b.case(int(ErrorCode.BAD_ARGS), bad))
     return out
 
 

@@ -20,7 +20,7 @@ from typing import Callable, Sequence
 import torch
 
 from ..isa import HEAD_DIM, RMS_EPS, TOPK, Op, i2f
-from ..muse.formats import dequantize_nvfp4, from_e4m3, to_e4m3
+from ..muse.formats import dequantize_nvfp4, from_e4m3, to_e4m3, untile_nvfp4
 from ..opspec import expert_item_rows
 
 Slots = Sequence["torch.Tensor | None"]
@@ -347,7 +347,8 @@ def expert_up(ts: Slots, a: Args) -> int:
     def item(e: int, cols: slice) -> None:
         slots = _expert_slots(meta, route, e, x.shape[0])
         xs = x[route[0, slots].long()].float()
-        gu = dequantize_nvfp4(codes[e, :, cols], scales[e, :, cols], tscales[e])  # [2, n, H]
+        cd, sc = untile_nvfp4(codes[e], scales[e], hbuf.shape[1])
+        gu = dequantize_nvfp4(cd[:, cols], sc[:, cols], tscales[e])  # [2, n, H]
         gate, up = xs @ gu[0].T, xs @ gu[1].T
         hbuf[slots, cols] = (torch.nn.functional.silu(gate) * up).to(hbuf.dtype)
 
@@ -361,7 +362,8 @@ def expert_down(ts: Slots, a: Args) -> int:
 
     def item(e: int, cols: slice) -> None:
         slots = _expert_slots(meta, route, e, route.shape[1] // TOPK)
-        down = dequantize_nvfp4(codes[e, cols], scales[e, cols], float(tscales[e]))  # [n, I]
+        cd, sc = untile_nvfp4(codes[e], scales[e], y.shape[1])
+        down = dequantize_nvfp4(cd[cols], sc[cols], float(tscales[e]))  # [n, I]
         y[slots, cols] = hbuf[slots].float() @ down.T
 
     return take_items(work, a[0], list_items(meta, y.shape[1], a[1], a[2], a[3]), a[1], item)

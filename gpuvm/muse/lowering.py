@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..isa import GEMM_MAX_PARTS, HEAD_DIM, DType, Op, f2i
+from ..isa import GEMM_MAX_PARTS, HEAD_DIM, NVFP4_TILE_ROWS, DType, Op, f2i
 from ..opspec import ProgramError, TensorSpec
 from ..program import Counter, Program, Stream
 from ..tensors import check_binding, torch_dtype
@@ -33,9 +33,10 @@ __all__ = ["Tiles", "LayerHandles", "LayerProgram", "emit_layer", "lower_layer",
 #: what an int32 scratch buffer holds before a run, so an unwritten element shows
 POISON_INT = -7
 #: expert work items (sized on the GPU, opspec.expert_item_rows): rows in
-#: multiples of a warp's unit, 8 gate|up rows (EXPERT_UP) or 16 down rows, and
-#: at most Tiles.expert_cap (EXPERT_CAP) rows from Tiles.expert_cap_tokens tokens a step on
-EXPERT_GRAIN = {Op.EXPERT_UP: 8, Op.EXPERT_DOWN: 16}
+#: multiples of a tiled NVFP4 block of 16 rows (a warp's unit of the register
+#: path; the shared tile's is 8 gate|up rows or 16 down rows), and at most
+#: Tiles.expert_cap (EXPERT_CAP) rows from Tiles.expert_cap_tokens tokens a step on
+EXPERT_GRAIN = {Op.EXPERT_UP: NVFP4_TILE_ROWS, Op.EXPERT_DOWN: NVFP4_TILE_ROWS}
 EXPERT_CAP = 64
 KINDS = ("full", "sliding")
 
@@ -163,6 +164,8 @@ class Tiles:
             v = getattr(self, name)
             if not isinstance(v, int) or v <= 0:
                 raise ProgramError(f"Tiles.{name} must be a positive int, not {v!r}")
+        if self.expert_cap % NVFP4_TILE_ROWS:
+            raise ProgramError(f"Tiles.expert_cap must be a multiple of {NVFP4_TILE_ROWS} (items start on a tiled block), not {self.expert_cap}")
 
     def residual_cols(self, d: int, row_blocks: int) -> list[tuple[int, int]]:
         """Column ranges [c0, c0 + n) of a RESIDUAL row (multiples of 4); one

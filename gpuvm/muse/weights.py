@@ -21,7 +21,8 @@ from typing import NamedTuple
 import torch
 
 from .config import MuseConfig
-from .formats import dequantize_nvfp4, quantize_nvfp4_batched
+from ..opspec import tiled_nvfp4_shapes
+from .formats import dequantize_nvfp4, quantize_nvfp4_batched, tile_nvfp4, untile_nvfp4
 
 #: how much of the skew direction inputs carry, relative to their unit-variance noise
 SKEW_INPUT = 1.0
@@ -33,9 +34,12 @@ E4M3 = torch.float8_e4m3fn
 
 
 def layer_shapes(cfg: MuseConfig) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
-    """(shape, dtype) of every tensor field of LayerWeights, in field order."""
+    """(shape, dtype) of every tensor field of LayerWeights, in field order.
+    Expert codes and scales are tiled (gpuvm.muse.formats): gate|up [E, 2, I/16, ...], down [E, H/16, ...]."""
     d, H, I, E = cfg.d, cfg.squeeze, cfg.expert_inter, cfg.local_experts
     hd = cfg.head_dim
+    gu_codes, gu_scales = tiled_nvfp4_shapes((E, 2), I, H)
+    d_codes, d_scales = tiled_nvfp4_shapes((E,), H, I)
     return {
         "w_attn": ((d,), torch.float32),
         "Wqkvg": ((cfg.qkvg_width, d), torch.bfloat16),
@@ -47,11 +51,11 @@ def layer_shapes(cfg: MuseConfig) -> dict[str, tuple[tuple[int, ...], torch.dtyp
         "w_moe": ((d,), torch.float32),
         "Wr": ((cfg.n_experts, d), torch.float32),
         "Wsq": ((H, d), torch.bfloat16),
-        "gu_codes": ((E, 2, I, H // 2), torch.uint8),
-        "gu_scales": ((E, 2, I, H // 16), E4M3),
+        "gu_codes": (gu_codes, torch.uint8),
+        "gu_scales": (gu_scales, E4M3),
         "gu_ts": ((E, 2), torch.float32),
-        "d_codes": ((E, H, I // 2), torch.uint8),
-        "d_scales": ((E, H, I // 16), E4M3),
+        "d_codes": (d_codes, torch.uint8),
+        "d_scales": (d_scales, E4M3),
         "d_ts": ((E,), torch.float32),
         "Wex": ((d, H), torch.bfloat16),
         "alpha2": ((d,), torch.float32),
@@ -100,7 +104,9 @@ def layer_nbytes(cfg: MuseConfig) -> LayerBytes:
 
 @dataclass
 class LayerWeights:
-    """One layer of the shard; matrices are [outputs, inputs]."""
+    """One layer of the shard; matrices are [outputs, inputs], the experts'
+    NVFP4 codes and scales tiled (gpuvm.muse.formats; expert() gives them back
+    row by row)."""
 
     w_attn: torch.Tensor
     Wqkvg: torch.Tensor
@@ -134,15 +140,22 @@ class LayerWeights:
     def to(self, device: str | torch.device) -> "LayerWeights":
         return LayerWeights(**{k: v.to(device) for k, v in self.tensors().items()}, k_scale=self.k_scale, v_scale=self.v_scale)
 
+    def expert(self, e: int) -> "ExpertWeights":
+        """Local expert e in NVFP4, codes and scales row by row (untiled)."""
+        gu_codes, gu_scales = untile_nvfp4(self.gu_codes[e], self.gu_scales[e])
+        d_codes, d_scales = untile_nvfp4(self.d_codes[e], self.d_scales[e])
+        return ExpertWeights(gu_codes, gu_scales, self.gu_ts[e], d_codes, d_scales, self.d_ts[e])
+
     def expert_matrices(self, e: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Local expert e dequantised to f32: gate [I,H], up [I,H], down [H,I]."""
-        gu = dequantize_nvfp4(self.gu_codes[e], self.gu_scales[e], self.gu_ts[e])
-        down = dequantize_nvfp4(self.d_codes[e], self.d_scales[e], self.d_ts[e])
+        ex = self.expert(e)
+        gu = dequantize_nvfp4(ex.gu_codes, ex.gu_scales, ex.gu_ts)
+        down = dequantize_nvfp4(ex.d_codes, ex.d_scales, ex.d_ts)
         return gu[0], gu[1], down
 
 
 class ExpertWeights(NamedTuple):
-    """One local expert in NVFP4 (the e-th slices of LayerWeights' expert fields)."""
+    """One local expert in NVFP4, row by row (LayerWeights.expert(e) untiles its fields)."""
 
     gu_codes: torch.Tensor   # [2, I, H/2]
     gu_scales: torch.Tensor  # [2, I, H/16]
@@ -248,8 +261,10 @@ def make_layer_weights(
         else:
             out[name] = make_dense_tensor(cfg, name, layer, seed, device)
     for e in range(cfg.local_experts):
-        for name, t in zip(EXPERT_FIELDS, make_expert(cfg, layer, e, seed, device)):
-            out[name][e] = t
+        ex = make_expert(cfg, layer, e, seed, device)
+        out["gu_codes"][e], out["gu_scales"][e] = tile_nvfp4(ex.gu_codes, ex.gu_scales)
+        out["d_codes"][e], out["d_scales"][e] = tile_nvfp4(ex.d_codes, ex.d_scales)
+        out["gu_ts"][e], out["d_ts"][e] = ex.gu_ts, ex.d_ts
     return LayerWeights(**out, k_scale=float(k_scale), v_scale=float(v_scale))
 
 

@@ -69,14 +69,14 @@ def layer_costs(stream: Stream, expert_tokens: Sequence[int]) -> list[Cost]:
     for ins in stream.ops:
         c = ins.cost
         if ins.opcode in EXPERT_OPS:
-            x, codes, meta, work = ins.tensors[1], ins.tensors[2], ins.tensors[5], ins.tensors[7]
-            assert x is not None and codes is not None and meta is not None and work is not None
+            dst, x, meta, work = ins.tensors[0], ins.tensors[1], ins.tensors[5], ins.tensors[7]
+            assert dst is not None and x is not None and meta is not None and work is not None
             if len(expert_tokens) != meta.shape[1]:
                 raise ProgramError(f"'{ins.label}' covers {meta.shape[1]} experts; expert_tokens has {len(expert_tokens)} entries")
             key = (work.name, ins.args[0])
             wk, n_w = seen.get(key, 0), ins.args[1]
             seen[key] = wk + 1
-            k, n_out = x.shape[1], codes.shape[-2]
+            k, n_out = x.shape[1], dst.shape[1]
             mats = 2 if ins.opcode == Op.EXPERT_UP else 1
             rows = expert_item_rows(n_out, len(hit), n_w, ins.args[2], ins.args[3])
             per = -(-n_out // rows)
