@@ -17,6 +17,7 @@ import json
 import statistics
 import sys
 
+import numpy as np
 import torch
 
 from gpuvm.device.bench import L2Flush
@@ -90,6 +91,49 @@ def build_list(up: bool, grain: int, counts: tuple[int, ...], w: tuple[torch.Ten
     return b.case(), hit * per_expert
 
 
+def pad_blocks(case: object, placed: object, table: np.ndarray, pad: int) -> list[torch.Tensor]:
+    """Rebind codes and scales (table rows) to copies whose row blocks are pad
+    (codes) and pad / 8 (scales) bytes further apart; the copies, to keep alive."""
+    keep = []
+    names = [t.name for t in case.stream.tensors]
+    for name, extra in (("codes", pad), ("scales", pad // 8)):
+        if not extra:
+            continue
+        v = placed.views[name]
+        big = torch.zeros((*v.shape[:-1], v.shape[-1] + extra), dtype=v.dtype, device=v.device)
+        big[..., : v.shape[-1]].copy_(v)
+        row = table[names.index(name)]
+        row["ptr"] = big.data_ptr()
+        row["stride"][: v.dim()] = big.stride()
+        keep.append(big)
+    return keep
+
+
+def time_list(case: object, runner: GpuRunner, flush: L2Flush, ts: torch.cuda.ExternalStream, reps: int, pad: int) -> float:
+    """Median us of one launch of the list (L2 flushed before each), its weights' blocks pad bytes apart."""
+    placed = place(case.tensors, "cuda")
+    records, table = encode(case, placed)
+    keep = pad_blocks(case, placed, table, pad)
+    ins, tab, err = runner._upload(records, table)
+    times = []
+    for _ in range(reps):
+        with torch.cuda.stream(ts):  # on the timed stream: the flush ends before the start event
+            placed.views["work"].zero_()
+            flush()
+        ev = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
+        ev[0].record(ts)
+        runner._launch(case.op, ins, tab, err, 2, SCRATCH, WORKERS // 2)
+        ev[1].record(ts)
+        ev[1].synchronize()
+        times.append(ev[0].elapsed_time(ev[1]) * 1e3)
+    codes = split_rc(err.cpu().numpy())[0]
+    if codes.any():
+        raise SystemExit(f"error codes {sorted(set(codes.tolist()))}")
+    del placed, ins, tab, err, keep
+    torch.cuda.empty_cache()
+    return statistics.median(times)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default="out/expert_bench.json")
@@ -99,7 +143,12 @@ def main() -> int:
     ap.add_argument("--shapes", default="", help="experts hit x tokens each, or skew256, e.g. 32x16,skew256 (default: 1x1,3x1,8x1,32x8)")
     ap.add_argument("--bw", type=float, default=4.3, help="streaming-read TB/s for the floor column")
     ap.add_argument("--cap", type=int, default=EXPERT_CAP, help="rows an item at most (the lowering's EXPERT_CAP, or none: Tiles.expert_cap_tokens)")
+    ap.add_argument("--block-pads", default="0", help="bytes of padding after each tiled block of 16 rows' codes (scales: an eighth), "
+                    "e.g. 0,256,1024: where a block starts in HBM, with the bytes read unchanged")
     a = ap.parse_args()
+    pads = [int(v) for v in a.block_pads.split(",")]
+    if any(v < 0 or v % 128 for v in pads):
+        raise SystemExit(f"--block-pads: multiples of 128 bytes, not {a.block_pads}")
     gen = torch.Generator().manual_seed(0)
     runner = GpuRunner(defines=tuple(tuple(d.split("=", 1)) for d in a.define))
     flush = L2Flush(torch.device("cuda", 0))
@@ -113,29 +162,13 @@ def main() -> int:
         for counts in shapes:
             hit, tokens = len(counts), max(counts)  # (tok: the largest count)
             case, nbytes = build_list(up, GRAIN[up], counts, w, gen, a.cap)
-            placed = place(case.tensors, "cuda")
-            records, table = encode(case, placed)
-            ins, tab, err = runner._upload(records, table)
-            times = []
-            for _ in range(a.reps):
-                with torch.cuda.stream(ts):  # on the timed stream: the flush ends before the start event
-                    placed.views["work"].zero_()
-                    flush()
-                ev = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
-                ev[0].record(ts)
-                runner._launch(case.op, ins, tab, err, 2, SCRATCH, WORKERS // 2)
-                ev[1].record(ts)
-                ev[1].synchronize()
-                times.append(ev[0].elapsed_time(ev[1]) * 1e3)
-            codes = split_rc(err.cpu().numpy())[0]
-            if codes.any():
-                raise SystemExit(f"error codes {sorted(set(codes.tolist()))}")
-            us = statistics.median(times)
-            r = dict(op="up" if up else "down", grain=GRAIN[up], cap=a.cap, hit=hit, tokens=tokens, counts=list(counts), us=us, bytes=nbytes)
-            res.append(r)
-            print(f"{r['op']:5} {hit:3d} {tokens:3d} {us:8.1f} {nbytes / 1e6:7.1f} {nbytes / us / 1e3:7.0f} {nbytes / (a.bw * 1e6):8.1f}", flush=True)
-            del placed, ins, tab, err
-            torch.cuda.empty_cache()
+            for pad in pads:
+                us = time_list(case, runner, flush, ts, a.reps, pad)
+                r = dict(op="up" if up else "down", grain=GRAIN[up], cap=a.cap, hit=hit, tokens=tokens, counts=list(counts), us=us,
+                         bytes=nbytes, block_pad=pad)
+                res.append(r)
+                print(f"{r['op']:5} {hit:3d} {tokens:3d} {us:8.1f} {nbytes / 1e6:7.1f} {nbytes / us / 1e3:7.0f} {nbytes / (a.bw * 1e6):8.1f}"
+                      + (f"  pad {pad}" if len(pads) > 1 else ""), flush=True)
     with open(a.out, "w") as f:
         json.dump(res, f, indent=1)
     return 0
