@@ -139,29 +139,29 @@ __device__ __forceinline__ void gvm_exp_decode(unsigned w, unsigned scale2, unsi
 }
 
 // A unit's weights of K step ks into its buffer at buf, copied by the warp's lanes
-// together: a K step is two tiled ones, and lane l copies 16-byte chunk l & 3
-// of row l / 4 of each (cp: the first; chunk c of row g lands at c ^ (g & 1),
-// so that the readers' 16-byte loads hit distinct bank groups), so that each
-// copy instruction of a set reads one contiguous run of 512 bytes (8 rows x 64;
-// chunks of two rows to 8 lanes each ran 5-7% slower at 8-16 tokens an expert:
-// H200, expert_bench 32 x 8, session 26), and scale word l & 3 of row l / 4
-// (sp). live bits (zeros where a row ends): 0, 1 row l / 4 of sets 0, 1. A
+// together so that each copy reads whole sectors and writes 16 contiguous
+// bytes of a row (a thread copying only the 64 codes it multiplies read each
+// sector half at a time: ncu, H200, session 20): lane l copies 16-byte chunk
+// l & 7 of rows l / 8 and l / 8 + 4 of each set (cpa, cpb; chunk c of row g at
+// c ^ (g & 1), so that the readers' 16-byte loads hit distinct bank groups) and
+// scale word l & 3 of row (l / 4) & 7 (sp). A K step is two tiled ones: the
+// lane's pointers hold its chunk's half of the step (see gvm_expert_tile). live bits (zeros where a row or K
+// ends): 0, 1 row l / 8 of sets 0, 1; 2, 3 row l / 8 + 4; 4, 5 the scale row. A
 // zero-fill reads nothing, but still gets an address inside the tensors (zc, zs).
 // The caller commits the group.
-__device__ __forceinline__ void gvm_exp_fetch(unsigned buf, const unsigned char* cp, const unsigned char* sp,
-                                              const unsigned char* zc, const unsigned char* zs, int cstep, int sstep,
-                                              unsigned live, unsigned lane, int ks, int kdim, unsigned long long pol) {
-    const unsigned g = lane >> 2, c = lane & 3;
-    const int k0 = ks * GVM_EXP_KSTEP;
-    const bool ck0 = k0 + 32 * (int)c < kdim, ck1 = k0 + 128 + 32 * (int)c < kdim, sk = k0 + 64 * (int)c < kdim;
-    const unsigned co0 = ((c ^ (g & 1)) << 4) + g * 128, co1 = (((4 + c) ^ (g & 1)) << 4) + g * 128;
+__device__ __forceinline__ void gvm_exp_fetch(unsigned buf, const unsigned char* cpa, const unsigned char* cpb,
+                                              const unsigned char* sp, const unsigned char* zc, const unsigned char* zs,
+                                              int cstep, int sstep, unsigned live, unsigned lane, int ks, int kdim,
+                                              unsigned long long pol) {
+    const unsigned ga = lane >> 3, c = lane & 7, gs = (lane >> 2) & 7, q = lane & 3;
+    const bool ck = ks * GVM_EXP_KSTEP + 32 * (int)c < kdim, sk = ks * GVM_EXP_KSTEP + 64 * (int)q < kdim;
+    const unsigned co = ((c ^ (ga & 1)) << 4) + ga * 128;
 #pragma unroll
     for (int s = 0; s < 2; ++s) {
-        const bool row = live >> s & 1, ok0 = row && ck0, ok1 = row && ck1, oks = row && sk;
-        const unsigned char* src = cp + ks * 2 * GVM_TK_CODES + s * cstep;
-        gvm_cp_async16(buf + s * 1024 + co0, ok0 ? src : zc, ok0, pol);
-        gvm_cp_async16(buf + s * 1024 + co1, ok1 ? src + GVM_TK_CODES : zc, ok1, pol);
-        gvm_cp_async4(buf + 2048 + s * 128 + g * 16 + 4 * c, oks ? sp + ks * 2 * GVM_TK_SCALES + s * sstep : zs, oks, pol);
+        const bool oka = (live >> s & 1) && ck, okb = (live >> (2 + s) & 1) && ck, oks = (live >> (4 + s) & 1) && sk;
+        gvm_cp_async16(buf + s * 1024 + co, oka ? cpa + ks * 2 * GVM_TK_CODES + s * cstep : zc, oka, pol);
+        gvm_cp_async16(buf + s * 1024 + 512 + co, okb ? cpb + ks * 2 * GVM_TK_CODES + s * cstep : zc, okb, pol);
+        gvm_cp_async4(buf + 2048 + s * 128 + gs * 16 + 4 * q, oks ? sp + ks * 2 * GVM_TK_SCALES + s * sstep : zs, oks, pol);
     }
 }
 
@@ -216,19 +216,19 @@ __device__ __forceinline__ void gvm_exp_ks(float (&acc)[GVM_EXP_MAXMT][2][4], un
     }
 }
 
-// One warp's unit, two 8-row weight blocks (set 0 at cp / sp, set 1
+// One warp's unit, two 8-row weight blocks (set 0 at cpa / cpb / sp, set 1
 // cstep / sstep bytes on: see gvm_exp_fetch), times the staged chunk, K step by K
 // step. Weights stream through shared memory (cp.async, one K step ahead, the
 // warp's lanes copying its unit together), and so does x (raw, one K step
 // ahead: all four warps fetch it, then turn it into the tile at the step's
 // start). dbl (one m-tile of tokens): a second unit's blocks too (du_c / du_s
-// bytes on; live bits 8, 9), into acc[1], so that the staged x serves twice
+// bytes on; live bits 8..13), into acc[1], so that the staged x serves twice
 // the rows (the two-unit layout: four weight buffers, 8 KB of raw rows). live:
-// bits 0, 1 unit 0's row of this lane (gvm_exp_fetch), 8, 9 unit 1's; bits 16,
+// bits 0..5 unit 0's rows of this lane (gvm_exp_fetch), 8..13 unit 1's; bits 16,
 // 17 units 0, 1 (the warp's).
 template <bool DBL>
 __device__ __forceinline__ void gvm_exp_mma(const gvm_ctx& c, float (&acc)[GVM_EXP_MAXMT][2][4],
-                                            const unsigned char* cp, const unsigned char* sp,
+                                            const unsigned char* cpa, const unsigned char* cpb, const unsigned char* sp,
                                             int cstep, int sstep, int du_c, int du_s, unsigned live, const unsigned char* x,
                                             unsigned s_rows, unsigned s_tile, unsigned s_wbuf, int tm, int kdim) {
     const unsigned s_raw = s_tile - (DBL ? GVM_EXP_RAW1 : GVM_EXP_RAW), lane = c.tid & 31, g = lane >> 2, t4 = c.tid & 3;
@@ -238,8 +238,9 @@ __device__ __forceinline__ void gvm_exp_mma(const gvm_ctx& c, float (&acc)[GVM_E
     const unsigned slot0 = s_wbuf + (c.tid >> 5) * GVM_EXP_WUNIT, wb = 4 * GVM_EXP_WUNIT;
     // K step ks's weights of the warp's units into buffer buf (unit 1's 2 wb on), one commit group
     const auto wfetch = [&](unsigned buf, int ks) {
-        gvm_exp_fetch(buf, cp, sp, cp, sp, cstep, sstep, live, lane, ks, kdim, pol);
-        if (DBL) gvm_exp_fetch(buf + 2 * wb, cp + du_c, sp + du_s, cp, sp, cstep, sstep, live >> 8, lane, ks, kdim, pol);
+        gvm_exp_fetch(buf, cpa, cpb, sp, cpa, sp, cstep, sstep, live, lane, ks, kdim, pol);
+        if (DBL)
+            gvm_exp_fetch(buf + 2 * wb, cpa + du_c, cpb + du_c, sp + du_s, cpa, sp, cstep, sstep, live >> 8, lane, ks, kdim, pol);
         gvm_cp_async_commit();
     };
     // commit groups in order: W(0), X(0), then per step W(ks + 1), X(ks + 1)
@@ -743,11 +744,12 @@ __device__ int gvm_expert_tile(const gvm_ctx& c, int e, int n0, int nn) {
         }
         {
 #endif
-            // this lane's copy row (gvm_exp_fetch): lane / 4 of each set
-            const int unit = pass * upp + warp, lane = (int)(c.tid & 31), gr = lane >> 2;
+            // this lane's copy rows (gvm_exp_fetch): codes ga, ga + 4, scales gs of each set
+            const int unit = pass * upp + warp, lane = (int)(c.tid & 31), ga = lane >> 3, gs = (lane >> 2) & 7;
             const int r0 = unit * unit_rows, s1 = UP ? 0 : 8;  // set 1: the up matrix's same rows, or 8 rows on
             const auto rows_live = [&](int r) {  // unit rows from r (its first) that exist, as gvm_exp_fetch's bits
-                return (unsigned)(r + gr < nn) | (unsigned)(r + gr + s1 < nn) << 1;
+                return (unsigned)(r + ga < nn) | (unsigned)(r + ga + s1 < nn) << 1 | (unsigned)(r + ga + 4 < nn) << 2 |
+                       (unsigned)(r + ga + 4 + s1 < nn) << 3 | (unsigned)(r + gs < nn) << 4 | (unsigned)(r + gs + s1 < nn) << 5;
             };
             const bool has1 = dbl && unit + 4 < units;
             const unsigned live = (unit < units ? rows_live(r0) : 0u) | (has1 ? rows_live(r0 + 4 * unit_rows) : 0u) << 8 |
@@ -762,22 +764,23 @@ __device__ int gvm_expert_tile(const gvm_ctx& c, int e, int n0, int nn) {
                 const gvm_tensor& tsc = gvm_t(c, 3);
                 const int r = UP ? 2 : 1;  // the row dim of codes / scales; UP's dim 1 is gate | up
                 // rows past the instruction point at its last (zero-filled: live)
-                const long long ra = n0 + min(r0 + gr, nn - 1);
-                // chunk lane & 3 of the first tiled step of a 256-wide K step; scale word lane & 3: tiled step (lane & 3) / 2
-                const long long ce = e * tcd.stride[0] + 16 * (lane & 3);
+                const long long ra = n0 + min(r0 + ga, nn - 1), rb = n0 + min(r0 + ga + 4, nn - 1), rs = n0 + min(r0 + gs, nn - 1);
+                // chunk lane & 7 of a 256-wide K step: tiled step (lane & 7) / 4; scale word lane & 3: step (lane & 3) / 2
+                const long long ce = e * tcd.stride[0] + ((lane & 7) >> 2) * GVM_TK_CODES + 16 * (lane & 3);
                 const long long se = e * tsc.stride[0] + ((lane & 3) >> 1) * GVM_TK_SCALES + 4 * (lane & 1);
-                const unsigned char* cp = gvm_ptr<const unsigned char>(tcd, ce + gvm_tile_row(ra, tcd.stride[r], 64), 1);
-                const unsigned char* sp = gvm_ptr<const unsigned char>(tsc, se + gvm_tile_row(ra, tsc.stride[r], 8), 1);
+                const unsigned char* cpa = gvm_ptr<const unsigned char>(tcd, ce + gvm_tile_row(ra, tcd.stride[r], 64), 1);
+                const unsigned char* cpb = gvm_ptr<const unsigned char>(tcd, ce + gvm_tile_row(rb, tcd.stride[r], 64), 1);
+                const unsigned char* sp = gvm_ptr<const unsigned char>(tsc, se + gvm_tile_row(rs, tsc.stride[r], 8), 1);
                 // set 1: UP the up matrix, DOWN 8 rows on in the same block (units start on a block)
                 const int cstep = (int)(UP ? tcd.stride[1] : 8 * 64);
                 const int sstep = (int)(UP ? tsc.stride[1] : 8 * 8);
                 const unsigned char* x = reinterpret_cast<const unsigned char*>(gvm_t(c, 1).ptr);
                 // unit + 4 (dbl, UP) is 32 rows, two blocks, on wherever its rows exist (its lanes' bits)
                 if (dbl)  // one instance a shape: the one-unit pass holds no second unit's offsets
-                    gvm_exp_mma<true>(c, acc, cp, sp, cstep, sstep, (int)(2 * tcd.stride[r]), (int)(2 * tsc.stride[r]),
+                    gvm_exp_mma<true>(c, acc, cpa, cpb, sp, cstep, sstep, (int)(2 * tcd.stride[r]), (int)(2 * tsc.stride[r]),
                                       live, x, s_rows, s_tile, s_wbuf, tm, gvm_t(c, 1).shape[1]);
                 else
-                    gvm_exp_mma<false>(c, acc, cp, sp, cstep, sstep, 0, 0, live, x, s_rows, s_tile, s_wbuf, tm,
+                    gvm_exp_mma<false>(c, acc, cpa, cpb, sp, cstep, sstep, 0, 0, live, x, s_rows, s_tile, s_wbuf, tm,
                                        gvm_t(c, 1).shape[1]);
             }
             if (unit >= units) continue;
