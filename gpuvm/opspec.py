@@ -463,7 +463,7 @@ def _cost_expert(ts: Slots, a: Args, mats: int) -> Cost:
     token (the model rescales it to the tokens it assumes: gpuvm.sim.predict)."""
     out, x, meta = ts[0], ts[1], ts[5]
     assert out and x and meta
-    k, n_out = x.shape[1], ts[0].shape[1]
+    k, n_out = x.shape[1], out.shape[1]
     item = min(n_out, expert_item_rows(n_out, meta.shape[1], a[1], a[2], a[3]))
     rows = -(-meta.shape[1] * -(-n_out // item) // a[1]) * item
     return Cost(weight_bytes=mats * rows * (k // 2 + k // 16), act_bytes=rows * 8, flops=2 * mats * k * rows)

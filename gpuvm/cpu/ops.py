@@ -19,7 +19,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from ..isa import HEAD_DIM, RMS_EPS, TOPK, Op, i2f
+from ..isa import HEAD_DIM, NVFP4_TILE_ROWS, RMS_EPS, TOPK, Op, i2f
 from ..muse.formats import dequantize_nvfp4, from_e4m3, to_e4m3, untile_nvfp4
 from ..opspec import expert_item_rows
 
@@ -339,6 +339,15 @@ def take_items(work: torch.Tensor, k: int, items: list[tuple[int, slice]], worke
             amount = workers
 
 
+def _tiled_rows(codes: torch.Tensor, scales: torch.Tensor, rows: slice) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows [rows.start, rows.stop) of tiled NVFP4 codes [..., NB, 8K] and scales
+    [..., NB, K], row by row: only the blocks of 16 rows they lie in are untiled."""
+    b0, b1 = rows.start // NVFP4_TILE_ROWS, -(-rows.stop // NVFP4_TILE_ROWS)
+    cd, sc = untile_nvfp4(codes[..., b0:b1, :], scales[..., b0:b1, :])
+    r = slice(rows.start - b0 * NVFP4_TILE_ROWS, rows.stop - b0 * NVFP4_TILE_ROWS)
+    return cd[..., r, :], sc[..., r, :]
+
+
 def expert_up(ts: Slots, a: Args) -> int:
     hbuf, x, codes, scales, tscales, meta, route, work = ts[:8]
     assert hbuf is not None and x is not None and codes is not None and scales is not None
@@ -347,8 +356,7 @@ def expert_up(ts: Slots, a: Args) -> int:
     def item(e: int, cols: slice) -> None:
         slots = _expert_slots(meta, route, e, x.shape[0])
         xs = x[route[0, slots].long()].float()
-        cd, sc = untile_nvfp4(codes[e], scales[e], hbuf.shape[1])
-        gu = dequantize_nvfp4(cd[:, cols], sc[:, cols], tscales[e])  # [2, n, H]
+        gu = dequantize_nvfp4(*_tiled_rows(codes[e], scales[e], cols), tscales[e])  # [2, n, H]
         gate, up = xs @ gu[0].T, xs @ gu[1].T
         hbuf[slots, cols] = (torch.nn.functional.silu(gate) * up).to(hbuf.dtype)
 
@@ -362,8 +370,7 @@ def expert_down(ts: Slots, a: Args) -> int:
 
     def item(e: int, cols: slice) -> None:
         slots = _expert_slots(meta, route, e, route.shape[1] // TOPK)
-        cd, sc = untile_nvfp4(codes[e], scales[e], y.shape[1])
-        down = dequantize_nvfp4(cd[cols], sc[cols], float(tscales[e]))  # [n, I]
+        down = dequantize_nvfp4(*_tiled_rows(codes[e], scales[e], cols), float(tscales[e]))  # [n, I]
         y[slots, cols] = hbuf[slots].float() @ down.T
 
     return take_items(work, a[0], list_items(meta, y.shape[1], a[1], a[2], a[3]), a[1], item)
