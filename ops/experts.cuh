@@ -58,7 +58,7 @@
 #define GVM_F16X2_64 0x54005400u
 #define GVM_TK_CODES 1024    // code bytes of a tiled block's K step: 16 rows x 64
 #define GVM_TK_SCALES 128    // scale bytes of it: 16 rows x 8
-#define GVM_EXP_STATE 16     // smem at the end of the scratch: the work list's walk
+#define GVM_EXP_STATE 272    // smem at the end of the scratch: the work list's walk (gvm_expert_matmul)
 
 // Offset of row r's first K step in tiled NVFP4 codes (row_bytes 64, block
 // stride: the tensor's row-block stride) or scales (8).
@@ -301,7 +301,7 @@ __device__ __noinline__ bool gvm_expert_args_ok(const gvm_ctx& c) {
               tmeta.shape[0] == 2 & gvm_is(troute, GVM_DT_I32, 2) & troute.shape[0] == 5 &
               kdim % GVM_NVFP4_TILE_K == 0 & n_exp <= GVM_MAX_WORKLIST_EXPERTS & gvm_aligned(tmeta, 4, 4) & n_w >= 1 &
               grain >= 1 & cap >= 1 & grain % GVM_NVFP4_TILE_ROWS == 0 & cap % GVM_NVFP4_TILE_ROWS == 0 &
-              gvm_is(twork, GVM_DT_I32, 2) & twork.shape[1] == 2 & k >= 0 & k < twork.shape[0] &
+              gvm_is(twork, GVM_DT_I32, 2) & twork.shape[1] == 2 & gvm_aligned(twork, 4, 8) & k >= 0 & k < twork.shape[0] &
               c.smem_bytes >= GVM_EXP_STATE + GVM_EXP_HEAD + GVM_EXP_WBUF + GVM_EXP_RAW + GVM_EXP_MTILE;
     // set 0 -> set 1 (the up matrix) and two row blocks on (the shared tile's second unit) must fit an int of bytes
     ok &= 2 * tcd.stride[wd - 2] < (1ll << 31) & 2 * tsc.stride[wd - 2] < (1ll << 31);
@@ -526,7 +526,11 @@ __device__ __forceinline__ void gvm_cp_async_wait_n(int n) {
 // cycles a piece with neither copies nor decode (expert_bench probe 5: the
 // warp issues in order, so each MMA waited for the one before it).
 // c_beg and c_end are multiples of 4 (whole tiled K steps; gvm_expert_tile_reg).
-template <bool UP>
+// PART: 0 the whole unit; 1 only its first nsl - 1 slots' copies, 2 the rest
+// (the caller stages x between the two, so that the copies' round trip
+// overlaps the staging's; each part derives its pointers itself: held
+// across the staging they spilled).
+template <bool UP, int PART>
 __device__ __forceinline__ void gvm_expr_unit_ring(const gvm_ctx& c, float (&acc)[2][4], int e, long long r0, long long rl,
                                                    int c_beg, int c_end, int nch, unsigned xrow, unsigned ring, int nsl) {
     const unsigned lane = gvm_opaque(c.tid) & 31, g = lane >> 2, q = lane & 3, half = lane & 1;  // opaque: not hoisted out of the list's item loop (spilled)
@@ -552,7 +556,7 @@ __device__ __forceinline__ void gvm_expr_unit_ring(const gvm_ctx& c, float (&acc
         for (int i = 0; i < 4; ++i) a[p][i] = b[p][i] = 0.0f;
     const int steps = (c_end - c_beg + 3) / 4, slots = UP ? steps : (steps + 1) / 2;
     const unsigned size = (unsigned)nsl * GVM_EXPR_SLOT;
-    unsigned wsl = 0;  // offset of the slot written next; the one read next is nsl - 1 slots behind
+    unsigned wsl = PART == 2 ? (unsigned)(nsl - 1) * GVM_EXPR_SLOT : 0u;  // offset of the slot written next; the one read next is nsl - 1 slots behind
     // slot i: K step UP ? i : 2 i + p of set UP ? p : 0 in piece p (a step past the unit's end is
     // zero-filled; past the last slot: an empty group)
     auto issue = [&](int i) {
@@ -572,8 +576,11 @@ __device__ __forceinline__ void gvm_expr_unit_ring(const gvm_ctx& c, float (&acc
         gvm_cp_async_commit();
         wsl = wsl + GVM_EXPR_SLOT == size ? 0 : wsl + GVM_EXPR_SLOT;
     };
+    if (PART != 2) {
 #pragma unroll 1
-    for (int i = 0; i < nsl - 1; ++i) issue(i);
+        for (int i = 0; i < nsl - 1; ++i) issue(i);
+    }
+    if (PART == 1) return;
 #pragma unroll 1
     for (int i = 0; i < slots; ++i) {
         gvm_cp_async_wait_n(nsl - 2);  // this lane's copies of slot i are in
@@ -625,12 +632,28 @@ __device__ int gvm_expert_tile_reg(const gvm_ctx& c, int e, int n0, int nn, int 
     const unsigned s_ring = (s_flag + 16 + 15) & ~15u;
     const int room = (int)c.smem_bytes - GVM_EXP_STATE - (int)(s_ring - s_x);
     const int nsl = min(GVM_EXPR_RING, max(0, room) / (4 * GVM_EXPR_SLOT));
-    if (c.tid == 0) gvm_sts(s_flag, 0u);
+    // the tensor scales (flag + 4, + 8): read now, stored once x is staged
+    float ts[2] = {0.0f, 0.0f};
+    if (c.tid == 0) {
+        const gvm_tensor& tts = gvm_t(c, 4);
+        ts[0] = gvm_ptr<const float>(tts, e * tts.stride[0], 4)[0];
+        ts[1] = gvm_ptr<const float>(tts, e * tts.stride[0], 4)[UP ? 1 : 0];
+        gvm_sts(s_flag, 0u);
+    }
     gvm_group_sync(c);
-    gvm_expr_stage_x<UP>(c, s_x, flag, count, slot0, kdim);
-    gvm_group_sync(c);
-    if (gvm_lds_u(s_flag)) return GVM_ERR_BAD_ARGS;
-    if (GVM_EXPR_PROBE & 8) return GVM_ERR_NONE;  // probe: the item ends once x is staged (times the list's walk)
+    // x of the expert's tokens, staged once (the first pass); false if a row was bad
+    const auto stage = [&](bool first) {
+        if (first) {
+            gvm_expr_stage_x<UP>(c, s_x, flag, count, slot0, kdim);
+            if (c.tid == 0) {
+                gvm_sts(s_flag + 4, ts[0]);
+                gvm_sts(s_flag + 8, ts[1]);
+            }
+            gvm_group_sync(c);
+        }
+        return gvm_lds_u(s_flag) == 0u;
+    };
+    if (GVM_EXPR_PROBE & 8) return stage(true) ? GVM_ERR_NONE : GVM_ERR_BAD_ARGS;  // probe: the item ends once x is staged
     const unsigned xrow = s_x + (unsigned)min((int)g, count - 1) * pitch;  // the B column of token g (a valid row past count)
     const int units = (nn + 15) / 16;
 #pragma unroll 1
@@ -638,12 +661,20 @@ __device__ int gvm_expert_tile_reg(const gvm_ctx& c, int e, int n0, int nn, int 
         const int nu = min(4, units - u0), S = nu == 1 ? 4 : nu == 2 ? 2 : 1;  // K splits: nu * S <= 4 pieces
         const int cps = ((nch + S - 1) / S + 3) & ~3;  // whole tiled K steps of 4 chunks
         const int piece = (int)warp, pu = piece / S, ps = piece - pu * S;
+        const int c_beg = ps * cps, c_end = min(nch, c_beg + cps);
+        const bool ring = nsl >= GVM_EXPR_RING_MIN;
+        float acc[2][4];
+        if (pu < nu && ring)
+            gvm_expr_unit_ring<UP, 1>(c, acc, e, n0 + (u0 + pu) * 16, n0 + nn - 1, c_beg, c_end, nch, xrow,
+                                      s_ring + warp * (unsigned)nsl * GVM_EXPR_SLOT, nsl);
+        if (!stage(u0 == 0)) {  // the same in every thread: read after the staging's barrier
+            gvm_cp_async_wait<0>();  // nothing lands in the ring after the op
+            return GVM_ERR_BAD_ARGS;
+        }
         if (pu < nu) {
-            float acc[2][4];
-            const int c_beg = ps * cps, c_end = min(nch, c_beg + cps);
-            if (nsl >= GVM_EXPR_RING_MIN)
-                gvm_expr_unit_ring<UP>(c, acc, e, n0 + (u0 + pu) * 16, n0 + nn - 1, c_beg, c_end, nch, xrow,
-                                       s_ring + warp * (unsigned)nsl * GVM_EXPR_SLOT, nsl);
+            if (ring)
+                gvm_expr_unit_ring<UP, 2>(c, acc, e, n0 + (u0 + pu) * 16, n0 + nn - 1, c_beg, c_end, nch, xrow,
+                                          s_ring + warp * (unsigned)nsl * GVM_EXPR_SLOT, nsl);
             else
                 gvm_expr_unit<UP>(c, acc, e, n0 + (u0 + pu) * 16, n0 + nn - 1, c_beg, c_end, nch, xrow);
 #pragma unroll
@@ -659,9 +690,7 @@ __device__ int gvm_expert_tile_reg(const gvm_ctx& c, int e, int n0, int nn, int 
         if (GVM_EXPR_PROBE & 32) continue;  // probe: no epilogue (nothing stored; times the rest)
         // sum the K splits in order and store; consecutive threads take consecutive rows
         const gvm_tensor& to = gvm_t(c, 0);
-        const gvm_tensor& tts = gvm_t(c, 4);
-        const float ts0 = gvm_ptr<const float>(tts, e * tts.stride[0], 4)[0];
-        const float ts1 = gvm_ptr<const float>(tts, e * tts.stride[0], 4)[UP ? 1 : 0];
+        const float ts0 = gvm_lds_f(s_flag + 4), ts1 = gvm_lds_f(s_flag + 8);
         for (int i = c.tid; i < nu * 128; i += 128) {
             const int uu = i >> 7, tk = (i >> 4) & 7, r = i & 15, row = (u0 + uu) * 16 + r;
             if (row >= nn || tk >= count) continue;
@@ -691,8 +720,8 @@ __device__ int gvm_expert_tile_reg(const gvm_ctx& c, int e, int n0, int nn, int 
 template <bool UP>
 __device__ int gvm_expert_tile(const gvm_ctx& c, int e, int n0, int nn) {
     const int slots = gvm_t(c, 6).shape[1];
-    const int count = gvm_ptr<const int>(gvm_t(c, 5), e, 4)[0];
-    const int slot0 = gvm_ptr<const int>(gvm_t(c, 5), gvm_t(c, 5).stride[0] + e, 4)[0];
+    const unsigned st = gvm_smem_addr(c.smem) + c.smem_bytes - GVM_EXP_STATE;  // the walk's copy of route_meta
+    const int count = (int)gvm_lds_u(st + 16 + 4 * e), slot0 = (int)gvm_lds_u(st + 144 + 4 * e);
     if (count == 0 || nn == 0) return GVM_ERR_NONE;  // nothing routed here: load nothing
     if (count < 0 || slot0 < 0 || slot0 + count > slots) return GVM_ERR_BAD_ARGS;
 #if GVM_EXPERT_REG
@@ -827,12 +856,16 @@ __device__ __forceinline__ int gvm_nth_bit(unsigned m, int r) {
 
 // One item per call (GVM_AGAIN for the next): item i is tile i % per of the
 // (i / per)-th expert with tokens. Thread 0 takes i from the list's counter
-// work[a0][0] and passes it through the scratch's last 16 bytes: two slots
-// used in turn (call k writes and reads slot k & 1, whose last readers, of
-// call k - 2, are behind the barriers of call k - 1), then the experts hit,
-// written once, then the items done before this worker's last one.
+// work[a0][0] and passes it through the scratch's last GVM_EXP_STATE bytes:
+// two slots used in turn (call k writes and reads slot k & 1, whose last
+// readers, of call k - 2, are behind the barriers of call k - 1), the experts
+// hit, the items done before this worker's last one, then each expert's token
+// count and first slot (route_meta, read once by the first call while its
+// claim is in flight, so that an item starts without a round trip for them).
 // Completion: a worker counts each finished item in work[a0][1] (acq_rel,
-// after a group barrier), and the one that finishes the last item returns
+// after a group barrier) with the same 64-bit atomic that claims its next
+// item in work[a0][0] (one round trip between items, not two); the one that
+// finishes the last item returns
 // GVM_SIGNAL_N(a1): the list's consumers wait for its items, not for its
 // slowest worker, which may still be queued behind another op of its block
 // (H200 trace at 18420e1: 31 us of a one-token layer). The others signal
@@ -848,20 +881,34 @@ __device__ int gvm_expert_matmul(const gvm_ctx& c) {
     if (c.again == 0) {
         if (!gvm_expert_args_ok<UP>(c)) return GVM_ERR_BAD_ARGS;
         if (GVM_EXPR_PROBE & 128) return GVM_ERR_NONE;  // probe: the argument check alone
-        // experts with tokens: lane e reads expert e's count, the warp ORs the bits
-        const unsigned lane = c.tid & 31;
-        unsigned hit = (int)lane < gvm_t(c, 5).shape[1] && gvm_ptr<const int>(gvm_t(c, 5), lane, 4)[0] != 0 ? 1u << lane : 0u;
+        if (c.tid < 32) {  // the claim and the meta reads go out together
+            const gvm_tensor& tw = gvm_t(c, 7);
+            const gvm_tensor& tm = gvm_t(c, 5);
+            const unsigned lane = c.tid;
+            unsigned claim = 0;
+            if (lane == 0) claim = atomicAdd(gvm_ptr<unsigned>(tw, c.ins->arg[0] * tw.stride[0], 4), 1u);
+            const bool live = (int)lane < tm.shape[1];
+            const int count = live ? gvm_ptr<const int>(tm, lane, 4)[0] : 0;
+            const int first = live ? gvm_ptr<const int>(tm, tm.stride[0] + lane, 4)[0] : 0;
+            unsigned hit = count != 0 ? 1u << lane : 0u;  // experts with tokens: the warp ORs the bits
 #pragma unroll
-        for (int o = 16; o > 0; o >>= 1) hit |= __shfl_xor_sync(0xffffffffu, hit, o);
-        if (c.tid == 0) gvm_sts(st + 8, hit);
+            for (int o = 16; o > 0; o >>= 1) hit |= __shfl_xor_sync(0xffffffffu, hit, o);
+            gvm_sts(st + 16 + 4 * lane, (unsigned)count);
+            gvm_sts(st + 144 + 4 * lane, (unsigned)first);
+            if (lane == 0) {
+                gvm_sts(st + 8, hit);
+                gvm_sts(st, claim);
+            }
+        }
     } else {
         gvm_group_sync(c);  // the last item's stores, before thread 0 counts it done
-    }
-    if (c.tid == 0) {
-        const gvm_tensor& tw = gvm_t(c, 7);
-        unsigned* w = gvm_ptr<unsigned>(tw, c.ins->arg[0] * tw.stride[0], 4);
-        if (c.again != 0) gvm_sts(st + 12, gvm_atom_add_acq_rel(w + 1, 1u));  // items done
-        gvm_sts(st + 4 * (c.again & 1), atomicAdd(w, 1u));
+        if (c.tid == 0) {  // items done (high word) and the next claim (low word)
+            const gvm_tensor& tw = gvm_t(c, 7);
+            unsigned long long* w = gvm_ptr<unsigned long long>(tw, c.ins->arg[0] * tw.stride[0], 4);
+            const unsigned long long old = gvm_atom_add_acq_rel_u64(w, 1ull | 1ull << 32);
+            gvm_sts(st + 4 * (c.again & 1), (unsigned)old);
+            gvm_sts(st + 12, (unsigned)(old >> 32));
+        }
     }
     gvm_group_sync(c);
     const int i = (int)gvm_lds_u(st + 4 * (c.again & 1));

@@ -107,6 +107,13 @@ __device__ __forceinline__ unsigned gvm_atom_add_acq_rel(unsigned* p, unsigned v
     return old;
 }
 
+// Two adjacent counters at once (low word, high word): one round trip, not two.
+__device__ __forceinline__ unsigned long long gvm_atom_add_acq_rel_u64(unsigned long long* p, unsigned long long v) {
+    unsigned long long old;
+    asm volatile("atom.acq_rel.gpu.global.add.u64 %0, [%1], %2;" : "=l"(old) : "l"(p), "l"(v) : "memory");
+    return old;
+}
+
 // v, as a value the compiler cannot see through: what derives from it (from
 // the thread index, say) is not hoisted out of the persistent loop into
 // registers held through every op.

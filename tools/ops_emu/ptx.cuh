@@ -118,6 +118,7 @@ inline void gvm_cp_async_commit() {}
 template <int N> inline void gvm_cp_async_wait() {}
 inline unsigned gvm_opaque(unsigned v) { return v; }
 inline unsigned gvm_atom_add_acq_rel(unsigned* p, unsigned v) { return atomicAdd(p, v); }
+inline unsigned long long gvm_atom_add_acq_rel_u64(unsigned long long* p, unsigned long long v) { const unsigned long long o = *p; *p = o + v; return o; }
 inline void gvm_prefetch_l2(const void*, unsigned) {}
 
 inline unsigned gvm_smem_addr(const void* p) {
