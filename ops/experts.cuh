@@ -42,7 +42,33 @@
 #define GVM_EXPR_PROBE 0   // timing probes (tools/expert_bench.py --define), bits: 1 no decode, 2 no MMA, 4 no weight copies (ring),
                            // 8 nothing after staging x, 16 no item (the list's walk alone), 32 no epilogue, 64 nothing at all,
                            // 128 the argument check alone; the shared tile (many tokens): 256 no x staging in the K loop,
-                           // 512 no decode nor MMA, 1024 no weight copies
+                           // 512 no decode nor MMA, 1024 no weight copies; 2048 the item timeline (below)
+#endif
+
+// Timeline probe (GVM_EXPR_PROBE 2048, tools/expert_bench.py --timeline): thread 0 of a
+// worker notes %clock64 at points of its first item and of its second call
+// (GVM_EXPR_MARK, slots 0..10 of the walk's state) and, as the worker ends, writes
+// them with %globaltimer at marks 0 and 10 (the clock's rate) and the item's index over
+// the codes of the last local expert, 128 bytes an item: that expert must not be hit.
+#if GVM_EXPR_PROBE & 2048
+#define GVM_EXP_TL 128
+#define GVM_EXPR_MARK(c, st, k)                                                                                   \
+    do {                                                                                                           \
+        if ((c).tid == 0 && (c).again == ((k) >= 9 ? 1u : 0u)) {                                                   \
+            unsigned long long t_;                                                                                 \
+            asm volatile("mov.u64 %0, %%clock64;" : "=l"(t_));                                                    \
+            reinterpret_cast<unsigned long long*>((c).smem + (st) - gvm_smem_addr((c).smem) + 272)[k] = t_;         \
+            if ((k) == 0 || (k) == 10) {                                                                           \
+                asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t_));                                            \
+                reinterpret_cast<unsigned long long*>((c).smem + (st) - gvm_smem_addr((c).smem) + 272)[(k) ? 12 : 11] = t_; \
+            }                                                                                                      \
+        }                                                                                                          \
+    } while (0)
+#else
+#define GVM_EXP_TL 0
+#define GVM_EXPR_MARK(c, st, k) \
+    do {                        \
+    } while (0)
 #endif
 
 #define GVM_EXP_KSTEP 256    // K per step: 4 threads x 64 codes of a weight row
@@ -58,7 +84,7 @@
 #define GVM_F16X2_64 0x54005400u
 #define GVM_TK_CODES 1024    // code bytes of a tiled block's K step: 16 rows x 64
 #define GVM_TK_SCALES 128    // scale bytes of it: 16 rows x 8
-#define GVM_EXP_STATE 272    // smem at the end of the scratch: the work list's walk (gvm_expert_matmul)
+#define GVM_EXP_STATE (272 + GVM_EXP_TL)  // smem at the end of the scratch: the work list's walk (gvm_expert_matmul)
 
 // Offset of row r's first K step in tiled NVFP4 codes (row_bytes 64, block
 // stride: the tensor's row-block stride) or scales (8).
@@ -585,6 +611,7 @@ __device__ __forceinline__ void gvm_expr_unit_ring(const gvm_ctx& c, float (&acc
     for (int i = 0; i < slots; ++i) {
         gvm_cp_async_wait_n(nsl - 2);  // this lane's copies of slot i are in
         __syncwarp();  // so are the other lanes', and every lane is done with the slot refilled next
+        if (i == 0) GVM_EXPR_MARK(c, gvm_smem_addr(c.smem) + c.smem_bytes - GVM_EXP_STATE, 5);
         const unsigned rsl = ring + (wsl + GVM_EXPR_SLOT == size ? 0 : wsl + GVM_EXPR_SLOT);  // the oldest slot
         issue(i + nsl - 1);
         uint4 ca[2], cb[2];
@@ -607,6 +634,7 @@ __device__ __forceinline__ void gvm_expr_unit_ring(const gvm_ctx& c, float (&acc
     }
     gvm_cp_async_wait<0>();  // nothing lands in the ring after the unit
     __syncwarp();
+    GVM_EXPR_MARK(c, gvm_smem_addr(c.smem) + c.smem_bytes - GVM_EXP_STATE, 6);
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
         if (UP) {
@@ -641,6 +669,8 @@ __device__ int gvm_expert_tile_reg(const gvm_ctx& c, int e, int n0, int nn, int 
         gvm_sts(s_flag, 0u);
     }
     gvm_group_sync(c);
+    const unsigned st = gvm_smem_addr(c.smem) + c.smem_bytes - GVM_EXP_STATE;  // the timeline probe's marks
+    GVM_EXPR_MARK(c, st, 3);
     // x of the expert's tokens, staged once (the first pass); false if a row was bad
     const auto stage = [&](bool first) {
         if (first) {
@@ -650,6 +680,7 @@ __device__ int gvm_expert_tile_reg(const gvm_ctx& c, int e, int n0, int nn, int 
                 gvm_sts(s_flag + 8, ts[1]);
             }
             gvm_group_sync(c);
+            GVM_EXPR_MARK(c, st, 4);
         }
         return gvm_lds_u(s_flag) == 0u;
     };
@@ -687,6 +718,7 @@ __device__ int gvm_expert_tile_reg(const gvm_ctx& c, int e, int n0, int nn, int 
             }
         }
         gvm_group_sync(c);
+        GVM_EXPR_MARK(c, st, 7);
         if (GVM_EXPR_PROBE & 32) continue;  // probe: no epilogue (nothing stored; times the rest)
         // sum the K splits in order and store; consecutive threads take consecutive rows
         const gvm_tensor& to = gvm_t(c, 0);
@@ -709,6 +741,7 @@ __device__ int gvm_expert_tile_reg(const gvm_ctx& c, int e, int n0, int nn, int 
             }
         }
         gvm_group_sync(c);
+        GVM_EXPR_MARK(c, st, 8);
     }
     return GVM_ERR_NONE;
 }
@@ -878,8 +911,10 @@ template <bool UP>
 __device__ int gvm_expert_matmul(const gvm_ctx& c) {
     if (GVM_EXPR_PROBE & 64) return GVM_ERR_NONE;  // probe: the op does nothing (times the launch and the runtime)
     const unsigned st = gvm_smem_addr(c.smem) + c.smem_bytes - GVM_EXP_STATE;
+    GVM_EXPR_MARK(c, st, 0);
     if (c.again == 0) {
         if (!gvm_expert_args_ok<UP>(c)) return GVM_ERR_BAD_ARGS;
+        GVM_EXPR_MARK(c, st, 1);
         if (GVM_EXPR_PROBE & 128) return GVM_ERR_NONE;  // probe: the argument check alone
         if (c.tid < 32) {  // the claim and the meta reads go out together
             const gvm_tensor& tw = gvm_t(c, 7);
@@ -913,12 +948,26 @@ __device__ int gvm_expert_matmul(const gvm_ctx& c) {
     gvm_group_sync(c);
     const int i = (int)gvm_lds_u(st + 4 * (c.again & 1));
     const unsigned hit = gvm_lds_u(st + 8);
+    GVM_EXPR_MARK(c, st, 2);
+    GVM_EXPR_MARK(c, st, 9);
     // rows of an item: the workers split among the experts hit, rounded up to
     // the grain a2, at most a3 (gpuvm/opspec.py expert_item_rows)
     const int nout = gvm_t(c, 0).shape[1], nhit = __popc(hit), grain = c.ins->arg[2];
     const int q = max(1, c.ins->arg[1] / max(1, nhit));
     const int rows = min(c.ins->arg[3], ((nout + q - 1) / q + grain - 1) / grain * grain), per = (nout + rows - 1) / rows;
     const int items = nhit * per;
+#if GVM_EXPR_PROBE & 2048
+    if (c.tid == 0 && c.again == 0) reinterpret_cast<unsigned long long*>(c.smem + c.smem_bytes - GVM_EXP_TL)[13] = (unsigned)i;
+    if (c.again == 1) {
+        GVM_EXPR_MARK(c, st, 10);
+        const unsigned long long* m = reinterpret_cast<const unsigned long long*>(c.smem + c.smem_bytes - GVM_EXP_TL);
+        if (c.tid == 0 && m[13] < (unsigned long long)items) {  // the worker's first call had an item
+            const gvm_tensor& tcd = gvm_t(c, 2);
+            unsigned long long* o = gvm_ptr<unsigned long long>(tcd, (tcd.shape[0] - 1) * tcd.stride[0] + 128ll * (long long)m[13], 1);
+            for (int k = 0; k < 16; ++k) o[k] = m[k];
+        }
+    }
+#endif
     if (!GVM_LIST_SIGNAL && i >= items) return GVM_ERR_NONE;
     if (c.again != 0 && (int)gvm_lds_u(st + 12) + 1 == items) return GVM_SIGNAL_N(c.ins->arg[1]);
     if (i >= items) return GVM_SIGNAL_N(items == 0 && i == 0 ? c.ins->arg[1] : 0);

@@ -3,7 +3,7 @@ the skewed one with each expert's tokens distinct."""
 import pytest
 import torch
 
-from tools.expert_bench import E, SKEW256, list_tables, parse_shape
+from tools.expert_bench import E, MARKS, SKEW256, list_tables, parse_shape, timeline
 
 
 def test_uniform_shape_tables_match_the_old_construction() -> None:
@@ -29,3 +29,23 @@ def test_skewed_shape_gives_each_expert_distinct_tokens() -> None:
 def test_bad_shapes_are_refused(bad: str) -> None:
     with pytest.raises((SystemExit, ValueError)):
         parse_shape(bad)
+
+
+def test_timeline_reads_the_items_marks_over_the_last_expert() -> None:
+    """Marks as the probe writes them: cycles at 2 ns a cycle (globaltimer over the span),
+    item i's 16 words at 128 i bytes of the last expert's codes; an item without a ring
+    (marks 5 and 6 zero) leaves them out; rows of other items (index mismatch) are skipped."""
+    codes = torch.zeros(E, 64 * 1024, dtype=torch.uint8)
+    words = codes[-1].view(torch.int64).view(-1, 16)
+    for i, step in ((0, 100), (3, 300)):
+        m = [1000 + k * step for k in range(11)] + [0] * 5
+        m[11], m[12], m[13] = 5_000, 5_000 + 2 * (m[10] - m[0]), i
+        if i == 3:
+            m[5] = m[6] = 0
+        words[i] = torch.tensor(m, dtype=torch.int64)
+    words[7, 0], words[7, 13] = 5, 2  # a stale row: its index is not its place
+    t = timeline(codes)
+    assert t["items"] == 2 and len(MARKS) == 10
+    assert t["args"] == 400 and t["epilogue"] == 400  # (200 + 600) / 2 ns
+    assert t["1st slot"] == 200 and t["ring"] == 200  # only item 0 passes them
+    assert t["partials"] == (200 + 1800) / 2  # item 3: from mark 4 to mark 7

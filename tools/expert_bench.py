@@ -109,8 +109,33 @@ def pad_blocks(case: object, placed: object, table: np.ndarray, pad: int) -> lis
     return keep
 
 
-def time_list(case: object, runner: GpuRunner, flush: L2Flush, ts: torch.cuda.ExternalStream, reps: int, pad: int) -> float:
-    """Median us of one launch of the list (L2 flushed before each), its weights' blocks pad bytes apart."""
+# The timeline probe's marks (ops/experts.cuh GVM_EXPR_MARK): the interval ending at each.
+MARKS = ("args", "walk", "into item", "x staged", "1st slot", "ring", "partials", "epilogue", "2nd call", "return")
+
+
+def timeline(codes: torch.Tensor) -> dict[str, float]:
+    """Median ns of each interval between an item's marks, over the items whose
+    stamps the probe wrote over the last expert's codes (128 bytes an item)."""
+    m = codes[-1].reshape(-1)[: 256 * 128].view(torch.int64).view(256, 16).cpu().numpy()
+    rows = [r for i, r in enumerate(m) if r[0] != 0 and r[13] == i and r[10] > r[0] and r[12] > r[11]]
+    if not rows:
+        raise SystemExit("--timeline: no item wrote its marks (one-round lists, the last expert not hit)")
+    out: dict[str, list[float]] = {k: [] for k in MARKS}
+    for r in rows:
+        ns = (r[12] - r[11]) / (r[10] - r[0])  # ns a cycle, from %globaltimer over the same span
+        prev = r[0]
+        for k, name in enumerate(MARKS, start=1):
+            if r[k] == 0:  # a mark the item's path does not pass (the register path: no ring)
+                continue
+            out[name].append((r[k] - prev) * ns)
+            prev = r[k]
+    return {k: statistics.median(v) if v else float("nan") for k, v in out.items()} | {"items": float(len(rows))}
+
+
+def time_list(case: object, runner: GpuRunner, flush: L2Flush, ts: torch.cuda.ExternalStream, reps: int, pad: int,
+              marks: dict[str, float] | None = None) -> float:
+    """Median us of one launch of the list (L2 flushed before each), its weights' blocks pad bytes apart;
+    marks: filled with the last launch's item timeline (a GVM_EXPR_PROBE 2048 build)."""
     placed = place(case.tensors, "cuda")
     records, table = encode(case, placed)
     keep = pad_blocks(case, placed, table, pad)
@@ -129,6 +154,8 @@ def time_list(case: object, runner: GpuRunner, flush: L2Flush, ts: torch.cuda.Ex
     codes = split_rc(err.cpu().numpy())[0]
     if codes.any():
         raise SystemExit(f"error codes {sorted(set(codes.tolist()))}")
+    if marks is not None:
+        marks.update(timeline(placed.views["codes"]))
     del placed, ins, tab, err, keep
     torch.cuda.empty_cache()
     return statistics.median(times)
@@ -143,6 +170,8 @@ def main() -> int:
     ap.add_argument("--shapes", default="", help="experts hit x tokens each, or skew256, e.g. 32x16,skew256 (default: 1x1,3x1,8x1,32x8)")
     ap.add_argument("--bw", type=float, default=4.3, help="streaming-read TB/s for the floor column")
     ap.add_argument("--cap", type=int, default=EXPERT_CAP, help="rows an item at most (the lowering's EXPERT_CAP, or none: Tiles.expert_cap_tokens)")
+    ap.add_argument("--timeline", action="store_true", help="the probe build that stamps each item's steps (GVM_EXPR_PROBE=2048): "
+                    "median ns of each, per list (the last local expert must not be hit)")
     ap.add_argument("--block-pads", default="0", help="bytes of padding after each tiled block of 16 rows' codes (scales: an eighth), "
                     "e.g. 0,256,1024: where a block starts in HBM, with the bytes read unchanged")
     a = ap.parse_args()
@@ -150,7 +179,12 @@ def main() -> int:
     if any(v < 0 or v % 128 for v in pads):
         raise SystemExit(f"--block-pads: multiples of 128 bytes, not {a.block_pads}")
     gen = torch.Generator().manual_seed(0)
-    runner = GpuRunner(defines=tuple(tuple(d.split("=", 1)) for d in a.define))
+    defines = [tuple(d.split("=", 1)) for d in a.define]
+    if a.timeline:
+        if any(k == "GVM_EXPR_PROBE" for k, _ in defines):
+            raise SystemExit("--timeline is the GVM_EXPR_PROBE=2048 build: no other probe with it")
+        defines.append(("GVM_EXPR_PROBE", "2048"))
+    runner = GpuRunner(defines=tuple(defines))
     flush = L2Flush(torch.device("cuda", 0))
     ts = torch.cuda.ExternalStream(int(runner.stream.handle))
     res = []
@@ -161,11 +195,17 @@ def main() -> int:
         w = weights(up, gen)
         for counts in shapes:
             hit, tokens = len(counts), max(counts)  # (tok: the largest count)
+            if a.timeline and hit >= E:
+                raise SystemExit(f"--timeline writes over the last expert's weights: at most {E - 1} experts hit, not {hit}")
             case, nbytes = build_list(up, GRAIN[up], counts, w, gen, a.cap)
             for pad in pads:
-                us = time_list(case, runner, flush, ts, a.reps, pad)
+                marks: dict[str, float] | None = {} if a.timeline else None
+                us = time_list(case, runner, flush, ts, a.reps, pad, marks)
                 r = dict(op="up" if up else "down", grain=GRAIN[up], cap=a.cap, hit=hit, tokens=tokens, counts=list(counts), us=us,
                          bytes=nbytes, block_pad=pad)
+                if marks is not None:
+                    r["timeline_ns"] = marks
+                    print("       " + "  ".join(f"{k} {v:.0f}" for k, v in marks.items()), flush=True)
                 res.append(r)
                 print(f"{r['op']:5} {hit:3d} {tokens:3d} {us:8.1f} {nbytes / 1e6:7.1f} {nbytes / us / 1e3:7.0f} {nbytes / (a.bw * 1e6):8.1f}"
                       + (f"  pad {pad}" if len(pads) > 1 else ""), flush=True)
