@@ -171,10 +171,10 @@ __device__ __forceinline__ void gvm_exp_decode(unsigned w, unsigned scale2, unsi
 // l & 7 of rows l / 8 and l / 8 + 4 of each set (cpa, cpb; chunk c of row g at
 // c ^ (g & 1), so that the readers' 16-byte loads hit distinct bank groups) and
 // scale word l & 3 of row (l / 4) & 7 (sp). A K step is two tiled ones: the
-// lane's pointers hold its chunk's half of the step (see gvm_expert_tile). live bits (zeros where a row or K
-// ends): 0, 1 row l / 8 of sets 0, 1; 2, 3 row l / 8 + 4; 4, 5 the scale row. A
-// zero-fill reads nothing, but still gets an address inside the tensors (zc, zs).
-// The caller commits the group.
+// lane's pointers hold its chunk's half of the step (see gvm_expert_tile).
+// live bits (zeros where a row or K ends): 0, 1 row l / 8 of sets 0, 1; 2, 3
+// row l / 8 + 4; 4, 5 the scale row. A zero-fill reads nothing, but still gets
+// an address inside the tensors (zc, zs). The caller commits the group.
 __device__ __forceinline__ void gvm_exp_fetch(unsigned buf, const unsigned char* cpa, const unsigned char* cpb,
                                               const unsigned char* sp, const unsigned char* zc, const unsigned char* zs,
                                               int cstep, int sstep, unsigned live, unsigned lane, int ks, int kdim,
@@ -559,7 +559,8 @@ __device__ __forceinline__ void gvm_cp_async_wait_n(int n) {
 template <bool UP, int PART>
 __device__ __forceinline__ void gvm_expr_unit_ring(const gvm_ctx& c, float (&acc)[2][4], int e, long long r0, long long rl,
                                                    int c_beg, int c_end, int nch, unsigned xrow, unsigned ring, int nsl) {
-    const unsigned lane = gvm_opaque(c.tid) & 31, g = lane >> 2, q = lane & 3, half = lane & 1;  // opaque: not hoisted out of the list's item loop (spilled)
+    // opaque: not hoisted out of the list's item loop (spilled)
+    const unsigned lane = gvm_opaque(c.tid) & 31, g = lane >> 2, q = lane & 3, half = lane & 1;
     const unsigned long long pol = gvm_policy_evict_first();
     const gvm_tensor& tcd = gvm_t(c, 2);
     const gvm_tensor& tsc = gvm_t(c, 3);
@@ -582,7 +583,8 @@ __device__ __forceinline__ void gvm_expr_unit_ring(const gvm_ctx& c, float (&acc
         for (int i = 0; i < 4; ++i) a[p][i] = b[p][i] = 0.0f;
     const int steps = (c_end - c_beg + 3) / 4, slots = UP ? steps : (steps + 1) / 2;
     const unsigned size = (unsigned)nsl * GVM_EXPR_SLOT;
-    unsigned wsl = PART == 2 ? (unsigned)(nsl - 1) * GVM_EXPR_SLOT : 0u;  // offset of the slot written next; the one read next is nsl - 1 slots behind
+    // offset of the slot written next; the one read next is nsl - 1 slots behind
+    unsigned wsl = PART == 2 ? (unsigned)(nsl - 1) * GVM_EXPR_SLOT : 0u;
     // slot i: K step UP ? i : 2 i + p of set UP ? p : 0 in piece p (a step past the unit's end is
     // zero-filled; past the last slot: an empty group)
     auto issue = [&](int i) {
