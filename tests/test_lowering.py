@@ -15,7 +15,7 @@ from gpuvm.cpu import run_stream
 from gpuvm.cpu.ops import list_items
 from gpuvm.isa import NONE, DType, Op, i2f
 from gpuvm.muse.config import SHARD, SMALL
-from gpuvm.muse.lowering import EXPERT_CAP, POISON_INT, LayerProgram, Tiles, _fill_rows, _span_rows, bind_layer, emit_layer, lower_layer, n_chunks
+from gpuvm.muse.lowering import EXPERT_CAP, POISON_INT, LayerProgram, Tiles, _fill_rows, _span_rows, _split_tail, bind_layer, emit_layer, lower_layer, n_chunks
 from gpuvm.muse.state import make_inputs, make_state
 from gpuvm.muse.weights import layer_shapes, make_layer_weights
 from gpuvm.program import Program, ProgramError
@@ -101,6 +101,9 @@ COVER_TILES = {
     "fixed": Tiles(gemm_fill=0, gemm_bytes=8192, rows=4, chunk=23, router_splits=2, sliding_chunk=23),
     "fill": Tiles(gemm_fill=12, gemm_min_bytes=1024, gemm_max_bytes=16384, rows=4, chunk=23, router_splits=2, sliding_chunk=23),
     "parts": Tiles(gemm_fill=0, gemm_bytes=8192, rows=4, chunk=23, router_splits=2, sliding_chunk=23, router_span=8, router_ops=4),
+    # the squeeze (128 rows of 512 B, 8 a tile) beside the router's two token halves: 16 tiles
+    # for 10 groups, its last 6 cut in two (Tiles.gemm_tail); Wo and Wex carry statistics: not cut
+    "tail": Tiles(gemm_fill=12, gemm_min_bytes=1024, gemm_max_bytes=4096, gemm_tail=2, rows=4, chunk=23, router_splits=2, sliding_chunk=23),
 }
 
 
@@ -128,6 +131,8 @@ def test_tiles_cover_every_output_once(kind: str, tiling: str) -> None:
     assert {(o.args[2], o.args[3]) for o in _ops(s, Op.GEMM) if o.tensors[0].name == "L0.scores"} == {(0, 8), (8, 7)}  # the router: two token halves
     for opcode in (Op.RMSNORM, Op.EXPERT_COMBINE):
         _cover([(o.args[0], o.args[1]) for o in _ops(s, opcode)], T)
+    if tiling == "tail":
+        assert [o.args[1] for o in _ops(s, Op.GEMM) if o.tensors[0].name == "L0.x"] == [8] * 10 + [4] * 12
     res = _ops(s, Op.RESIDUAL)
     for src in ("L0.a", "L0.f"):  # every column range (args 2, 3; 0, 0: whole rows) over every row once
         ranges = {(o.args[2], o.args[3]) for o in res if o.tensors[1].name == src}
@@ -293,6 +298,39 @@ def test_gemm_spans_cut_many_tokens_into_64_row_tiles() -> None:
     one = lower_layer(SHARD, "sliding", 16, 1, 4096)  # 16 tokens: below the span, all tokens a tile, no parts
     assert {tuple(o.args[2:4]) for o in _ops(one.stream, Op.GEMM)} == {(0, 0)}
     assert router(one) == {(2, 0, 0, 0)}
+
+
+def test_gemm_tail_cuts_the_last_partial_wave() -> None:
+    tiles = [(16 * i, 16) for i in range(10)]
+    assert _split_tail(tiles, 4, 2) == tiles[:8] + [(128, 8), (136, 8), (144, 8), (152, 8)]
+    assert _split_tail(tiles, 5, 2) == tiles and _split_tail(tiles, 12, 2) == tiles  # no partial wave
+    assert _split_tail([(0, 5)] * 3, 2, 2) == [(0, 5)] * 2 + [(0, 3), (3, 2)]  # an odd tile: the first part the larger
+    assert _split_tail(tiles, 4, 1) == tiles
+    # the shard at one token: the squeeze's 256 tiles of 16 rows beside the router's 128 tiles;
+    # the 136 groups the router leaves take the first wave, the other 120 tiles go in halves
+    lp = lower_layer(SHARD, "sliding", 1, 1, 4096, tiles=Tiles(gemm_tail=2))
+    rows = [o.args[1] for o in _ops(lp.stream, Op.GEMM) if o.tensors[0].name == "L0.x"]
+    assert rows == [16] * 136 + [8] * 240
+    base = lower_layer(SHARD, "sliding", 1, 1, 4096)
+    others = lambda l: Tally(o.tensors[0].name for o in _ops(l.stream, Op.GEMM) if o.tensors[0].name != "L0.x")  # noqa: E731
+    assert others(lp) == others(base)  # Wqkvg, Wo, Wex and the router unchanged
+    with pytest.raises(ProgramError, match="gemm_tail"):
+        Tiles(gemm_tail=0)
+
+
+def test_gemm_tail_leaves_the_layer_s_numbers_alone() -> None:
+    """The same squeeze and residual stream on the CPU backend with the tail cut as without."""
+    kw = dict(gemm_fill=12, gemm_min_bytes=1024, gemm_max_bytes=4096, rows=4, chunk=23, sliding_chunk=23)
+    w = make_layer_weights(SMALL, 0, 5)
+    out = []
+    for tail in (1, 2):
+        state = make_state(SMALL, "sliding", 2, 1, 40, seed=1)
+        lp = lower_layer(SMALL, "sliding", 2, 1, state.slots, tiles=Tiles(gemm_tail=tail, **kw))
+        s = make_inputs(SMALL, state, seed=2, weights_seed=5)
+        bufs = bind_layer(lp, w, state, s)
+        run_stream(lp.stream, bufs)
+        out.append((bufs["L0.x"].clone(), bufs["s"].clone()))
+    assert torch.equal(out[0][0], out[1][0]) and torch.equal(out[0][1], out[1][1])
 
 
 def test_gemm_fill_sizes_tiles_to_one_wave() -> None:

@@ -61,6 +61,15 @@ class Tiles:
     # 512 / 256 KB: step 1 x 1 9.10 / 9.01 and 9.06 / 8.97 ms, full-c1-t8 272 / 262
     # and 270 / 264 us; 32 x 8 71.9 / 71.9 ms, 16 x 8 54.2 / 53.9.
     gemm_max_bytes: int = 256 * 1024
+    # gemm_tail > 1 (with gemm_fill): a one-token-style GEMM (no token spans, no
+    # statistics) with more tiles than the groups it has to itself has the tiles
+    # of its last, partial wave cut into gemm_tail parts each: longest first, so
+    # that the wave claimed as other groups free (the squeeze's 120 tiles past
+    # the 136 groups the router's 128 tiles leave) ends sooner. At one token the
+    # tile that ends the squeeze's phase waits ~10 us for a group of its block
+    # (H200, 16-layer step trace at 8a795e5, NOTES.md session 27). Not measured
+    # yet: 1 (off) is the default.
+    gemm_tail: int = 1
     # From gemm_span tokens on (with gemm_fill > 0) a bf16 GEMM is also cut
     # over tokens, in spans of gemm_span, into tiles of at least 64 rows. The
     # device stages W and x in shared memory for such tiles, 64 rows x 64
@@ -160,7 +169,7 @@ class Tiles:
                 raise ProgramError(f"Tiles.{name} must be an int >= 0, not {v!r}")
         if not isinstance(self.fuse_qk, int) or self.fuse_qk < 0:
             raise ProgramError(f"Tiles.fuse_qk must be an int >= 0, not {self.fuse_qk!r}")
-        for name in ("gemm_bytes", "gemm_min_bytes", "gemm_max_bytes", "gemm_span", "router_ops", "router_bytes", "topk_tokens", "router_splits", "expert_workers", "expert_cap", "rows", "residual_slices", "residual_max_ops", "chunk", "sliding_chunk", "sliding_ops", "full_ops"):
+        for name in ("gemm_bytes", "gemm_min_bytes", "gemm_max_bytes", "gemm_tail", "gemm_span", "router_ops", "router_bytes", "topk_tokens", "router_splits", "expert_workers", "expert_cap", "rows", "residual_slices", "residual_max_ops", "chunk", "sliding_chunk", "sliding_ops", "full_ops"):
             v = getattr(self, name)
             if not isinstance(v, int) or v <= 0:
                 raise ProgramError(f"Tiles.{name} must be a positive int, not {v!r}")
@@ -261,6 +270,16 @@ def _span_rows(n_rows: int, spans: int, groups: int, lo_rows: int = 64) -> int:
 
 def _tiles(n0: int, n1: int, width: int) -> list[tuple[int, int]]:
     return [(a, min(width, n1 - a)) for a in range(n0, n1, width)]
+
+
+def _split_tail(tiles: list[tuple[int, int]], groups: int, parts: int) -> list[tuple[int, int]]:
+    """The tiles of the last, partial wave over `groups` cut into `parts` each
+    (in order, after the full waves'); with no partial wave, unchanged."""
+    full = groups * (len(tiles) // groups)
+    if parts <= 1 or full in (0, len(tiles)):
+        return tiles
+    cut = [piece for c0, n in tiles[full:] for piece in _tiles(c0, c0 + n, -(-n // parts))]
+    return tiles[:full] + cut
 
 
 def _check_shape(cfg: MuseConfig, kind: str, conversations: int, tokens_each: int, cache_slots: int) -> None:
@@ -398,7 +417,10 @@ def emit_layer(
         rows, spans = gemm_plan(wt, n0, n1, tile_bytes, token_splits, beside)
         n_parts = parts[2] if parts else 1
         kp = wt.shape[1] // n_parts
-        for m, ((c0, n), (t0, tn)) in enumerate(itertools.product(_tiles(n0, n1, rows), spans)):
+        tiles = _tiles(n0, n1, rows)
+        if tl.gemm_fill and not tile_bytes and spans == [(0, 0)] and not stats and not parts:
+            tiles = _split_tail(tiles, max(1, tl.gemm_fill - beside), tl.gemm_tail)
+        for m, ((c0, n), (t0, tn)) in enumerate(itertools.product(tiles, spans)):
             for j in range(n_parts):
                 where = f"{c0}:{c0 + n}" + (f"|t{t0}:{t0 + tn}" if tn else "") + (f"|k{j * kp}:{(j + 1) * kp}" if parts else "")
                 if parts:  # the part's bytes of the tile's first row (its rows are not contiguous)
@@ -406,7 +428,7 @@ def emit_layer(
                 else:
                     tensors, args, fetch = [out, xin, wt, *(stats or [])], [c0, n, t0, tn] + ([m // len(spans)] if stats else []), (wt, c0 * wt.row_bytes, n * wt.row_bytes)
                 p.op(Op.GEMM, tensors, args, waits=waits, signal=sig, prefetch=fetch, label=f"{prefix}{tag}[{where}]")
-        return -(-(n1 - n0) // rows) * len(spans) * n_parts
+        return len(tiles) * len(spans) * n_parts
 
     row_blocks = _tiles(0, T, tl.rows)
     res_cols = tl.residual_cols(d, len(row_blocks))
