@@ -52,22 +52,24 @@
 // the codes of the last local expert, 128 bytes an item: that expert must not be hit.
 #if GVM_EXPR_PROBE & 2048
 #define GVM_EXP_TL 128
-#define GVM_EXPR_MARK(c, st, k)                                                                                   \
-    do {                                                                                                           \
-        if ((c).tid == 0 && (c).again == ((k) >= 9 ? 1u : 0u)) {                                                   \
-            unsigned long long t_;                                                                                 \
-            asm volatile("mov.u64 %0, %%clock64;" : "=l"(t_));                                                    \
-            reinterpret_cast<unsigned long long*>((c).smem + (st) - gvm_smem_addr((c).smem) + 272)[k] = t_;         \
-            if ((k) == 0 || (k) == 10) {                                                                           \
-                asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t_));                                            \
-                reinterpret_cast<unsigned long long*>((c).smem + (st) - gvm_smem_addr((c).smem) + 272)[(k) ? 12 : 11] = t_; \
-            }                                                                                                      \
-        }                                                                                                          \
+// the marks: the scratch's last GVM_EXP_TL bytes, after the walk's state
+#define GVM_EXPR_MARKS(c) reinterpret_cast<unsigned long long*>((c).smem + (c).smem_bytes - GVM_EXP_TL)
+#define GVM_EXPR_MARK(c, k)                                                         \
+    do {                                                                            \
+        if ((c).tid == 0 && (c).again == ((k) >= 9 ? 1u : 0u)) {                    \
+            unsigned long long t_;                                                  \
+            asm volatile("mov.u64 %0, %%clock64;" : "=l"(t_));                     \
+            GVM_EXPR_MARKS(c)[k] = t_;                                              \
+            if ((k) == 0 || (k) == 10) {                                            \
+                asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t_));             \
+                GVM_EXPR_MARKS(c)[(k) ? 12 : 11] = t_;                              \
+            }                                                                       \
+        }                                                                           \
     } while (0)
 #else
 #define GVM_EXP_TL 0
-#define GVM_EXPR_MARK(c, st, k) \
-    do {                        \
+#define GVM_EXPR_MARK(c, k) \
+    do {                    \
     } while (0)
 #endif
 
@@ -85,6 +87,9 @@
 #define GVM_TK_CODES 1024    // code bytes of a tiled block's K step: 16 rows x 64
 #define GVM_TK_SCALES 128    // scale bytes of it: 16 rows x 8
 #define GVM_EXP_STATE (272 + GVM_EXP_TL)  // smem at the end of the scratch: the work list's walk (gvm_expert_matmul)
+
+// The walk's state: the scratch's last GVM_EXP_STATE bytes (gvm_expert_matmul).
+__device__ __forceinline__ unsigned gvm_exp_state(const gvm_ctx& c) { return gvm_smem_addr(c.smem) + c.smem_bytes - GVM_EXP_STATE; }
 
 // Offset of row r's first K step in tiled NVFP4 codes (row_bytes 64, block
 // stride: the tensor's row-block stride) or scales (8).
@@ -613,7 +618,7 @@ __device__ __forceinline__ void gvm_expr_unit_ring(const gvm_ctx& c, float (&acc
     for (int i = 0; i < slots; ++i) {
         gvm_cp_async_wait_n(nsl - 2);  // this lane's copies of slot i are in
         __syncwarp();  // so are the other lanes', and every lane is done with the slot refilled next
-        if (i == 0) GVM_EXPR_MARK(c, gvm_smem_addr(c.smem) + c.smem_bytes - GVM_EXP_STATE, 5);
+        if (i == 0) GVM_EXPR_MARK(c, 5);
         const unsigned rsl = ring + (wsl + GVM_EXPR_SLOT == size ? 0 : wsl + GVM_EXPR_SLOT);  // the oldest slot
         issue(i + nsl - 1);
         uint4 ca[2], cb[2];
@@ -636,7 +641,7 @@ __device__ __forceinline__ void gvm_expr_unit_ring(const gvm_ctx& c, float (&acc
     }
     gvm_cp_async_wait<0>();  // nothing lands in the ring after the unit
     __syncwarp();
-    GVM_EXPR_MARK(c, gvm_smem_addr(c.smem) + c.smem_bytes - GVM_EXP_STATE, 6);
+    GVM_EXPR_MARK(c, 6);
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
         if (UP) {
@@ -671,8 +676,7 @@ __device__ int gvm_expert_tile_reg(const gvm_ctx& c, int e, int n0, int nn, int 
         gvm_sts(s_flag, 0u);
     }
     gvm_group_sync(c);
-    const unsigned st = gvm_smem_addr(c.smem) + c.smem_bytes - GVM_EXP_STATE;  // the timeline probe's marks
-    GVM_EXPR_MARK(c, st, 3);
+    GVM_EXPR_MARK(c, 3);
     // x of the expert's tokens, staged once (the first pass); false if a row was bad
     const auto stage = [&](bool first) {
         if (first) {
@@ -682,7 +686,7 @@ __device__ int gvm_expert_tile_reg(const gvm_ctx& c, int e, int n0, int nn, int 
                 gvm_sts(s_flag + 8, ts[1]);
             }
             gvm_group_sync(c);
-            GVM_EXPR_MARK(c, st, 4);
+            GVM_EXPR_MARK(c, 4);
         }
         return gvm_lds_u(s_flag) == 0u;
     };
@@ -720,7 +724,7 @@ __device__ int gvm_expert_tile_reg(const gvm_ctx& c, int e, int n0, int nn, int 
             }
         }
         gvm_group_sync(c);
-        GVM_EXPR_MARK(c, st, 7);
+        GVM_EXPR_MARK(c, 7);
         if (GVM_EXPR_PROBE & 32) continue;  // probe: no epilogue (nothing stored; times the rest)
         // sum the K splits in order and store; consecutive threads take consecutive rows
         const gvm_tensor& to = gvm_t(c, 0);
@@ -743,7 +747,7 @@ __device__ int gvm_expert_tile_reg(const gvm_ctx& c, int e, int n0, int nn, int 
             }
         }
         gvm_group_sync(c);
-        GVM_EXPR_MARK(c, st, 8);
+        GVM_EXPR_MARK(c, 8);
     }
     return GVM_ERR_NONE;
 }
@@ -755,7 +759,7 @@ __device__ int gvm_expert_tile_reg(const gvm_ctx& c, int e, int n0, int nn, int 
 template <bool UP>
 __device__ int gvm_expert_tile(const gvm_ctx& c, int e, int n0, int nn) {
     const int slots = gvm_t(c, 6).shape[1];
-    const unsigned st = gvm_smem_addr(c.smem) + c.smem_bytes - GVM_EXP_STATE;  // the walk's copy of route_meta
+    const unsigned st = gvm_exp_state(c);  // its copy of route_meta
     const int count = (int)gvm_lds_u(st + 16 + 4 * e), slot0 = (int)gvm_lds_u(st + 144 + 4 * e);
     if (count == 0 || nn == 0) return GVM_ERR_NONE;  // nothing routed here: load nothing
     if (count < 0 || slot0 < 0 || slot0 + count > slots) return GVM_ERR_BAD_ARGS;
@@ -912,11 +916,11 @@ __device__ __forceinline__ int gvm_nth_bit(unsigned m, int r) {
 template <bool UP>
 __device__ int gvm_expert_matmul(const gvm_ctx& c) {
     if (GVM_EXPR_PROBE & 64) return GVM_ERR_NONE;  // probe: the op does nothing (times the launch and the runtime)
-    const unsigned st = gvm_smem_addr(c.smem) + c.smem_bytes - GVM_EXP_STATE;
-    GVM_EXPR_MARK(c, st, 0);
+    const unsigned st = gvm_exp_state(c);
+    GVM_EXPR_MARK(c, 0);
     if (c.again == 0) {
         if (!gvm_expert_args_ok<UP>(c)) return GVM_ERR_BAD_ARGS;
-        GVM_EXPR_MARK(c, st, 1);
+        GVM_EXPR_MARK(c, 1);
         if (GVM_EXPR_PROBE & 128) return GVM_ERR_NONE;  // probe: the argument check alone
         if (c.tid < 32) {  // the claim and the meta reads go out together
             const gvm_tensor& tw = gvm_t(c, 7);
@@ -950,8 +954,8 @@ __device__ int gvm_expert_matmul(const gvm_ctx& c) {
     gvm_group_sync(c);
     const int i = (int)gvm_lds_u(st + 4 * (c.again & 1));
     const unsigned hit = gvm_lds_u(st + 8);
-    GVM_EXPR_MARK(c, st, 2);
-    GVM_EXPR_MARK(c, st, 9);
+    GVM_EXPR_MARK(c, 2);
+    GVM_EXPR_MARK(c, 9);
     // rows of an item: the workers split among the experts hit, rounded up to
     // the grain a2, at most a3 (gpuvm/opspec.py expert_item_rows)
     const int nout = gvm_t(c, 0).shape[1], nhit = __popc(hit), grain = c.ins->arg[2];
@@ -959,10 +963,10 @@ __device__ int gvm_expert_matmul(const gvm_ctx& c) {
     const int rows = min(c.ins->arg[3], ((nout + q - 1) / q + grain - 1) / grain * grain), per = (nout + rows - 1) / rows;
     const int items = nhit * per;
 #if GVM_EXPR_PROBE & 2048
-    if (c.tid == 0 && c.again == 0) reinterpret_cast<unsigned long long*>(c.smem + c.smem_bytes - GVM_EXP_TL)[13] = (unsigned)i;
+    if (c.tid == 0 && c.again == 0) GVM_EXPR_MARKS(c)[13] = (unsigned)i;
     if (c.again == 1) {
-        GVM_EXPR_MARK(c, st, 10);
-        const unsigned long long* m = reinterpret_cast<const unsigned long long*>(c.smem + c.smem_bytes - GVM_EXP_TL);
+        GVM_EXPR_MARK(c, 10);
+        const unsigned long long* m = GVM_EXPR_MARKS(c);
         if (c.tid == 0 && m[13] < (unsigned long long)items) {  // the worker's first call had an item
             const gvm_tensor& tcd = gvm_t(c, 2);
             unsigned long long* o = gvm_ptr<unsigned long long>(tcd, (tcd.shape[0] - 1) * tcd.stride[0] + 128ll * (long long)m[13], 1);
