@@ -29,6 +29,13 @@
 // hence finished, so m is at the head when a group comes free. In dynamic mode
 // this needs no co-residency (an unstarted block holds nothing); static mode
 // needs every block resident, which the launch checks.
+// A deferred wait (GVM_FLAG_AWAIT) is made inside a running op, so a group
+// may sit on it after the controller saw the instruction ready. At depth 1
+// that is safe: a block claims its next instruction only once it has handed
+// out the last, so the instructions in its groups were all claimed before m
+// and are finished, and m goes to a group when one frees. Deeper, ready first
+// could hand out a later instruction waiting on m before m itself, and leave
+// m with no group: there the deferred wait is an ordinary one (gvm_gate_waits).
 #pragma once
 #include "shared.cuh"
 #include "stamps.cuh"
@@ -214,7 +221,7 @@ __device__ __forceinline__ void gvm_controller(const gvm_params& p, gvm_shared& 
     const unsigned n = gvm_reg(p.n_instrs), groups = gvm_reg(p.groups);
     const gvm_instr* instrs = reinterpret_cast<const gvm_instr*>(gvm_reg(reinterpret_cast<unsigned long long>(p.instrs)));
     const unsigned stage0 = gvm_reg(gvm_smem_u32(&sh.stage[0][0]));
-    const unsigned depth = p.claim_depth == 0u || p.claim_depth > GVM_CLAIM_SLOTS ? GVM_CLAIM_SLOTS : p.claim_depth;
+    const unsigned depth = gvm_claim_depth(p);
     const unsigned* abort_flag = p.state + GVM_STATE_ABORT;
     gvm_groups_view view{0u, 0u, 0u, 0u};
     if (p.n_warm != 0) gvm_mark_busy(view, 0);  // the warmer handed group 0 its warm instruction
@@ -257,6 +264,7 @@ __device__ __forceinline__ void gvm_controller(const gvm_params& p, gvm_shared& 
             if (h.state == GVM_CS_LOADED || h.state == GVM_CS_WAITING) {
                 unsigned n_waits;
                 const unsigned word = gvm_staged_word(stage0 + j * 128u, lane, n_waits);  // also completes the probe of a turn ago
+                n_waits = gvm_gate_waits(n_waits, __shfl_sync(0xffffffffu, word, 0) >> 16, depth);  // word 0: opcode | flags << 16
                 gvm_retire_groups(view, group_done);
                 gvm_prof_mark(pr, GVM_LEG_RECORD);
                 bool go = !GVM_READY_FIRST || aborted || n_waits == 0;

@@ -109,3 +109,43 @@ FUSED_CASES = [c for c in DECODE_CASES if c.name in ("full-c1-t1", "sliding-c1-t
 def test_shard_layer_with_fused_qk_matches_reference(vm_plain, case: Case) -> None:  # type: ignore[no-untyped-def]
     _check(_run_case(vm_plain, SHARD, case, "dynamic", Tiles(fuse_qk=1 << 20)))
 
+
+
+#: the expert lists' deferred input waits (Tiles.expert_await): made inside the
+#: op at claim depth 1, an ordinary wait at depth 2; dynamic and static
+AWAIT_CASES = [c for c in DECODE_CASES if c.name in ("full-c1-t1", "sliding-c1-t8", "full-c32-t8")]
+
+
+@pytest.mark.parametrize("mode, depth", [("dynamic", 1), ("static", 1), ("dynamic", 2)])
+@pytest.mark.parametrize("case", AWAIT_CASES, ids=lambda c: c.name)
+def test_shard_layer_with_deferred_expert_waits_matches_reference(vm_plain, case: Case, mode: str, depth: int) -> None:  # type: ignore[no-untyped-def]
+    vm_plain.claim_depth = depth
+    try:
+        _check(_run_case(vm_plain, SHARD, case, mode, Tiles(expert_await=1)))
+    finally:
+        vm_plain.claim_depth = 1
+
+
+def test_deferred_expert_waits_stamp_ready_when_the_input_is_there(vm) -> None:  # type: ignore[no-untyped-def]
+    """With stamps: every record complete and in order, and an up worker ready
+    (its deferred wait met) only after every squeeze tile is done."""
+    import numpy as np
+
+    from gpuvm.isa import Op, Stamp
+    from gpuvm.trace.timeline import build as timeline
+
+    case = next(c for c in DECODE_CASES if c.name == "sliding-c1-t1")
+    w = _weights(SHARD, case.kind)
+    state = make_state(SHARD, case.kind, case.conversations, case.tokens_each, case.context, seed=8, device="cuda")
+    lp = lower_layer(SHARD, case.kind, case.conversations, case.tokens_each, state.slots, tiles=Tiles(expert_await=1))
+    bufs = bind_layer(lp, w, state, make_inputs(SHARD, state, seed=7), device="cuda")
+    loaded = vm.load(lp.stream, bufs)
+    loaded.run(0)
+    tr = loaded.trace()
+    timeline(tr)  # raises on a missing stamp or one out of order
+    gt = tr.records["globaltimer"].astype(np.int64)
+    ops = lp.stream.ops
+    squeeze = [k for k, o in enumerate(ops) if o.opcode == Op.GEMM and o.tensors[0].name == "L0.x"]
+    up = [k for k, o in enumerate(ops) if o.opcode == Op.EXPERT_UP]
+    assert squeeze and up
+    assert gt[up, Stamp.READY].min() >= gt[squeeze, Stamp.DONE].max()
