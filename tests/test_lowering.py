@@ -337,7 +337,7 @@ def test_expert_await_defers_the_lists_input_waits() -> None:
     """expert_await: the lists' workers gate on the routing and defer their
     input (up: the squeeze's x, down: the up list's hbuf) as their last wait."""
     off = lower_layer(SHARD, "sliding", 1, 1, 4096)
-    on = lower_layer(SHARD, "sliding", 1, 1, 4096, tiles=Tiles(expert_await=1))
+    on = lower_layer(SHARD, "sliding", 1, 1, 4096, tiles=Tiles(expert_await=3))
     for lp, want in ((off, 0), (on, int(Flag.AWAIT))):
         rec, ops = lp.stream.records, lp.stream.ops
         lists = [k for k, o in enumerate(ops) if o.opcode in (Op.EXPERT_UP, Op.EXPERT_DOWN)]
@@ -348,7 +348,7 @@ def test_expert_await_defers_the_lists_input_waits() -> None:
     assert names(off, Op.EXPERT_DOWN) == {("L0.hbuf",)} and names(on, Op.EXPERT_DOWN) == {("L0.route", "L0.hbuf")}
     assert len(on.stream) == len(off.stream)
     with pytest.raises(ProgramError, match="expert_await"):
-        Tiles(expert_await=2)
+        Tiles(expert_await=4)
 
 
 def test_gemm_fill_sizes_tiles_to_one_wave() -> None:

@@ -121,7 +121,7 @@ AWAIT_CASES = [c for c in DECODE_CASES if c.name in ("full-c1-t1", "sliding-c1-t
 def test_shard_layer_with_deferred_expert_waits_matches_reference(vm_plain, case: Case, mode: str, depth: int) -> None:  # type: ignore[no-untyped-def]
     vm_plain.claim_depth = depth
     try:
-        _check(_run_case(vm_plain, SHARD, case, mode, Tiles(expert_await=1)))
+        _check(_run_case(vm_plain, SHARD, case, mode, Tiles(expert_await=3)))
     finally:
         vm_plain.claim_depth = 1
 
@@ -137,7 +137,7 @@ def test_deferred_expert_waits_stamp_ready_when_the_input_is_there(vm) -> None: 
     case = next(c for c in DECODE_CASES if c.name == "sliding-c1-t1")
     w = _weights(SHARD, case.kind)
     state = make_state(SHARD, case.kind, case.conversations, case.tokens_each, case.context, seed=8, device="cuda")
-    lp = lower_layer(SHARD, case.kind, case.conversations, case.tokens_each, state.slots, tiles=Tiles(expert_await=1))
+    lp = lower_layer(SHARD, case.kind, case.conversations, case.tokens_each, state.slots, tiles=Tiles(expert_await=3))
     bufs = bind_layer(lp, w, state, make_inputs(SHARD, state, seed=7), device="cuda")
     loaded = vm.load(lp.stream, bufs)
     loaded.run(0)
