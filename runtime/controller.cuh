@@ -72,6 +72,12 @@
 #define GVM_READY_FIRST 1
 #endif
 #define GVM_READY_PATIENCE_NS 20000000u  // 20 ms
+// A turn that handed nothing out and claimed nothing naps this long (0: none),
+// so that a controller holding a waiting claim costs its SM's groups fewer
+// issue slots; its probes are then read that much later.
+#ifndef GVM_CTRL_NAP
+#define GVM_CTRL_NAP 0
+#endif
 
 // Parking: an instruction whose waits are not met still goes to a group when
 // one is free and another stays free of such instructions (gvm_can_park): the
@@ -236,6 +242,9 @@ __device__ __forceinline__ void gvm_controller(const gvm_params& p, gvm_shared& 
     gvm_prof pr;
     gvm_prof_init(pr);
     for (unsigned turn = 0;; ++turn) {
+#if GVM_CTRL_NAP
+        bool acted = false;  // this turn handed out or claimed something
+#endif
         // Another block failed: read rarely (the groups watch it too, and a
         // load here would stall the visits that follow it).
         const bool check_abort = (turn & 15u) == 15u;
@@ -291,6 +300,9 @@ __device__ __forceinline__ void gvm_controller(const gvm_params& p, gvm_shared& 
                 }
                 gvm_prof_mark(pr, GVM_LEG_DECIDE);
                 if (go) {
+#if GVM_CTRL_NAP
+                    acted = true;
+#endif
                     if (!aborted) gvm_hand_off(p, sh, view, ring_head, h, word, n_waits, groups, park, lane, pr);
                     h.state = GVM_CS_EMPTY;
                     --held;
@@ -298,12 +310,18 @@ __device__ __forceinline__ void gvm_controller(const gvm_params& p, gvm_shared& 
             }
             if (h.state == GVM_CS_EMPTY && !exhausted && !aborted && held < depth) {
                 h.idx = gvm_claim_issue(claimer);
+#if GVM_CTRL_NAP
+                acted = true;
+#endif
                 h.state = GVM_CS_CLAIMED;
                 ++held;
             }
             gvm_prof_mark(pr, GVM_LEG_ISSUE);
         }
         if (check_abort) aborted = aborted || __shfl_sync(0xffffffffu, abort_word, 0) != 0u;
+#if GVM_CTRL_NAP
+        if (!acted) gvm_nanosleep(GVM_CTRL_NAP);
+#endif
         if ((exhausted || aborted) && held == 0) break;
     }
     gvm_prof_flush(pr, lane);

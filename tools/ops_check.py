@@ -51,7 +51,7 @@ from gpuvm.device.build import BuildOptions  # noqa: E402
 from gpuvm.cpu.ops import OPS as CPU_OPS, residual_stats  # noqa: E402
 from gpuvm.isa import TENSOR_DTYPE, DType, ErrorCode, Flag, Op, f2i  # noqa: E402
 from gpuvm.muse.formats import from_e4m3, tile_nvfp4, to_e4m3  # noqa: E402
-from gpuvm.opspec import TensorSpec  # noqa: E402
+from gpuvm.opspec import AWAIT_OPS, TensorSpec  # noqa: E402
 from gpuvm.program import Program, Stream, work_lists  # noqa: E402
 from gpuvm.tensors import descriptor, torch_dtype  # noqa: E402
 
@@ -105,9 +105,9 @@ gvm_check_{name}(const gvm_instr* ins, const gvm_tensor* tab, int n, int* err, u
         if (c.tid < 32) reinterpret_cast<unsigned*>(mine)[c.tid] = reinterpret_cast<const unsigned*>(ins + i)[c.tid];
         gvm_group_sync(c);
         int e;
-        for (c.again = 0;; ++c.again) {{  // GVM_AGAIN (GVM_AWAIT: no counters here): call again, scratch kept
+        for (c.again = 0;; ++c.again) {{  // GVM_AGAIN: call again, scratch kept
             e = gvm_op_{name}(c);
-            if (e != GVM_AGAIN && e != GVM_AWAIT) break;
+            if ({again}) break;
         }}
         gvm_group_sync(c);  // every thread has read the index
         if (c.tid == 0) {{
@@ -135,7 +135,10 @@ def kernel_source(ops: list[Op] | None = None) -> str:
     ]
     lines += [f'#include "{h}"' for h in HEADERS]
     for op in ops or list(OPS):
-        lines.append(_KERNEL.format(name=OPS[op]))
+        # the list ops may return GVM_AWAIT (no counters here: as GVM_AGAIN); only
+        # theirs test for it, so that the other ops' kernels stay as they were
+        again = "e != GVM_AGAIN && e != GVM_AWAIT" if op in AWAIT_OPS else "e != GVM_AGAIN"
+        lines.append(_KERNEL.format(name=OPS[op], again=again))
     return "\n".join(lines)
 
 
