@@ -521,10 +521,6 @@ def _cost_argmax(ts: Slots, a: Args) -> Cost:
     return Cost(act_bytes=a[1] * (logits.row_bytes + 8), flops=2 * a[1] * logits.shape[1])
 
 
-#: ops that make a deferred last wait themselves (isa/gvm_isa.h GVM_FLAG_AWAIT,
-#: returning GVM_AWAIT): on any other op that wait would never be made
-AWAIT_OPS = (Op.EXPERT_UP, Op.EXPERT_DOWN)
-
 SPECS: dict[Op, OpSpec] = {
     Op.NOP: OpSpec((), (), _check_nop, lambda ts, a: Cost()),
     Op.SLEEP: OpSpec((), ("ns",), _check_sleep, lambda ts, a: Cost()),

@@ -22,8 +22,8 @@ from typing import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from .isa import INSTR_DTYPE, MAX_ARGS, MAX_COUNTERS, MAX_INSTRS, MAX_TABLE, MAX_TENSORS, MAX_WAITS, NONE, TENSOR_DTYPE, DType, Flag, Op
-from .opspec import AWAIT_OPS, SPECS, Cost, ProgramError, TensorSpec
+from .isa import INSTR_DTYPE, MAX_ARGS, MAX_COUNTERS, MAX_INSTRS, MAX_TABLE, MAX_TENSORS, MAX_WAITS, NONE, TENSOR_DTYPE, DType, Op
+from .opspec import SPECS, Cost, ProgramError, TensorSpec
 
 __all__ = ["Program", "Stream", "Counter", "Instr", "ProgramError", "TensorSpec", "LIST_OPS", "work_lists"]
 
@@ -70,7 +70,6 @@ class Instr:
     prefetch: tuple[int, int, int] | None  # (slot, byte offset, bytes)
     label: str
     cost: Cost
-    defer_last: bool = False  # the last wait is the op's to make (Flag.AWAIT)
 
     def wait_count(self, i: int) -> int:
         c, n = self.waits[i]
@@ -129,12 +128,8 @@ class Program:
         signal: Counter | None = None,
         prefetch: tuple[TensorSpec, int, int] | None = None,
         label: str | None = None,
-        defer_last: bool = False,
     ) -> Instr:
-        """Add an op. waits: counters (wait for all their signallers) or (counter, count).
-        defer_last: the op starts once the other waits are met and makes the last
-        one itself before it reads that input (isa/gvm_isa.h GVM_FLAG_AWAIT; only
-        the ops of AWAIT_OPS)."""
+        """Add an op. waits: counters (wait for all their signallers) or (counter, count)."""
         opcode = Op(opcode)
         spec = SPECS[opcode]
 
@@ -143,11 +138,6 @@ class Program:
 
         if len(tensors) > MAX_TENSORS or len(args) > MAX_ARGS:
             raise ProgramError(f"{where()}: at most {MAX_TENSORS} tensors and {MAX_ARGS} args")
-        waits = list(waits)
-        if defer_last and opcode not in AWAIT_OPS:
-            raise ProgramError(f"{where()}: only {', '.join(o.name for o in AWAIT_OPS)} can make a deferred wait (defer_last)")
-        if defer_last and not waits:
-            raise ProgramError(f"{where()}: defer_last needs a wait to defer")
         for t in tensors:
             if t is not None and (t.index < 0 or t.index >= len(self.tensors) or self.tensors[t.index] is not t):
                 raise ProgramError(f"{where()}: tensor '{t.name}' is not declared in this program")
@@ -179,7 +169,7 @@ class Program:
             if off < 0 or nb < 0 or off + nb > pt.nbytes or nb >= 2**32:
                 raise ProgramError(f"{where()}: prefetch [{off}, {off + nb}) outside '{pt.name}' ({pt.nbytes} bytes)")
             pf = (list(tensors).index(pt), int(off), int(nb))
-        ins = Instr(len(self.instrs), opcode, tuple(tensors), args_t, tuple(norm_waits), signal, pf, label or opcode.name.lower(), spec.cost(tensors, args_t), bool(defer_last))
+        ins = Instr(len(self.instrs), opcode, tuple(tensors), args_t, tuple(norm_waits), signal, pf, label or opcode.name.lower(), spec.cost(tensors, args_t))
         self.instrs.append(ins)
         if signal is not None:
             signal.signallers.append(ins)
@@ -229,8 +219,8 @@ class Program:
             w0 = ws[0]
             name = f"work list '{self.tensors[t].name}'[{k}]"
             for w in ws[1:]:
-                if (w.opcode, w.tensors, w.args, w.signal, w.defer_last) != (w0.opcode, w0.tensors, w0.args, w0.signal, w0.defer_last):
-                    raise ProgramError(f"{name}: op #{w.id} '{w.label}' differs from op #{w0.id} '{w0.label}' in opcode, tensors, arguments, signal or deferred wait")
+                if (w.opcode, w.tensors, w.args, w.signal) != (w0.opcode, w0.tensors, w0.args, w0.signal):
+                    raise ProgramError(f"{name}: op #{w.id} '{w.label}' differs from op #{w0.id} '{w0.label}' in opcode, tensors, arguments or signal")
             if len(ws) != w0.args[1]:
                 raise ProgramError(f"{name} has {len(ws)} workers, but its ops say a1 = {w0.args[1]}: the list would signal a wrong count")
             c = w0.signal
@@ -396,7 +386,7 @@ class Stream:
         # columns gathered in lists, then stored at once: per-record stores into
         # a structured array cost more than the whole build at 10k+ ops
         n = len(self.ops)
-        head = np.zeros((n, 5), dtype=np.int64)  # opcode, signal, n_waits, pf_slot, flags
+        head = np.zeros((n, 4), dtype=np.int64)  # opcode, signal, n_waits, pf_slot
         wc = np.full((n, MAX_WAITS), NONE, dtype=np.int64)
         wb = np.zeros((n, MAX_WAITS), dtype=np.int64)
         ws = np.zeros((n, MAX_WAITS), dtype=np.int64)
@@ -404,7 +394,7 @@ class Stream:
         pf = np.zeros((n, 2), dtype=np.int64)
         args = np.zeros((n, MAX_ARGS), dtype=np.int64)
         for k, ins in enumerate(self.ops):
-            head[k] = (int(ins.opcode), NONE if ins.signal is None else ins.signal.id, len(ins.waits), NONE if ins.prefetch is None else ins.prefetch[0], int(Flag.AWAIT) if ins.defer_last else 0)
+            head[k] = (int(ins.opcode), NONE if ins.signal is None else ins.signal.id, len(ins.waits), NONE if ins.prefetch is None else ins.prefetch[0])
             for i, (c, _) in enumerate(ins.waits):
                 wc[k, i], wb[k, i], ws[k, i] = c.id, ins.wait_count(i), c.per_step
             tens[k, : len(ins.tensors)] = [NONE if t is None else t.index for t in ins.tensors]
@@ -412,7 +402,7 @@ class Stream:
                 pf[k] = ins.prefetch[1:]
             args[k, : len(ins.args)] = ins.args
         rec = np.zeros(n, dtype=INSTR_DTYPE)
-        rec["opcode"], rec["signal"], rec["n_waits"], rec["pf_slot"], rec["flags"] = head.T
+        rec["opcode"], rec["signal"], rec["n_waits"], rec["pf_slot"] = head.T
         rec["wait_counter"], rec["wait_base"], rec["wait_step"] = wc, wb, ws
         rec["tensor"], rec["arg"] = tens, args
         rec["pf_offset"], rec["pf_bytes"] = pf.T

@@ -205,15 +205,7 @@ enum gvm_opcode {
 
 /* ---- instruction flags ---- */
 enum gvm_flag {
-    GVM_FLAG_TRACE = 1,     /* reserved: per-instruction trace opt-in */
-    GVM_FLAG_AWAIT = 2      /* the last wait is deferred: the op runs once its
-                             * other waits are met and asks for the last one
-                             * (GVM_AWAIT) before it reads that input, so that
-                             * its prologue overlaps the producer's tail (only
-                             * EXPERT_UP / EXPERT_DOWN ask; checked at build).
-                             * At a claim depth above 1 it is an ordinary wait
-                             * (runtime/controller.cuh: why). READY is stamped
-                             * when every wait is met, deferred one included. */
+    GVM_FLAG_TRACE = 1      /* reserved: per-instruction trace opt-in */
 };
 
 /* ---- records ------------------------------------------------------------ */

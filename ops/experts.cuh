@@ -913,16 +913,10 @@ __device__ __forceinline__ int gvm_nth_bit(unsigned m, int r) {
 #define GVM_LIST_SIGNAL 1  // 0: every worker signals one when it finds the list taken (for A/B runs)
 #endif
 
-// A deferred input (GVM_FLAG_AWAIT: x for UP, hbuf for DOWN): the first call
-// checks the arguments, claims an item and reads the walk's state, then returns
-// GVM_AWAIT, and the item runs in the second call, once that input is there
-// (the runtime waits between the calls). k counts the calls that run items.
 template <bool UP>
 __device__ int gvm_expert_matmul(const gvm_ctx& c) {
     if (GVM_EXPR_PROBE & 64) return GVM_ERR_NONE;  // probe: the op does nothing (times the launch and the runtime)
     const unsigned st = gvm_exp_state(c);
-    const bool defer = (c.ins->flags & GVM_FLAG_AWAIT) != 0;
-    const unsigned k = c.again - (defer && c.again != 0 ? 1u : 0u);
     GVM_EXPR_MARK(c, 0);
     if (c.again == 0) {
         if (!gvm_expert_args_ok<UP>(c)) return GVM_ERR_BAD_ARGS;
@@ -947,19 +941,18 @@ __device__ int gvm_expert_matmul(const gvm_ctx& c) {
                 gvm_sts(st, claim);
             }
         }
-        if (defer) return GVM_AWAIT;  // the runtime's barrier after the wait orders warp 0's stores
-    } else if (k != 0) {
+    } else {
         gvm_group_sync(c);  // the last item's stores, before thread 0 counts it done
         if (c.tid == 0) {  // items done (high word) and the next claim (low word)
             const gvm_tensor& tw = gvm_t(c, 7);
             unsigned long long* w = gvm_ptr<unsigned long long>(tw, c.ins->arg[0] * tw.stride[0], 4);
             const unsigned long long old = gvm_atom_add_acq_rel_u64(w, 1ull | 1ull << 32);
-            gvm_sts(st + 4 * (k & 1), (unsigned)old);
+            gvm_sts(st + 4 * (c.again & 1), (unsigned)old);
             gvm_sts(st + 12, (unsigned)(old >> 32));
         }
     }
     gvm_group_sync(c);
-    const int i = (int)gvm_lds_u(st + 4 * (k & 1));
+    const int i = (int)gvm_lds_u(st + 4 * (c.again & 1));
     const unsigned hit = gvm_lds_u(st + 8);
     GVM_EXPR_MARK(c, 2);
     GVM_EXPR_MARK(c, 9);
@@ -970,8 +963,8 @@ __device__ int gvm_expert_matmul(const gvm_ctx& c) {
     const int rows = min(c.ins->arg[3], ((nout + q - 1) / q + grain - 1) / grain * grain), per = (nout + rows - 1) / rows;
     const int items = nhit * per;
 #if GVM_EXPR_PROBE & 2048
-    if (c.tid == 0 && k == 0) GVM_EXPR_MARKS(c)[13] = (unsigned)i;
-    if (k == 1) {
+    if (c.tid == 0 && c.again == 0) GVM_EXPR_MARKS(c)[13] = (unsigned)i;
+    if (c.again == 1) {
         GVM_EXPR_MARK(c, 10);
         const unsigned long long* m = GVM_EXPR_MARKS(c);
         if (c.tid == 0 && m[13] < (unsigned long long)items) {  // the worker's first call had an item
@@ -982,7 +975,7 @@ __device__ int gvm_expert_matmul(const gvm_ctx& c) {
     }
 #endif
     if (!GVM_LIST_SIGNAL && i >= items) return GVM_ERR_NONE;
-    if (k != 0 && (int)gvm_lds_u(st + 12) + 1 == items) return GVM_SIGNAL_N(c.ins->arg[1]);
+    if (c.again != 0 && (int)gvm_lds_u(st + 12) + 1 == items) return GVM_SIGNAL_N(c.ins->arg[1]);
     if (i >= items) return GVM_SIGNAL_N(items == 0 && i == 0 ? c.ins->arg[1] : 0);
     if (GVM_EXPR_PROBE & 16) return GVM_AGAIN;  // probe: items taken, none computed (times the list's walk)
     const int r = i / per, t = i - r * per;

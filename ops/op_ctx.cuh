@@ -3,8 +3,7 @@
 // An op runs on one warp group (128 threads, 4 consecutive warps). It gets the
 // decoded instruction, the tensor table, a private shared-memory scratch area
 // and the group's named barrier. It must not touch other groups' scratch,
-// must not wait on counters (the runtime does that before calling, or between
-// calls: GVM_AWAIT) and must not
+// must not wait on counters (the runtime did that before calling) and must not
 // signal (the runtime does that after it returns: one, or the n of a
 // GVM_SIGNAL_N(n) the op returned). It reports unusable input by returning a
 // gvm_error_code (GVM_ERR_BAD_ARGS), never by trapping.
@@ -22,11 +21,6 @@
 // workers of an expert work list (ops/experts.cuh) signal for the whole list
 // when one of them completes it, and nothing otherwise.
 #define GVM_SIGNAL_N(n) (-2 - (int)(n))
-// Not done: an instruction with a deferred wait (GVM_FLAG_AWAIT) returns this
-// once its prologue no longer needs the deferred input; the runtime waits on
-// that counter, then calls the op again as for GVM_AGAIN. With no deferred wait
-// pending it is GVM_AGAIN. (Below every GVM_SIGNAL_N a list can return.)
-#define GVM_AWAIT (-2147483647 - 1)
 
 struct gvm_ctx {
     const gvm_instr* ins;      // the instruction (in shared memory)

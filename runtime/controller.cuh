@@ -29,13 +29,6 @@
 // hence finished, so m is at the head when a group comes free. In dynamic mode
 // this needs no co-residency (an unstarted block holds nothing); static mode
 // needs every block resident, which the launch checks.
-// A deferred wait (GVM_FLAG_AWAIT) is made inside a running op, so a group
-// may sit on it after the controller saw the instruction ready. At depth 1
-// that is safe: a block claims its next instruction only once it has handed
-// out the last, so the instructions in its groups were all claimed before m
-// and are finished, and m goes to a group when one frees. Deeper, ready first
-// could hand out a later instruction waiting on m before m itself, and leave
-// m with no group: there the deferred wait is an ordinary one (gvm_gate_waits).
 #pragma once
 #include "shared.cuh"
 #include "stamps.cuh"
@@ -72,12 +65,6 @@
 #define GVM_READY_FIRST 1
 #endif
 #define GVM_READY_PATIENCE_NS 20000000u  // 20 ms
-// A turn that handed nothing out and claimed nothing naps this long (0: none),
-// so that a controller holding a waiting claim costs its SM's groups fewer
-// issue slots; its probes are then read that much later.
-#ifndef GVM_CTRL_NAP
-#define GVM_CTRL_NAP 0
-#endif
 
 // Parking: an instruction whose waits are not met still goes to a group when
 // one is free and another stays free of such instructions (gvm_can_park): the
@@ -227,7 +214,7 @@ __device__ __forceinline__ void gvm_controller(const gvm_params& p, gvm_shared& 
     const unsigned n = gvm_reg(p.n_instrs), groups = gvm_reg(p.groups);
     const gvm_instr* instrs = reinterpret_cast<const gvm_instr*>(gvm_reg(reinterpret_cast<unsigned long long>(p.instrs)));
     const unsigned stage0 = gvm_reg(gvm_smem_u32(&sh.stage[0][0]));
-    const unsigned depth = gvm_claim_depth(p);
+    const unsigned depth = p.claim_depth == 0u || p.claim_depth > GVM_CLAIM_SLOTS ? GVM_CLAIM_SLOTS : p.claim_depth;
     const unsigned* abort_flag = p.state + GVM_STATE_ABORT;
     gvm_groups_view view{0u, 0u, 0u, 0u};
     if (p.n_warm != 0) gvm_mark_busy(view, 0);  // the warmer handed group 0 its warm instruction
@@ -242,9 +229,6 @@ __device__ __forceinline__ void gvm_controller(const gvm_params& p, gvm_shared& 
     gvm_prof pr;
     gvm_prof_init(pr);
     for (unsigned turn = 0;; ++turn) {
-#if GVM_CTRL_NAP
-        bool acted = false;  // this turn handed out or claimed something
-#endif
         // Another block failed: read rarely (the groups watch it too, and a
         // load here would stall the visits that follow it).
         const bool check_abort = (turn & 15u) == 15u;
@@ -273,7 +257,6 @@ __device__ __forceinline__ void gvm_controller(const gvm_params& p, gvm_shared& 
             if (h.state == GVM_CS_LOADED || h.state == GVM_CS_WAITING) {
                 unsigned n_waits;
                 const unsigned word = gvm_staged_word(stage0 + j * 128u, lane, n_waits);  // also completes the probe of a turn ago
-                n_waits = gvm_gate_waits(n_waits, __shfl_sync(0xffffffffu, word, 0) >> 16, depth);  // word 0: opcode | flags << 16
                 gvm_retire_groups(view, group_done);
                 gvm_prof_mark(pr, GVM_LEG_RECORD);
                 bool go = !GVM_READY_FIRST || aborted || n_waits == 0;
@@ -300,9 +283,6 @@ __device__ __forceinline__ void gvm_controller(const gvm_params& p, gvm_shared& 
                 }
                 gvm_prof_mark(pr, GVM_LEG_DECIDE);
                 if (go) {
-#if GVM_CTRL_NAP
-                    acted = true;
-#endif
                     if (!aborted) gvm_hand_off(p, sh, view, ring_head, h, word, n_waits, groups, park, lane, pr);
                     h.state = GVM_CS_EMPTY;
                     --held;
@@ -310,18 +290,12 @@ __device__ __forceinline__ void gvm_controller(const gvm_params& p, gvm_shared& 
             }
             if (h.state == GVM_CS_EMPTY && !exhausted && !aborted && held < depth) {
                 h.idx = gvm_claim_issue(claimer);
-#if GVM_CTRL_NAP
-                acted = true;
-#endif
                 h.state = GVM_CS_CLAIMED;
                 ++held;
             }
             gvm_prof_mark(pr, GVM_LEG_ISSUE);
         }
         if (check_abort) aborted = aborted || __shfl_sync(0xffffffffu, abort_word, 0) != 0u;
-#if GVM_CTRL_NAP
-        if (!acted) gvm_nanosleep(GVM_CTRL_NAP);
-#endif
         if ((exhausted || aborted) && held == 0) break;
     }
     gvm_prof_flush(pr, lane);

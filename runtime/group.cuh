@@ -1,9 +1,8 @@
 // Warps 4+: compute groups of 4 warps. Each waits for its slot, runs the
-// instruction's dependency waits (threads 0..n_waits-1, one counter each; a
-// deferred last one when the op returns GVM_AWAIT), runs the op, then signals
-// its counter (one thread, release, after a group barrier so every thread's
-// stores are ordered before it; by one, or by what the op asked for with
-// GVM_SIGNAL_N) and frees the slot.
+// instruction's dependency waits (threads 0..n_waits-1, one counter each),
+// runs the op, then signals its counter (one thread, release, after a group
+// barrier so every thread's stores are ordered before it; by one, or by what
+// the op asked for with GVM_SIGNAL_N) and frees the slot.
 #pragma once
 #include "shared.cuh"
 #include "stamps.cuh"
@@ -18,14 +17,6 @@ __device__ __forceinline__ bool gvm_group_any(unsigned bar_id, bool pred) {
                  : "r"((unsigned)pred), "r"(bar_id)
                  : "memory");
     return r != 0;
-}
-
-// Wait k of the group's instruction, by one thread: GVM_ERR_NONE, or the
-// failure (recorded by gvm_wait_counter).
-__device__ __forceinline__ unsigned gvm_group_wait(const gvm_params& p, const gvm_instr& ins, unsigned k, unsigned idx) {
-    const unsigned ctr = ins.wait_counter[k];
-    const unsigned target = ins.wait_base[k] + p.step * ins.wait_step[k];
-    return gvm_wait_counter(p.counters + ctr, ctr, target, idx, p.step, p.watchdog_ns, p.error, p.state + GVM_STATE_ABORT);
 }
 
 #ifndef GVM_DESC_PREFETCH
@@ -67,37 +58,26 @@ __device__ __forceinline__ void gvm_group(const gvm_params& p, gvm_shared& sh, u
             // the waits below run (descriptors never depend on them).
             if (GVM_DESC_PREFETCH && c.tid < GVM_MAX_TENSORS && ins.tensor[c.tid] != GVM_NONE)
                 asm volatile("prefetch.global.L1 [%0];" ::"l"(c.tab + ins.tensor[c.tid]));
-            const unsigned gate = gvm_gate_waits(ins.n_waits, ins.flags, gvm_claim_depth(p));
             unsigned failed = 0;
-            if (!warm && c.tid < gate && c.tid < GVM_MAX_WAITS) failed = gvm_group_wait(p, ins, c.tid, idx);
-            // With no waits there is nothing to share (gate is the same in
+            if (!warm && c.tid < ins.n_waits && c.tid < GVM_MAX_WAITS) {
+                const unsigned ctr = ins.wait_counter[c.tid];
+                const unsigned target = ins.wait_base[c.tid] + p.step * ins.wait_step[c.tid];
+                failed = gvm_wait_counter(p.counters + ctr, ctr, target, idx, p.step, p.watchdog_ns, p.error,
+                                          p.state + GVM_STATE_ABORT);
+            }
+            // With no waits there is nothing to share (n_waits is the same in
             // every thread): skip the barrier.
-            if (!warm && gate != 0 && gvm_group_any(c.bar_id, failed != 0)) {
+            if (!warm && ins.n_waits != 0 && gvm_group_any(c.bar_id, failed != 0)) {
                 if (c.tid == 0) gvm_mbar_arrive(&sh.empty[g]);
                 continue;  // the error is recorded; the controller stops claiming
             }
             if (!warm && c.tid == 0) {
                 GVM_STAMP_WHERE(p.trace, idx, g);
-                if (gate == ins.n_waits) GVM_STAMP(p.trace, idx, GVM_STAMP_READY);  // else at the deferred wait
+                GVM_STAMP(p.trace, idx, GVM_STAMP_READY);
             }
         }
         const int rc = gvm_dispatch(c);
         loop = gvm_smem_u32(&sh.loop[g][gvm_opaque(c.tid)]);  // opaque: not the address above, held
-        if (rc == GVM_AWAIT) {  // the same in every thread: the deferred wait, if the gate left it, then again
-            const unsigned idx = *reinterpret_cast<volatile const unsigned*>(&sh.slot[g].idx);
-            const unsigned last = ins.n_waits - 1u;
-            if ((idx & GVM_SLOT_WARM) == 0 && gvm_gate_waits(ins.n_waits, ins.flags, gvm_claim_depth(p)) == last) {
-                const unsigned failed = c.tid == last && last < GVM_MAX_WAITS ? gvm_group_wait(p, ins, last, idx) : 0u;
-                if (gvm_group_any(c.bar_id, failed != 0)) {
-                    gvm_sts(loop, gvm_lds_u(loop) & 0x80000000u);
-                    if (c.tid == 0) gvm_mbar_arrive(&sh.empty[g]);
-                    continue;  // as a failed gate wait
-                }
-                if (c.tid == 0) GVM_STAMP(p.trace, idx, GVM_STAMP_READY);
-            }
-            gvm_sts(loop, gvm_lds_u(loop) + 1u);
-            continue;
-        }
         if (rc == GVM_AGAIN) {  // the same in every thread
             gvm_sts(loop, gvm_lds_u(loop) + 1u);
             continue;

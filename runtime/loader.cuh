@@ -19,9 +19,6 @@
 #include "../ops/ptx.cuh"  // gvm_prefetch_l2
 
 #define GVM_PF_CHUNK 8192u  // bytes per bulk prefetch
-#ifndef GVM_LOADER_NAP
-#define GVM_LOADER_NAP 64   // ns between looks at an empty queue
-#endif
 #ifndef GVM_PF_MAX_BYTES
 #define GVM_PF_MAX_BYTES 8192u
 #endif
@@ -49,7 +46,7 @@ __device__ __forceinline__ void gvm_loader(const gvm_params& p, gvm_shared& sh) 
         if (__shfl_sync(0xffffffffu, sh.ring_head, 0) == tail) {
             const unsigned closed = __shfl_sync(0xffffffffu, sh.ring_closed, 0);
             if (closed && __shfl_sync(0xffffffffu, sh.ring_head, 0) == tail) break;  // closed after its last push
-            if (!closed) gvm_nanosleep(GVM_LOADER_NAP);
+            if (!closed) gvm_nanosleep(64);
             continue;
         }
         __threadfence_block();

@@ -32,15 +32,3 @@ struct gvm_shared {
     volatile unsigned ring_tail;    // entries done (loader)
     volatile unsigned ring_closed;  // the controller claims no more
 };
-
-// Claims a block holds ahead (p.claim_depth; 0 or past the slots: all of them).
-__device__ __forceinline__ unsigned gvm_claim_depth(const gvm_params& p) {
-    return p.claim_depth == 0u || p.claim_depth > GVM_CLAIM_SLOTS ? GVM_CLAIM_SLOTS : p.claim_depth;
-}
-
-// The waits met before an instruction goes to its op: all n_waits, less a
-// deferred last one (GVM_FLAG_AWAIT), which the op asks for itself, at claim
-// depth 1 only (runtime/controller.cuh: why no deeper).
-__device__ __forceinline__ unsigned gvm_gate_waits(unsigned n_waits, unsigned flags, unsigned depth) {
-    return n_waits - (depth == 1u && (flags & GVM_FLAG_AWAIT) != 0u && n_waits != 0u ? 1u : 0u);
-}

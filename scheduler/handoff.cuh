@@ -17,11 +17,6 @@
 #ifndef GVM_HANDOFF_NAP_NS
 #define GVM_HANDOFF_NAP_NS 32
 #endif
-// Above GVM_HANDOFF_NAP_NS: the naps of one wait double up to this, so that a
-// claim held while both groups run long ops costs their SM fewer issue slots.
-#ifndef GVM_HANDOFF_NAP_MAX
-#define GVM_HANDOFF_NAP_MAX GVM_HANDOFF_NAP_NS
-#endif
 
 #define GVM_SLOT_EXIT 0xFFFFFFFFu   // slot.idx: leave the group loop
 #define GVM_SLOT_WARM 0x80000000u   // slot.idx bit: a warm instruction, index below the bit
@@ -137,9 +132,6 @@ __device__ __forceinline__ unsigned gvm_acquire_group(gvm_groups_view& v, unsign
                                                       unsigned long long bound_ns) {
     const unsigned all = (1u << groups) - 1u;
     unsigned long long t0 = 0;
-#if GVM_HANDOFF_NAP_MAX > GVM_HANDOFF_NAP_NS
-    unsigned nap = GVM_HANDOFF_NAP_NS;
-#endif
     for (;;) {
         const unsigned f = ~v.busy & all;
         if (f != 0u) {
@@ -155,12 +147,7 @@ __device__ __forceinline__ unsigned gvm_acquire_group(gvm_groups_view& v, unsign
         const unsigned long long now = __shfl_sync(0xffffffffu, gvm_globaltimer(), 0);  // one clock for the warp
         if (t0 == 0) t0 = now;
         else if (now - t0 > bound_ns) return GVM_NONE;
-#if GVM_HANDOFF_NAP_MAX > GVM_HANDOFF_NAP_NS
-        gvm_nanosleep(nap);  // spare the groups' issue slots, more the longer they run
-        nap = nap * 2 < GVM_HANDOFF_NAP_MAX ? nap * 2 : GVM_HANDOFF_NAP_MAX;
-#else
         if (GVM_HANDOFF_NAP_NS != 0) gvm_nanosleep(GVM_HANDOFF_NAP_NS);  // spare the groups' issue slots
-#endif
         gvm_retire_groups(v, gvm_test_group(v, empty, groups));
     }
 }

@@ -48,7 +48,6 @@ def test_sound_records_pass() -> None:
         ("tensor", [0, 2, NONE, NONE, NONE, NONE, NONE, NONE], r"tensor slots \[0, 2, .*\] reach past the table of 2"),
         ("pf_bytes", 4096, "prefetch range ends at byte 4096, past its tensor"),
         ("pf_slot", 5, "prefetch slot 5 holds no tensor"),
-        ("flags", 2, r"a deferred wait \(Flag.AWAIT\) needs a wait and an op of EXPERT_UP, EXPERT_DOWN"),
     ],
 )
 def test_bad_records_are_refused_before_launch(field: str, value: object, message: str) -> None:

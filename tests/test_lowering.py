@@ -13,7 +13,7 @@ import torch
 
 from gpuvm.cpu import run_stream
 from gpuvm.cpu.ops import list_items
-from gpuvm.isa import NONE, DType, Flag, Op, i2f
+from gpuvm.isa import NONE, DType, Op, i2f
 from gpuvm.muse.config import SHARD, SMALL
 from gpuvm.muse.lowering import EXPERT_CAP, POISON_INT, LayerProgram, Tiles, _fill_rows, _span_rows, _split_tail, bind_layer, emit_layer, lower_layer, n_chunks
 from gpuvm.muse.state import make_inputs, make_state
@@ -331,24 +331,6 @@ def test_gemm_tail_leaves_the_layer_s_numbers_alone() -> None:
         run_stream(lp.stream, bufs)
         out.append((bufs["L0.x"].clone(), bufs["s"].clone()))
     assert torch.equal(out[0][0], out[1][0]) and torch.equal(out[0][1], out[1][1])
-
-
-def test_expert_await_defers_the_lists_input_waits() -> None:
-    """expert_await: the lists' workers gate on the routing and defer their
-    input (up: the squeeze's x, down: the up list's hbuf) as their last wait."""
-    off = lower_layer(SHARD, "sliding", 1, 1, 4096)
-    on = lower_layer(SHARD, "sliding", 1, 1, 4096, tiles=Tiles(expert_await=3))
-    for lp, want in ((off, 0), (on, int(Flag.AWAIT))):
-        rec, ops = lp.stream.records, lp.stream.ops
-        lists = [k for k, o in enumerate(ops) if o.opcode in (Op.EXPERT_UP, Op.EXPERT_DOWN)]
-        assert lists and all(int(rec["flags"][k]) == want for k in lists)
-        assert all(int(rec["flags"][k]) == 0 for k in range(len(ops)) if k not in lists)
-    names = lambda lp, op: {tuple(c.name for c, _ in o.waits) for o in _ops(lp.stream, op)}  # noqa: E731
-    assert names(on, Op.EXPERT_UP) == names(off, Op.EXPERT_UP) == {("L0.route", "L0.x")}
-    assert names(off, Op.EXPERT_DOWN) == {("L0.hbuf",)} and names(on, Op.EXPERT_DOWN) == {("L0.route", "L0.hbuf")}
-    assert len(on.stream) == len(off.stream)
-    with pytest.raises(ProgramError, match="expert_await"):
-        Tiles(expert_await=4)
 
 
 def test_gemm_fill_sizes_tiles_to_one_wave() -> None:

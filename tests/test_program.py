@@ -119,16 +119,6 @@ def test_op_level_limits() -> None:
         Program("empty").build()
 
 
-def test_deferred_waits_only_where_an_op_makes_them() -> None:
-    p, x, y = _copy_prog()
-    c = p.counter("c")
-    p.op(Op.COPY, [x, y], [0, 4], signal=c)
-    with pytest.raises(ProgramError, match="only EXPERT_UP, EXPERT_DOWN can make a deferred wait"):
-        p.op(Op.COPY, [y, x], [0, 4], waits=[c], defer_last=True)
-    with pytest.raises(ProgramError, match="defer_last needs a wait to defer"):
-        p.op(Op.EXPERT_UP, [], [], defer_last=True)
-
-
 def test_capacity() -> None:
     p, x, y = _copy_prog()
     for _ in range(5):

@@ -49,9 +49,9 @@ if str(ROOT) not in sys.path:
 from gpuvm.cpu.backend import run_stream  # noqa: E402
 from gpuvm.device.build import BuildOptions  # noqa: E402
 from gpuvm.cpu.ops import OPS as CPU_OPS, residual_stats  # noqa: E402
-from gpuvm.isa import TENSOR_DTYPE, DType, ErrorCode, Flag, Op, f2i  # noqa: E402
+from gpuvm.isa import TENSOR_DTYPE, DType, ErrorCode, Op, f2i  # noqa: E402
 from gpuvm.muse.formats import from_e4m3, tile_nvfp4, to_e4m3  # noqa: E402
-from gpuvm.opspec import AWAIT_OPS, TensorSpec  # noqa: E402
+from gpuvm.opspec import TensorSpec  # noqa: E402
 from gpuvm.program import Program, Stream, work_lists  # noqa: E402
 from gpuvm.tensors import descriptor, torch_dtype  # noqa: E402
 
@@ -107,7 +107,7 @@ gvm_check_{name}(const gvm_instr* ins, const gvm_tensor* tab, int n, int* err, u
         int e;
         for (c.again = 0;; ++c.again) {{  // GVM_AGAIN: call again, scratch kept
             e = gvm_op_{name}(c);
-            if ({again}) break;
+            if (e != GVM_AGAIN) break;
         }}
         gvm_group_sync(c);  // every thread has read the index
         if (c.tid == 0) {{
@@ -135,10 +135,7 @@ def kernel_source(ops: list[Op] | None = None) -> str:
     ]
     lines += [f'#include "{h}"' for h in HEADERS]
     for op in ops or list(OPS):
-        # the list ops may return GVM_AWAIT (no counters here: as GVM_AGAIN); only
-        # theirs test for it, so that the other ops' kernels stay as they were
-        again = "e != GVM_AGAIN && e != GVM_AWAIT" if op in AWAIT_OPS else "e != GVM_AGAIN"
-        lines.append(_KERNEL.format(name=OPS[op], again=again))
+        lines.append(_KERNEL.format(name=OPS[op]))
     return "\n".join(lines)
 
 
@@ -300,15 +297,6 @@ def _set_arg(i: int, value: int) -> Callable[[np.ndarray, np.ndarray], None]:
 
     def corrupt(records: np.ndarray, table: np.ndarray) -> None:
         records["arg"][:, i] = value
-
-    return corrupt
-
-
-def _set_flags(flags: int) -> Callable[[np.ndarray, np.ndarray], None]:
-    """Set the flags of every instruction (the records as a runtime would get them)."""
-
-    def corrupt(records: np.ndarray, table: np.ndarray) -> None:
-        records["flags"] = flags
 
     return corrupt
 
@@ -598,12 +586,10 @@ def _nvfp4(b: _Build, *lead: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
 def cases_experts(sz: Sizes, gen: torch.Generator) -> list[Case]:
     out = []
     # (name, tokens, rows out, K): the layer's shapes, then few tokens over a
-    # K of 36 steps and a tiled step (half a step of the shared tile), then
-    # the shard's K with an expert of 7 tokens (more than one staging of x holds on
-    # the register path: the shared tile's); 40 and 24 rows end in a part block;
-    # last, the layer's shapes with a deferred wait (GVM_FLAG_AWAIT: the first call
-    # only claims, and the runner calls again as the runtime does after the wait)
-    shapes = (("", sz.tokens, sz.hidden, sz.hidden), (" long K", 3, 40, 36 * 256 + 128), (" K 4096", 8, 24, 4096), (" deferred", sz.tokens, sz.hidden, sz.hidden))
+    # K of 36 steps and a tiled step (half a step of the shared tile), then the
+    # shard's K with an expert of 7 tokens (more than one staging of x holds on
+    # the register path: the shared tile's); 40 and 24 rows end in a part block
+    shapes = (("", sz.tokens, sz.hidden, sz.hidden), (" long K", 3, 40, 36 * 256 + 128), (" K 4096", 8, 24, 4096))
     for up in (True, False):
         for what, t, h, k in shapes:
             op = Op.EXPERT_UP if up else Op.EXPERT_DOWN
@@ -637,7 +623,7 @@ def cases_experts(sz: Sizes, gen: torch.Generator) -> list[Case]:
                     dst = b.out(f"y{kk}", DType.F32, (8 * t, h), Check("float", rtol=1e-4, atol_max=1e-5, norm=1e-5))
                 for _ in range(n_w):
                     b.op_([dst, x, cd, sc, ts, mt, rt, wk], [kk, n_w, grain, cap])
-            out.append(b.case(corrupt=_set_flags(int(Flag.AWAIT)) if what == " deferred" else None))
+            out.append(b.case())
     b = _Build("expert_combine", Op.EXPERT_COMBINE, gen)
     meta, route = _routing(b, t, sz)
     y = _tiny_rows(b.randn(8 * t, h) * (0.5 + torch.rand((8 * t, 1), generator=gen) * 1.5))

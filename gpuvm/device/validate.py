@@ -6,8 +6,8 @@ from typing import Collection, Sequence
 
 import numpy as np
 
-from ..isa import DTYPE_BYTES, INSTR_DTYPE, MAX_DIMS, MAX_INSTRS, MAX_TENSORS, MAX_WAITS, NONE, TENSOR_DTYPE, Flag, Op
-from ..opspec import AWAIT_OPS, ProgramError
+from ..isa import DTYPE_BYTES, INSTR_DTYPE, MAX_DIMS, MAX_INSTRS, MAX_TENSORS, MAX_WAITS, NONE, TENSOR_DTYPE, Op
+from ..opspec import ProgramError
 
 __all__ = ["check_records"]
 
@@ -59,11 +59,6 @@ def check_records(records: np.ndarray, table: np.ndarray, n_counters: int, compi
     live = np.arange(MAX_WAITS)[None, :] < nw[:, None]
     if (i := first((live & (records["wait_counter"].astype(np.int64) >= n_counters)).any(axis=1))) is not None:
         raise ProgramError(f"{name(i)}: waits on counter {records['wait_counter'][i][:nw[i]].tolist()}, but there are {n_counters} counters")
-    # a deferred wait is made only by an op that asks for it: on any other op it would never be made
-    deferred = (records["flags"].astype(np.int64) & int(Flag.AWAIT)) != 0
-    awaits = np.isin(ops, [int(o) for o in AWAIT_OPS])
-    if (i := first(deferred & (~awaits | (nw == 0)))) is not None:
-        raise ProgramError(f"{name(i)}: a deferred wait (Flag.AWAIT) needs a wait and an op of {', '.join(o.name for o in AWAIT_OPS)}")
     sig = records["signal"].astype(np.int64)
     if (i := first((sig != NONE) & (sig >= n_counters))) is not None:
         raise ProgramError(f"{name(i)}: signals counter {int(sig[i])}, but there are {n_counters} counters")

@@ -115,12 +115,6 @@ class Tiles:
     # (more experts a token's picks share: their unequal counts matter again).
     expert_cap_tokens: int = 17
     expert_cap: int = EXPERT_CAP
-    # Bits 1 (EXPERT_UP) and 2 (EXPERT_DOWN): that list's workers start once
-    # the routing is known and make their wait for their input (the squeeze's
-    # x, the up list's hbuf) themselves (Program.op defer_last): the argument
-    # check, the first claim and the walk's reads then overlap that input's
-    # producer. Not measured yet: 0 (off) is the default.
-    expert_await: int = 0
     rows: int = 1  # token rows per RMSNORM / RESIDUAL / EXPERT_COMBINE op (latency bound: one row each ran fastest)
     # A RESIDUAL row block is cut into residual_slices column ranges when all
     # the cuts of a layer point fit in residual_max_ops ops (else whole rows),
@@ -173,8 +167,6 @@ class Tiles:
             v = getattr(self, name)
             if not isinstance(v, int) or v < 0:
                 raise ProgramError(f"Tiles.{name} must be an int >= 0, not {v!r}")
-        if self.expert_await not in (0, 1, 2, 3):
-            raise ProgramError(f"Tiles.expert_await must be 0..3 (bits: up, down), not {self.expert_await!r}")
         if not isinstance(self.fuse_qk, int) or self.fuse_qk < 0:
             raise ProgramError(f"Tiles.fuse_qk must be an int >= 0, not {self.fuse_qk!r}")
         for name in ("gemm_bytes", "gemm_min_bytes", "gemm_max_bytes", "gemm_tail", "gemm_span", "router_ops", "router_bytes", "topk_tokens", "router_splits", "expert_workers", "expert_cap", "rows", "residual_slices", "residual_max_ops", "chunk", "sliding_chunk", "sliding_ops", "full_ops"):
@@ -531,11 +523,10 @@ def emit_layer(
     up_done, down_done = ctr("hbuf"), ctr("y")
     up_workers = min(tl.expert_workers, E * -(-I // up_grain))
     for wk in range(up_workers):
-        p.op(Op.EXPERT_UP, [hbuf, x, w["gu_codes"], w["gu_scales"], w["gu_ts"], meta, route, work], [0, up_workers, up_grain, cap], waits=[routed, squeezed], signal=up_done, label=f"{prefix}expert_up[{wk}/{up_workers}]", defer_last=bool(tl.expert_await & 1))
+        p.op(Op.EXPERT_UP, [hbuf, x, w["gu_codes"], w["gu_scales"], w["gu_ts"], meta, route, work], [0, up_workers, up_grain, cap], waits=[routed, squeezed], signal=up_done, label=f"{prefix}expert_up[{wk}/{up_workers}]")
     down_workers = min(tl.expert_workers, E * -(-H // down_grain))
-    down_waits = [routed, up_done] if tl.expert_await & 2 else [up_done]  # deferred: the routing first, explicitly
     for wk in range(down_workers):
-        p.op(Op.EXPERT_DOWN, [y, hbuf, w["d_codes"], w["d_scales"], w["d_ts"], meta, route, work], [1, down_workers, down_grain, cap], waits=down_waits, signal=down_done, label=f"{prefix}expert_down[{wk}/{down_workers}]", defer_last=bool(tl.expert_await & 2))
+        p.op(Op.EXPERT_DOWN, [y, hbuf, w["d_codes"], w["d_scales"], w["d_ts"], meta, route, work], [1, down_workers, down_grain, cap], waits=[up_done], signal=down_done, label=f"{prefix}expert_down[{wk}/{down_workers}]")
     combined = ctr("fsq")
     for r0, n in _tiles(0, T, tl.rows):
         p.op(Op.EXPERT_COMBINE, [fsq, y, route], [r0, n], waits=[down_done], signal=combined, label=f"{prefix}expert_combine[{r0}:{r0 + n}]")

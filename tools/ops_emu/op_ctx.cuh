@@ -17,7 +17,6 @@ struct gvm_ctx {
 
 #define GVM_AGAIN (-1)
 #define GVM_SIGNAL_N(n) (-2 - (int)(n))
-#define GVM_AWAIT (-2147483647 - 1)
 
 inline void gvm_group_sync(const gvm_ctx& c) {
     if (c.bar_id < 1 || c.bar_id > 15) emu::fail("group barrier id outside 1..15");

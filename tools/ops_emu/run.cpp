@@ -70,10 +70,10 @@ void fiber_main() {
     const int t = m->cur;
     gvm_ctx c{job->ins, job->tab, (unsigned)t, 1u, 0u, m->smem, m->smem_bytes, 0u};
     int rc;
-    for (;; ++c.again) {  // an op that returns GVM_AGAIN (or GVM_AWAIT: no counters here) is called again, scratch kept
+    for (;; ++c.again) {  // an op that returns GVM_AGAIN is called again, scratch kept
         rc = job->fn(c);
         if (!m->wgmma[t].empty()) emu::fail("the op returned with a wgmma not retired by a wait");
-        if (rc != GVM_AGAIN && rc != GVM_AWAIT) break;
+        if (rc != GVM_AGAIN) break;
     }
     job->rc[t] = rc;
     m->done[t] = true;
