@@ -65,6 +65,13 @@
 #define GVM_READY_FIRST 1
 #endif
 #define GVM_READY_PATIENCE_NS 20000000u  // 20 ms
+// 1: claim only while a group is free, so that no claim waits in a block whose
+// groups both run long ops while other blocks' groups sit idle (a trace at
+// session 28: list workers held that way left their items to others, run as
+// second items); the claim's own latency is then no longer hidden.
+#ifndef GVM_CLAIM_IDLE
+#define GVM_CLAIM_IDLE 0
+#endif
 
 // Parking: an instruction whose waits are not met still goes to a group when
 // one is free and another stays free of such instructions (gvm_can_park): the
@@ -254,10 +261,16 @@ __device__ __forceinline__ void gvm_controller(const gvm_params& p, gvm_shared& 
             gvm_stage_commit();
             gvm_prof_mark(pr, GVM_LEG_CLAIM);
             gvm_cslot& h = s[j];
+#if GVM_CLAIM_IDLE
+            bool retired = false;  // group_done taken in this visit (twice would undo a hand-off's busy bit)
+#endif
             if (h.state == GVM_CS_LOADED || h.state == GVM_CS_WAITING) {
                 unsigned n_waits;
                 const unsigned word = gvm_staged_word(stage0 + j * 128u, lane, n_waits);  // also completes the probe of a turn ago
                 gvm_retire_groups(view, group_done);
+#if GVM_CLAIM_IDLE
+                retired = true;
+#endif
                 gvm_prof_mark(pr, GVM_LEG_RECORD);
                 bool go = !GVM_READY_FIRST || aborted || n_waits == 0;
                 bool park = false;
@@ -288,7 +301,13 @@ __device__ __forceinline__ void gvm_controller(const gvm_params& p, gvm_shared& 
                     --held;
                 }
             }
-            if (h.state == GVM_CS_EMPTY && !exhausted && !aborted && held < depth) {
+#if GVM_CLAIM_IDLE
+            if (!retired) gvm_retire_groups(view, group_done);  // with no claim held, nothing else would
+            const bool room = (~view.busy & ((1u << groups) - 1u)) != 0u;
+#else
+            const bool room = true;
+#endif
+            if (h.state == GVM_CS_EMPTY && !exhausted && !aborted && held < depth && room) {
                 h.idx = gvm_claim_issue(claimer);
                 h.state = GVM_CS_CLAIMED;
                 ++held;
