@@ -9,11 +9,10 @@
 // record staged A visits ago is complete once at most A groups are pending),
 // (2) offers slot j's instruction to a free group (below: only when its waits
 // are met, unless GVM_READY_FIRST is 0), (3) issues the next claim into slot j
-// when it is empty. At most p.claim_depth slots hold a claim, and (with
-// GVM_CLAIM_IDLE, the default) a claim is issued only while one of the block's
-// groups is free: a claimed instruction waits for this block's groups even
-// when another block has a free one, so a deep queue costs balance (measured:
-// depth 1 is fastest on the Muse layer and step with ready first).
+// when it is empty. At most p.claim_depth slots hold a claim: a claimed
+// instruction waits for this block's groups even when another block has a
+// free one, so a deep queue costs balance (measured: depth 1 is fastest on the
+// Muse layer and step with ready first).
 //
 // No deadlock, by construction, with a queue of any depth d. Every
 // instruction waits only on instructions earlier in the stream, and a block's
@@ -69,14 +68,15 @@
 // 1: claim only while a group is free, so that no claim waits in a block whose
 // groups are both taken (e.g. one running a tile, the other holding a parked
 // instruction that waits for the whole phase) while other blocks' groups sit
-// idle: at a layer's start a q|k|v tile held that way ran 14 us late and held
-// up the attention. The claim's own latency is then no longer hidden. H200,
-// 4996eed, one run, 1 / 0: full-c1-t1 181.0 / 192.3 us, sliding-c1-t1 179.4 /
-// 192.4, full-c1-t8 243.2 / 257.1, full-c16-t8 964.6 / 985.5, full-c32-t8
-// 1411.9 / 1431.0; steps within about 1% (1x1 8861 and 8713 / 8704 and 8744,
-// 1x8 14423 / 14423, 16x1 23020 / 22763, 32x8 71817 / 72603).
+// idle: at a standalone layer's start (tools/sched_probe.py) a q|k|v tile held
+// that way ran 14 us late and held up the attention. The claim's own latency
+// is then no longer hidden. Off: H200, 4996eed / 857aefd, 1 / 0 in one run:
+// sched_probe's layers 1-7% faster (sliding-c1-t1 179.4 / 192.4 us), but steps
+// within about 1% (1x1 8861 and 8713 / 8704 and 8744, 32x8 71817 / 72603), the
+// `gpuvm sweep` layers as before (full-c1-t1 182.1 against 182 at 8a795e5), and
+// empty instructions 0.63 / 0.60 us a block, past issue 3's 0.5 (tests/gpu).
 #ifndef GVM_CLAIM_IDLE
-#define GVM_CLAIM_IDLE 1
+#define GVM_CLAIM_IDLE 0
 #endif
 
 // Parking: an instruction whose waits are not met still goes to a group when
