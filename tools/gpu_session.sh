@@ -53,9 +53,9 @@ for s in $steps; do
            timeout 200 python3 tools/prebuild.py base GVM_ROW_PF=0; echo "prebuild rc=$?"
            timeout 120 python3 tools/ops_check.py --sizes small --only rmsnorm,residual > "$OUT/rowpf_ops_check.log" 2>&1; echo "ops_check rc=$?"; tail -1 "$OUT/rowpf_ops_check.log"
            timeout ${T_ROWPF:-300} python3 tools/sched_probe.py --out "$OUT/rowpf_probe.json" --modes dynamic --depths 1 --variants "pf:,nopf:GVM_ROW_PF=0" --cases full-c1-t1,sliding-c1-t1,full-c1-t8,full-c16-t1,full-c32-t8,sliding-c32-t8 --step 1x1,1x8,32x8 > "$OUT/rowpf_probe.log" 2>&1; echo "row pf probe rc=$?"; grep -v "^$" "$OUT/rowpf_probe.log" | tail -30 ;;
-    fill) # GEMM tiles sized to fill the groups in one wave (Tiles.gemm_fill), the warmer off, the loader's prefetch off
+    fill) # GEMM tiles sized to fill the groups in one wave (Tiles.gemm_fill), the warmer on, the loader's prefetch off
            timeout 200 python3 tools/prebuild.py base GVM_PF_MAX_BYTES=0; echo "prebuild rc=$?"
-           timeout ${T_FILL:-420} python3 tools/sched_probe.py --out "$OUT/fill_probe.json" --modes dynamic --depths 1 --variants "${FILL_VARIANTS:-base:,nowarm:warm=0,nopf:GVM_PF_MAX_BYTES=0}" --tiles "${FILL_TILES:-base:,fill:gemm_fill=264}" --cases ${FILL_CASES:-full-c1-t1,sliding-c1-t1,full-c1-t8,full-c32-t8,sliding-c32-t8} --step ${FILL_STEPS:-1x1,1x8,32x8} > "$OUT/fill_probe.log" 2>&1; echo "fill probe rc=$?"; grep -v "^$" "$OUT/fill_probe.log" | tail -50 ;;
+           timeout ${T_FILL:-420} python3 tools/sched_probe.py --out "$OUT/fill_probe.json" --modes dynamic --depths 1 --variants "${FILL_VARIANTS:-base:,warm:warm=1,nopf:GVM_PF_MAX_BYTES=0}" --tiles "${FILL_TILES:-base:,fill:gemm_fill=264}" --cases ${FILL_CASES:-full-c1-t1,sliding-c1-t1,full-c1-t8,full-c32-t8,sliding-c32-t8} --step ${FILL_STEPS:-1x1,1x8,32x8} > "$OUT/fill_probe.log" 2>&1; echo "fill probe rc=$?"; grep -v "^$" "$OUT/fill_probe.log" | tail -50 ;;
     fill2) # one-wave GEMM tiles (now the default) against other fills and bounds; the loader's prefetch bytes; traced 8-layer steps with and without it
            timeout 200 python3 tools/prebuild.py --trace base GVM_PF_MAX_BYTES=0 GVM_PF_MAX_BYTES=8192 GVM_PF_MAX_BYTES=131072; echo "prebuild rc=$?"
            CASES=full-c1-t1,sliding-c1-t1,full-c1-t8,full-c16-t1,full-c32-t8,sliding-c32-t8
