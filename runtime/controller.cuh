@@ -66,10 +66,9 @@
 #endif
 #define GVM_READY_PATIENCE_NS 20000000u  // 20 ms
 // 1: claim only while a group is free, so that no claim waits in a block whose
-// groups are both taken (e.g. one running a tile, the other holding a parked
-// instruction that waits for the whole phase) while other blocks' groups sit
-// idle: at a standalone layer's start (tools/sched_probe.py) a q|k|v tile held
-// that way ran 14 us late and held up the attention. The claim's own latency
+// groups are both taken while other blocks' groups sit idle: at a layer's
+// start with the warmer on (group 0 busy warming for ~30 us), a v tile held
+// that way ran 15 us late and held up the attention. The claim's own latency
 // is then no longer hidden. Off: H200, 4996eed / 857aefd, 1 / 0 in one run:
 // sched_probe's layers 1-7% faster (sliding-c1-t1 179.4 / 192.4 us), but steps
 // within about 1% (1x1 8861 and 8713 / 8704 and 8744, 32x8 71817 / 72603), the
