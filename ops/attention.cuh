@@ -135,6 +135,14 @@ __device__ int gvm_op_qk_rope_kv(const gvm_ctx& c) {
 #define GVM_ATT_AREA_BYTES (GVM_ATT_RING_BYTES > GVM_ATT_STATE_BYTES ? GVM_ATT_RING_BYTES : GVM_ATT_STATE_BYTES)
 #define GVM_ATT_WARP_BYTES (GVM_ATT_AREA_BYTES + 2048)       // + Q fragments [4 k-steps][32 lanes] x 16 B
 
+// Timing probe (GVM_ATT_STOP k > 0, tools/gpu_session.sh attstop): ATTN_CHUNK returns
+// early, after stage k of its work (1 the argument check, 2 the conversation's row, 3
+// the new keys, 4 Q staged, 5 the keys' loop, before the partials are written), so
+// that a traced step's chunk run times say where a chunk's time goes. Wrong numbers.
+#ifndef GVM_ATT_STOP
+#define GVM_ATT_STOP 0
+#endif
+
 struct gvm_attn_job {
     const unsigned char* kbase;   // k cache bytes of (conv, slot 0, head h)
     const unsigned char* vbase;
@@ -747,6 +755,7 @@ __device__ __noinline__ bool gvm_attn_chunk_args_ok(const gvm_ctx& c) {
 
 __device__ int gvm_op_attn_chunk(const gvm_ctx& c) {
     if (!gvm_attn_chunk_args_ok(c)) return GVM_ERR_BAD_ARGS;
+    if (GVM_ATT_STOP == 1) return GVM_ERR_NONE;
     const int conv = c.ins->arg[0], h = c.ins->arg[1], j = c.ins->arg[2], len = c.ins->arg[3];
     gvm_attn_job jb;
     {
@@ -771,6 +780,7 @@ __device__ int gvm_op_attn_chunk(const gvm_ctx& c) {
         jb.ke = (int)min(first_key + len, end);
         jb.nt = (jb.ke - jb.kb + 15) / 16;
     }
+    if (GVM_ATT_STOP == 2) return jb.nt < 0 ? GVM_ERR_BAD_ARGS : GVM_ERR_NONE;  // the row's loads kept
     const int mtiles = (jb.rows + 15) / 16;
     const int split = mtiles >= 3 ? 1 : (mtiles == 2 ? 2 : 4);  // warps per m-tile
     const int per_round = 4 / split;
@@ -782,6 +792,7 @@ __device__ int gvm_op_attn_chunk(const gvm_ctx& c) {
         __threadfence();    // in L2 before the barrier: the ring's copies (.cg) read L2, not L1
         gvm_group_sync(c);  // the ring's copies below read them
     }
+    if (GVM_ATT_STOP == 3) return jb.nt < 0 ? GVM_ERR_BAD_ARGS : GVM_ERR_NONE;
     if (GVM_ATT_WG && split == 1 && jb.cache_s >= 64 && (smem & 1023u) == 0) {  // 64-row rounds on the warpgroup
         for (int round = 0; round * 4 < mtiles; ++round) {
             gvm_attn_wg_round(c, jb, round, fused, smem);
@@ -799,9 +810,11 @@ __device__ int gvm_op_attn_chunk(const gvm_ctx& c) {
             else
                 gvm_attn_stage_q<false>(c, jb, mt, st + GVM_ATT_AREA_BYTES);
             // lane opaque: its ring offsets are not hoisted out of the persistent loop (168 registers)
-            gvm_attn_tile(jb, mt, warp % split, split, gvm_opaque(c.tid) & 31, st, st + GVM_ATT_AREA_BYTES);
+            if (GVM_ATT_STOP != 4)
+                gvm_attn_tile(jb, mt, warp % split, split, gvm_opaque(c.tid) & 31, st, st + GVM_ATT_AREA_BYTES);
         }
         gvm_group_sync(c);
+        if (GVM_ATT_STOP == 4 || GVM_ATT_STOP == 5) return GVM_ERR_NONE;
         gvm_attn_write(c, jb, round, per_round, split, smem);
         gvm_group_sync(c);
     }
