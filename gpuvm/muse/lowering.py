@@ -67,8 +67,9 @@ class Tiles:
     # that the wave claimed as other groups free (the squeeze's 120 tiles past
     # the 136 groups the router's 128 tiles leave) ends sooner. At one token the
     # tile that ends the squeeze's phase waits ~10 us for a group of its block
-    # (H200, 16-layer step trace at 8a795e5, NOTES.md session 27). Not measured
-    # yet: 1 (off) is the default.
+    # (H200, 16-layer step trace at 8a795e5, NOTES.md session 27). Off (1): it
+    # lost (H200, 867917b, one run, 2 / 1: step 1x1 9108 / 8727 us, 1x8 14939 /
+    # 14357, 16x1 23500 / 22814; the router's groups still take the last tiles).
     gemm_tail: int = 1
     # From gemm_span tokens on (with gemm_fill > 0) a bf16 GEMM is also cut
     # over tokens, in spans of gemm_span, into tiles of at least 64 rows. The
