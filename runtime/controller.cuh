@@ -157,7 +157,7 @@ __device__ __forceinline__ unsigned gvm_staged_word(unsigned stage, unsigned lan
 __device__ __forceinline__ void gvm_queue_prefetch(const gvm_params& p, gvm_shared& sh, unsigned& ring_head,
                                                    unsigned idx, unsigned word, unsigned lane, unsigned n_waits,
                                                    unsigned ctr, unsigned target) {
-    // words: 0 opcode | flags << 16 (lane 0's own), 1 signal | n_waits << 16, 2-3 wait_counter[4], 4-7 wait_base, 8-11 wait_step,
+    // words: 1 signal | n_waits << 16, 2-3 wait_counter[4], 4-7 wait_base, 8-11 wait_step,
     // 12-15 tensor[8], 16-17 pf_offset, 18 pf_bytes, 19 pf_slot | reserved << 16
     const unsigned pf_slot = __shfl_sync(0xffffffffu, word, 19) & 0xffffu;
     const unsigned pf_bytes = __shfl_sync(0xffffffffu, word, 18);
@@ -176,11 +176,10 @@ __device__ __forceinline__ void gvm_queue_prefetch(const gvm_params& p, gvm_shar
         e.target[lane] = target;
     }
     if (lane == 0) {
-        const unsigned cap = (word & 0xffffu) == GVM_OP_ATTN_CHUNK ? GVM_PF_KV_MAX_BYTES : GVM_PF_MAX_BYTES;
         e.idx = idx;
         e.tensor = tensor;
         e.offset = (unsigned long long)hi << 32 | lo;
-        e.bytes = pf_bytes < cap ? pf_bytes : cap;
+        e.bytes = pf_bytes;
         e.n_waits = n_waits;
     }
     __syncwarp();

@@ -7,13 +7,11 @@
 // prefetch: its group streams the weights at once, and a prefetch of the
 // same bytes only competes with that stream (measured on the H200: GEMM at
 // 59-71% of the streaming read with it, 86-90% without). For one that waits,
-// only the first GVM_PF_MAX_BYTES of a weight tile are fetched (the controller
-// caps the entry): enough to cover the group's start, and little enough that
-// the burst of prefetches when a wave of tiles is claimed does not hold up the
-// latency-bound op they wait for (H200, 61bf680, 8 / 0 / 32 / 128 KB: step 1x1
-// 11.42 / 11.35 / 11.73 / 13.16 ms, 1x8 20.96 / 21.13 / 21.41 / 22.89; 256
-// tokens and the layers alone within 2%). An attention chunk's KV range
-// (Tiles.kv_prefetch) is fetched up to GVM_PF_KV_MAX_BYTES.
+// only the first GVM_PF_MAX_BYTES are fetched: enough to cover the group's
+// start, and little enough that the burst of prefetches when a wave of tiles
+// is claimed does not hold up the latency-bound op they wait for (H200,
+// 61bf680, 8 / 0 / 32 / 128 KB: step 1x1 11.42 / 11.35 / 11.73 / 13.16 ms,
+// 1x8 20.96 / 21.13 / 21.41 / 22.89; 256 tokens and the layers alone within 2%).
 #pragma once
 #include "shared.cuh"
 #include "stamps.cuh"
@@ -21,6 +19,9 @@
 #include "../ops/ptx.cuh"  // gvm_prefetch_l2
 
 #define GVM_PF_CHUNK 8192u  // bytes per bulk prefetch
+#ifndef GVM_PF_MAX_BYTES
+#define GVM_PF_MAX_BYTES 8192u
+#endif
 
 // Lanes split [begin, end) (16-byte aligned) into chunks.
 __device__ __forceinline__ void gvm_prefetch_range(unsigned long long begin, unsigned long long end, unsigned lane) {
@@ -54,7 +55,8 @@ __device__ __forceinline__ void gvm_loader(const gvm_params& p, gvm_shared& sh) 
         const bool unmet = lane < n_waits && !gvm_reached(gvm_ld_relaxed(p.counters + e.counter[lane]), e.target[lane]);
         if (__any_sync(0xffffffffu, unmet)) {
             const unsigned long long base = p.table[e.tensor].ptr + e.offset;
-            gvm_prefetch_range(base & ~15ull, (base + e.bytes + 15ull) & ~15ull, lane);
+            const unsigned bytes = e.bytes < GVM_PF_MAX_BYTES ? e.bytes : GVM_PF_MAX_BYTES;
+            gvm_prefetch_range(base & ~15ull, (base + bytes + 15ull) & ~15ull, lane);
             if (lane == 0) GVM_STAMP(p.trace, e.idx, GVM_STAMP_LOAD);
         } else if (lane == 0) {
             GVM_STAMP_COPY(p.trace, e.idx, GVM_STAMP_LOAD, GVM_STAMP_CLAIM);

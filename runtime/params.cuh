@@ -22,15 +22,6 @@
 #define GVM_GROUP_THREADS 128
 #define GVM_BLOCK_THREADS (GVM_CONTROL_THREADS + GVM_MAX_GROUPS * GVM_GROUP_THREADS)
 #define GVM_PF_RING 16            // claimed instructions queued for the loader
-// The loader's prefetch of a claimed instruction that will wait (runtime/loader.cuh)
-// covers at most the first GVM_PF_MAX_BYTES of a weight tile, or GVM_PF_KV_MAX_BYTES
-// of an attention chunk's KV range (read whole by its op, and latency bound).
-#ifndef GVM_PF_MAX_BYTES
-#define GVM_PF_MAX_BYTES 8192u
-#endif
-#ifndef GVM_PF_KV_MAX_BYTES
-#define GVM_PF_KV_MAX_BYTES 131072u
-#endif
 // Claims a controller can hold (runtime/controller.cuh). Its ring visits
 // every slot in turn, so fewer slots hand a claim out in fewer visits, and at
 // the default claim depth of 1 the rest only lengthen the way. H200, 4ac2153,

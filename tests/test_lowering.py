@@ -275,35 +275,6 @@ def test_fused_qk_puts_qk_norm_and_rope_into_the_chunks(kind: str) -> None:
             assert all({w[0] for w in o.waits} == qkv for o in chunks)
 
 
-@pytest.mark.parametrize("kind", ["full", "sliding"])
-def test_kv_prefetch_covers_each_conversation_s_cache_once(kind: str) -> None:
-    """Tiles.kv_prefetch: the chunk ops' prefetch ranges tile every
-    conversation's K and V bytes a chunk may read, once (sliding: the whole
-    ring, from 1; full: each chunk's keys, from 2); 0 prefetches nothing."""
-    C, S = 3, 200
-    tl = Tiles(chunk=64, sliding_chunk=16)
-    off = {0: False, 1: kind == "sliding", 2: True}
-    for kv, on in off.items():
-        s = lower_layer(SMALL, kind, C, 2, S, tiles=dataclasses.replace(tl, kv_prefetch=kv)).stream
-        chunks = _ops(s, Op.ATTN_CHUNK)
-        if not on:
-            assert all(o.prefetch is None for o in chunks)
-            continue
-        per = {}
-        for o in chunks:
-            slot, start, nbytes = o.prefetch
-            assert o.tensors[slot].name in ("L0.k_cache", "L0.v_cache")
-            per.setdefault(o.tensors[slot].name, []).append((start, nbytes))
-        conv_bytes = S * SMALL.heads_kv * SMALL.head_dim  # e4m3: a byte a value
-        for name, spans in per.items():
-            cells = sorted(x for a, k in spans for x in range(a, a + k))
-            assert cells == list(range(C * conv_bytes)), name
-        if kind == "sliding":  # evenly: a conversation's K and V rings over its chunk ops
-            assert {n for spans in per.values() for _, n in spans} == {2 * conv_bytes * C // len(chunks)}
-    with pytest.raises(ProgramError, match="kv_prefetch"):
-        Tiles(kv_prefetch=3)
-
-
 def test_gemm_spans_cut_many_tokens_into_64_row_tiles() -> None:
     assert _span_rows(1280, 4, 264) == 64 and _span_rows(8192, 4, 264) == 128  # Wqkvg's q|k|v, Wo at 256 tokens
     assert _span_rows(4096, 4, 264 - 128) == 128 and _span_rows(1280, 2, 264) == 64  # Wsq beside the router; 128 tokens

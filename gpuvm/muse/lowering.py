@@ -158,12 +158,6 @@ class Tiles:
     # (full-c16-t1 545 / 535 us, step 16 x 1 27.7 / 27.4 ms): each of the more
     # chunks norms its rows again, and QK_ROPE_KV is no longer alone on the path.
     fuse_qk: int = 8
-    # The ATTN_CHUNK ops of a layer carry their conversation's KV bytes as the
-    # loader's prefetch (runtime/loader.cuh: issued when an op is claimed before
-    # its waits are met, as Wqkvg runs): 0 none, 1 sliding layers (each
-    # conversation's K and V rings, cut evenly over its chunk ops), 2 full
-    # layers too (each chunk's keys' K and V, cut over the chunk's heads).
-    kv_prefetch: int = 0
 
     def __post_init__(self) -> None:
         if not isinstance(self.gemm_fill, int) or self.gemm_fill < 0:
@@ -174,8 +168,6 @@ class Tiles:
             v = getattr(self, name)
             if not isinstance(v, int) or v < 0:
                 raise ProgramError(f"Tiles.{name} must be an int >= 0, not {v!r}")
-        if self.kv_prefetch not in (0, 1, 2):
-            raise ProgramError(f"Tiles.kv_prefetch must be 0, 1 or 2, not {self.kv_prefetch!r}")
         if not isinstance(self.fuse_qk, int) or self.fuse_qk < 0:
             raise ProgramError(f"Tiles.fuse_qk must be an int >= 0, not {self.fuse_qk!r}")
         for name in ("gemm_bytes", "gemm_min_bytes", "gemm_max_bytes", "gemm_tail", "gemm_span", "router_ops", "router_bytes", "topk_tokens", "router_splits", "expert_workers", "expert_cap", "rows", "residual_slices", "residual_max_ops", "chunk", "sliding_chunk", "sliding_ops", "full_ops"):
@@ -279,17 +271,6 @@ def _span_rows(n_rows: int, spans: int, groups: int, lo_rows: int = 64) -> int:
 
 def _tiles(n0: int, n1: int, width: int) -> list[tuple[int, int]]:
     return [(a, min(width, n1 - a)) for a in range(n0, n1, width)]
-
-
-def _piece(ranges: list[tuple[TensorSpec, int, int]], n: int, i: int) -> tuple[TensorSpec, int, int] | None:
-    """Piece i of n equal parts of byte ranges (tensor, offset, bytes) laid end
-    to end, cut where its range ends; None when it is empty."""
-    a, b = sum(r[2] for r in ranges) * i // n, sum(r[2] for r in ranges) * (i + 1) // n
-    for t, off, nb in ranges:
-        if a < nb:
-            return (t, off + a, min(b, nb) - a) if b > a else None
-        a, b = a - nb, b - nb
-    return None
 
 
 def _split_tail(tiles: list[tuple[int, int]], groups: int, parts: int) -> list[tuple[int, int]]:
@@ -482,19 +463,6 @@ def emit_layer(
     n_qkv = gemm(qkvg, h, w["Wqkvg"], 0, qkv_cols, h_ready, qkv_done, "Wqkvg")
     gemm(qkvg, h, w["Wqkvg"], qkv_cols, cfg.qkvg_width, h_ready, g_done, "Wqkvg", beside=n_qkv)
     merged = ctr("o")
-    slot_bytes = kc.nbytes // max(1, C * S)  # one slot's keys of every kv head
-
-    def kv_fetch(c: int, hh: int, j: int) -> tuple[TensorSpec, int, int] | None:
-        """The KV bytes chunk op (c, hh, j) has the loader prefetch (Tiles.kv_prefetch)."""
-        if tl.kv_prefetch < (1 if sliding else 2):
-            return None
-        base = c * S * slot_bytes
-        if sliding:  # the whole ring: which slots a chunk reads depends on the step's position
-            return _piece([(kc, base, S * slot_bytes), (vc, base, S * slot_bytes)], hkv * nch, hh * nch + j)
-        k0 = base + j * chunk * slot_bytes
-        nb = max(0, min(chunk, S - j * chunk)) * slot_bytes
-        return _piece([(kc, k0, nb), (vc, k0, nb)], hkv, hh)
-
     # a merge is latency bound, one warp per (token, head): few pairs per
     # instruction, spread over SMs (two heads keep a one-token merge to one batch)
     merge_heads = 2 if tokens_each == 1 and hq % 2 == 0 else 1
@@ -509,8 +477,7 @@ def emit_layer(
             chunk_in, chunk_args, chunk_waits = [q, kc, vc, convs, part_o, part_ml], [], [kv_c]
         for hh in range(hkv):
             for j in range(nch):
-                p.op(Op.ATTN_CHUNK, chunk_in, [c, hh, j, chunk, window, fk, fv, *chunk_args], waits=chunk_waits, signal=attn_c,
-                     prefetch=kv_fetch(c, hh, j), label=f"{prefix}attn[{c},{hh},{j}]")
+                p.op(Op.ATTN_CHUNK, chunk_in, [c, hh, j, chunk, window, fk, fv, *chunk_args], waits=chunk_waits, signal=attn_c, label=f"{prefix}attn[{c},{hh},{j}]")
         for h0 in range(0, hq, merge_heads):
             p.op(Op.ATTN_MERGE, [o, part_o, part_ml, qkvg], [c * tokens_each, tokens_each, h0, merge_heads], waits=[attn_c, g_done], signal=merged, label=f"{prefix}attn_merge[{c},{h0}]")
     wo_done = ctr("a")
