@@ -369,36 +369,11 @@ __device__ __forceinline__ void gvm_attn_put_ml(unsigned st, unsigned lane, floa
     }
 }
 
-// 1: a chunk's first round issues its ring's first stages of K and V before Q is
-// staged (gvm_attn_ring_start), so that their HBM latency overlaps Q's loads and its
-// norm and RoPE, as the expert items issue their first weight copies before x.
-// Not measured yet: 0 (off) is the default.
-#ifndef GVM_ATT_EARLY
-#define GVM_ATT_EARLY 0
-#endif
-
-// The first GVM_ATT_STAGES - 1 stages of a warp's key tiles first, first + step, ...
-// into its ring at st, one commit group each: what gvm_attn_tile issues first
-// unless told they are on their way (started).
-__device__ __forceinline__ void gvm_attn_ring_start(const gvm_attn_job& jb, int first, int step, unsigned lane,
-                                                    unsigned st) {
-    const unsigned long long pol = gvm_policy_evict_first();
-    const int s_step = (step * 16) % jb.cache_s, s_stage = (GVM_ATT_SUB * step * 16) % jb.cache_s;
-    int tf = first, sf = first < jb.nt ? (jb.kb + first * 16) % jb.cache_s : 0;
-#pragma unroll 1
-    for (int d = 0; d < GVM_ATT_STAGES - 1; ++d) {
-        if (tf < jb.nt) gvm_attn_fetch_stage(jb, tf, step, sf, s_step, st + d * GVM_ATT_STAGE_BYTES, lane, pol);
-        gvm_cp_async_commit();
-        tf += GVM_ATT_SUB * step;
-        sf = gvm_attn_slot_add(sf, s_stage, jb.cache_s);
-    }
-}
-
 // Running (m [log2 units], l, o) of m-tile mt over key tiles first, first+step, ...
 // written to the warp's state area st (its ring until then); qf holds the staged
-// Q fragments. started: the ring's first stages were issued (gvm_attn_ring_start).
+// Q fragments.
 __device__ __forceinline__ void gvm_attn_tile(const gvm_attn_job& jb, int mt, int first, int step, unsigned lane,
-                                              unsigned st, unsigned qf, bool started = false) {
+                                              unsigned st, unsigned qf) {
     const unsigned g = lane >> 2, t4 = lane & 3;
     const int r0 = mt * 16 + g, r1 = r0 + 8;
     const int p0 = r0 < jb.rows ? jb.pos0 + r0 / jb.g : -1;  // -1 sees no key
@@ -422,14 +397,7 @@ __device__ __forceinline__ void gvm_attn_tile(const gvm_attn_job& jb, int mt, in
         sf = gvm_attn_slot_add(sf, s_stage, jb.cache_s);
     };
 #pragma unroll 1
-    for (int d = 0; d < GVM_ATT_STAGES - 1; ++d) {
-        if (!started) {
-            fetch_next(d);
-        } else {  // issued already: only the cursor moves on
-            tf += GVM_ATT_SUB * step;
-            sf = gvm_attn_slot_add(sf, s_stage, jb.cache_s);
-        }
-    }
+    for (int d = 0; d < GVM_ATT_STAGES - 1; ++d) fetch_next(d);
     int stage = 0;
 #pragma unroll 1
     for (int tile = first; tile < jb.nt; tile += GVM_ATT_SUB * step) {
@@ -837,21 +805,16 @@ __device__ int gvm_op_attn_chunk(const gvm_ctx& c) {
     for (int round = 0; round * per_round < mtiles; ++round) {
         const int mt = round * per_round + warp / split;
         if (mt < mtiles) {
-            const bool early = GVM_ATT_EARLY && round == 0;  // the ring is free until this round's end
-            if (early) gvm_attn_ring_start(jb, warp % split, split, gvm_opaque(c.tid) & 31, st);
             if (fused)
                 gvm_attn_stage_q_fused<false>(c, jb, mt, st + GVM_ATT_AREA_BYTES, gvm_opaque(c.tid) & 31, c.ins->arg[7]);
             else
                 gvm_attn_stage_q<false>(c, jb, mt, st + GVM_ATT_AREA_BYTES);
             // lane opaque: its ring offsets are not hoisted out of the persistent loop (168 registers)
             if (GVM_ATT_STOP != 4)
-                gvm_attn_tile(jb, mt, warp % split, split, gvm_opaque(c.tid) & 31, st, st + GVM_ATT_AREA_BYTES, early);
+                gvm_attn_tile(jb, mt, warp % split, split, gvm_opaque(c.tid) & 31, st, st + GVM_ATT_AREA_BYTES);
         }
         gvm_group_sync(c);
-        if (GVM_ATT_STOP == 4 || GVM_ATT_STOP == 5) {
-            gvm_cp_async_wait<0>();  // no copy (GVM_ATT_EARLY's) lands in the scratch after the op
-            return GVM_ERR_NONE;
-        }
+        if (GVM_ATT_STOP == 4 || GVM_ATT_STOP == 5) return GVM_ERR_NONE;
         gvm_attn_write(c, jb, round, per_round, split, smem);
         gvm_group_sync(c);
     }

@@ -2,7 +2,7 @@
 # One call on the H200 (the device tool): the VM proofs and timings, the Muse
 # ops standalone, and the decode-case sweep, each under its own time limit,
 # logs and results under $OUT (at most 8 files come back: traces are tarred).
-#   GPUVM_COMMIT=<sha> bash tools/gpu_session.sh [check|ops|opstime|sweep|step|stepsweep|probe|experts|router|park|ring|lists|steptrace|tiles|rowpf|fill|fill2|xstage|trace62|xprobe|smem|tiles2|router|xbench|against|slots|naps|icache|workers|slices|statsprobe|topkprobe|layertrace|oneop|fusedqk|ringbench|ringprobe|opsgemm|tail|attstop|attearly|gputests|vmtest|ncu ...]
+#   GPUVM_COMMIT=<sha> bash tools/gpu_session.sh [check|ops|opstime|sweep|step|stepsweep|probe|experts|router|park|ring|lists|steptrace|tiles|rowpf|fill|fill2|xstage|trace62|xprobe|smem|tiles2|router|xbench|against|slots|naps|icache|workers|slices|statsprobe|topkprobe|layertrace|oneop|fusedqk|ringbench|ringprobe|opsgemm|tail|attstop|gputests|vmtest|ncu ...]
 # (set GPUVM_COMMIT when running a snapshot without .git: else the results name the enclosing checkout)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -77,11 +77,6 @@ for s in $steps; do
     attstop) # where an attention chunk's time goes at one token: ATTN_CHUNK alone (ops_check --time: each case's first instruction; the fused sliding case is 1 token x 1,024 keys), cut after stage k (GVM_ATT_STOP 1 args, 2 the conversation row, 3 new keys, 4 Q staged, 5 the keys' loop; 0 whole; wrong numbers, times only)
            for v in 0 1 2 3 4 5; do timeout 100 python3 tools/ops_check.py --time 200 --only attn_chunk --define GVM_ATT_STOP=$v > "$OUT/attstop$v.log" 2>&1; echo "stop=$v rc=$?"; grep -E "fused" "$OUT/attstop$v.log" | head -3; done
            (cd "$OUT" && tar czf attstop.tgz attstop*.log && rm -f attstop*.log) ;;
-    attearly) # a chunk's first K/V ring stages issued before Q is staged (GVM_ATT_EARLY 1) against after (0): the op alone, the switch test (tests/gpu, GVM_ATT_EARLY=1 among the switches), layers and steps
-           timeout 150 python3 tools/prebuild.py base GVM_ATT_EARLY=1; echo "prebuild rc=$?"
-           for v in 0 1; do timeout 100 python3 tools/ops_check.py --time 200 --only attn_chunk --define GVM_ATT_EARLY=$v > "$OUT/attearly_ops$v.log" 2>&1; echo "ops_check early=$v rc=$?"; grep -E "fused" "$OUT/attearly_ops$v.log" | head -3; done
-           timeout 200 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_muse_layer.py -k switches > "$OUT/attearly_switches.log" 2>&1; echo "switch layers rc=$?"; tail -2 "$OUT/attearly_switches.log"
-           timeout ${T_ATTEARLY_PROBE:-300} python3 tools/sched_probe.py --out "$OUT/attearly_probe.json" --modes dynamic --depths 1 --variants "base:,early:GVM_ATT_EARLY=1" --cases full-c1-t1,sliding-c1-t1,full-c1-t8,sliding-c16-t8,full-c32-t8 --step 1x1,1x8,16x1,32x8,1x1 > "$OUT/attearly_probe.log" 2>&1; echo "early probe rc=$?"; grep -v "^$" "$OUT/attearly_probe.log" | tail -20 ;;
     xprobe) # where an expert item's time goes: the list alone with parts cut out (GVM_EXPR_PROBE bits; wrong sums, times only)
            timeout 200 python3 tools/prebuild.py base GVM_EXPR_PROBE=3 GVM_EXPR_PROBE=4 GVM_EXPR_PROBE=8 GVM_EXPR_PROBE=16 GVM_EXPR_PROBE=32 GVM_EXPR_PROBE=64; echo "prebuild rc=$?"
            for v in 0 3 4 8 16 32 64; do timeout 60 python3 tools/expert_bench.py --quick --reps 10 --define GVM_EXPR_PROBE=$v --out "$OUT/xprobe$v.json" > "$OUT/xprobe$v.log" 2>&1; echo "expert_bench probe=$v rc=$?"; tail -5 "$OUT/xprobe$v.log"; done
