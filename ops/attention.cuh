@@ -8,35 +8,18 @@
 // A warp loads all its head vectors of a token (up to GVM_QK_BATCH) before it
 // uses any, so a token costs one global round trip, not one per head.
 // RoPE angles p * 500000^(-2i/64) in f64 (positions reach 82K: an f32 angle there
-// is off by up to 4e-3 rad), reduced modulo 2 pi exactly in f64, then sin and cos
-// in f32 (sincospif) of the reduced angle: within 2e-7 of the f64 values that
-// gpuvm/cpu rounds to f32. sincospi and exp2 in f64 took ~3 us of a fused chunk's
-// Q staging (H200, a4f3d23, GVM_ATT_STOP 3 / 4: 1.08 / 4.15 us, 8 pairs a thread).
-#define GVM_ROPE_RATIO 0.66360123769608848  // 500000^(-1/32): pair i + 1's step over pair i's
+// is off by up to 4e-3 rad), sin and cos by sincospi, whose range reduction is
+// exact and needs no local memory, then rounded to f32, as gpuvm/cpu does.
+#define GVM_LOG2_ROPE_BASE 18.931568569324174  // log2(500000)
 #define GVM_INV_PI 0.31830988618379067154
 #define GVM_QK_BATCH 8  // head vectors per warp loaded before any is used (20 at the shard: 5 per warp)
 
-// pi-scaled angle step of RoPE pair i (inv_freq / pi) as i products (a relative
-// error of ~i ulps: 1e-10 rad at position 82K), and (sin, cos) of position p's angle
-__device__ __forceinline__ double gvm_rope_turns(int i) {
-    double t = GVM_INV_PI;
-#pragma unroll 1
-    for (int j = 0; j < i; ++j) t *= GVM_ROPE_RATIO;
-    return t;
-}
-#ifndef GVM_ROPE_F64
-#define GVM_ROPE_F64 0  // A/B only (session 29): 1 the f64 sincospi of before
-#endif
+// pi-scaled angle step of RoPE pair i (inv_freq / pi), and (sin, cos) of position p's angle
+__device__ __forceinline__ double gvm_rope_turns(int i) { return exp2(-(double)i * (GVM_LOG2_ROPE_BASE / 32.0)) * GVM_INV_PI; }
 __device__ __forceinline__ float2 gvm_rope_sincos(int p, double turns) {
-    const double x = (double)p * turns;
-    if (GVM_ROPE_F64) {
-        double sd, cd;
-        sincospi(x, &sd, &cd);
-        return make_float2((float)sd, (float)cd);
-    }
-    float sn, cs;
-    sincospif((float)(x - 2.0 * rint(0.5 * x)), &sn, &cs);
-    return make_float2(sn, cs);
+    double sd, cd;
+    sincospi((double)p * turns, &sd, &cd);
+    return make_float2((float)sd, (float)cd);
 }
 
 // Dims (x0, x1) = (2i, 2i + 1) of a head vector: x / rms * (1 + w), then rotated by
@@ -254,10 +237,9 @@ __device__ __forceinline__ void gvm_attn_stage_q_fused(const gvm_ctx& c, const g
 #pragma unroll
         for (int k = 0; k < 8; ++k) w[hr][k] = 0u;
         if (r < jb.rows) {  // no angles for the padding rows (half of a one-token m-tile)
-            double turns = rope ? gvm_rope_turns(8 * (int)t4) : 0.0;  // pair 8 t4 + k's: k more products
 #pragma unroll
-            for (int k = 0; k < 8; ++k, turns *= GVM_ROPE_RATIO) {
-                const float2 sc = rope ? gvm_rope_sincos(pos, turns) : make_float2(0.0f, 1.0f);
+            for (int k = 0; k < 8; ++k) {
+                const float2 sc = rope ? gvm_rope_sincos(pos, gvm_rope_turns(8 * (int)t4 + k)) : make_float2(0.0f, 1.0f);
                 const float2 q = gvm_qk_pair(gvm_bf16_lo(raw[k]), gvm_bf16_hi(raw[k]), inv, 1.0f + wq[2 * k],
                                              1.0f + wq[2 * k + 1], rope, sc);
                 w[hr][k] = gvm_bf16x2_to_f16x2(gvm_pack_bf16x2(q.x, q.y));

@@ -45,12 +45,12 @@ inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
     return r;
 }
 
-// sin(pi x), cos(pi x) in f32 for |x| <= 1 (the callers reduce first): the exact
-// values rounded, within the device's ulp or two.
-inline void sincospif(float x, float* s, float* c) {
-    const long double a = (long double)x * 3.141592653589793238462643383279502884L;
-    *s = (float)std::sin(a);
-    *c = (float)std::cos(a);
+// sin(pi x), cos(pi x) with the exact reduction of x modulo 2.
+inline void sincospi(double x, double* s, double* c) {
+    const double r = x - 2.0 * std::nearbyint(x / 2.0);
+    const long double a = (long double)r * 3.141592653589793238462643383279502884L;
+    *s = (double)std::sin(a);
+    *c = (double)std::cos(a);
 }
 
 // Shared-memory atomics of the ops: the fibers never interleave inside one.
