@@ -17,6 +17,11 @@ the residual's code), alone and alternating with a one-token GEMM tile or an
 RMSNORM; the traced ready -> done time per op kind. Against the ~7.6 us a
 residual runs for in a traced one-token step, where its code is cold.
 
+With --one-sm the chains run on block 0 alone (static mode): an op after
+itself runs from a warm instruction cache, one after four other ops' code from
+what is left of it (session 29: the fused one-token attention chunk 6.5 against
+8.5 us).
+
     PYTHONPATH=. python3 tools/icache_probe.py --out out/icache_probe.json
 """
 from __future__ import annotations
@@ -90,11 +95,16 @@ def probe(sizes: list[int]) -> dict[str, object]:
 
 
 def chain_stream(kinds: list[str], n: int) -> Stream:
-    """n instructions cycling through kinds, each waiting on the one before."""
-    from gpuvm.isa import DType, Op
+    """n instructions cycling through kinds, each waiting on the one before,
+    at one token of the shard: RESIDUAL, RMSNORM, a 32-row GEMM tile and, for
+    the one-SM chains, ATTN_CHUNK in its fused form (128 keys of a 2,048-key
+    window, RoPE; chunk 3, which writes no new key) and ATTN_MERGE of two heads."""
+    from gpuvm.isa import DType, Op, f2i
+    from gpuvm.muse.config import SHARD
+    from gpuvm.muse.lowering import n_chunks
     from gpuvm.program import Program
 
-    d, f32, bf16 = 8192, DType.F32, DType.BF16
+    cfg, d, f32, bf16 = SHARD, SHARD.d, DType.F32, DType.BF16
     p = Program("chain " + "+".join(kinds))
     s = p.tensor("s", (1, d), f32, "state")
     a = p.tensor("a", (1, d), f32)
@@ -102,7 +112,18 @@ def chain_stream(kinds: list[str], n: int) -> Stream:
     of, ob = p.tensor("of", (1, d), f32), p.tensor("ob", (1, d), bf16)
     x, y = p.tensor("x", (1, d), bf16), p.tensor("y", (1, 4096), f32)
     wm = p.tensor("W", (4096, d), bf16, "weight")
+    if {"attn", "merge"} & set(kinds):
+        slots, chunk = 2112, 128
+        nch = n_chunks(cfg, "sliding", 1, slots, chunk)
+        qkvg = p.tensor("qkvg", (1, cfg.qkvg_width), bf16)
+        kc, vc = (p.tensor(nm, (1, slots, cfg.heads_kv, 64), DType.E4M3, "state") for nm in ("kc", "vc"))
+        convs = p.tensor("convs", (1, 4), DType.I32, "state")
+        part_o = p.tensor("part_o", (1, cfg.heads_q, nch, 64), f32)
+        part_ml = p.tensor("part_ml", (1, cfg.heads_q, nch, 2), f32)
+        wqn, wkn = (p.tensor(nm, (64,), f32, "weight") for nm in ("w_qn", "w_kn"))
+        o = p.tensor("o", (1, cfg.heads_q * 64), bf16)
     c = p.counter("chain")
+    one = f2i(1.0)
     for i in range(n):
         kind = kinds[i % len(kinds)]
         kw = dict(waits=[(c, i)] if i else [], signal=c)
@@ -112,17 +133,26 @@ def chain_stream(kinds: list[str], n: int) -> Stream:
             p.op(Op.GEMM, [y, x, wm], [(32 * i) % 4096, 32, 0, 1], **kw)
         elif kind == "rms":
             p.op(Op.RMSNORM, [ob, s, w], [0, 1], **kw)
+        elif kind == "attn":
+            p.op(Op.ATTN_CHUNK, [qkvg, kc, vc, convs, part_o, part_ml, wqn, wkn], [0, i % cfg.heads_kv, 3, chunk, cfg.window, one, one, 1], **kw)
+        elif kind == "merge":
+            p.op(Op.ATTN_MERGE, [o, part_o, part_ml, qkvg], [0, 1, 0, 2], **kw)
         else:
             raise ValueError(kind)
     return p.build(order="given")
 
 
 def chain_buffers(st: Stream, device: str) -> dict[str, torch.Tensor]:
+    from gpuvm.tensors import torch_dtype
+
     bufs = {}
     for t in st.tensors:
-        dt = torch.bfloat16 if t.dtype.name == "BF16" else torch.float32
-        bufs[t.name] = (torch.randn(t.shape, device=device) * 0.1).to(dt)
+        dt = torch_dtype(t.dtype)
+        bufs[t.name] = (torch.randn(t.shape, device=device) * 0.1).to(dt) if dt.is_floating_point else torch.zeros(t.shape, dtype=dt, device=device)
     bufs["alpha"].fill_(1.0)
+    if "convs" in bufs:
+        bufs["convs"][0] = torch.tensor([0, 1, 4000, 0], dtype=torch.int32)  # one token at position 4,000
+        bufs["part_ml"][..., 1] = 1.0  # each chunk's (max 0.1 N(0,1), sum 1)
     return bufs
 
 
@@ -155,66 +185,6 @@ def vm_chains(n: int = 240) -> dict[str, object]:
 ONE_SM_CHAINS = (["attn"], ["res"], ["merge"], ["attn", "gemm", "res", "rms", "merge"])
 
 
-def one_sm_stream(kinds: list[str], n: int) -> Stream:
-    """n instructions cycling through kinds, each waiting on the one before,
-    over a one-token sliding layer's shapes: ATTN_CHUNK in its fused form (128
-    keys of a 2,048-key window, RoPE; chunk 3, which writes no new key),
-    ATTN_MERGE of two heads, a 32-row GEMM tile, RESIDUAL and RMSNORM."""
-    from gpuvm.isa import DType, Op, f2i
-    from gpuvm.muse.config import SHARD
-    from gpuvm.muse.lowering import n_chunks
-    from gpuvm.program import Program
-
-    cfg, d, f32, bf16 = SHARD, SHARD.d, DType.F32, DType.BF16
-    slots, chunk = 2112, 128
-    nch = n_chunks(cfg, "sliding", 1, slots, chunk)
-    p = Program("one-sm " + "+".join(kinds))
-    qkvg = p.tensor("qkvg", (1, cfg.qkvg_width), bf16)
-    kc, vc = (p.tensor(nm, (1, slots, cfg.heads_kv, 64), DType.E4M3, "state") for nm in ("kc", "vc"))
-    convs = p.tensor("convs", (1, 4), DType.I32, "state")
-    part_o = p.tensor("part_o", (1, cfg.heads_q, nch, 64), f32)
-    part_ml = p.tensor("part_ml", (1, cfg.heads_q, nch, 2), f32)
-    wqn, wkn = (p.tensor(nm, (64,), f32, "weight") for nm in ("w_qn", "w_kn"))
-    o = p.tensor("o", (1, cfg.heads_q * 64), bf16)
-    s = p.tensor("s", (1, d), f32, "state")
-    a = p.tensor("a", (1, d), f32)
-    al, be, w = (p.tensor(nm, (d,), f32, "weight") for nm in ("alpha", "beta", "w"))
-    of, ob = p.tensor("of", (1, d), f32), p.tensor("ob", (1, d), bf16)
-    x, y = p.tensor("x", (1, d), bf16), p.tensor("y", (1, 4096), f32)
-    wm = p.tensor("W", (4096, d), bf16, "weight")
-    c = p.counter("chain")
-    one = f2i(1.0)
-    for i in range(n):
-        kind = kinds[i % len(kinds)]
-        kw = dict(waits=[(c, i)] if i else [], signal=c)
-        if kind == "attn":
-            p.op(Op.ATTN_CHUNK, [qkvg, kc, vc, convs, part_o, part_ml, wqn, wkn], [0, i % cfg.heads_kv, 3, chunk, cfg.window, one, one, 1], **kw)
-        elif kind == "merge":
-            p.op(Op.ATTN_MERGE, [o, part_o, part_ml, qkvg], [0, 1, 0, 2], **kw)
-        elif kind == "res":
-            p.op(Op.RESIDUAL, [s, a, al, be, w, of, ob], [0, 1], **kw)
-        elif kind == "gemm":
-            p.op(Op.GEMM, [y, x, wm], [(32 * i) % 4096, 32, 0, 1], **kw)
-        elif kind == "rms":
-            p.op(Op.RMSNORM, [ob, s, w], [0, 1], **kw)
-        else:
-            raise ValueError(kind)
-    return p.build(order="given")
-
-
-def one_sm_buffers(st: Stream, device: str) -> dict[str, torch.Tensor]:
-    from gpuvm.tensors import torch_dtype
-
-    bufs = {}
-    for t in st.tensors:
-        dt = torch_dtype(t.dtype)
-        bufs[t.name] = (torch.randn(t.shape, device=device) * 0.1).to(dt) if dt.is_floating_point else torch.zeros(t.shape, dtype=dt, device=device)
-    bufs["alpha"].fill_(1.0)
-    bufs["convs"][0] = torch.tensor([0, 1, 4000, 0], dtype=torch.int32)  # one token at position 4,000
-    bufs["part_ml"][..., 1] = 1.0  # each chunk's (max 0.1 N(0,1), sum 1)
-    return bufs
-
-
 def vm_one_sm(n: int = 60) -> dict[str, object]:
     """Traced ready -> done (us, median per op kind past the first round) of
     chains run by block 0 alone (static mode, the other blocks idle): an op
@@ -226,8 +196,8 @@ def vm_one_sm(n: int = 60) -> dict[str, object]:
     vm = VM(groups=2, trace=True)
     res: dict[str, object] = {}
     for kinds in ONE_SM_CHAINS:
-        st = one_sm_stream(kinds, n)
-        loaded = vm.load(st, one_sm_buffers(st, "cuda"))
+        st = chain_stream(kinds, n)
+        loaded = vm.load(st, chain_buffers(st, "cuda"))
         loaded.set_static([list(range(len(st)))] + [[] for _ in range(vm.n_blocks - 1)])
         loaded.run(0, mode="static")
         loaded.run(1, mode="static")
