@@ -597,8 +597,11 @@ __device__ __forceinline__ void gvm_expr_unit_ring(const gvm_ctx& c, float (&acc
 #pragma unroll
             for (int p = 0; p < 2; ++p) {
                 const int j = UP ? i : 2 * i + p, s = UP ? p : 0;
-                // chunks first + 4 j and the next (c_end a multiple of 4: both live or both dead; dead ones are zero-filled)
-                const bool live = first + 4 * j < c_end;
+                // chunks first + 4 j and the next (c_end a multiple of 4: both live or both dead; dead ones are
+                // zero-filled). A slot i < slots is live but for DOWN's second piece of an odd last step:
+                // UP's is step i < steps, DOWN's first 2 i < steps (the selects and predicates of copies that
+                // are always live were ~20 of UP's 394 instructions a slot)
+                const bool live = UP || p == 0 || first + 4 * j < c_end;
                 const unsigned char* cj = live ? cp + s * cset + GVM_TK_CODES * j : cp;
                 const unsigned st = ring + wsl + p * GVM_EXPR_STAGE;
                 gvm_cp_async16(st + wofs, cj, live, pol);
