@@ -65,18 +65,6 @@
 #define GVM_READY_FIRST 1
 #endif
 #define GVM_READY_PATIENCE_NS 20000000u  // 20 ms
-// 1: claim only while a group is free, so that no claim waits in a block whose
-// groups are both taken while other blocks' groups sit idle: at a layer's
-// start with the warmer on (group 0 busy warming for ~30 us), a v tile held
-// that way ran 15 us late and held up the attention. The claim's own latency
-// is then no longer hidden. Off: H200, 4996eed / 857aefd, 1 / 0 in one run:
-// sched_probe's layers 1-7% faster (sliding-c1-t1 179.4 / 192.4 us), but steps
-// within about 1% (1x1 8861 and 8713 / 8704 and 8744, 32x8 71817 / 72603), the
-// `gpuvm sweep` layers as before (full-c1-t1 182.1 against 182 at 8a795e5), and
-// empty instructions 0.63 / 0.60 us a block, past issue 3's 0.5 (tests/gpu).
-#ifndef GVM_CLAIM_IDLE
-#define GVM_CLAIM_IDLE 0
-#endif
 
 // Parking: an instruction whose waits are not met still goes to a group when
 // one is free and another stays free of such instructions (gvm_can_park): the
@@ -266,16 +254,10 @@ __device__ __forceinline__ void gvm_controller(const gvm_params& p, gvm_shared& 
             gvm_stage_commit();
             gvm_prof_mark(pr, GVM_LEG_CLAIM);
             gvm_cslot& h = s[j];
-#if GVM_CLAIM_IDLE
-            bool retired = false;  // group_done taken in this visit (twice would undo a hand-off's busy bit)
-#endif
             if (h.state == GVM_CS_LOADED || h.state == GVM_CS_WAITING) {
                 unsigned n_waits;
                 const unsigned word = gvm_staged_word(stage0 + j * 128u, lane, n_waits);  // also completes the probe of a turn ago
                 gvm_retire_groups(view, group_done);
-#if GVM_CLAIM_IDLE
-                retired = true;
-#endif
                 gvm_prof_mark(pr, GVM_LEG_RECORD);
                 bool go = !GVM_READY_FIRST || aborted || n_waits == 0;
                 bool park = false;
@@ -306,13 +288,7 @@ __device__ __forceinline__ void gvm_controller(const gvm_params& p, gvm_shared& 
                     --held;
                 }
             }
-#if GVM_CLAIM_IDLE
-            if (!retired) gvm_retire_groups(view, group_done);  // with no claim held, nothing else would
-            const bool room = (~view.busy & ((1u << groups) - 1u)) != 0u;
-#else
-            const bool room = true;
-#endif
-            if (h.state == GVM_CS_EMPTY && !exhausted && !aborted && held < depth && room) {
+            if (h.state == GVM_CS_EMPTY && !exhausted && !aborted && held < depth) {
                 h.idx = gvm_claim_issue(claimer);
                 h.state = GVM_CS_CLAIMED;
                 ++held;
