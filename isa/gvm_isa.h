@@ -57,7 +57,9 @@ typedef long long int64_t;
 /* Tiled NVFP4 (the expert weights): a matrix [N,K] is ceil(N/16) blocks of
  * 16 rows, each K step of 128 values by K step: codes [16 rows][64 B], and
  * in the scales tensor [16 rows][8 B]. Codes [..,ceil(N/16),8K] e2m1x2 (bytes),
- * scales [..,ceil(N/16),K] e4m3; rows past N are zeros. */
+ * scales [..,ceil(N/16),K] e4m3; rows past N are zeros. A byte's two codes
+ * (even k, odd k) have their bits placed for the decode: even s,e1,e0,m at
+ * bits 7,4,3,2, odd at 5,6,1,0 (gvm_e2m1x8_to_e4m3). */
 #define GVM_NVFP4_TILE_ROWS 16
 #define GVM_NVFP4_TILE_K 128
 

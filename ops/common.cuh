@@ -52,13 +52,17 @@ __device__ __forceinline__ unsigned gvm_bf16x2_to_f16x2(unsigned w) {
     return gvm_pack_f16x2(gvm_bf16_lo(w), gvm_bf16_hi(w));
 }
 
-// Eight e2m1 codes (nibble j = code j) -> eight e4m3 bytes of value code * 2^-6:
-// even codes (0,2,4,6) in *even_b, odd codes (1,3,5,7) in *odd_b. An e2m1 nibble
-// s|ee|m moved to e4m3 bits s|00ee|m00 is exactly its value times 2^-6, for the
+// Eight e2m1 codes of a word of tiled NVFP4 -> eight e4m3 bytes of value
+// code * 2^-6: even codes (0,2,4,6) in *even_b, odd codes (1,3,5,7) in *odd_b.
+// The tiling stores each byte's pair of codes with its bits placed for this
+// (gpuvm/muse/formats.py, E2M1_TILED_BITS): the even code at bits 7 (sign),
+// 4, 3 (exponent), 2 (mantissa), which is its e4m3 byte s|00ee|m00 already,
+// the odd code's at 5, 6, 1, 0, two shifts from there: 5 instructions for 8
+// codes (7 from nibbles). s|00ee|m00 is exactly the code times 2^-6, for the
 // subnormal code (0.5) too, so the hardware e4m3 -> f16 conversion finishes it.
 __device__ __forceinline__ void gvm_e2m1x8_to_e4m3(unsigned w, unsigned* even_b, unsigned* odd_b) {
-    *even_b = ((w << 4) & 0x80808080u) | ((w << 2) & 0x1c1c1c1cu);
-    *odd_b = (w & 0x80808080u) | ((w >> 2) & 0x1c1c1c1cu);
+    *even_b = w & 0x9c9c9c9cu;
+    *odd_b = ((w << 2) & 0x8c8c8c8cu) | ((w >> 2) & 0x10101010u);
 }
 
 // ---- warpgroup mma operands -------------------------------------------------------

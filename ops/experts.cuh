@@ -159,14 +159,22 @@ __device__ __forceinline__ void gvm_exp_stage(const gvm_ctx& c, unsigned s_raw, 
 }
 
 // Code word w (8 codes) of one weight row as four scaled f16 pairs:
-// p[0] = (c0,c2), p[1] = (c4,c6), p[2] = (c1,c3), p[3] = (c5,c7).
-__device__ __forceinline__ void gvm_exp_decode(unsigned w, unsigned scale2, unsigned (&p)[4]) {
+// p[0] = (c0,c2), p[1] = (c4,c6), p[2] = (c1,c3), p[3] = (c5,c7). The word's
+// block scale is half H of the pair sp (gvm_exp_scales).
+template <int H>
+__device__ __forceinline__ void gvm_exp_decode(unsigned w, unsigned sp, unsigned (&p)[4]) {
     unsigned ev, od;
     gvm_e2m1x8_to_e4m3(w, &ev, &od);
-    p[0] = gvm_hmul2(gvm_e4m3x2_to_f16x2(ev), scale2);
-    p[1] = gvm_hmul2(gvm_e4m3x2_hi_to_f16x2(ev), scale2);
-    p[2] = gvm_hmul2(gvm_e4m3x2_to_f16x2(od), scale2);
-    p[3] = gvm_hmul2(gvm_e4m3x2_hi_to_f16x2(od), scale2);
+    p[0] = gvm_hmul2_dup<H>(gvm_e4m3x2_to_f16x2(ev), sp);
+    p[1] = gvm_hmul2_dup<H>(gvm_e4m3x2_hi_to_f16x2(ev), sp);
+    p[2] = gvm_hmul2_dup<H>(gvm_e4m3x2_to_f16x2(od), sp);
+    p[3] = gvm_hmul2_dup<H>(gvm_e4m3x2_hi_to_f16x2(od), sp);
+}
+
+// Scale bytes 0, 1 of sw (hi: 2, 3) as an f16 pair times 64 (the decode
+// leaves codes at 2^-6 of their value): two blocks' scales in 2 instructions.
+__device__ __forceinline__ unsigned gvm_exp_scales(unsigned sw, bool hi) {
+    return gvm_hmul2(hi ? gvm_e4m3x2_hi_to_f16x2(sw) : gvm_e4m3x2_to_f16x2(sw), GVM_F16X2_64);
 }
 
 // A unit's weights of K step ks into its buffer at buf, copied by the warp's lanes
@@ -204,11 +212,15 @@ template <int MT, int U>
 __device__ __forceinline__ void gvm_exp_ks(float (&acc)[GVM_EXP_MAXMT][2][4], unsigned wbuf, unsigned uslot,
                                            unsigned s_tile, unsigned g, unsigned t4) {
     static_assert(MT * U <= GVM_EXP_MAXMT, "acc holds two m-tiles or two units");
-    unsigned sw[U][2];  // the thread's 4 scale bytes of each set
+    unsigned sp[U][2][2];  // the thread's 4 scales of each set, as 2 f16 pairs
 #pragma unroll
     for (int u = 0; u < U; ++u)
 #pragma unroll
-        for (int s = 0; s < 2; ++s) sw[u][s] = gvm_lds_u(wbuf + u * uslot + 2048 + s * 128 + g * 16 + 4 * t4);
+        for (int s = 0; s < 2; ++s) {
+            const unsigned sw = gvm_lds_u(wbuf + u * uslot + 2048 + s * 128 + g * 16 + 4 * t4);
+            sp[u][s][0] = gvm_exp_scales(sw, false);
+            sp[u][s][1] = gvm_exp_scales(sw, true);
+        }
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         uint4 cw[U][2];  // chunk 2 t4 + h of row g of each set
@@ -225,11 +237,12 @@ __device__ __forceinline__ void gvm_exp_ks(float (&acc)[GVM_EXP_MAXMT][2][4], un
             for (int u = 0; u < U; ++u)
 #pragma unroll
                 for (int s = 0; s < 2; ++s) {
-                    // (64 * block scale) twice: the decode leaves codes at 2^-6 of their value
-                    const unsigned b = w8 >> 1;
-                    const unsigned scale2 = gvm_hmul2(gvm_e4m3x2_to_f16x2(__byte_perm(sw[u][s], 0, b | (b << 4))), GVM_F16X2_64);
                     const uint4& k4 = cw[u][s];
-                    gvm_exp_decode(w == 0 ? k4.x : w == 1 ? k4.y : w == 2 ? k4.z : k4.w, scale2, p[u][s]);
+                    const unsigned word = w == 0 ? k4.x : w == 1 ? k4.y : w == 2 ? k4.z : k4.w, b = w8 >> 1;
+                    if (b & 1)
+                        gvm_exp_decode<1>(word, sp[u][s][b >> 1], p[u][s]);
+                    else
+                        gvm_exp_decode<0>(word, sp[u][s][b >> 1], p[u][s]);
                 }
 #pragma unroll
             for (int m = 0; m < MT; ++m) {
@@ -396,23 +409,23 @@ __device__ __forceinline__ void gvm_expr_fill(uint4& ca, uint4& cb, unsigned& sc
     }
 }
 
-// Word w (8 codes) of a chunk (ca, cb: rows g, g + 8; sc: their two scale
-// bytes each, a0 a1 b0 b1) times x, the chunk's x word w: its first MMA into
-// acc, its second into acc2 (pass the same array twice for one chain).
+// Word w (8 codes) of a chunk (ca, cb: rows g, g + 8; sa, sb: their two
+// blocks' scales, gvm_exp_scales) times x, the chunk's x word w: its first MMA
+// into acc, its second into acc2 (pass the same array twice for one chain).
 __device__ __forceinline__ void gvm_expr_word(float (&acc)[4], float (&acc2)[4], const uint4& ca, const uint4& cb,
-                                              unsigned sc, const uint4& x, int w) {
-    const unsigned b = w >> 1;  // scale block of the word
-    const unsigned s2a = gvm_hmul2(gvm_e4m3x2_to_f16x2(__byte_perm(sc, 0, b | (b << 4))), GVM_F16X2_64);
-    const unsigned s2b = gvm_hmul2(gvm_e4m3x2_to_f16x2(__byte_perm(sc, 0, (b + 2) | ((b + 2) << 4))), GVM_F16X2_64);
+                                              unsigned sa, unsigned sb, const uint4& x, int w) {
     unsigned pa[4], pb[4];
     const unsigned wa = w == 0 ? ca.x : w == 1 ? ca.y : w == 2 ? ca.z : ca.w;
     const unsigned wb = w == 0 ? cb.x : w == 1 ? cb.y : w == 2 ? cb.z : cb.w;
     if (GVM_EXPR_PROBE & 1) {  // probe: no decode (wrong sums; times the rest)
-        pa[0] = wa ^ s2a, pa[1] = wa >> 8, pa[2] = wa >> 16, pa[3] = wa >> 24;
-        pb[0] = wb ^ s2b, pb[1] = wb >> 8, pb[2] = wb >> 16, pb[3] = wb >> 24;
+        pa[0] = wa ^ sa, pa[1] = wa >> 8, pa[2] = wa >> 16, pa[3] = wa >> 24;
+        pb[0] = wb ^ sb, pb[1] = wb >> 8, pb[2] = wb >> 16, pb[3] = wb >> 24;
+    } else if (w >> 1) {  // the word's scale block: half w / 2 of sa, sb
+        gvm_exp_decode<1>(wa, sa, pa);
+        gvm_exp_decode<1>(wb, sb, pb);
     } else {
-        gvm_exp_decode(wa, s2a, pa);
-        gvm_exp_decode(wb, s2b, pb);
+        gvm_exp_decode<0>(wa, sa, pa);
+        gvm_exp_decode<0>(wb, sb, pb);
     }
     if (GVM_EXPR_PROBE & 2) {  // probe: no MMA (wrong sums; times the rest)
         acc[0] += __uint_as_float((pa[0] ^ pb[0] ^ pa[2] ^ pb[2] ^ x.x ^ x.y) & 0x3fffffffu);
@@ -423,12 +436,14 @@ __device__ __forceinline__ void gvm_expr_word(float (&acc)[4], float (&acc2)[4],
     }
 }
 
-// A whole chunk (4 words) times the x words of chunk ch, into acc and acc2
-// (two chains of dependent MMAs, not one: an MMA's latency would otherwise bound the loop).
+// A whole chunk (4 words; sc: its scale bytes a0 a1 b0 b1 of rows g, g + 8)
+// times the x words of chunk ch, into acc and acc2 (two chains of dependent
+// MMAs, not one: an MMA's latency would otherwise bound the loop).
 __device__ __forceinline__ void gvm_expr_chunk(float (&acc)[4], float (&acc2)[4], const uint4& ca, const uint4& cb,
                                                unsigned sc, unsigned xrow, unsigned ch) {
+    const unsigned sa = gvm_exp_scales(sc, false), sb = gvm_exp_scales(sc, true);
 #pragma unroll
-    for (int w = 0; w < 4; ++w) gvm_expr_word(acc, acc2, ca, cb, sc, gvm_lds_u4(xrow + gvm_expr_xoff(ch, w)), w);
+    for (int w = 0; w < 4; ++w) gvm_expr_word(acc, acc2, ca, cb, sa, sb, gvm_lds_u4(xrow + gvm_expr_xoff(ch, w)), w);
 }
 
 // x rows of the expert's tokens -> f16 in shared memory (gvm_expr_xoff order);
@@ -626,21 +641,23 @@ __device__ __forceinline__ void gvm_expr_unit_ring(const gvm_ctx& c, float (&acc
         const unsigned rsl = ring + (wsl + GVM_EXPR_SLOT == size ? 0 : wsl + GVM_EXPR_SLOT);  // the oldest slot
         issue(i + nsl - 1);
         uint4 ca[2], cb[2];
-        unsigned sc[2], ch[2];
+        unsigned sa[2], sb[2], ch[2];
 #pragma unroll
         for (int p = 0; p < 2; ++p) {
             const unsigned st = rsl + p * GVM_EXPR_STAGE;
             ca[p] = gvm_lds_u4(st + rofs);
             cb[p] = gvm_lds_u4(st + rofs + 512);
-            sc[p] = __byte_perm(gvm_lds_u(st + rsofs), gvm_lds_u(st + rsofs + 64), sel);
+            const unsigned sc = __byte_perm(gvm_lds_u(st + rsofs), gvm_lds_u(st + rsofs + 64), sel);
+            sa[p] = gvm_exp_scales(sc, false);
+            sb[p] = gvm_exp_scales(sc, true);
             ch[p] = (unsigned)min(c_beg + (int)q + 4 * (UP ? i : 2 * i + p), nch - 1);  // past the lane's end the codes are zeros
         }
 #pragma unroll
         for (int w = 0; w < 4; ++w) {
             const uint4 x0 = gvm_lds_u4(xrow + gvm_expr_xoff(ch[0], w));
             const uint4 x1 = UP ? x0 : gvm_lds_u4(xrow + gvm_expr_xoff(ch[1], w));  // UP: one K step, one x
-            gvm_expr_word(a[0], b[0], ca[0], cb[0], sc[0], x0, w);
-            gvm_expr_word(a[1], b[1], ca[1], cb[1], sc[1], x1, w);
+            gvm_expr_word(a[0], b[0], ca[0], cb[0], sa[0], sb[0], x0, w);
+            gvm_expr_word(a[1], b[1], ca[1], cb[1], sa[1], sb[1], x1, w);
         }
     }
     gvm_cp_async_wait<0>();  // nothing lands in the ring after the unit

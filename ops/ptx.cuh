@@ -45,22 +45,33 @@ __device__ __forceinline__ unsigned gvm_hmul2(unsigned a, unsigned b) {
     return r;
 }
 
+// a times half h of b in both halves: one HMUL2 with a .H0_H0 / .H1_H1 operand
+// (a byte_perm broadcast before the multiply stayed a PRMT of its own).
+template <int H>
+__device__ __forceinline__ unsigned gvm_hmul2_dup(unsigned a, unsigned b) {
+    unsigned r;
+    if (H)
+        asm("{ .reg .b16 l, h; .reg .b32 t; mov.b32 {l, h}, %2; mov.b32 t, {h, h}; mul.rn.f16x2 %0, %1, t; }" : "=r"(r) : "r"(a), "r"(b));
+    else
+        asm("{ .reg .b16 l, h; .reg .b32 t; mov.b32 {l, h}, %2; mov.b32 t, {l, l}; mul.rn.f16x2 %0, %1, t; }" : "=r"(r) : "r"(a), "r"(b));
+    return r;
+}
+
 // ---- global loads --------------------------------------------------------------------
 // Streamed data goes evict-first: expert weights by cp.async (below) with an
 // L2 evict-first policy; the KV cache, written during the launch (QK_ROPE_KV),
 // through the coherent path, ".cs" (evict-first in L1 and L2).
-__device__ __forceinline__ unsigned long long gvm_policy_evict_first() {
-    unsigned long long p;
-    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
-    return p;
-}
+// The policies are the values createpolicy.fractional.L2::evict_first (and
+// ::evict_normal) 1.0 gives, as constants: ptxas keeps a constant in a
+// uniform register, where a createpolicy result cost every cp.async an R2UR
+// pair (the experts' ring slot: 325 -> 315 instructions).
+// tests/gpu/test_policy.py checks them against createpolicy on the device.
+#define GVM_L2_EVICT_FIRST 0x12F0000000000000ull
+#define GVM_L2_EVICT_NORMAL 0x1000000000000000ull
+__device__ __forceinline__ unsigned long long gvm_policy_evict_first() { return GVM_L2_EVICT_FIRST; }
 
 // Data several readers share (a GEMM's staged activations): kept as usual.
-__device__ __forceinline__ unsigned long long gvm_policy_evict_normal() {
-    unsigned long long p;
-    asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;" : "=l"(p));
-    return p;
-}
+__device__ __forceinline__ unsigned long long gvm_policy_evict_normal() { return GVM_L2_EVICT_NORMAL; }
 
 __device__ __forceinline__ uint4 gvm_ld_stream16(const void* p) {
     uint4 r;

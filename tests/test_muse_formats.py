@@ -140,6 +140,28 @@ def test_bf16_round() -> None:
     assert bf16_round(x).dtype == torch.float32
 
 
+def _placed(b: int) -> int:
+    """A plain code byte (even code low nibble: sign 3, exponent 2..1, mantissa 0)
+    as the tiling stores it: even code at bits 7, 4, 3, 2; odd at 5, 6, 1, 0."""
+    e, o = b & 15, b >> 4
+    return ((e >> 3 & 1) << 7 | (e >> 2 & 1) << 4 | (e >> 1 & 1) << 3 | (e & 1) << 2
+            | (o >> 3 & 1) << 5 | (o >> 2 & 1) << 6 | (o >> 1 & 1) << 1 | (o & 1))
+
+
+def test_tiled_code_bytes_decode_in_five_ops() -> None:
+    """The device's decode of a tiled byte (ops/common.cuh gvm_e2m1x8_to_e4m3:
+    even = w & 0x9c, odd = (w << 2 & 0x8c) | (w >> 2 & 0x10)) gives each code
+    as an e4m3 byte of its value times 2^-6, for all 256 bytes."""
+    plain = torch.arange(256, dtype=torch.uint8).reshape(4, 64)  # rows 0..3 of one K step
+    tiled, _ = tile_nvfp4(plain, to_e4m3(torch.ones(4, 8)))
+    assert tiled[0, :256].tolist() == [_placed(b) for b in range(256)]
+    for b in range(256):
+        t = _placed(b)
+        even, odd = t & 0x9C, ((t << 2) & 0x8C) | ((t >> 2) & 0x10)
+        got = from_e4m3(torch.tensor([even, odd], dtype=torch.uint8)) * 64
+        assert torch.equal(got, E2M1_VALUES[[b & 15, b >> 4]]), b
+
+
 def test_tiled_nvfp4_layout_and_roundtrip() -> None:
     """Tiled NVFP4 (isa/gvm_isa.h): blocks of 16 rows, K step of 128 values by
     step; rows past N are zeros; untiling gives the rows back."""
@@ -149,7 +171,7 @@ def test_tiled_nvfp4_layout_and_roundtrip() -> None:
     tc, ts = tile_nvfp4(codes, scales)
     assert tc.shape == (3, 3, 2048) and ts.shape == (3, 3, 256) and ts.dtype == torch.float8_e4m3fn
     # row 21 = block 1, row 5; code byte 70 = K step 1, byte 6; scale byte 11 = step 1, byte 3
-    assert tc[2, 1, 1024 + 5 * 64 + 6] == codes[2, 21, 70]
+    assert tc[2, 1, 1024 + 5 * 64 + 6] == _placed(int(codes[2, 21, 70]))
     assert ts.view(torch.uint8)[2, 1, 128 + 5 * 8 + 3] == scales.view(torch.uint8)[2, 21, 11]
     assert not tc[:, 2].reshape(3, 2, 16, 64)[:, :, 8:].any() and not ts.view(torch.uint8)[:, 2].reshape(3, 2, 16, 8)[:, :, 8:].any()
     c2, s2 = untile_nvfp4(tc, ts, 40)

@@ -94,6 +94,11 @@ inline unsigned gvm_hmul2(unsigned a, unsigned b) {
                           emu::f16_value(a >> 16) * emu::f16_value(b >> 16));
 }
 
+template <int H> inline unsigned gvm_hmul2_dup(unsigned a, unsigned b) {
+    const unsigned h = H ? b >> 16 : b & 0xffff;
+    return gvm_hmul2(a, h | (h << 16));
+}
+
 template <class T> inline T gvm_emu_load(const void* p) {
     T v;
     std::memcpy(&v, p, sizeof(T));
