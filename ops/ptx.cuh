@@ -67,7 +67,7 @@ __device__ __forceinline__ unsigned gvm_hmul2_dup(unsigned a, unsigned b) {
 // pair (the experts' ring slot: 325 -> 315 instructions).
 // tests/gpu/test_policy.py checks them against createpolicy on the device.
 #define GVM_L2_EVICT_FIRST 0x12F0000000000000ull
-#define GVM_L2_EVICT_NORMAL 0x1000000000000000ull
+#define GVM_L2_EVICT_NORMAL 0x16F0000000000000ull
 __device__ __forceinline__ unsigned long long gvm_policy_evict_first() { return GVM_L2_EVICT_FIRST; }
 
 // Data several readers share (a GEMM's staged activations): kept as usual.
