@@ -576,9 +576,12 @@ __device__ __forceinline__ void gvm_cp_async_wait_n(int n) {
 // (the caller stages x between the two, so that the copies' round trip
 // overlaps the staging's; each part derives its pointers itself: held
 // across the staging they spilled).
-template <bool UP, int PART>
+// NSL: nsl as a constant (the wait a single instruction, not a branch tree on
+// nsl: 8 instructions a slot), or 0 for any nsl.
+template <bool UP, int PART, int NSL>
 __device__ __forceinline__ void gvm_expr_unit_ring(const gvm_ctx& c, float (&acc)[2][4], int e, long long r0, long long rl,
-                                                   int c_beg, int c_end, int nch, unsigned xrow, unsigned ring, int nsl) {
+                                                   int c_beg, int c_end, unsigned xrow, unsigned ring, int nsl_any) {
+    const int nsl = NSL ? NSL : nsl_any;
     // opaque: not hoisted out of the list's item loop (spilled)
     const unsigned lane = gvm_opaque(c.tid) & 31, g = lane >> 2, q = lane & 3, half = lane & 1;
     const unsigned long long pol = gvm_policy_evict_first();
@@ -596,6 +599,9 @@ __device__ __forceinline__ void gvm_expr_unit_ring(const gvm_ctx& c, float (&acc
     const unsigned wofs = (lane >> 1) * 64 + 32 * half;  // this lane's codes in a piece (its scale word: 1024 + 4 lane)
     const unsigned rofs = g * 64 + 16 * q, rsofs = 1024 + g * 8 + 4 * (q >> 1);  // its fragments (row g; g + 8 is +512, +64)
     const unsigned h = 2 * (q & 1), sel = h | (h + 1) << 4 | (h + 4) << 8 | (h + 5) << 12;  // its two scale bytes each
+    // x of its chunk c_beg + q + 4 j at xq + 256 j (gvm_expr_xoff): word w at + 16 w + sx (w < 2) or - sx (w >= 2),
+    // the swizzle sx the same for all of them (c_beg a multiple of 4)
+    const unsigned xq = xrow + (unsigned)(c_beg + (int)q) * 64, sx = 32 * ((q >> 1) & 1);
     float a[2][4], b[2][4];  // piece p: a[p] takes the first MMA of each word, b[p] the second
 #pragma unroll
     for (int p = 0; p < 2; ++p)
@@ -635,13 +641,16 @@ __device__ __forceinline__ void gvm_expr_unit_ring(const gvm_ctx& c, float (&acc
     if (PART == 1) return;
 #pragma unroll 1
     for (int i = 0; i < slots; ++i) {
-        gvm_cp_async_wait_n(nsl - 2);  // this lane's copies of slot i are in
+        if (NSL)  // this lane's copies of slot i are in
+            gvm_cp_async_wait<(NSL > 2 ? NSL - 2 : 0)>();
+        else
+            gvm_cp_async_wait_n(nsl - 2);
         __syncwarp();  // so are the other lanes', and every lane is done with the slot refilled next
         if (i == 0) GVM_EXPR_MARK(c, 5);
         const unsigned rsl = ring + (wsl + GVM_EXPR_SLOT == size ? 0 : wsl + GVM_EXPR_SLOT);  // the oldest slot
         issue(i + nsl - 1);
         uint4 ca[2], cb[2];
-        unsigned sa[2], sb[2], ch[2];
+        unsigned sa[2], sb[2], xs[2];
 #pragma unroll
         for (int p = 0; p < 2; ++p) {
             const unsigned st = rsl + p * GVM_EXPR_STAGE;
@@ -650,12 +659,16 @@ __device__ __forceinline__ void gvm_expr_unit_ring(const gvm_ctx& c, float (&acc
             const unsigned sc = __byte_perm(gvm_lds_u(st + rsofs), gvm_lds_u(st + rsofs + 64), sel);
             sa[p] = gvm_exp_scales(sc, false);
             sb[p] = gvm_exp_scales(sc, true);
-            ch[p] = (unsigned)min(c_beg + (int)q + 4 * (UP ? i : 2 * i + p), nch - 1);  // past the lane's end the codes are zeros
         }
+        // x of the pieces' K steps (UP: one step); DOWN's second piece past the unit's end has zero codes
+        // and reads the first's x (finite) rather than past the row
+        xs[0] = xq + (UP ? 256u : 512u) * (unsigned)i;
+        xs[1] = UP || 2 * i + 1 < steps ? xs[0] + 256u : xs[0];
 #pragma unroll
         for (int w = 0; w < 4; ++w) {
-            const uint4 x0 = gvm_lds_u4(xrow + gvm_expr_xoff(ch[0], w));
-            const uint4 x1 = UP ? x0 : gvm_lds_u4(xrow + gvm_expr_xoff(ch[1], w));  // UP: one K step, one x
+            const unsigned xw = w < 2 ? 16 * w + sx : 16 * w - sx;
+            const uint4 x0 = gvm_lds_u4(xs[0] + xw);
+            const uint4 x1 = UP ? x0 : gvm_lds_u4(xs[1] + xw);  // UP: one K step, one x
             gvm_expr_word(a[0], b[0], ca[0], cb[0], sa[0], sb[0], x0, w);
             gvm_expr_word(a[1], b[1], ca[1], cb[1], sa[1], sb[1], x1, w);
         }
@@ -723,16 +736,19 @@ __device__ int gvm_expert_tile_reg(const gvm_ctx& c, int e, int n0, int nn, int 
         const bool ring = nsl >= GVM_EXPR_RING_MIN;
         float acc[2][4];
         if (pu < nu && ring)
-            gvm_expr_unit_ring<UP, 1>(c, acc, e, n0 + (u0 + pu) * 16, n0 + nn - 1, c_beg, c_end, nch, xrow,
-                                      s_ring + warp * (unsigned)nsl * GVM_EXPR_SLOT, nsl);
+            gvm_expr_unit_ring<UP, 1, 0>(c, acc, e, n0 + (u0 + pu) * 16, n0 + nn - 1, c_beg, c_end, xrow,
+                                         s_ring + warp * (unsigned)nsl * GVM_EXPR_SLOT, nsl);
         if (!stage(u0 == 0)) {  // the same in every thread: read after the staging's barrier
             gvm_cp_async_wait<0>();  // nothing lands in the ring after the op
             return GVM_ERR_BAD_ARGS;
         }
         if (pu < nu) {
-            if (ring)
-                gvm_expr_unit_ring<UP, 2>(c, acc, e, n0 + (u0 + pu) * 16, n0 + nn - 1, c_beg, c_end, nch, xrow,
-                                          s_ring + warp * (unsigned)nsl * GVM_EXPR_SLOT, nsl);
+            if (ring && nsl == GVM_EXPR_RING)
+                gvm_expr_unit_ring<UP, 2, GVM_EXPR_RING>(c, acc, e, n0 + (u0 + pu) * 16, n0 + nn - 1, c_beg, c_end, xrow,
+                                                         s_ring + warp * (unsigned)nsl * GVM_EXPR_SLOT, nsl);
+            else if (ring)
+                gvm_expr_unit_ring<UP, 2, 0>(c, acc, e, n0 + (u0 + pu) * 16, n0 + nn - 1, c_beg, c_end, xrow,
+                                             s_ring + warp * (unsigned)nsl * GVM_EXPR_SLOT, nsl);
             else
                 gvm_expr_unit<UP>(c, acc, e, n0 + (u0 + pu) * 16, n0 + nn - 1, c_beg, c_end, nch, xrow);
 #pragma unroll
