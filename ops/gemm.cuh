@@ -58,11 +58,8 @@
 #define GVM_GEMM_TILE_BYTES 512 // one partial 16 x 8 f32 tile
 
 #ifdef __CUDA_ARCH__
-__device__ __forceinline__ unsigned long long gvm_gemm_policy() {
-    unsigned long long pol;
-    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
-    return pol;
-}
+// The weights' L2 policy: a constant (ops/ptx.cuh), so that it stays in a uniform register.
+__device__ __forceinline__ unsigned long long gvm_gemm_policy() { return GVM_L2_EVICT_FIRST; }
 
 // Weights: read-only for the whole launch, so the non-coherent path is safe.
 // OFF: a constant byte offset, folded into the instruction (no address math;
