@@ -373,9 +373,6 @@ __device__ __noinline__ bool gvm_expert_args_ok(const gvm_ctx& c) {
 #ifndef GVM_EXPR_RING
 #define GVM_EXPR_RING 3    // most slots of a warp's weight ring (gvm_expr_unit_ring), at most 9 (3 ran 1-3% faster than 4 and 5)
 #endif
-#ifndef GVM_EXPR_UNROLL
-#define GVM_EXPR_UNROLL 2  // ring slots a loop iteration: ptxas starts a slot's wait and loads among the last one's MMAs
-#endif
 #ifndef GVM_EXPR_RING_MIN
 #define GVM_EXPR_RING_MIN 2  // fewer slots fit (many tokens' x): the weights go through registers
 #endif
@@ -642,7 +639,7 @@ __device__ __forceinline__ void gvm_expr_unit_ring(const gvm_ctx& c, float (&acc
         for (int i = 0; i < nsl - 1; ++i) issue(i);
     }
     if (PART == 1) return;
-#pragma unroll GVM_EXPR_UNROLL
+#pragma unroll 1  // 2 (ptxas then starts a slot's wait among the last one's MMAs) ran 1.7% slower at 1 x 1 (session 30)
     for (int i = 0; i < slots; ++i) {
         if (NSL)  // this lane's copies of slot i are in
             gvm_cp_async_wait<(NSL > 2 ? NSL - 2 : 0)>();
