@@ -34,6 +34,22 @@ def test_loops_are_labels_with_a_backward_branch() -> None:
     assert found[".L_x_1"].length == 5 and found[".L_x_1"].mix["BRA"] == 2  # the inner loop counts too
 
 
+# nvdisasm -hex: an instruction's second 64-bit word on the next line, stall count in bits 41..44
+SASS_HEX = """
+.L_x_9:
+        /*0000*/                   LDS R2, [R3] ;                 /* 0x0000000003027984 */
+                                                                  /* 0x%016x */
+        /*0010*/              @P0 BRA `(.L_x_9) ;                 /* 0xfffffffc00f40947 */
+                                                                  /* 0x%016x */
+""" % (3 << 41 | 1 << 45, 5 << 41 | 0x3F << 52)
+
+
+def test_stall_counts_are_summed_from_the_control_words() -> None:
+    (lp,) = loops(SASS_HEX)
+    assert lp.length == 2 and lp.stalls == 8  # the yield bit and the wait mask do not count
+    assert all(lp.stalls is None for lp in loops(SASS))  # plain SASS has no control words
+
+
 @pytest.mark.skipif(nvdisasm() is None, reason="no nvdisasm (CUDA toolkit or triton)")
 def test_the_expert_ring_loop_is_found() -> None:
     # the few-token ring's slot: 16 MMAs (two pieces x 4 words x 2) and 6 copies a lane

@@ -12,6 +12,10 @@ count their inner ones too) with its length and its most frequent opcodes.
 An SM issues at most 4 warp instructions a cycle (one a scheduler), so a
 loop's length over the bytes it moves sets its throughput ceiling (NOTES.md,
 session 24: the experts' ring, 394 instructions a 2 KB slot).
+
+--stalls also sums the stall counts ptxas wrote into each instruction's
+control bits (cycles before the warp may issue again: the fixed-latency part
+of a loop's time for one warp, before any wait on memory or a scoreboard).
 """
 from __future__ import annotations
 
@@ -32,6 +36,7 @@ from tools.ops_check import OPS, compile_ops  # noqa: E402
 _INSN = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)")
 _LABEL = re.compile(r"^\s*(\.L_x_\d+):")
 _BACK = re.compile(r"BRA\s+(?:\w+,\s*)?`\((\.L_x_\d+)\)")
+_CTRL = re.compile(r"^\s*/\* (0x[0-9a-f]{16}) \*/\s*$")  # nvdisasm -hex: an instruction's second 64-bit word
 #: opcodes that mark a loop worth listing without --all: MMAs and memory copies
 MARKERS = ("HMMA", "HGMMA", "IMMA", "LDGSTS", "UTMALDG", "LDG", "LDS")
 
@@ -42,6 +47,13 @@ class Loop:
     start: int  # SASS line of the label
     length: int  # instructions, the backward branch included
     mix: collections.Counter[str]
+    stalls: int | None = None  # sum of the control bits' stall counts (SASS with -hex only)
+
+
+def stall_count(ctrl_word: int) -> int:
+    """The stall count of an sm_70+ instruction: bits 41..44 of its second
+    64-bit word (after it, the warp waits that many cycles to issue again)."""
+    return (ctrl_word >> 41) & 0xF
 
 
 def nvdisasm() -> str | None:
@@ -68,13 +80,17 @@ def loops(sass: str) -> list[Loop]:
             last[m.group(1)] = i
     out = []
     for name, end in last.items():
-        mix = collections.Counter(m.group(1) for l in lines[at[name]:end + 1] if (m := _INSN.search(l)))
-        out.append(Loop(name, at[name], sum(mix.values()), mix))
+        body = range(at[name], end + 1)
+        mix = collections.Counter(m.group(1) for i in body if (m := _INSN.search(lines[i])))
+        ctrl = [_CTRL.match(lines[i + 1]) for i in body if _INSN.search(lines[i]) and i + 1 < len(lines)]
+        stalls = sum(stall_count(int(c.group(1), 16)) for c in ctrl) if ctrl and all(ctrl) else None
+        out.append(Loop(name, at[name], sum(mix.values()), mix, stalls))
     return sorted(out, key=lambda lp: lp.start)
 
 
-def op_sass(op: Op, defines: tuple[tuple[str, str], ...] = ()) -> str:
-    """SASS of the op's test kernel (tools/ops_check.py's build)."""
+def op_sass(op: Op, defines: tuple[tuple[str, str], ...] = (), hex_words: bool = False) -> str:
+    """SASS of the op's test kernel (tools/ops_check.py's build); hex_words:
+    with each instruction's encoding (nvdisasm -hex), for the stall counts."""
     tool = nvdisasm()
     if tool is None:
         raise SystemExit("nvdisasm not found (CUDA toolkit or triton)")
@@ -82,7 +98,7 @@ def op_sass(op: Op, defines: tuple[tuple[str, str], ...] = ()) -> str:
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(obj.code)
         f.flush()
-        return subprocess.run([tool, "-c", f.name], check=True, capture_output=True, text=True).stdout
+        return subprocess.run([tool, "-c", *(["-hex"] if hex_words else []), f.name], check=True, capture_output=True, text=True).stdout
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -91,13 +107,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--define", action="append", default=[], metavar="MACRO=VALUE")
     ap.add_argument("--all", action="store_true", help="every loop, not only those with an MMA or a memory op")
     ap.add_argument("--top", type=int, default=10, help="opcodes shown a loop")
+    ap.add_argument("--stalls", action="store_true", help="also the stall cycles ptxas scheduled a pass of each loop")
     a = ap.parse_args(argv)
     op = {v: k for k, v in OPS.items()}[a.op]
     defines = tuple((d.partition("=")[0], d.partition("=")[2] or "1") for d in a.define)
-    found = [lp for lp in loops(op_sass(op, defines)) if a.all or any(lp.mix[k] for k in MARKERS)]
+    found = [lp for lp in loops(op_sass(op, defines, a.stalls)) if a.all or any(lp.mix[k] for k in MARKERS)]
     print(f"{a.op}: {len(found)} loops" + (" (with an MMA or a memory op)" if not a.all else ""))
     for lp in found:
-        print(f"{lp.label:>10} at line {lp.start:6d}: {lp.length:5d} instructions  "
+        stalls = f", {lp.stalls:5d} stall cycles" if lp.stalls is not None else ""
+        print(f"{lp.label:>10} at line {lp.start:6d}: {lp.length:5d} instructions{stalls}  "
               + " ".join(f"{k} {n}" for k, n in lp.mix.most_common(a.top)))
     return 0
 
