@@ -33,7 +33,7 @@
 // and the x tile is stored in that same order: x0 x2 x1 x3 x4 x6 x5 x7.
 #pragma once
 #include "common.cuh"
-#include "gemm.cuh"  // the weight loads of the register path (gvm_gemm_ld_w16, gvm_gemm_policy)
+#include "gemm.cuh"  // the weight loads of the register path (gvm_gemm_ld_w16)
 
 #ifndef GVM_EXPERT_REG
 #define GVM_EXPERT_REG 1  // experts with few tokens stream weights through registers (0: always the shared tile)
@@ -160,15 +160,16 @@ __device__ __forceinline__ void gvm_exp_stage(const gvm_ctx& c, unsigned s_raw, 
 
 // Code word w (8 codes) of one weight row as four scaled f16 pairs:
 // p[0] = (c0,c2), p[1] = (c4,c6), p[2] = (c1,c3), p[3] = (c5,c7). The word's
-// block scale is half H of the pair sp (gvm_exp_scales).
-template <int H>
-__device__ __forceinline__ void gvm_exp_decode(unsigned w, unsigned sp, unsigned (&p)[4]) {
+// block scale is half h of the pair sp (gvm_exp_scales); h is known at
+// compile time in every caller (unrolled), so the branch folds away.
+__device__ __forceinline__ void gvm_exp_decode(unsigned w, unsigned sp, unsigned h, unsigned (&p)[4]) {
     unsigned ev, od;
     gvm_e2m1x8_to_e4m3(w, &ev, &od);
-    p[0] = gvm_hmul2_dup<H>(gvm_e4m3x2_to_f16x2(ev), sp);
-    p[1] = gvm_hmul2_dup<H>(gvm_e4m3x2_hi_to_f16x2(ev), sp);
-    p[2] = gvm_hmul2_dup<H>(gvm_e4m3x2_to_f16x2(od), sp);
-    p[3] = gvm_hmul2_dup<H>(gvm_e4m3x2_hi_to_f16x2(od), sp);
+    const auto scaled = [&](unsigned f) { return h ? gvm_hmul2_dup<1>(f, sp) : gvm_hmul2_dup<0>(f, sp); };
+    p[0] = scaled(gvm_e4m3x2_to_f16x2(ev));
+    p[1] = scaled(gvm_e4m3x2_hi_to_f16x2(ev));
+    p[2] = scaled(gvm_e4m3x2_to_f16x2(od));
+    p[3] = scaled(gvm_e4m3x2_hi_to_f16x2(od));
 }
 
 // Scale bytes 0, 1 of sw (hi: 2, 3) as an f16 pair times 64 (the decode
@@ -238,11 +239,8 @@ __device__ __forceinline__ void gvm_exp_ks(float (&acc)[GVM_EXP_MAXMT][2][4], un
 #pragma unroll
                 for (int s = 0; s < 2; ++s) {
                     const uint4& k4 = cw[u][s];
-                    const unsigned word = w == 0 ? k4.x : w == 1 ? k4.y : w == 2 ? k4.z : k4.w, b = w8 >> 1;
-                    if (b & 1)
-                        gvm_exp_decode<1>(word, sp[u][s][b >> 1], p[u][s]);
-                    else
-                        gvm_exp_decode<0>(word, sp[u][s][b >> 1], p[u][s]);
+                    const unsigned b = w8 >> 1;
+                    gvm_exp_decode(w == 0 ? k4.x : w == 1 ? k4.y : w == 2 ? k4.z : k4.w, sp[u][s][b >> 1], b & 1, p[u][s]);
                 }
 #pragma unroll
             for (int m = 0; m < MT; ++m) {
@@ -420,12 +418,9 @@ __device__ __forceinline__ void gvm_expr_word(float (&acc)[4], float (&acc2)[4],
     if (GVM_EXPR_PROBE & 1) {  // probe: no decode (wrong sums; times the rest)
         pa[0] = wa ^ sa, pa[1] = wa >> 8, pa[2] = wa >> 16, pa[3] = wa >> 24;
         pb[0] = wb ^ sb, pb[1] = wb >> 8, pb[2] = wb >> 16, pb[3] = wb >> 24;
-    } else if (w >> 1) {  // the word's scale block: half w / 2 of sa, sb
-        gvm_exp_decode<1>(wa, sa, pa);
-        gvm_exp_decode<1>(wb, sb, pb);
-    } else {
-        gvm_exp_decode<0>(wa, sa, pa);
-        gvm_exp_decode<0>(wb, sb, pb);
+    } else {  // the word's scale block: half w / 2 of sa, sb
+        gvm_exp_decode(wa, sa, w >> 1, pa);
+        gvm_exp_decode(wb, sb, w >> 1, pb);
     }
     if (GVM_EXPR_PROBE & 2) {  // probe: no MMA (wrong sums; times the rest)
         acc[0] += __uint_as_float((pa[0] ^ pb[0] ^ pa[2] ^ pb[2] ^ x.x ^ x.y) & 0x3fffffffu);
@@ -496,7 +491,7 @@ __device__ __forceinline__ void gvm_expr_stage_x(const gvm_ctx& c, unsigned s_x,
 template <bool UP>
 __device__ __forceinline__ void gvm_expr_unit(const gvm_ctx& c, float (&acc)[2][4], int e, long long r0, long long rl,
                                               int c_beg, int c_end, int nch, unsigned xrow) {
-    const unsigned long long pol = gvm_gemm_policy();
+    const unsigned long long pol = gvm_policy_evict_first();
     constexpr int SETS = UP ? 2 : 1, STEPS = GVM_EXPR_LOADS / SETS;
     const unsigned lane = c.tid & 31, g = lane >> 2, q = lane & 3;
     const gvm_tensor& tcd = gvm_t(c, 2);

@@ -58,9 +58,6 @@
 #define GVM_GEMM_TILE_BYTES 512 // one partial 16 x 8 f32 tile
 
 #ifdef __CUDA_ARCH__
-// The weights' L2 policy: a constant (ops/ptx.cuh), so that it stays in a uniform register.
-__device__ __forceinline__ unsigned long long gvm_gemm_policy() { return GVM_L2_EVICT_FIRST; }
-
 // Weights: read-only for the whole launch, so the non-coherent path is safe.
 // OFF: a constant byte offset, folded into the instruction (no address math;
 // the bf16 path keeps 0 and the plain form).
@@ -98,7 +95,6 @@ __device__ __forceinline__ unsigned short gvm_gemm_bf16_bits(float f) {
 }
 
 #else   // host (tools/ops_emu): the same semantics in plain C++
-inline unsigned long long gvm_gemm_policy() { return 0; }
 template <int OFF = 0> inline uint4 gvm_gemm_ld_w16(const void* p, unsigned long long) {
     return gvm_emu_load<uint4>(static_cast<const char*>(p) + OFF);
 }
@@ -312,7 +308,7 @@ __device__ __forceinline__ int gvm_gemm_bf16_tiles(const gvm_ctx& c, const gvm_t
     const int per_pass = max_units / 4;  // row blocks per pass: room for 4 K splits each
     if (per_pass < 1) return GVM_ERR_BAD_ARGS;
     float* part = reinterpret_cast<float*>(c.smem);
-    const unsigned long long pol = gvm_gemm_policy();
+    const unsigned long long pol = gvm_policy_evict_first();
     const char* w_base = reinterpret_cast<const char*>(w.ptr);
     const char* x_base = reinterpret_cast<const char*>(x.ptr);
     const long long w_row = w.stride[0] * 2, x_row = x.stride[0] * 2;
@@ -926,7 +922,7 @@ __device__ __forceinline__ int gvm_gemm_f32(const gvm_ctx& c, const gvm_tensor& 
     // Row offsets inside a tile are 32-bit byte counts: rows of up to 256 MB.
     if (c.smem_bytes < 2 * GVM_GROUP_THREADS * 4 || w.stride[0] > (1ll << 26) || x.stride[0] > (1ll << 26))
         return GVM_ERR_BAD_ARGS;
-    const unsigned long long pol = gvm_gemm_policy();
+    const unsigned long long pol = gvm_policy_evict_first();
     const long long o_row = out.stride[0], x_row = x.stride[0], w_row = w.stride[0];
     const float* xb = reinterpret_cast<const float*>(x.ptr) + ta * x_row + j * kp;
     const float* wb = reinterpret_cast<const float*>(w.ptr) + j * kp;
