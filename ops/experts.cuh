@@ -722,6 +722,17 @@ __device__ int gvm_expert_tile_reg(const gvm_ctx& c, int e, int n0, int nn, int 
     if (GVM_EXPR_PROBE & 8) return stage(true) ? GVM_ERR_NONE : GVM_ERR_BAD_ARGS;  // probe: the item ends once x is staged
     const unsigned xrow = s_x + (unsigned)min((int)g, count - 1) * pitch;  // the B column of token g (a valid row past count)
     const int units = (nn + 15) / 16;
+    // the output of token tk, row `row` of the item, from its sums v (UP: gate, up); ts: the tensor scales
+    const auto put = [&](int tk, int row, const float (&v)[SETS], float ts0, float ts1) {
+        const gvm_tensor& to = gvm_t(c, 0);
+        const long long o = (long long)(slot0 + tk) * to.stride[0] + n0 + row;
+        if (UP) {
+            const float gv = v[0] * ts0, uv = v[SETS - 1] * ts1;
+            *gvm_ptr<unsigned short>(to, o, 2) = (unsigned short)gvm_pack_bf16x2(gv / (1.0f + expf(-gv)) * uv, 0.0f);
+        } else {
+            *gvm_ptr<float>(to, o, 4) = v[0] * ts0;
+        }
+    };
 #pragma unroll 1
     for (int u0 = 0; u0 < units; u0 += 4) {
         const int nu = min(4, units - u0), S = nu == 1 ? 4 : nu == 2 ? 2 : 1;  // K splits: nu * S <= 4 pieces
@@ -746,6 +757,19 @@ __device__ int gvm_expert_tile_reg(const gvm_ctx& c, int e, int n0, int nn, int 
                                              s_ring + warp * (unsigned)nsl * GVM_EXPR_SLOT, nsl);
             else
                 gvm_expr_unit<UP>(c, acc, e, n0 + (u0 + pu) * 16, n0 + nn - 1, c_beg, c_end, nch, xrow);
+            if (S == 1) {  // whole rows a warp: its lanes store them, no group sync (the op's next call syncs first)
+                if (GVM_EXPR_PROBE & 32) continue;  // probe: no epilogue (nothing stored; times the rest)
+                const float ts0 = gvm_lds_f(s_flag + 4), ts1 = gvm_lds_f(s_flag + 8);
+#pragma unroll
+                for (int k = 0; k < 4; ++k) {  // acc[s][k]: row g + 8 (k / 2), token 2 q + k % 2
+                    const int tk = 2 * (int)q + (k & 1), row = (u0 + pu) * 16 + (int)g + 8 * (k >> 1);
+                    float v[SETS];
+#pragma unroll
+                    for (int s = 0; s < SETS; ++s) v[s] = 0.0f + acc[s][k];  // as the split sums below (-0 -> +0)
+                    if (row < nn && tk < count) put(tk, row, v, ts0, ts1);
+                }
+                continue;
+            }
 #pragma unroll
             for (int s = 0; s < SETS; ++s) {  // [16 rows][8 tokens]
                 const unsigned t = s_part + (piece * SETS + s) * GVM_EXPR_PART;
@@ -755,11 +779,11 @@ __device__ int gvm_expert_tile_reg(const gvm_ctx& c, int e, int n0, int nn, int 
                 gvm_sts(t + ((g + 8) * 8 + 2 * q + 1) * 4, acc[s][3]);
             }
         }
+        if (S == 1) continue;  // stored by each warp above
         gvm_group_sync(c);
         GVM_EXPR_MARK(c, 7);
         if (GVM_EXPR_PROBE & 32) continue;  // probe: no epilogue (nothing stored; times the rest)
         // sum the K splits in order and store; consecutive threads take consecutive rows
-        const gvm_tensor& to = gvm_t(c, 0);
         const float ts0 = gvm_lds_f(s_flag + 4), ts1 = gvm_lds_f(s_flag + 8);
         for (int i = c.tid; i < nu * 128; i += 128) {
             const int uu = i >> 7, tk = (i >> 4) & 7, r = i & 15, row = (u0 + uu) * 16 + r;
@@ -770,13 +794,7 @@ __device__ int gvm_expert_tile_reg(const gvm_ctx& c, int e, int n0, int nn, int 
                 v[s] = 0.0f;
                 for (int k = 0; k < S; ++k) v[s] += gvm_lds_f(s_part + ((uu * S + k) * SETS + s) * GVM_EXPR_PART + (r * 8 + tk) * 4);
             }
-            const long long o = (long long)(slot0 + tk) * to.stride[0] + n0 + row;
-            if (UP) {
-                const float gv = v[0] * ts0, uv = v[SETS - 1] * ts1;
-                *gvm_ptr<unsigned short>(to, o, 2) = (unsigned short)gvm_pack_bf16x2(gv / (1.0f + expf(-gv)) * uv, 0.0f);
-            } else {
-                *gvm_ptr<float>(to, o, 4) = v[0] * ts0;
-            }
+            put(tk, row, v, ts0, ts1);
         }
         gvm_group_sync(c);
         GVM_EXPR_MARK(c, 8);
