@@ -83,7 +83,7 @@
 #define GVM_EXP_HEAD 144     // smem before the x tile: x row byte offsets [32], bad-row flag
 #define GVM_EXP_WUNIT 2304   // a unit's weights of a K step: codes [set][row 0..7][128 B], scales [set][row][16 B]
 #define GVM_EXP_WBUF (2 * 4 * GVM_EXP_WUNIT)  // two K steps of the four warps' units
-#define GVM_F16X2_64 0x54005400u
+#define GVM_EXP_TS 64.0f  // the tensor scale's factor: the 2^6 the decode leaves out (gvm_exp_scales)
 #define GVM_TK_CODES 1024    // code bytes of a tiled block's K step: 16 rows x 64
 #define GVM_TK_SCALES 128    // scale bytes of it: 16 rows x 8
 #define GVM_EXP_STATE (272 + GVM_EXP_TL)  // smem at the end of the scratch: the work list's walk (gvm_expert_matmul)
@@ -172,10 +172,14 @@ __device__ __forceinline__ void gvm_exp_decode(unsigned w, unsigned sp, unsigned
     p[3] = scaled(gvm_e4m3x2_hi_to_f16x2(od));
 }
 
-// Scale bytes 0, 1 of sw (hi: 2, 3) as an f16 pair times 64 (the decode
-// leaves codes at 2^-6 of their value): two blocks' scales in 2 instructions.
+// Scale bytes 0, 1 of sw (hi: 2, 3) as an f16 pair: two blocks' scales in one
+// instruction. The decode leaves codes at 2^-6 of their value; the epilogues
+// make it up in the tensor scale (GVM_EXP_TS). Every scaled code is exact in
+// f16 (a multiple of 2^-16, subnormal ones included) and the MMA's products
+// are all 2^-6 of what they were with the scales times 64, so the sums are
+// bit for bit those of scaling here, one HMUL2 less a scale pair.
 __device__ __forceinline__ unsigned gvm_exp_scales(unsigned sw, bool hi) {
-    return gvm_hmul2(hi ? gvm_e4m3x2_hi_to_f16x2(sw) : gvm_e4m3x2_to_f16x2(sw), GVM_F16X2_64);
+    return hi ? gvm_e4m3x2_hi_to_f16x2(sw) : gvm_e4m3x2_to_f16x2(sw);
 }
 
 // A unit's weights of K step ks into its buffer at buf, copied by the warp's lanes
@@ -700,8 +704,8 @@ __device__ int gvm_expert_tile_reg(const gvm_ctx& c, int e, int n0, int nn, int 
     float ts[2] = {0.0f, 0.0f};
     if (c.tid == 0) {
         const gvm_tensor& tts = gvm_t(c, 4);
-        ts[0] = gvm_ptr<const float>(tts, e * tts.stride[0], 4)[0];
-        ts[1] = gvm_ptr<const float>(tts, e * tts.stride[0], 4)[UP ? 1 : 0];
+        ts[0] = gvm_ptr<const float>(tts, e * tts.stride[0], 4)[0] * GVM_EXP_TS;
+        ts[1] = gvm_ptr<const float>(tts, e * tts.stride[0], 4)[UP ? 1 : 0] * GVM_EXP_TS;
         gvm_sts(s_flag, 0u);
     }
     gvm_group_sync(c);
@@ -906,8 +910,8 @@ __device__ int gvm_expert_tile(const gvm_ctx& c, int e, int n0, int nn) {
             // dbl: acc[u] is unit + 4u's, tokens g (+8)
             const gvm_tensor& to = gvm_t(c, 0);
             const gvm_tensor& tts = gvm_t(c, 4);
-            const float ts0 = gvm_ptr<const float>(tts, e * tts.stride[0], 4)[0];
-            const float ts1 = gvm_ptr<const float>(tts, e * tts.stride[0], 4)[UP ? 1 : 0];
+            const float ts0 = gvm_ptr<const float>(tts, e * tts.stride[0], 4)[0] * GVM_EXP_TS;
+            const float ts1 = gvm_ptr<const float>(tts, e * tts.stride[0], 4)[UP ? 1 : 0] * GVM_EXP_TS;
 #pragma unroll
             for (int m = 0; m < GVM_EXP_MAXMT; ++m) {
                 const int un = dbl ? unit + 4 * m : unit;
