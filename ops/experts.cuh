@@ -175,9 +175,9 @@ __device__ __forceinline__ void gvm_exp_decode(unsigned w, unsigned sp, unsigned
 // Scale bytes 0, 1 of sw (hi: 2, 3) as an f16 pair: two blocks' scales in one
 // instruction. The decode leaves codes at 2^-6 of their value; the epilogues
 // make it up in the tensor scale (GVM_EXP_TS). Every scaled code is exact in
-// f16 (a multiple of 2^-16, subnormal ones included) and the MMA's products
-// are all 2^-6 of what they were with the scales times 64, so the sums are
-// bit for bit those of scaling here, one HMUL2 less a scale pair.
+// f16 (a multiple of 2^-16, subnormal ones included), so the MMA's products
+// are exactly 2^-6 of what they were with the scales times 64: one HMUL2
+// less a scale pair for the same sums up to that power of two.
 __device__ __forceinline__ unsigned gvm_exp_scales(unsigned sw, bool hi) {
     return hi ? gvm_e4m3x2_hi_to_f16x2(sw) : gvm_e4m3x2_to_f16x2(sw);
 }
