@@ -182,6 +182,13 @@ __device__ __forceinline__ unsigned gvm_exp_scales(unsigned sw, bool hi) {
     return hi ? gvm_e4m3x2_hi_to_f16x2(sw) : gvm_e4m3x2_to_f16x2(sw);
 }
 
+// Expert e's tensor scale of set s (UP: 0 gate, 1 up; DOWN: 0), times the
+// GVM_EXP_TS the decode leaves out.
+__device__ __forceinline__ float gvm_exp_tscale(const gvm_ctx& c, int e, int s) {
+    const gvm_tensor& tts = gvm_t(c, 4);
+    return gvm_ptr<const float>(tts, e * tts.stride[0], 4)[s] * GVM_EXP_TS;
+}
+
 // A unit's weights of K step ks into its buffer at buf, copied by the warp's lanes
 // together so that each copy reads whole sectors and writes 16 contiguous
 // bytes of a row (a thread copying only the 64 codes it multiplies read each
@@ -703,9 +710,8 @@ __device__ int gvm_expert_tile_reg(const gvm_ctx& c, int e, int n0, int nn, int 
     // the tensor scales (flag + 4, + 8): read now, stored once x is staged
     float ts[2] = {0.0f, 0.0f};
     if (c.tid == 0) {
-        const gvm_tensor& tts = gvm_t(c, 4);
-        ts[0] = gvm_ptr<const float>(tts, e * tts.stride[0], 4)[0] * GVM_EXP_TS;
-        ts[1] = gvm_ptr<const float>(tts, e * tts.stride[0], 4)[UP ? 1 : 0] * GVM_EXP_TS;
+        ts[0] = gvm_exp_tscale(c, e, 0);
+        ts[1] = gvm_exp_tscale(c, e, UP ? 1 : 0);
         gvm_sts(s_flag, 0u);
     }
     gvm_group_sync(c);
@@ -909,9 +915,7 @@ __device__ int gvm_expert_tile(const gvm_ctx& c, int e, int n0, int nn) {
             // acc[m][s][i]: token m*16 + g (+8 for i >= 2), weight row 2*t4 + (i & 1) of block s;
             // dbl: acc[u] is unit + 4u's, tokens g (+8)
             const gvm_tensor& to = gvm_t(c, 0);
-            const gvm_tensor& tts = gvm_t(c, 4);
-            const float ts0 = gvm_ptr<const float>(tts, e * tts.stride[0], 4)[0] * GVM_EXP_TS;
-            const float ts1 = gvm_ptr<const float>(tts, e * tts.stride[0], 4)[UP ? 1 : 0] * GVM_EXP_TS;
+            const float ts0 = gvm_exp_tscale(c, e, 0), ts1 = gvm_exp_tscale(c, e, UP ? 1 : 0);
 #pragma unroll
             for (int m = 0; m < GVM_EXP_MAXMT; ++m) {
                 const int un = dbl ? unit + 4 * m : unit;
