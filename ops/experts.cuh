@@ -768,28 +768,29 @@ __device__ int gvm_expert_tile_reg(const gvm_ctx& c, int e, int n0, int nn, int 
             else
                 gvm_expr_unit<UP>(c, acc, e, n0 + (u0 + pu) * 16, n0 + nn - 1, c_beg, c_end, nch, xrow);
             if (S == 1) {  // whole rows a warp: its lanes store them, no group sync (the op's next call syncs first)
-                if (GVM_EXPR_PROBE & 32) continue;  // probe: no epilogue (nothing stored; times the rest)
-                const float ts0 = gvm_lds_f(s_flag + 4), ts1 = gvm_lds_f(s_flag + 8);
+                if (!(GVM_EXPR_PROBE & 32)) {  // probe: no epilogue (nothing stored; times the rest)
+                    const float ts0 = gvm_lds_f(s_flag + 4), ts1 = gvm_lds_f(s_flag + 8);
 #pragma unroll
-                for (int k = 0; k < 4; ++k) {  // acc[s][k]: row g + 8 (k / 2), token 2 q + k % 2
-                    const int tk = 2 * (int)q + (k & 1), row = (u0 + pu) * 16 + (int)g + 8 * (k >> 1);
-                    float v[SETS];
+                    for (int k = 0; k < 4; ++k) {  // acc[s][k]: row g + 8 (k / 2), token 2 q + k % 2
+                        const int tk = 2 * (int)q + (k & 1), row = (u0 + pu) * 16 + (int)g + 8 * (k >> 1);
+                        float v[SETS];
 #pragma unroll
-                    for (int s = 0; s < SETS; ++s) v[s] = 0.0f + acc[s][k];  // as the split sums below (-0 -> +0)
-                    if (row < nn && tk < count) put(tk, row, v, ts0, ts1);
+                        for (int s = 0; s < SETS; ++s) v[s] = 0.0f + acc[s][k];  // as the split sums below (-0 -> +0)
+                        if (row < nn && tk < count) put(tk, row, v, ts0, ts1);
+                    }
                 }
-                continue;
-            }
+            } else {
 #pragma unroll
-            for (int s = 0; s < SETS; ++s) {  // [16 rows][8 tokens]
-                const unsigned t = s_part + (piece * SETS + s) * GVM_EXPR_PART;
-                gvm_sts(t + (g * 8 + 2 * q) * 4, acc[s][0]);
-                gvm_sts(t + (g * 8 + 2 * q + 1) * 4, acc[s][1]);
-                gvm_sts(t + ((g + 8) * 8 + 2 * q) * 4, acc[s][2]);
-                gvm_sts(t + ((g + 8) * 8 + 2 * q + 1) * 4, acc[s][3]);
+                for (int s = 0; s < SETS; ++s) {  // [16 rows][8 tokens]
+                    const unsigned t = s_part + (piece * SETS + s) * GVM_EXPR_PART;
+                    gvm_sts(t + (g * 8 + 2 * q) * 4, acc[s][0]);
+                    gvm_sts(t + (g * 8 + 2 * q + 1) * 4, acc[s][1]);
+                    gvm_sts(t + ((g + 8) * 8 + 2 * q) * 4, acc[s][2]);
+                    gvm_sts(t + ((g + 8) * 8 + 2 * q + 1) * 4, acc[s][3]);
+                }
             }
         }
-        if (S == 1) continue;  // stored by each warp above
+        if (S == 1) continue;  // each warp stored its own rows (a warp with no unit in a 3-unit pass: none)
         gvm_group_sync(c);
         GVM_EXPR_MARK(c, 7);
         if (GVM_EXPR_PROBE & 32) continue;  // probe: no epilogue (nothing stored; times the rest)
