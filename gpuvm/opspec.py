@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, NamedTuple, Sequence
 
-from .isa import DTYPE_BYTES, GEMM_COMBINE_MAX, GEMM_MAX_PARTS, HEAD_DIM, MAX_WORKLIST_EXPERTS, NVFP4_TILE_K, NVFP4_TILE_ROWS, TOPK, DType, Op, i2f
+from .isa import DTYPE_BYTES, GEMM_MAX_PARTS, HEAD_DIM, MAX_WORKLIST_EXPERTS, NVFP4_TILE_K, NVFP4_TILE_ROWS, TOPK, DType, Op, i2f
 
 
 class ProgramError(ValueError):
@@ -123,29 +123,10 @@ def _cost_elementwise(n_tensors: int) -> Callable[[Slots, Args], Cost]:
 
 
 # ---- Muse ops ------------------------------------------------------------------
-def gemm_combined(a: Args) -> bool:
-    """A GEMM whose x it combines itself from y (t1) and route (t7): a7 = 1 without K parts."""
-    return len(a) > 7 and a[7] == 1 and a[5] <= 1
-
-
 def _check_gemm(ts: Slots, a: Args) -> None:
     out = _t(ts, 0, "out", (DType.BF16, DType.F32), 2)
     x = _t(ts, 1, "x", (DType.BF16, DType.F32), 2)
     w = _t(ts, 2, "W", (DType.BF16, DType.F32), 2)
-    if gemm_combined(a):  # x = EXPERT_COMBINE's fsq of y (t1) and route (t7), made by the instruction
-        route = _t(ts, 7, "route", I32, 2)
-        t = out.shape[0]
-        if not (w.dtype == DType.BF16 and x.dtype == DType.F32 and x.shape == (TOPK * t, w.shape[1]) and w.shape[1] % 8 == 0
-                and route.shape == (5, TOPK * t) and out.shape[1] == w.shape[0]):
-            raise ProgramError(f"GEMM with a combined x (a7 = 1) needs W bf16 [N,K] (K a multiple of 8), y f32 [8T,K], route i32 [5,8T] "
-                               f"and out [T,N]: got out {out.shape}, y {x.dtype.name} {x.shape}, W {w.dtype.name} {w.shape}, route {route.shape}")
-        if t > GEMM_COMBINE_MAX:
-            raise ProgramError(f"GEMM with a combined x takes at most {GEMM_COMBINE_MAX} tokens (its x rows sit in shared memory), not {t}")
-        if a[2] or a[3] or a[5] < 0 or a[6]:
-            raise ProgramError(f"GEMM with a combined x takes all tokens and no K parts: a2 = a3 = a6 = 0 and a5 0 or 1, not {list(a[2:7])}")
-        _range(a[0], a[1], w.shape[0], "GEMM column")
-        _check_gemm_stats(ts, a, out)
-        return
     if not (x.dtype == w.dtype):
         raise ProgramError(f"GEMM x '{x.name}' and W '{w.name}' must share a dtype")
     if not (x.dtype == DType.BF16 or out.dtype == DType.F32):
@@ -175,13 +156,7 @@ def _check_gemm(ts: Slots, a: Args) -> None:
             raise ProgramError("GEMM with K parts takes no statistics (t5..t7 must be empty)")
         return
     if a[5] < 0 or a[6] != 0 or a[7] != 0:
-        raise ProgramError(f"GEMM without K parts (a5 = {a[5]}: 0 or 1) needs a6 = 0 and a7 0 (or 1: a combined x), not {a[6]}, {a[7]}")
-    if _opt(ts, 7) is not None:
-        raise ProgramError("GEMM t7 (route) is for a combined x only (a7 = 1)")
-    _check_gemm_stats(ts, a, out)
-
-
-def _check_gemm_stats(ts: Slots, a: Args, out: TensorSpec) -> None:
+        raise ProgramError(f"GEMM without K parts (a5 = {a[5]}: 0 or 1) needs a6 = a7 = 0, not {a[6]}, {a[7]}")
     if _opt(ts, 3) is not None:  # residual statistics of the tile
         stats = _t(ts, 3, "stats", F, 3)
         s = _t(ts, 4, "s", F, 2)
@@ -193,18 +168,16 @@ def _check_gemm_stats(ts: Slots, a: Args, out: TensorSpec) -> None:
         _range(a[4], 1, stats.shape[1], "GEMM statistics slot")
 
 
-def gemm_tokens(rows: int, a: Args) -> int:
-    """Tokens a GEMM instruction computes: a3, or all of out's rows when a3 is 0."""
-    return a[3] or rows
+def gemm_tokens(x_rows: int, a: Args) -> int:
+    """Tokens a GEMM instruction computes: a3, or all of x's rows when a3 is 0."""
+    return a[3] or x_rows
 
 
 def _cost_gemm(ts: Slots, a: Args) -> Cost:
     out, x, w = ts[0], ts[1], ts[2]
     assert out and x and w
     k = x.shape[1]
-    t = gemm_tokens(out.shape[0], a)
-    if gemm_combined(a):  # y's rows for x (at most all TOPK picks of every token)
-        return Cost(weight_bytes=a[1] * w.row_bytes, act_bytes=x.nbytes + t * a[1] * DTYPE_BYTES[out.dtype], flops=2 * t * k * a[1])
+    t = gemm_tokens(x.shape[0], a)
     if a[5] > 1:  # one K part: its share of W and x, its part's sums, and its share of the last part's sum
         n_parts = a[5]
         return Cost(weight_bytes=a[1] * w.row_bytes // n_parts, act_bytes=t * x.row_bytes // n_parts + 2 * t * a[1] * 4,
@@ -553,7 +526,7 @@ SPECS: dict[Op, OpSpec] = {
     Op.SLEEP: OpSpec((), ("ns",), _check_sleep, lambda ts, a: Cost()),
     Op.COPY: OpSpec(("dst", "src"), ("i0", "n"), _check_copy, _cost_elementwise(2)),
     Op.SCALE_ADD: OpSpec(("dst", "x", "y"), ("i0", "n", "f_a", "f_b"), _check_scale_add, _cost_elementwise(3)),
-    Op.GEMM: OpSpec(("out", "x|y", "W", "stats|parts", "s|tickets", "alpha", "beta", "route"), ("n0", "n", "t0", "t", "slot", "parts", "part", "ticket|combined"), _check_gemm, _cost_gemm),
+    Op.GEMM: OpSpec(("out", "x", "W", "stats|parts", "s|tickets", "alpha", "beta"), ("n0", "n", "t0", "t", "slot", "parts", "part", "ticket"), _check_gemm, _cost_gemm),
     Op.RMSNORM: OpSpec(("out", "in", "w"), ("row0", "rows"), _check_rmsnorm, _cost_rows),
     Op.QK_ROPE_KV: OpSpec(("qkvg", "q", "w_qn", "w_kn", "k_cache", "v_cache", "convs"), ("conv", "rope", "f_kscale", "f_vscale"), _check_qk_rope_kv, _cost_qk),
     Op.ATTN_CHUNK: OpSpec(("q", "k_cache", "v_cache", "convs", "part_o", "part_ml", "w_qn", "w_kn"), ("conv", "kv_head", "chunk", "chunk_len", "window", "f_kscale", "f_vscale", "rope"), _check_attn_chunk, _cost_attn_chunk),

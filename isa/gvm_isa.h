@@ -54,7 +54,6 @@ typedef long long int64_t;
 #define GVM_GQA 8                /* query heads per kv head */
 #define GVM_MAX_WORKLIST_EXPERTS 32 /* local experts an EXPERT_UP/DOWN work list covers */
 #define GVM_GEMM_MAX_PARTS 16    /* K parts of an f32 GEMM tile (a5) */
-#define GVM_GEMM_COMBINE_MAX 4   /* tokens of a GEMM whose x is combined (a7 = 1) */
 /* Tiled NVFP4 (the expert weights): a matrix [N,K] is ceil(N/16) blocks of
  * 16 rows, each K step of 128 values by K step: codes [16 rows][64 B], and
  * in the scales tensor [16 rows][8 B]. Codes [..,ceil(N/16),8K] e2m1x2 (bytes),
@@ -108,11 +107,7 @@ enum gvm_opcode {
      * the one that brings it to a multiple of P (the last of the P parts of
      * its tile: tickets start at 0, and every step adds P) writes out[t, n] =
      * parts[t, n] + parts[t, N + n] + ... in part order. Without parts a5 is
-     * 0 or 1, a6 0, and a7 0, or 1 for a combined x:
-     * Combined x (bf16 W, at most GVM_GEMM_COMBINE_MAX tokens, a2 = a3 = 0):
-     * t1 is y [8T,K] f32 and t7 route [5,8T] i32 (EXPERT_COMBINE's operands),
-     * and x = EXPERT_COMBINE's fsq of them, bf16, made by the instruction
-     * itself; statistics as above. */
+     * 0 or 1, a6 and a7 0. */
     GVM_OP_RMSNORM = 17,
     /* t0 out [T,D] bf16|f32, t1 in [T,D] f32, t2 w [D] f32; a0 row0, a1 rows.
      * out = rms(in) * (1 + w). */

@@ -34,7 +34,6 @@
 #pragma once
 #include "common.cuh"
 #include "gemm.cuh"  // the weight loads of the register path (gvm_gemm_ld_w16)
-#include "combine.cuh"
 
 #ifndef GVM_EXPERT_REG
 #define GVM_EXPERT_REG 1  // experts with few tokens stream weights through registers (0: always the shared tile)
@@ -1046,8 +1045,15 @@ __device__ int gvm_expert_matmul(const gvm_ctx& c) {
 __device__ int gvm_op_expert_up(const gvm_ctx& c) { return gvm_expert_matmul<true>(c); }
 __device__ int gvm_op_expert_down(const gvm_ctx& c) { return gvm_expert_matmul<false>(c); }
 
-// EXPERT_COMBINE: fsq[t] = bf16(sum over local picks k of w_k * rms(y[slot_k])),
-// a token at a time (ops/combine.cuh).
+// EXPERT_COMBINE: fsq[t] = bf16(sum over local picks k of w_k * rms(y[slot_k])).
+// Per token: one pass for the sums of squares of the live picks' rows (a single
+// group reduction of 8 values), one pass for the weighted sum. Picks of other
+// shards (slot -1) cost nothing: a token's slots and weights sit in lanes 0..7
+// of every warp and reach the loop by shuffle, and each live row is read
+// GVM_COMB_BATCH float4s per thread at a time, all in flight together.
+#define GVM_COMB_BATCH 8  // float4 loads in flight per thread for the sums of squares
+#define GVM_COMB_ACC 4    // float4 sums per thread in the weighted pass (accumulators + loads fit)
+
 __device__ int gvm_op_expert_combine(const gvm_ctx& c) {
     const gvm_tensor& tf = gvm_t(c, 0);
     const gvm_tensor& ty = gvm_t(c, 1);
@@ -1058,13 +1064,77 @@ __device__ int gvm_op_expert_combine(const gvm_ctx& c) {
                     gvm_aligned(ty, 4, 16) & ty.shape[0] == GVM_TOPK * nt & ty.shape[1] == hdim & hdim % 4 == 0 &
                     (long long)ty.shape[0] * ty.stride[0] < (1ll << 31) & gvm_is(troute, GVM_DT_I32, 2) &
                     troute.shape[0] == 5 & troute.shape[1] == GVM_TOPK * nt & tok0 >= 0 & ntok >= 0 &
-                    tok0 + ntok <= nt & c.smem_bytes >= GVM_COMB_RED;
+                    tok0 + ntok <= nt & c.smem_bytes >= 256;
     if (!ok) return GVM_ERR_BAD_ARGS;
+    const unsigned warp = c.tid >> 5, lane = c.tid & 31;
+    const unsigned red = gvm_smem_addr(c.smem);  // [2 phases][4 warps][8] f32
     const float4* y = reinterpret_cast<const float4*>(ty.ptr);
+    const int ystride4 = (int)(ty.stride[0] / 4), ny = ty.shape[0], n4 = hdim / 4;
     const int* wts = gvm_ptr<const int>(troute, 3 * troute.stride[0], 4);
     const int* slots = gvm_ptr<const int>(troute, 4 * troute.stride[0], 4);
-    for (int t = tok0; t < tok0 + ntok; ++t)
-        gvm_combine_row(c, y, (int)(ty.stride[0] / 4), ty.shape[0], hdim / 4, wts, slots, t,
-                        gvm_ptr<uint2>(tf, t * tf.stride[0], 2), gvm_smem_addr(c.smem));
+    uint2* out = gvm_ptr<uint2>(tf, tok0 * tf.stride[0], 2);
+    const int ostride2 = (int)(tf.stride[0] / 4);
+    for (int t = tok0; t < tok0 + ntok; ++t, out += ostride2) {
+        // lane k < 8: float4 offset of y[slot_k] (-1: a pick of another shard) and w_k
+        int my_row = -1;
+        float my_w = 0.0f;
+        if (lane < GVM_TOPK) {
+            const int s = slots[t * GVM_TOPK + lane];
+            my_w = __int_as_float(wts[t * GVM_TOPK + lane]);
+            my_row = s >= 0 && s < ny ? s * ystride4 : -1;
+        }
+        const unsigned buf = red + (t & 1) * 128;  // alternate halves: one barrier per token
+#pragma unroll 1
+        for (int k = 0; k < GVM_TOPK; ++k) {
+            const int row = __shfl_sync(0xffffffffu, my_row, k);
+            if (row < 0) continue;
+            float ss = 0.0f;
+            for (int i0 = c.tid; i0 < n4; i0 += 128 * GVM_COMB_BATCH) {
+                float4 v[GVM_COMB_BATCH];
+#pragma unroll
+                for (int u = 0; u < GVM_COMB_BATCH; ++u)
+                    v[u] = y[row + min(i0 + 128 * u, n4 - 1)];  // clamped: predicated vector loads cost registers
+#pragma unroll
+                for (int u = 0; u < GVM_COMB_BATCH; ++u)
+                    if (i0 + 128 * u < n4) ss = fmaf(v[u].w, v[u].w, fmaf(v[u].z, v[u].z, fmaf(v[u].y, v[u].y, fmaf(v[u].x, v[u].x, ss))));
+            }
+            ss = gvm_warp_sum(ss);
+            if (lane == 0) gvm_sts(buf + (warp * 8 + k) * 4, ss);
+        }
+        gvm_group_sync(c);
+        for (int b0 = 0; b0 < n4; b0 += 128 * GVM_COMB_ACC) {  // uniform: the shuffles need every lane
+            const int i0 = b0 + (int)c.tid;
+            float4 a[GVM_COMB_ACC];
+#pragma unroll
+            for (int u = 0; u < GVM_COMB_ACC; ++u) a[u] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll 1
+            for (int k = 0; k < GVM_TOPK; ++k) {
+                const int row = __shfl_sync(0xffffffffu, my_row, k);
+                const float w = __shfl_sync(0xffffffffu, my_w, k);
+                if (row < 0) continue;
+                float4 v[GVM_COMB_ACC];
+#pragma unroll
+                for (int u = 0; u < GVM_COMB_ACC; ++u)
+                    v[u] = y[row + min(i0 + 128 * u, n4 - 1)];  // clamped: predicated vector loads cost registers
+                const float s = (gvm_lds_f(buf + k * 4) + gvm_lds_f(buf + 32 + k * 4)) +
+                                (gvm_lds_f(buf + 64 + k * 4) + gvm_lds_f(buf + 96 + k * 4));
+                const float coef = w / sqrtf(s / (float)hdim + GVM_RMS_EPS);
+#pragma unroll
+                for (int u = 0; u < GVM_COMB_ACC; ++u) {
+                    if (i0 + 128 * u >= n4) continue;
+                    a[u].x = fmaf(coef, v[u].x, a[u].x);
+                    a[u].y = fmaf(coef, v[u].y, a[u].y);
+                    a[u].z = fmaf(coef, v[u].z, a[u].z);
+                    a[u].w = fmaf(coef, v[u].w, a[u].w);
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < GVM_COMB_ACC; ++u) {
+                const int i = i0 + 128 * u;
+                if (i >= n4) continue;
+                out[i] = make_uint2(gvm_pack_bf16x2(a[u].x, a[u].y), gvm_pack_bf16x2(a[u].z, a[u].w));
+            }
+        }
+    }
     return GVM_ERR_NONE;
 }

@@ -46,7 +46,6 @@
 // have plain C++ versions, so that the emulator runs this header unchanged.
 #pragma once
 #include "common.cuh"
-#include "combine.cuh"
 #include "../runtime/params.cuh"
 
 #ifndef GVM_GEMM_STEPS          // k-steps of 32 held per thread: as many as the register budget allows
@@ -115,8 +114,7 @@ __device__ __forceinline__ void gvm_gemm_store(const gvm_tensor& out, long long 
 // K step u of a batch: rows a and b of W and the TT tokens' x (tiles of 8
 // tokens apart), 16 bytes each at 64 u past the batch's pointers, or zeros
 // when this lane's chunks ran out.
-// LX false: W only (x is read from shared memory as it is used).
-template <int TT, bool LX = true>
+template <int TT>
 __device__ __forceinline__ void gvm_gemm_bf16_fill(uint4& a, uint4& b, uint4 (&x)[TT], const char* pa, const char* pb,
                                                    const char* const (&px)[TT], int u, int left,
                                                    unsigned long long pol) {
@@ -124,13 +122,11 @@ __device__ __forceinline__ void gvm_gemm_bf16_fill(uint4& a, uint4& b, uint4 (&x
         a = gvm_gemm_ld_w16(pa + 64 * u, pol);
         b = gvm_gemm_ld_w16(pb + 64 * u, pol);
 #pragma unroll
-        for (int j = 0; j < TT; ++j)
-            if (LX) x[j] = gvm_gemm_ld_x16(px[j] + 64 * u);
+        for (int j = 0; j < TT; ++j) x[j] = gvm_gemm_ld_x16(px[j] + 64 * u);
     } else {
         a = b = make_uint4(0, 0, 0, 0);
 #pragma unroll
-        for (int j = 0; j < TT; ++j)
-            if (LX) x[j] = make_uint4(0, 0, 0, 0);
+        for (int j = 0; j < TT; ++j) x[j] = make_uint4(0, 0, 0, 0);
     }
 }
 
@@ -146,21 +142,11 @@ __device__ __forceinline__ void gvm_gemm_bf16_fill(uint4& a, uint4& b, uint4 (&x
 // so about S - 1 steps of loads stay in flight per thread all along (a batch
 // that waited for all its loads before issuing the next one averaged half of
 // that).
-//
-// XS (one token tile): x is in shared memory at xs (rows x_row_bytes apart),
-// read as each step's MMAs need it, and only W rolls through registers; pro()
-// runs once the first steps' loads are out (run_pro), so that what makes x
-// (a combined x: gvm_gemm_cx_make) overlaps their latency.
-struct gvm_gemm_no_pro {
-    __device__ __forceinline__ void operator()() const {}
-};
-template <int TT, int S, bool XS = false, class Pro = gvm_gemm_no_pro>
+template <int TT, int S>
 __device__ __forceinline__ void gvm_gemm_bf16_unit(float (&acc)[TT][4], const char* w_base, long long w_row_bytes,
                                                    const char* x_base, long long x_row_bytes, int row0, int row_end,
                                                    int t0, int T, int c_beg, int c_end, unsigned lane,
-                                                   unsigned long long pol, unsigned xs = 0, const Pro& pro = Pro(),
-                                                   bool run_pro = false) {
-    static_assert(!XS || TT == 1, "x in shared memory: one token tile");
+                                                   unsigned long long pol) {
     const int g = lane >> 2, q = lane & 3;
     const int ra = row0 + g < row_end ? row0 + g : row_end - 1;
     const int rb = row0 + g + 8 < row_end ? row0 + g + 8 : row_end - 1;
@@ -171,39 +157,31 @@ __device__ __forceinline__ void gvm_gemm_bf16_unit(float (&acc)[TT][4], const ch
 #pragma unroll
     for (int j = 0; j < TT; ++j) {
         const int tx = t0 + 8 * j + g < T ? t0 + 8 * j + g : T - 1;
-        px[j] = XS ? x_base : x_base + (long long)tx * x_row_bytes + first;  // XS: unused
+        px[j] = x_base + (long long)tx * x_row_bytes + first;
         acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
     }
     constexpr int BATCH = 4 * S;  // chunks per batch (4 quad members per step)
     const int n_batches = (c_end - c_beg + BATCH - 1) / BATCH;  // uniform: mma.sync needs the whole warp
-    uint4 A[S], B[S], X[XS ? 1 : S][TT];
+    uint4 A[S], B[S], X[S][TT];
     int left = c_end - c_beg - q;  // chunks this lane has left from the batch being loaded
-    // XS: this lane's x chunks (token g's row; past T the last token's)
-    unsigned xa = xs + (unsigned)((long long)(t0 + g < T ? t0 + g : T - 1) * x_row_bytes + first);
 #pragma unroll
-    for (int u = 0; u < S; ++u) gvm_gemm_bf16_fill<TT, !XS>(A[u], B[u], X[XS ? 0 : u], pa, pb, px, u, left, pol);
-    if (XS && run_pro) pro();
+    for (int u = 0; u < S; ++u) gvm_gemm_bf16_fill<TT>(A[u], B[u], X[u], pa, pb, px, u, left, pol);
 #pragma unroll 1
     for (int b = 0; b < n_batches; ++b) {
         pa += 64 * S;
         pb += 64 * S;
 #pragma unroll
-        for (int j = 0; j < TT; ++j)
-            if (!XS) px[j] += 64 * S;
+        for (int j = 0; j < TT; ++j) px[j] += 64 * S;
         left -= BATCH;  // now: chunks left from the next batch (<= 0 past the last)
 #pragma unroll
         for (int u = 0; u < S; ++u) {
-            if (XS)  // zeros where the lane's chunks ran out (its W is zeros there, and x must be finite)
-                X[0][0] = 4 * u < left + BATCH ? gvm_lds_u4(xa + 64 * u) : make_uint4(0, 0, 0, 0);
 #pragma unroll
             for (int j = 0; j < TT; ++j) {
-                const uint4& xv = X[XS ? 0 : u][j];
-                gvm_mma_bf16(acc[j], A[u].x, B[u].x, A[u].y, B[u].y, xv.x, xv.y);
-                gvm_mma_bf16(acc[j], A[u].z, B[u].z, A[u].w, B[u].w, xv.z, xv.w);
+                gvm_mma_bf16(acc[j], A[u].x, B[u].x, A[u].y, B[u].y, X[u][j].x, X[u][j].y);
+                gvm_mma_bf16(acc[j], A[u].z, B[u].z, A[u].w, B[u].w, X[u][j].z, X[u][j].w);
             }
-            gvm_gemm_bf16_fill<TT, !XS>(A[u], B[u], X[XS ? 0 : u], pa, pb, px, u, left, pol);
+            gvm_gemm_bf16_fill<TT>(A[u], B[u], X[u], pa, pb, px, u, left, pol);
         }
-        xa += 64 * S;
     }
 }
 
@@ -317,74 +295,23 @@ __device__ __forceinline__ void gvm_gemm_stats(const gvm_ctx& c, int t_beg, int 
     }
 }
 
-// ---- x combined (a7 = 1): EXPERT_COMBINE folded into the expand GEMM -----------------
-// At one token EXPERT_COMBINE is an op of its own, one group's chain of round
-// trips (~3.8 us) and a hop (~0.8) between the down list and Wex (H200 step
-// trace at 45fbd92). With a7 = 1 a bf16 GEMM of at most GVM_GEMM_COMBINE_MAX
-// tokens takes y (t1, f32 [8T, K]) and route (t7) instead of x and makes x:
-// every tile combines the tokens' rows into its shared memory (bf16, as the
-// op stores them), after its first weight loads are out (gvm_gemm_bf16_unit's
-// pro), so the combine's round trips overlap theirs.
-#ifndef GVM_GEMM_CX_ACC  // the combine's sums a thread beside the GEMM's weight loads (gvm_combine_row; 4 spilled)
-#define GVM_GEMM_CX_ACC 2
-#endif
-
-// Bytes between x rows in shared memory: 16 mod 128, so the rows of a quad's
-// tokens fall in other banks.
-__device__ __forceinline__ unsigned gvm_gemm_cx_pitch(int k) { return 2u * (unsigned)k + 16u; }
-
-// Scratch bytes of a combined x: T rows, then the combine's sums.
-__device__ __forceinline__ unsigned gvm_gemm_cx_bytes(int T, int k) { return (unsigned)T * gvm_gemm_cx_pitch(k) + GVM_COMB_RED; }
-
-// x of tokens [0, T) into the scratch at byte x_at (rows pitch apart), then a
-// group barrier (every warp reads every row).
-__device__ __forceinline__ void gvm_gemm_cx_make(const gvm_ctx& c, unsigned x_at, unsigned pitch, int T) {
-    const gvm_tensor& ty = gvm_t(c, 1);
-    const gvm_tensor& tr = gvm_t(c, 7);
-    const int* wts = gvm_ptr<const int>(tr, 3 * tr.stride[0], 4);
-    const int* slots = gvm_ptr<const int>(tr, 4 * tr.stride[0], 4);
-    const unsigned red = gvm_smem_addr(c.smem) + x_at + (unsigned)T * pitch;
-#pragma unroll 1
-    for (int t = 0; t < T; ++t)
-        gvm_combine_row<GVM_COMB_BATCH, GVM_GEMM_CX_ACC>(c, reinterpret_cast<const float4*>(ty.ptr), (int)(ty.stride[0] / 4),
-                                                         ty.shape[0], ty.shape[1] / 4, wts, slots, t,
-                                                         reinterpret_cast<uint2*>(c.smem + x_at + (unsigned)t * pitch), red);
-    gvm_group_sync(c);
-}
-
-// The combined x's operands: y f32 [8T, K] (16-byte rows), route i32 [5, 8T],
-// T at most GVM_GEMM_COMBINE_MAX (4 rows of K = 4,096: 32 KB of the 64 KB
-// scratch), all tokens (a2 = a3 = 0), and room in the scratch.
-__device__ __forceinline__ bool gvm_gemm_cx_ok(const gvm_ctx& c, const gvm_tensor& y, int T, int K) {
-    const bool has = gvm_has(c, 7);
-    const gvm_tensor& tr = c.tab[c.ins->tensor[has ? 7 : 0]];  // absent: slot 0's, masked out
-    return has & gvm_is(tr, GVM_DT_I32, 2) & (tr.shape[0] == 5) & (tr.shape[1] == GVM_TOPK * T) &
-           (y.shape[0] == GVM_TOPK * T) & ((long long)y.shape[0] * y.stride[0] < (1ll << 31)) & (T <= GVM_GEMM_COMBINE_MAX) &
-           (K % 4 == 0) & (c.ins->arg[2] == 0) & (c.ins->arg[3] == 0) &
-           (c.smem_bytes >= gvm_gemm_cx_bytes(T, K) + 4u * GVM_GEMM_TILE_BYTES);
-}
-
 // Token tiles [t0, t0 + 8 TT) (below T) x the instruction's rows, in passes of row
 // blocks, each unit's K split S ways; partial tiles summed in shared memory
 // in split order (deterministic) and stored.
-// XS: x is the experts' combine of y (x) and route (t7), made at the end of
-// the scratch, after the partial tiles, by each warp's first unit
-// (gvm_gemm_cx_make); one token tile.
-template <int TT, int STEPS, bool XS = false>
+template <int TT, int STEPS>
 __device__ __forceinline__ int gvm_gemm_bf16_tiles(const gvm_ctx& c, const gvm_tensor& out, const gvm_tensor& x,
                                                    const gvm_tensor& w, int n0, int cnt, int t0, int T) {
     const unsigned lane = c.tid & 31u, warp = c.tid >> 5;
     const int nch = x.shape[1] / 8;
     const int row_end = n0 + cnt, n_rb = (cnt + 15) / 16;
-    const unsigned x_pitch = gvm_gemm_cx_pitch(x.shape[1]), x_at = c.smem_bytes - (XS ? gvm_gemm_cx_bytes(T, x.shape[1]) : 0u);
-    const int max_units = (int)(x_at / (TT * GVM_GEMM_TILE_BYTES));
+    const int max_units = (int)(c.smem_bytes / (TT * GVM_GEMM_TILE_BYTES));
     const int per_pass = max_units / 4;  // row blocks per pass: room for 4 K splits each
     if (per_pass < 1) return GVM_ERR_BAD_ARGS;
     float* part = reinterpret_cast<float*>(c.smem);
     const unsigned long long pol = gvm_policy_evict_first();
     const char* w_base = reinterpret_cast<const char*>(w.ptr);
     const char* x_base = reinterpret_cast<const char*>(x.ptr);
-    const long long w_row = w.stride[0] * 2, x_row = XS ? (long long)x_pitch : x.stride[0] * 2;
+    const long long w_row = w.stride[0] * 2, x_row = x.stride[0] * 2;
 #pragma unroll 1
     for (int rb0 = 0; rb0 < n_rb; rb0 += per_pass) {
         const int nrb = n_rb - rb0 < per_pass ? n_rb - rb0 : per_pass;
@@ -395,15 +322,8 @@ __device__ __forceinline__ int gvm_gemm_bf16_tiles(const gvm_ctx& c, const gvm_t
             const int rb = u / S, s = u - rb * S;
             const int c_beg = s * cps, c_end = c_beg + cps < nch ? c_beg + cps : nch;
             float acc[TT][4];
-            if (XS) {  // each warp's first unit makes x (every warp has one: 4 | nrb * S)
-                const auto make_x = [&]() { gvm_gemm_cx_make(c, x_at, x_pitch, T); };
-                gvm_gemm_bf16_unit<TT, STEPS, XS>(acc, w_base, w_row, x_base, x_row, n0 + (rb0 + rb) * 16, row_end, t0, T,
-                                                    c_beg, c_end, lane, pol, gvm_smem_addr(c.smem) + x_at, make_x,
-                                                    rb0 == 0 && u == (int)warp);
-            } else {
-                gvm_gemm_bf16_unit<TT, STEPS>(acc, w_base, w_row, x_base, x_row, n0 + (rb0 + rb) * 16, row_end, t0, T,
-                                              c_beg, c_end, lane, pol);
-            }
+            gvm_gemm_bf16_unit<TT, STEPS>(acc, w_base, w_row, x_base, x_row, n0 + (rb0 + rb) * 16, row_end, t0, T,
+                                          c_beg, c_end, lane, pol);
             const int g = lane >> 2, q = lane & 3;
 #pragma unroll
             for (int j = 0; j < TT; ++j) {
@@ -1108,36 +1028,30 @@ __device__ __forceinline__ int gvm_op_gemm(const gvm_ctx& c) {
     const gvm_tensor& x = gvm_t(c, 1);
     const gvm_tensor& w = gvm_t(c, 2);
     const int n0 = in.arg[0], cnt = in.arg[1];
-    // a7 = 1 without K parts: x combined from y (t1) and route (t7), bf16 W (gvm_gemm_cx_ok); T = out's tokens
-    const bool cx = GVM_MAX_GROUPS <= 2 && in.arg[7] == 1 && in.arg[5] <= 1;
 #if GVM_MAX_GROUPS <= 2
-    const int t0 = in.arg[2], tn = in.arg[3] ? in.arg[3] : out.shape[0];
+    const int t0 = in.arg[2], tn = in.arg[3] ? in.arg[3] : x.shape[0];
     const int P = in.arg[5] > 1 ? in.arg[5] : 1, j = in.arg[6];
 #else  // the 4-group kernel (dispatch probes) has no register to spare for a range or K parts (it spilled): all
-    const int t0 = 0, tn = (in.arg[2] | in.arg[3] | (in.arg[5] > 1)) ? -1 : out.shape[0];
+    const int t0 = 0, tn = (in.arg[2] | in.arg[3] | (in.arg[5] > 1)) ? -1 : x.shape[0];
     const int P = 1, j = 0;
 #endif
-    const bool bf = x.dtype == (cx ? GVM_DT_F32 : GVM_DT_BF16) && w.dtype == GVM_DT_BF16 &&
+    const bool bf = x.dtype == GVM_DT_BF16 && w.dtype == GVM_DT_BF16 &&
                     (out.dtype == GVM_DT_BF16 || out.dtype == GVM_DT_F32);
-    const bool f32 = !cx && x.dtype == GVM_DT_F32 && w.dtype == GVM_DT_F32 && out.dtype == GVM_DT_F32;
+    const bool f32 = x.dtype == GVM_DT_F32 && w.dtype == GVM_DT_F32 && out.dtype == GVM_DT_F32;
     const int es = bf ? 2 : 4;
     const bool parts = P > 1;
     const bool stats_ok = parts || (GVM_GEMM_STATS_PROBE & 4) || gvm_gemm_stats_ok(c);
     const bool parts_ok = (in.arg[5] >= 0) &&
                           (parts ? f32 && gvm_gemm_parts_ok(c, P, j, x.shape[0], w.shape[0], x.shape[1])
-                                 : (in.arg[6] == 0) & ((in.arg[7] == 0) | cx));
-    if (!(bf | f32) | !stats_ok | !parts_ok | !gvm_gemm_operand_ok(x, cx ? 4 : es) | !gvm_gemm_operand_ok(w, es) |
+                                 : (in.arg[6] == 0) & (in.arg[7] == 0));
+    if (!(bf | f32) | !stats_ok | !parts_ok | !gvm_gemm_operand_ok(x, es) | !gvm_gemm_operand_ok(w, es) |
         out.ndim != 2 | out.stride[1] != 1 | x.shape[1] % 8 != 0 | w.shape[1] != x.shape[1] |
-        (!cx & (out.shape[0] != x.shape[0])) | out.shape[1] != w.shape[0] | n0 < 0 | cnt < 0 | n0 + cnt > w.shape[0] |
-        t0 < 0 | tn < 0 | t0 + tn > out.shape[0] | (in.arg[3] == 0 && t0 != 0) |
-        (cx && !gvm_gemm_cx_ok(c, x, out.shape[0], x.shape[1])))
+        out.shape[0] != x.shape[0] | out.shape[1] != w.shape[0] | n0 < 0 | cnt < 0 | n0 + cnt > w.shape[0] |
+        t0 < 0 | tn < 0 | t0 + tn > x.shape[0] | (in.arg[3] == 0 && t0 != 0))
         return GVM_ERR_BAD_ARGS;
     if (cnt == 0 || tn == 0) return GVM_ERR_NONE;
-    // a7 read again, not held through the checks (the kernel's peak); the 4-group kernel has no combined x
-    const int rc = !bf ? gvm_gemm_f32(c, parts ? gvm_t(c, 3) : out, x, w, n0, cnt, t0, tn, P, j)
-                   : GVM_MAX_GROUPS <= 2 && *reinterpret_cast<volatile const int*>(&c.ins->arg[7]) == 1
-                       ? gvm_gemm_bf16_tiles<1, GVM_GEMM_STEPS, true>(c, out, x, w, n0, cnt, 0, tn)
-                       : gvm_gemm_bf16(c, out, x, w, n0, cnt, t0, tn);
+    const int rc = bf ? gvm_gemm_bf16(c, out, x, w, n0, cnt, t0, tn)
+                      : gvm_gemm_f32(c, parts ? gvm_t(c, 3) : out, x, w, n0, cnt, t0, tn, P, j);
     // read again, not held through the GEMM (the kernel's peak: it spilled)
     if (rc == GVM_ERR_NONE && *reinterpret_cast<volatile const int*>(&c.ins->arg[5]) > 1) {
         gvm_gemm_parts_sum(c);

@@ -19,7 +19,7 @@ import torch
 
 from gpuvm.cpu import ops as cpu_ops
 from gpuvm.cpu import run_stream
-from gpuvm.isa import GEMM_COMBINE_MAX, Op
+from gpuvm.isa import Op
 from gpuvm.muse.cases import DECODE_CASES, Case, small_case
 from gpuvm.muse.config import SMALL
 from gpuvm.muse.lowering import LayerProgram, Tiles, bind_layer, lower_layer
@@ -75,8 +75,7 @@ def check_step(lp: LayerProgram, bufs: dict[str, torch.Tensor], ref: RefOut, k_c
         **({"q": _rel(bufs[px + "q"], ref.q)} if px + "q" in bufs else {}),  # fused QK-norm/RoPE: no q tensor
         "o": _rel(bufs[px + "o"], ref.o),
         "h2": _rel(bufs[px + "h2"], ref.h2),
-        **({"fsq": _rel(bufs[px + "fsq"][rows], ref.fsq[rows])} if px + "fsq" in bufs else {}),  # combined in Wex: no fsq tensor
-        "f": _rel(bufs[px + "f"][rows], ref.f[rows]),
+        "fsq": _rel(bufs[px + "fsq"][rows], ref.fsq[rows]),
     }
     bad = {k: v for k, v in errs.items() if not v <= TOL}
     assert not bad, f"relative errors above {TOL}: {bad}"
@@ -90,14 +89,13 @@ def check_step(lp: LayerProgram, bufs: dict[str, torch.Tensor], ref: RefOut, k_c
 
 
 def run_case(case: Case, weights: dict[str, LayerWeights], steps: int = STEPS, orders: tuple[str, ...] = ("stream", "random", "random"),
-             fuse_qk: bool = False, router_parts: bool = False, fuse_combine: bool = False) -> None:
+             fuse_qk: bool = False, router_parts: bool = False) -> None:
     w = weights[case.kind]
     state = make_state(CFG, case.kind, case.conversations, case.tokens_each, case.context, seed=3, steps=steps)
     tiles = dataclasses.replace(_tiles(case.kind, case.tokens_each, state.slots), fuse_qk=1 << 20 if fuse_qk else 0,
-                                router_span=1 if router_parts else 0, fuse_combine=GEMM_COMBINE_MAX if fuse_combine else 0)
+                                router_span=1 if router_parts else 0)
     lp = lower_layer(CFG, case.kind, case.conversations, case.tokens_each, state.slots, tiles=tiles)
     assert any(o.opcode == Op.QK_ROPE_KV for o in lp.stream.ops) != fuse_qk
-    assert any(o.opcode == Op.EXPERT_COMBINE for o in lp.stream.ops) != fuse_combine
     assert any(o.opcode == Op.GEMM and o.args[5] > 1 for o in lp.stream.ops) == router_parts
     counters = None
     tickets = [t.name for t in lp.stream.tensors if t.role == "ticket"]
@@ -127,12 +125,6 @@ def test_layer_matches_reference(case: Case, weights: dict[str, LayerWeights]) -
 def test_fused_qk_layer_matches_reference(case: Case, weights: dict[str, LayerWeights]) -> None:
     """Tiles.fuse_qk: the chunks norm and rotate q themselves and write the new keys."""
     run_case(case, weights, fuse_qk=True)
-
-
-@pytest.mark.parametrize("case", [small_case(c, CFG) for c in DECODE_CASES if c.name.endswith("c1-t1")], ids=lambda c: f"{c.name}-ctx{c.context}")
-def test_combined_x_layer_matches_reference(case: Case, weights: dict[str, LayerWeights]) -> None:
-    """Tiles.fuse_combine: Wex combines the experts' rows itself (GEMM a7 = 1), no EXPERT_COMBINE op."""
-    run_case(case, weights, fuse_combine=True)
 
 
 @pytest.mark.parametrize("case", [small_case(c, CFG) for c in DECODE_CASES if c.name.endswith(("c1-t1", "c32-t8"))], ids=lambda c: f"{c.name}-ctx{c.context}")

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuvm.isa import GEMM_COMBINE_MAX, INSTR_DTYPE, MAX_WAITS, NONE, DType, Op, f2i
+from gpuvm.isa import INSTR_DTYPE, MAX_WAITS, NONE, DType, Op, f2i
 from gpuvm.program import Program, ProgramError, TensorSpec
 from tests.randprog import random_program
 
@@ -170,7 +170,7 @@ def _muse_tensors(p: Program) -> dict[str, TensorSpec]:
         "hbuf": ((8 * T, I), BF16), "dc": ((E, H // 16, 8 * I), FP4), "ds": ((E, H // 16, I), E4M3), "dts": ((E,), F32),
         "y": ((8 * T, H), F32), "fsq": ((T, H), BF16), "Wbad": ((QKVG, D + 8), BF16), "s_bf": ((T, D), BF16),
         "kc_bad": ((C, S, HKV + 1, 64), E4M3), "po_bad": ((T + 1, HQ, NCH, 64), F32), "route_bad": ((5, 8 * T + 1), I32),
-        "sc4": ((T, 4 * NE), F32), "tk": ((3,), I32), "tk2": ((3, 1), I32), "Wex": ((D, H), BF16), "st": ((T, 2, 4), F32),
+        "sc4": ((T, 4 * NE), F32), "tk": ((3,), I32), "tk2": ((3, 1), I32),
     }
     return {k: p.tensor(k, shape, dt) for k, (shape, dt) in shapes.items()}
 
@@ -184,9 +184,6 @@ MUSE_CASES = [
     (Op.GEMM, ["sc", "s", "Wr", "sc4", "tk"], [0, NE, 0, 0, 0, 4, 3, 2],
      [[0, NE, 0, 0, 0, 3, 0, 0], [0, NE, 0, 0, 0, 4, 4, 0], [0, NE, 0, 0, 0, 4, 0, 3], [0, NE, 0, 0, 0, 32, 0, 0], [0, NE, 0, 0, 0, 4, -1, 0],
       [0, NE, 0, 0, 0, 1, 1, 0], [0, NE, 0, 0, 0, 0, 0, 1], [0, NE, 0, 0, 0, -2, 0, 0], (3, "sc"), (4, "tk2"), (4, "meta"), (1, "h")]),
-    # a combined x (a7 = 1): y and route for x, all tokens, no K parts; statistics in slot a4
-    (Op.GEMM, ["s", "y", "Wex", "st", "a", "wD", "wD", "route"], [0, 16, 0, 0, 1, 0, 0, 1],
-     [(1, "x"), (7, "route_bad"), (2, "W"), (0, "h"), [0, 16, 0, 1, 1, 0, 0, 1], [0, 16, 0, 0, 1, 0, 1, 1], [0, 16, 0, 0, 2, 0, 0, 1]]),
     (Op.RMSNORM, ["h", "s", "wD"], [0, T], [(1, "h"), (2, "w64"), (0, "q"), [1, T]]),
     (Op.QK_ROPE_KV, ["qkvg", "q", "w64", "w64", "kc", "vc", "convs"], [0, 1, f2i(1.0), f2i(1.0)], [(1, "o"), (4, "kc_bad"), (6, "meta"), (0, "s"), [C, 1], [0, 2]]),
     (Op.ATTN_CHUNK, ["q", "kc", "vc", "convs", "po", "pml"], [0, 1, 2, 16, 0, f2i(1.0), f2i(1.0)], [(4, "po_bad"), (1, "s"), (5, "po"), [0, HKV, 0, 16, 0], [0, 0, NCH, 16, 0], [0, 0, 0, 0, 0], [0, 0, 0, 16, -1], [0, 1, 2, 16, 0, f2i(0.0), f2i(1.0)], [0, 1, 2, 16, 0, f2i(float("nan")), f2i(1.0)]]),
@@ -222,19 +219,6 @@ def test_opcode_checks(case: tuple) -> None:
             a = b
         with pytest.raises(ProgramError, match=opcode.name):
             p.op(opcode, slots, a)
-
-
-def test_gemm_combined_x_limits() -> None:
-    """A combined x sits in the tile's shared memory: at most GEMM_COMBINE_MAX
-    tokens; and route (t7) is for a combined x only."""
-    p = Program("shapes")
-    t = _muse_tensors(p)
-    n = GEMM_COMBINE_MAX + 1
-    out, y, route = p.tensor("out_n", (n, D), F32), p.tensor("y_n", (8 * n, H), F32), p.tensor("route_n", (5, 8 * n), I32)
-    with pytest.raises(ProgramError, match=f"at most {GEMM_COMBINE_MAX} tokens"):
-        p.op(Op.GEMM, [out, y, t["Wex"], None, None, None, None, route], [0, 16, 0, 0, 0, 0, 0, 1])
-    with pytest.raises(ProgramError, match="t7 .route. is for a combined x only"):
-        p.op(Op.GEMM, [t["qkvg"], t["h"], t["W"], None, None, None, None, t["route"]], [0, 16])
 
 
 def test_required_slot_missing() -> None:

@@ -49,7 +49,7 @@ if str(ROOT) not in sys.path:
 from gpuvm.cpu.backend import run_stream  # noqa: E402
 from gpuvm.device.build import BuildOptions  # noqa: E402
 from gpuvm.cpu.ops import OPS as CPU_OPS, residual_stats  # noqa: E402
-from gpuvm.isa import GEMM_COMBINE_MAX, TENSOR_DTYPE, DType, ErrorCode, Op, f2i  # noqa: E402
+from gpuvm.isa import TENSOR_DTYPE, DType, ErrorCode, Op, f2i  # noqa: E402
 from gpuvm.muse.formats import from_e4m3, tile_nvfp4, to_e4m3  # noqa: E402
 from gpuvm.opspec import TensorSpec  # noqa: E402
 from gpuvm.program import Program, Stream, work_lists  # noqa: E402
@@ -756,34 +756,6 @@ def cases_gemm(sz: Sizes, gen: torch.Generator) -> list[Case]:
             for t0, tn in spans:
                 b.op_([o, x, w, st, *extra], [c0, c, t0, tn, i])
         out.append(b.case())
-    # a combined x (a7 = 1): t1 y and t7 route, and each tile makes x (EXPERT_COMBINE's
-    # fsq) in its shared memory; 1, 3 and GEMM_COMBINE_MAX tokens, with statistics and
-    # without, column tiles of one to four row blocks (K split 4, 2 or 1 ways)
-    for t, stats in ((1, True), (3, False), (GEMM_COMBINE_MAX, True)):
-        b = _Build(f"gemm bf16 T={t} combined x" + (", residual statistics" if stats else ""), Op.GEMM, gen)
-        _, route = _routing(b, t, sz)
-        y = _tiny_rows(b.randn(8 * t, sz.hidden) * (0.5 + torch.rand((8 * t, 1), generator=gen) * 1.5))
-        o = b.out("out", DType.F32, (t, 2 * n), GEMM_BF16)
-        yy, rt = b.add("y", DType.F32, y), b.add("route", DType.I32, route)
-        w = b.add("w", DType.BF16, b.randn(2 * n, sz.hidden, scale=0.05).bfloat16())
-        cols = _gemm_cols(2 * n, (40, 13, 64, 1, 32))
-        extra: list[TensorSpec | None] = [None] * 4
-        if stats:
-            extra = [b.out("stats", DType.F32, (t, len(cols), 4), STATS), b.add("s", DType.F32, b.randn(t, 2 * n, scale=2.0)),
-                     b.add("alpha", DType.F32, 1.0 + b.randn(2 * n, scale=0.1)), b.add("beta", DType.F32, 0.3 + b.randn(2 * n, scale=0.1))]
-        for i, (c0, c) in enumerate(cols):
-            b.op_([o, yy, w, *extra, rt], [c0, c, 0, 0, i if stats else 0, 0, 0, 1])
-        out.append(b.case())
-    for what, i, bad in (("over a token range", 3, 1), ("with K parts", 5, 2)):
-        b = _Build(f"gemm combined x {what} -> BAD_ARGS", Op.GEMM, gen)
-        _, route = _routing(b, 1, sz)
-        b.op_([b.out("out", DType.F32, (1, 16), EXACT), b.add("y", DType.F32, b.randn(8, 64)), b.add("w", DType.BF16, b.randn(16, 64).bfloat16()),
-               None, None, None, None, b.add("route", DType.I32, route)], [0, 16, 0, 0, 0, 0, 0, 1])
-        out.append(b.case(int(ErrorCode.BAD_ARGS), _set_arg(i, bad)))
-    b = _Build("gemm a7 = 1 without a route -> BAD_ARGS", Op.GEMM, gen)
-    b.op_([b.out("out", DType.F32, (1, 16), EXACT), b.add("x", DType.BF16, b.randn(1, 64).bfloat16()),
-           b.add("w", DType.BF16, b.randn(16, 64).bfloat16())], [0, 16])
-    out.append(b.case(int(ErrorCode.BAD_ARGS), _set_arg(7, 1)))
     # K parts (a5 P, a6 part, a7 ticket): the router's tiles cut over K, each
     # tile's last part adding them up. Staged (32 tokens and more: the staged
     # pass's tokens half used at 40), register tiles over token ranges, one
@@ -961,7 +933,6 @@ _EMU_FILES = {  # staged path -> source
     "ops/op_ctx.cuh": EMU_DIR / "op_ctx.cuh",
     "ops/ptx.cuh": EMU_DIR / "ptx.cuh",
     "ops/common.cuh": ROOT / "ops/common.cuh",
-    "ops/combine.cuh": ROOT / "ops/combine.cuh",  # ops/gemm.cuh and ops/experts.cuh: the experts' combine of a token
     "isa/gvm_isa.h": ROOT / "isa/gvm_isa.h",
     "run.cpp": EMU_DIR / "run.cpp",
     "runtime/params.cuh": ROOT / "runtime/params.cuh",  # ops/gemm.cuh: GVM_MAX_GROUPS, GVM_GROUP_THREADS

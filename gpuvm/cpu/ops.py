@@ -21,7 +21,7 @@ import torch
 
 from ..isa import HEAD_DIM, NVFP4_TILE_ROWS, RMS_EPS, TOPK, Op, i2f
 from ..muse.formats import dequantize_nvfp4, from_e4m3, to_e4m3, untile_nvfp4
-from ..opspec import expert_item_rows, gemm_combined
+from ..opspec import expert_item_rows
 
 Slots = Sequence["torch.Tensor | None"]
 Args = Sequence[int]
@@ -122,10 +122,6 @@ def gemm(ts: Slots, a: Args) -> None:
                 total += parts[rows, j * n + a[0]:j * n + a[0] + a[1]]
             out[rows, cols] = total
         return
-    if gemm_combined(a):  # x made from y and route, as EXPERT_COMBINE makes fsq
-        route = ts[7]
-        assert route is not None
-        x = combine(x, route, 0, out.shape[0], torch.bfloat16)
     out[rows, cols] = (x[rows].float() @ w[cols].float().T).to(out.dtype)
     if len(ts) > 3 and ts[3] is not None:  # residual statistics of the tile (isa/gvm_isa.h GEMM)
         stats, s, alpha, beta = ts[3:7]
@@ -380,23 +376,18 @@ def expert_down(ts: Slots, a: Args) -> int:
     return take_items(work, a[0], list_items(meta, y.shape[1], a[1], a[2], a[3]), a[1], item)
 
 
-def combine(y: torch.Tensor, route: torch.Tensor, t0: int, n: int, dtype: torch.dtype) -> torch.Tensor:
-    """fsq of tokens [t0, t0 + n): sum over each token's local picks k of
-    w_k * rms(y[slot_k]), in dtype (EXPERT_COMBINE, and a GEMM's combined x)."""
-    flat = slice(t0 * TOPK, (t0 + n) * TOPK)
-    slot = route[4, flat].reshape(n, TOPK).long()
-    w = _floats(route[3, flat]).reshape(n, TOPK)
-    here = slot >= 0
-    _need(bool((slot[here] < y.shape[0]).all()), "EXPERT_COMBINE: a slot outside y")
-    acc = torch.zeros(n, TOPK, y.shape[1])
-    acc[here] = w[here][:, None] * _rms(y[slot[here]])
-    return acc.sum(1).to(dtype)
-
-
 def expert_combine(ts: Slots, a: Args) -> None:
     fsq, y, route = ts[:3]
     assert fsq is not None and y is not None and route is not None
-    fsq[a[0] : a[0] + a[1]] = combine(y, route, a[0], a[1], fsq.dtype)
+    toks = slice(a[0], a[0] + a[1])
+    flat = slice(a[0] * TOPK, (a[0] + a[1]) * TOPK)
+    slot = route[4, flat].reshape(a[1], TOPK).long()
+    w = _floats(route[3, flat]).reshape(a[1], TOPK)
+    here = slot >= 0
+    _need(bool((slot[here] < y.shape[0]).all()), "EXPERT_COMBINE: a slot outside y")
+    acc = torch.zeros(a[1], TOPK, y.shape[1])
+    acc[here] = w[here][:, None] * _rms(y[slot[here]])
+    fsq[toks] = acc.sum(1).to(fsq.dtype)
 
 
 # ---- whole-step ops ------------------------------------------------------------

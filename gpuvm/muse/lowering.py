@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..isa import GEMM_COMBINE_MAX, GEMM_MAX_PARTS, HEAD_DIM, NVFP4_TILE_ROWS, DType, Op, f2i
+from ..isa import GEMM_MAX_PARTS, HEAD_DIM, NVFP4_TILE_ROWS, DType, Op, f2i
 from ..opspec import ProgramError, TensorSpec
 from ..program import Counter, Program, Stream
 from ..tensors import check_binding, torch_dtype
@@ -158,13 +158,6 @@ class Tiles:
     # (full-c16-t1 545 / 535 us, step 16 x 1 27.7 / 27.4 ms): each of the more
     # chunks norms its rows again, and QK_ROPE_KV is no longer alone on the path.
     fuse_qk: int = 8
-    # Up to fuse_combine tokens a step (0: never; at most GEMM_COMBINE_MAX) the
-    # expand GEMM (Wex) combines the experts' rows itself (isa/gvm_isa.h GEMM,
-    # a7 = 1: every tile makes x in its shared memory while its first weight
-    # loads fly) and the layer has no EXPERT_COMBINE op: at one token that op
-    # was one group's chain of round trips (~3.8 us) and a hop on the critical
-    # path (H200 step trace at 45fbd92).
-    fuse_combine: int = 1
 
     def __post_init__(self) -> None:
         if not isinstance(self.gemm_fill, int) or self.gemm_fill < 0:
@@ -177,8 +170,6 @@ class Tiles:
                 raise ProgramError(f"Tiles.{name} must be an int >= 0, not {v!r}")
         if not isinstance(self.fuse_qk, int) or self.fuse_qk < 0:
             raise ProgramError(f"Tiles.fuse_qk must be an int >= 0, not {self.fuse_qk!r}")
-        if not isinstance(self.fuse_combine, int) or not 0 <= self.fuse_combine <= GEMM_COMBINE_MAX:
-            raise ProgramError(f"Tiles.fuse_combine must be an int in [0, {GEMM_COMBINE_MAX}], not {self.fuse_combine!r}")
         for name in ("gemm_bytes", "gemm_min_bytes", "gemm_max_bytes", "gemm_tail", "gemm_span", "router_ops", "router_bytes", "topk_tokens", "router_splits", "expert_workers", "expert_cap", "rows", "residual_slices", "residual_max_ops", "chunk", "sliding_chunk", "sliding_ops", "full_ops"):
             v = getattr(self, name)
             if not isinstance(v, int) or v <= 0:
@@ -392,8 +383,7 @@ def emit_layer(
     x = act("x", (T, H), DType.BF16)
     hbuf = act("hbuf", (cfg.top_k * T, I), DType.BF16)
     y = act("y", (cfg.top_k * T, H), DType.F32)
-    fuse_combine = T <= tl.fuse_combine  # Wex makes fsq itself (GEMM a7 = 1): no EXPERT_COMBINE op, no fsq tensor
-    fsq = None if fuse_combine else act("fsq", (T, H), DType.BF16)
+    fsq = act("fsq", (T, H), DType.BF16)
     f = act("f", (T, d), DType.F32)
     next_h = act("next_h", (T, d), DType.BF16) if next_norm is not None else None
     w = ts  # weights by field name
@@ -419,13 +409,12 @@ def emit_layer(
 
     def gemm(out: TensorSpec, xin: TensorSpec, wt: TensorSpec, n0: int, n1: int, waits: list[Counter], sig: Counter, tag: str,
              tile_bytes: int = 0, token_splits: int = 1, beside: int = 0, stats: list[TensorSpec] | None = None,
-             parts: tuple[TensorSpec, TensorSpec, int] | None = None, combine: TensorSpec | None = None) -> int:
+             parts: tuple[TensorSpec, TensorSpec, int] | None = None) -> int:
         """Column tiles of wt over [n0, n1) (see gemm_plan), each over all T
         tokens (args t0 = t = 0) or over token ranges; with stats ([stats, s,
         alpha, beta]) column tile i also leaves its residual statistics in
         slot i; with parts ((parts, tickets, P): f32 only) tile m is cut into
-        P K parts, counted on ticket m; with combine (route), xin is y and
-        each tile combines x from it (a7 = 1). Returns how many instructions."""
+        P K parts, counted on ticket m. Returns how many instructions."""
         rows, spans = gemm_plan(wt, n0, n1, tile_bytes, token_splits, beside)
         n_parts = parts[2] if parts else 1
         kp = wt.shape[1] // n_parts
@@ -437,8 +426,6 @@ def emit_layer(
                 where = f"{c0}:{c0 + n}" + (f"|t{t0}:{t0 + tn}" if tn else "") + (f"|k{j * kp}:{(j + 1) * kp}" if parts else "")
                 if parts:  # the part's bytes of the tile's first row (its rows are not contiguous)
                     tensors, args, fetch = [out, xin, wt, *parts[:2]], [c0, n, t0, tn, 0, n_parts, j, m], (wt, c0 * wt.row_bytes + j * kp * 4, kp * 4)
-                elif combine is not None:
-                    tensors, args, fetch = [out, xin, wt, *(stats or [None] * 4), combine], [c0, n, t0, tn, m if stats else 0, 0, 0, 1], (wt, c0 * wt.row_bytes, n * wt.row_bytes)
                 else:
                     tensors, args, fetch = [out, xin, wt, *(stats or [])], [c0, n, t0, tn] + ([m // len(spans)] if stats else []), (wt, c0 * wt.row_bytes, n * wt.row_bytes)
                 p.op(Op.GEMM, tensors, args, waits=waits, signal=sig, prefetch=fetch, label=f"{prefix}{tag}[{where}]")
@@ -541,15 +528,12 @@ def emit_layer(
     down_workers = min(tl.expert_workers, E * -(-H // down_grain))
     for wk in range(down_workers):
         p.op(Op.EXPERT_DOWN, [y, hbuf, w["d_codes"], w["d_scales"], w["d_ts"], meta, route, work], [1, down_workers, down_grain, cap], waits=[up_done], signal=down_done, label=f"{prefix}expert_down[{wk}/{down_workers}]")
+    combined = ctr("fsq")
+    for r0, n in _tiles(0, T, tl.rows):
+        p.op(Op.EXPERT_COMBINE, [fsq, y, route], [r0, n], waits=[down_done], signal=combined, label=f"{prefix}expert_combine[{r0}:{r0 + n}]")
     ex_done = ctr("f")
     f_stats = residual_stats("f_stats", w["Wex"], w["alpha2"], w["beta2"])
-    if fsq is None:
-        gemm(f, y, w["Wex"], 0, d, [down_done], ex_done, "Wex", stats=f_stats, combine=route)
-    else:
-        combined = ctr("fsq")
-        for r0, n in _tiles(0, T, tl.rows):
-            p.op(Op.EXPERT_COMBINE, [fsq, y, route], [r0, n], waits=[down_done], signal=combined, label=f"{prefix}expert_combine[{r0}:{r0 + n}]")
-        gemm(f, fsq, w["Wex"], 0, d, [combined], ex_done, "Wex", stats=f_stats)
+    gemm(f, fsq, w["Wex"], 0, d, [combined], ex_done, "Wex", stats=f_stats)
     done = ctr("done")
     fused = [next_norm, None, next_h] if next_norm is not None else []
     residual([s, f, w["alpha2"], w["beta2"], *fused], f_stats, [ex_done], done, "residual2")
