@@ -6,6 +6,14 @@ first layer; an op's first run on an SM also fetches its code).
 
 Writes the trace (`python3 -m gpuvm trace <npz>` reads it) and prints, per op
 kind, the median run time (ready to done) in layer 0, layer 1 and the rest.
+
+--timeline builds the experts' timeline probe (GVM_EXPR_PROBE=2048, ops/experts.cuh:
+each worker stamps its first item's steps over the last local expert's codes,
+so that expert's numbers are garbage) and prints, for the up and the down
+list, the median of each interval over layers 2.. (per layer the median over
+its items): where an item's time goes in the step, not in a list run alone
+(tools/expert_bench.py --timeline). Meaningful where items are one pass
+(one token: later passes overwrite the ring's marks).
 """
 from __future__ import annotations
 
@@ -50,7 +58,10 @@ def main() -> int:
     ap.add_argument("--out", default="out/step-trace.npz")
     ap.add_argument("--define", action="append", default=[], help="MACRO=value of a build variant (repeatable)")
     ap.add_argument("--tiles", default="", help="field=value[+field=value] of lowering.Tiles (default: Tiles())")
+    ap.add_argument("--timeline", action="store_true", help="the experts' item timeline probe build (GVM_EXPR_PROBE=2048, see above)")
     a = ap.parse_args()
+    if a.timeline:
+        a.define.append("GVM_EXPR_PROBE=2048")
     tiles = Tiles(**{k: int(v) for k, v in (d.split("=", 1) for d in a.tiles.split("+") if d)})
     conv, each = (int(v) for v in a.shape.split("x"))
     vm = VM(groups=2, trace=True, defines=tuple(tuple(d.split("=", 1)) for d in a.define))  # type: ignore[misc]
@@ -70,7 +81,29 @@ def main() -> int:
     print(f"{'op':18} {'L0 us':>8} {'L1 us':>8} {'rest us':>8}")
     for kind, d in per_layer_runs(out).items():
         print(f"{kind:18} " + " ".join(f"{d.get(w, float('nan')):8.2f}" for w in ("L0", "L1", "rest")))
+    if a.timeline:
+        print_timelines(weights.layers[2:])
     return 0
+
+
+def print_timelines(layers: list) -> None:  # type: ignore[type-arg]
+    """The median over layers of each list's per-layer item timeline (ns)."""
+    from tools.expert_bench import MARKS, timeline  # noqa: E402 (its imports need the GPU stack)
+
+    print(f"expert items, median ns over layers 2..{len(layers) + 1} (each layer: the median over its items)")
+    print(f"{'list':6} {'items':>6} " + " ".join(f"{m[:9]:>9}" for m in MARKS))
+    for name, field in (("up", "gu_codes"), ("down", "d_codes")):
+        per = []
+        for w in layers:
+            try:
+                per.append(timeline(getattr(w, field)))
+            except SystemExit:  # no item in this layer's list (no local expert hit)
+                continue
+        if not per:
+            print(f"{name:6} no layer's items wrote their marks")
+            continue
+        cols = [statistics.median(p[m] for p in per) for m in (*MARKS, "items")]
+        print(f"{name:6} {cols[-1]:6.0f} " + " ".join(f"{v:9.0f}" for v in cols[:-1]) + f"  ({len(per)} layers)")
 
 
 if __name__ == "__main__":
