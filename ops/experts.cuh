@@ -182,13 +182,12 @@ __device__ __forceinline__ unsigned gvm_exp_scales(unsigned sw, bool hi) {
     return hi ? gvm_e4m3x2_hi_to_f16x2(sw) : gvm_e4m3x2_to_f16x2(sw);
 }
 
-// Expert e's tensor scale of set s (UP: 0 gate, 1 up; DOWN: 0) as stored;
-// times GVM_EXP_TS (the decode leaves it out) where it is applied.
-__device__ __forceinline__ float gvm_exp_tscale_raw(const gvm_ctx& c, int e, int s) {
+// Expert e's tensor scale of set s (UP: 0 gate, 1 up; DOWN: 0), times the
+// GVM_EXP_TS the decode leaves out.
+__device__ __forceinline__ float gvm_exp_tscale(const gvm_ctx& c, int e, int s) {
     const gvm_tensor& tts = gvm_t(c, 4);
-    return gvm_ptr<const float>(tts, e * tts.stride[0], 4)[s];
+    return gvm_ptr<const float>(tts, e * tts.stride[0], 4)[s] * GVM_EXP_TS;
 }
-__device__ __forceinline__ float gvm_exp_tscale(const gvm_ctx& c, int e, int s) { return gvm_exp_tscale_raw(c, e, s) * GVM_EXP_TS; }
 
 // A unit's weights of K step ks into its buffer at buf, copied by the warp's lanes
 // together so that each copy reads whole sectors and writes 16 contiguous
@@ -708,15 +707,11 @@ __device__ int gvm_expert_tile_reg(const gvm_ctx& c, int e, int n0, int nn, int 
     const unsigned s_ring = (s_flag + 16 + 15) & ~15u;
     const int room = (int)c.smem_bytes - GVM_EXP_STATE - (int)(s_ring - s_x);
     const int nsl = min(GVM_EXPR_RING, max(0, room) / (4 * GVM_EXPR_SLOT));
-    // the tensor scales (flag + 4, + 8): read now, stored once x is staged, times
-    // GVM_EXP_TS where the epilogues read them. Scaled here (or at the store:
-    // ptxas hoisted it), the product waited for the load right after the
-    // barrier below, holding warp 0 (its first weight copies too) for a round
-    // trip while the other warps went on (SASS at ed22b9c).
+    // the tensor scales (flag + 4, + 8): read now, stored once x is staged
     float ts[2] = {0.0f, 0.0f};
     if (c.tid == 0) {
-        ts[0] = gvm_exp_tscale_raw(c, e, 0);
-        ts[1] = gvm_exp_tscale_raw(c, e, UP ? 1 : 0);
+        ts[0] = gvm_exp_tscale(c, e, 0);
+        ts[1] = gvm_exp_tscale(c, e, UP ? 1 : 0);
         gvm_sts(s_flag, 0u);
     }
     gvm_group_sync(c);
@@ -774,7 +769,7 @@ __device__ int gvm_expert_tile_reg(const gvm_ctx& c, int e, int n0, int nn, int 
                 gvm_expr_unit<UP>(c, acc, e, n0 + (u0 + pu) * 16, n0 + nn - 1, c_beg, c_end, nch, xrow);
             if (S == 1) {  // whole rows a warp: its lanes store them, no group sync (the op's next call syncs first)
                 if (!(GVM_EXPR_PROBE & 32)) {  // probe: no epilogue (nothing stored; times the rest)
-                    const float ts0 = gvm_lds_f(s_flag + 4) * GVM_EXP_TS, ts1 = gvm_lds_f(s_flag + 8) * GVM_EXP_TS;
+                    const float ts0 = gvm_lds_f(s_flag + 4), ts1 = gvm_lds_f(s_flag + 8);
 #pragma unroll
                     for (int k = 0; k < 4; ++k) {  // acc[s][k]: row g + 8 (k / 2), token 2 q + k % 2
                         const int tk = 2 * (int)q + (k & 1), row = (u0 + pu) * 16 + (int)g + 8 * (k >> 1);
@@ -800,7 +795,7 @@ __device__ int gvm_expert_tile_reg(const gvm_ctx& c, int e, int n0, int nn, int 
         GVM_EXPR_MARK(c, 7);
         if (GVM_EXPR_PROBE & 32) continue;  // probe: no epilogue (nothing stored; times the rest)
         // sum the K splits in order and store; consecutive threads take consecutive rows
-        const float ts0 = gvm_lds_f(s_flag + 4) * GVM_EXP_TS, ts1 = gvm_lds_f(s_flag + 8) * GVM_EXP_TS;
+        const float ts0 = gvm_lds_f(s_flag + 4), ts1 = gvm_lds_f(s_flag + 8);
         for (int i = c.tid; i < nu * 128; i += 128) {
             const int uu = i >> 7, tk = (i >> 4) & 7, r = i & 15, row = (u0 + uu) * 16 + r;
             if (row >= nn || tk >= count) continue;
