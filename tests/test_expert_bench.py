@@ -36,6 +36,7 @@ def test_timeline_reads_the_items_marks_over_the_last_expert() -> None:
     item i's 16 words at 128 i bytes of the last expert's codes; an item without a ring
     (marks 5 and 6 zero) leaves them out; rows of other items (index mismatch) are skipped."""
     codes = torch.zeros(E, 64 * 1024, dtype=torch.uint8)
+    assert timeline(codes) is None  # no item wrote its marks (a list with no item)
     words = codes[-1].view(torch.int64).view(-1, 16)
     for i, step in ((0, 100), (3, 300)):
         m = [1000 + k * step for k in range(11)] + [0] * 5

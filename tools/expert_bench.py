@@ -113,13 +113,14 @@ def pad_blocks(case: object, placed: object, table: np.ndarray, pad: int) -> lis
 MARKS = ("args", "walk", "into item", "x staged", "1st slot", "ring", "partials", "epilogue", "2nd call", "return")
 
 
-def timeline(codes: torch.Tensor) -> dict[str, float]:
+def timeline(codes: torch.Tensor) -> dict[str, float] | None:
     """Median ns of each interval between an item's marks, over the items whose
-    stamps the probe wrote over the last expert's codes (128 bytes an item)."""
+    stamps the probe wrote over the last expert's codes (128 bytes an item);
+    None when no item wrote them (a list with no item)."""
     m = codes[-1].reshape(-1)[: 256 * 128].view(torch.int64).view(256, 16).cpu().numpy()
     rows = [r for i, r in enumerate(m) if r[0] != 0 and r[13] == i and r[10] > r[0] and r[12] > r[11]]
     if not rows:
-        raise SystemExit("--timeline: no item wrote its marks (one-round lists, the last expert not hit)")
+        return None
     out: dict[str, list[float]] = {k: [] for k in MARKS}
     for r in rows:
         ns = (r[12] - r[11]) / (r[10] - r[0])  # ns a cycle, from %globaltimer over the same span
@@ -155,7 +156,10 @@ def time_list(case: object, runner: GpuRunner, flush: L2Flush, ts: torch.cuda.Ex
     if codes.any():
         raise SystemExit(f"error codes {sorted(set(codes.tolist()))}")
     if marks is not None:
-        marks.update(timeline(placed.views["codes"]))
+        t = timeline(placed.views["codes"])
+        if t is None:
+            raise SystemExit("--timeline: no item wrote its marks (one-round lists, the last expert not hit)")
+        marks.update(t)
     del placed, ins, tab, err, keep
     torch.cuda.empty_cache()
     return statistics.median(times)

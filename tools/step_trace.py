@@ -32,9 +32,10 @@ from gpuvm.muse.cases import DECODE_CONTEXT  # noqa: E402
 from gpuvm.muse.config import SHARD  # noqa: E402
 from gpuvm.muse.lowering import Tiles  # noqa: E402
 from gpuvm.muse.step import bind_step, lower_step, make_step_state  # noqa: E402
-from gpuvm.muse.weights import make_model_weights  # noqa: E402
+from gpuvm.muse.weights import LayerWeights, make_model_weights  # noqa: E402
 from gpuvm.trace.format import Trace  # noqa: E402
 from gpuvm.trace.timeline import DONE, READY, build, op_name  # noqa: E402
+from tools.expert_bench import MARKS, timeline  # noqa: E402
 
 
 def per_layer_runs(npz: Path) -> dict[str, dict[str, float]]:
@@ -86,19 +87,13 @@ def main() -> int:
     return 0
 
 
-def print_timelines(layers: list) -> None:  # type: ignore[type-arg]
+def print_timelines(layers: list[LayerWeights]) -> None:
     """The median over layers of each list's per-layer item timeline (ns)."""
-    from tools.expert_bench import MARKS, timeline  # noqa: E402 (its imports need the GPU stack)
-
     print(f"expert items, median ns over layers 2..{len(layers) + 1} (each layer: the median over its items)")
     print(f"{'list':6} {'items':>6} " + " ".join(f"{m[:9]:>9}" for m in MARKS))
     for name, field in (("up", "gu_codes"), ("down", "d_codes")):
-        per = []
-        for w in layers:
-            try:
-                per.append(timeline(getattr(w, field)))
-            except SystemExit:  # no item in this layer's list (no local expert hit)
-                continue
+        # a layer whose list had no item (no local expert hit) wrote no marks
+        per = [t for w in layers if (t := timeline(getattr(w, field))) is not None]
         if not per:
             print(f"{name:6} no layer's items wrote their marks")
             continue
