@@ -142,28 +142,39 @@ __device__ __forceinline__ void gvm_gemm_bf16_fill(uint4& a, uint4& b, uint4 (&x
 // so about S - 1 steps of loads stay in flight per thread all along (a batch
 // that waited for all its loads before issuing the next one averaged half of
 // that).
+//
+// fold (TT = 1, at most 8 rows and 4 tokens, an even K range): rows g + 8 of
+// the MMA are rows g again over the second half of the K range, and token
+// columns 4..7 hold tokens 0..3's x of that half, so that the loads a lane
+// holds for rows g + 8 (otherwise copies of the last row) are weight bytes
+// too and the unit takes half the round trips; row g's sum for token t is
+// then D[g][t] + D[g + 8][t + 4], one shuffle from lane q + 2.
 template <int TT, int S>
 __device__ __forceinline__ void gvm_gemm_bf16_unit(float (&acc)[TT][4], const char* w_base, long long w_row_bytes,
                                                    const char* x_base, long long x_row_bytes, int row0, int row_end,
                                                    int t0, int T, int c_beg, int c_end, unsigned lane,
-                                                   unsigned long long pol) {
+                                                   unsigned long long pol, bool fold = false) {
     const int g = lane >> 2, q = lane & 3;
+    fold = TT == 1 && fold;
+    const int span = fold ? (c_end - c_beg) / 2 : c_end - c_beg;  // chunks the loop walks
+    const long long half = fold ? (long long)span * 16 : 0;      // where rows g + 8 and tokens 4..7 read
     const int ra = row0 + g < row_end ? row0 + g : row_end - 1;
-    const int rb = row0 + g + 8 < row_end ? row0 + g + 8 : row_end - 1;
+    const int rb = fold ? ra : (row0 + g + 8 < row_end ? row0 + g + 8 : row_end - 1);
     const long long first = (long long)(c_beg + q) * 16;
     const char* pa = w_base + (long long)ra * w_row_bytes + first;
-    const char* pb = w_base + (long long)rb * w_row_bytes + first;
+    const char* pb = w_base + (long long)rb * w_row_bytes + first + half;
     const char* px[TT];
 #pragma unroll
     for (int j = 0; j < TT; ++j) {
-        const int tx = t0 + 8 * j + g < T ? t0 + 8 * j + g : T - 1;
-        px[j] = x_base + (long long)tx * x_row_bytes + first;
+        const int tg = fold ? (g & 3) : g;
+        const int tx = t0 + 8 * j + tg < T ? t0 + 8 * j + tg : T - 1;
+        px[j] = x_base + (long long)tx * x_row_bytes + first + (g >= 4 ? half : 0);
         acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
     }
     constexpr int BATCH = 4 * S;  // chunks per batch (4 quad members per step)
-    const int n_batches = (c_end - c_beg + BATCH - 1) / BATCH;  // uniform: mma.sync needs the whole warp
+    const int n_batches = (span + BATCH - 1) / BATCH;  // uniform: mma.sync needs the whole warp
     uint4 A[S], B[S], X[S][TT];
-    int left = c_end - c_beg - q;  // chunks this lane has left from the batch being loaded
+    int left = span - q;  // chunks this lane has left from the batch being loaded
 #pragma unroll
     for (int u = 0; u < S; ++u) gvm_gemm_bf16_fill<TT>(A[u], B[u], X[u], pa, pb, px, u, left, pol);
 #pragma unroll 1
@@ -182,6 +193,10 @@ __device__ __forceinline__ void gvm_gemm_bf16_unit(float (&acc)[TT][4], const ch
             }
             gvm_gemm_bf16_fill<TT>(A[u], B[u], X[u], pa, pb, px, u, left, pol);
         }
+    }
+    if (fold) {  // lane q < 2 adds the second half's tokens 2q, 2q + 1 (lane q + 2's rows g + 8)
+        acc[0][0] += __shfl_xor_sync(0xffffffffu, acc[0][2], 2);
+        acc[0][1] += __shfl_xor_sync(0xffffffffu, acc[0][3], 2);
     }
 }
 
@@ -317,13 +332,14 @@ __device__ __forceinline__ int gvm_gemm_bf16_tiles(const gvm_ctx& c, const gvm_t
         const int nrb = n_rb - rb0 < per_pass ? n_rb - rb0 : per_pass;
         const int S = nrb % 4 == 0 ? 1 : (nrb % 2 == 0 ? 2 : 4);  // K splits: nrb * S units, 4 per warp-round
         const int cps = (nch + S - 1) / S;
+        const bool fold = cnt <= 8 && T - t0 <= 4 && nch % (2 * S) == 0;  // every unit's K range even (see the unit)
 #pragma unroll 1
         for (int u = warp; u < nrb * S; u += 4) {
             const int rb = u / S, s = u - rb * S;
             const int c_beg = s * cps, c_end = c_beg + cps < nch ? c_beg + cps : nch;
             float acc[TT][4];
             gvm_gemm_bf16_unit<TT, STEPS>(acc, w_base, w_row, x_base, x_row, n0 + (rb0 + rb) * 16, row_end, t0, T,
-                                          c_beg, c_end, lane, pol);
+                                          c_beg, c_end, lane, pol, fold);
             const int g = lane >> 2, q = lane & 3;
 #pragma unroll
             for (int j = 0; j < TT; ++j) {

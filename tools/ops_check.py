@@ -733,6 +733,12 @@ def cases_gemm(sz: Sizes, gen: torch.Generator) -> list[Case]:
                                 t, k, 2 * n, (64, 13, 40, 128, 16), spans, alternate=t == 100))
     out.append(_ranged_gemm(f"gemm bf16 T=20 K={8 * d} one-token ranges f32 out", gen, DType.BF16, DType.F32, GEMM_BF16,
                             20, 8 * d, 2 * n, (40, 1, 16, 13, 64, 3), ((0, 1), (7, 1), (1, 6), (8, 12)), alternate=False))
+    # at most 8 rows and 4 tokens: the K range folded onto the MMA's rows g + 8 (ops/gemm.cuh, fold), over
+    # token ranges of 1 to 4 and 5; K of 8 d folds, d + 8 does not (its units' K ranges are odd)
+    for k in (8 * d, d + 8):
+        out.append(_ranged_gemm(f"gemm bf16 T=20 K={k} ranges of 1-5 tokens, 1-8 rows, bf16 out", gen, DType.BF16, DType.BF16,
+                                GEMM_BF16, 20, k, 2 * n, (8, 5, 1, 3, 16, 7, 2), ((0, 4), (4, 3), (7, 2), (9, 5), (14, 1), (15, 5)),
+                                alternate=False))
     # f32 from 64 tokens: W and x staged in shared memory (ops/gemm.cuh
     # gvm_gemm_f32_xs: 32 rows x 64 tokens a pass), over a range, all tokens,
     # and a K whose float4s are not a multiple of 8 (the register tiles)
