@@ -56,6 +56,9 @@
 #endif
 #endif
 #define GVM_GEMM_TILE_BYTES 512 // one partial 16 x 8 f32 tile
+#ifndef GVM_GEMM_FOLD  // tiles of at most 8 rows and 4 tokens fold their K range (gvm_gemm_bf16_unit); 0: never
+#define GVM_GEMM_FOLD 1
+#endif
 
 #ifdef __CUDA_ARCH__
 // Weights: read-only for the whole launch, so the non-coherent path is safe.
@@ -332,7 +335,7 @@ __device__ __forceinline__ int gvm_gemm_bf16_tiles(const gvm_ctx& c, const gvm_t
         const int nrb = n_rb - rb0 < per_pass ? n_rb - rb0 : per_pass;
         const int S = nrb % 4 == 0 ? 1 : (nrb % 2 == 0 ? 2 : 4);  // K splits: nrb * S units, 4 per warp-round
         const int cps = (nch + S - 1) / S;
-        const bool fold = cnt <= 8 && T - t0 <= 4 && nch % (2 * S) == 0;  // every unit's K range even (see the unit)
+        const bool fold = GVM_GEMM_FOLD && cnt <= 8 && T - t0 <= 4 && nch % (2 * S) == 0;  // every unit's K range even (see the unit)
 #pragma unroll 1
         for (int u = warp; u < nrb * S; u += 4) {
             const int rb = u / S, s = u - rb * S;

@@ -2,7 +2,7 @@
 # One call on the H200 (the device tool): the VM proofs and timings, the Muse
 # ops standalone, and the decode-case sweep, each under its own time limit,
 # logs and results under $OUT (at most 8 files come back: traces are tarred).
-#   GPUVM_COMMIT=<sha> bash tools/gpu_session.sh [check|ops|opstime|sweep|step|stepsweep|probe|experts|router|park|ring|lists|steptrace|tiles|rowpf|fill|fill2|xstage|trace62|xprobe|smem|tiles2|router|xbench|against|slots|naps|icache|workers|slices|statsprobe|topkprobe|layertrace|oneop|fusedqk|ringbench|ringprobe|opsgemm|tail|attstop|gputests|vmtest|ncu ...]
+#   GPUVM_COMMIT=<sha> bash tools/gpu_session.sh [check|fold|ops|opstime|sweep|step|stepsweep|probe|experts|router|park|ring|lists|steptrace|tiles|rowpf|fill|fill2|xstage|trace62|xprobe|smem|tiles2|router|xbench|against|slots|naps|icache|workers|slices|statsprobe|topkprobe|layertrace|oneop|fusedqk|ringbench|ringprobe|opsgemm|tail|attstop|gputests|vmtest|ncu ...]
 # (set GPUVM_COMMIT when running a snapshot without .git: else the results name the enclosing checkout)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -164,6 +164,13 @@ for s in $steps; do
          for k in up down attn; do echo "== $k"; grep -E "Duration|Issue Slots Busy|Eligible Warps|excessive|bank conflict" "$OUT/ncu_$k.log" | head -8; grep "stalled" "$OUT/ncu_$k.log" | awk '$NF+0 > 0.1' | sort -k3 -g -r | head -8; done ;;
     tail) # the squeeze's last wave cut in halves (Tiles.gemm_tail 2) against one size (1, the default): layers and steps up to 32 tokens, one run
           timeout ${T_TAIL_PROBE:-360} python3 tools/sched_probe.py --out "$OUT/tail_probe.json" --modes dynamic --depths 1 --variants base: --tiles "${TAIL_TILES:-t1:,t2:gemm_tail=2,t4:gemm_tail=4}" --cases ${TAIL_CASES:-full-c1-t1,sliding-c1-t1,full-c1-t8,sliding-c1-t8,full-c16-t1,sliding-c32-t1} --step ${TAIL_STEPS:-1x1,1x8,16x1,32x1} > "$OUT/tail_probe.log" 2>&1; echo "tail probe rc=$?"; grep -v "^$" "$OUT/tail_probe.log" | tail -32 ;;
+    fold) # 8-row one-token GEMM tiles folding their K range (GVM_GEMM_FOLD 1, the default) against not (0): the op on the GPU,
+          # two alternating rounds of layers and steps, a traced 16-layer 1x1 step (Wqkvg's q|k|v tiles are the 8-row ones)
+          timeout 200 python3 tools/prebuild.py --trace base GVM_GEMM_FOLD=0; echo "prebuild rc=$?"
+          timeout 150 python3 tools/ops_check.py --only gemm > "$OUT/fold_ops_gemm.log" 2>&1; echo "ops_check gemm rc=$?"; grep -E "FAIL|ranges of|ALL" "$OUT/fold_ops_gemm.log" | tail -4
+          timeout ${T_FOLD_PROBE:-330} python3 tools/sched_probe.py --out "$OUT/fold_probe.json" --modes dynamic --depths 1 --variants "fold:,nofold:GVM_GEMM_FOLD=0,fold2:,nofold2:GVM_GEMM_FOLD=0" --cases full-c1-t1,sliding-c1-t1,full-c1-t8 --step 1x1,1x8 > "$OUT/fold_probe.log" 2>&1; echo "fold probe rc=$?"; grep -v "^$" "$OUT/fold_probe.log" | tail -24
+          mkdir -p "$OUT/tr"; timeout 150 python3 tools/step_trace.py --layers 16 --shape 1x1 --out "$OUT/tr/step-trace-1x1.npz" > "$OUT/step_trace.log" 2>&1; echo "step trace rc=$?"; head -16 "$OUT/step_trace.log"
+          (cd "$OUT" && tar czf steptrace.tgz tr && rm -rf tr) ;;
     gputests) timeout ${T_GPUTESTS:-200} python3 -m pytest -q -p no:cacheprovider tests/gpu > "$OUT/tests_gpu.log" 2>&1; echo "tests/gpu rc=$?"; tail -4 "$OUT/tests_gpu.log" ;;
     vmtest) timeout ${T_VMTEST:-150} python3 -m pytest -q -x -p no:cacheprovider tests/gpu/test_vm.py > "$OUT/test_vm.log" 2>&1; echo "test_vm rc=$?"; tail -8 "$OUT/test_vm.log" ;;
     *) echo "unknown step $s"; exit 2 ;;

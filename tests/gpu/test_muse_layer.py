@@ -84,7 +84,7 @@ def test_small_layer_matches_reference(vm_plain, case: Case) -> None:  # type: i
 
 #: the build switches' other settings (ops/experts.cuh, ops/gemm.cuh), kept for
 #: A/B runs: they must still give the reference's answer
-SWITCHES = ("GVM_EXPERT_REG=0", "GVM_GEMM_TT=1", "GVM_GEMM_F32_RN=4+GVM_GEMM_F32_TT=4", "GVM_ATT_WG=0")
+SWITCHES = ("GVM_EXPERT_REG=0", "GVM_GEMM_TT=1", "GVM_GEMM_F32_RN=4+GVM_GEMM_F32_TT=4", "GVM_ATT_WG=0", "GVM_GEMM_FOLD=0")
 SWITCH_CASES = [c for c in DECODE_CASES if c.name in ("full-c1-t1", "sliding-c1-t8", "full-c32-t1", "full-c32-t8")]
 
 
