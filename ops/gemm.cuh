@@ -152,13 +152,14 @@ __device__ __forceinline__ void gvm_gemm_bf16_fill(uint4& a, uint4& b, uint4 (&x
 // holds for rows g + 8 (otherwise copies of the last row) are weight bytes
 // too and the unit takes half the round trips; row g's sum for token t is
 // then D[g][t] + D[g + 8][t + 4], one shuffle from lane q + 2.
-template <int TT, int S>
+template <int TT, int S, bool FOLD = false>
 __device__ __forceinline__ void gvm_gemm_bf16_unit(float (&acc)[TT][4], const char* w_base, long long w_row_bytes,
                                                    const char* x_base, long long x_row_bytes, int row0, int row_end,
                                                    int t0, int T, int c_beg, int c_end, unsigned lane,
-                                                   unsigned long long pol, bool fold = false) {
+                                                   unsigned long long pol) {
+    static_assert(!FOLD || TT == 1, "fold: one token tile");
+    constexpr bool fold = FOLD;
     const int g = lane >> 2, q = lane & 3;
-    fold = TT == 1 && fold;
     const int span = fold ? (c_end - c_beg) / 2 : c_end - c_beg;  // chunks the loop walks
     const long long half = fold ? (long long)span * 16 : 0;      // where rows g + 8 and tokens 4..7 read
     const int ra = row0 + g < row_end ? row0 + g : row_end - 1;
@@ -171,7 +172,7 @@ __device__ __forceinline__ void gvm_gemm_bf16_unit(float (&acc)[TT][4], const ch
     for (int j = 0; j < TT; ++j) {
         const int tg = fold ? (g & 3) : g;
         const int tx = t0 + 8 * j + tg < T ? t0 + 8 * j + tg : T - 1;
-        px[j] = x_base + (long long)tx * x_row_bytes + first + (g >= 4 ? half : 0);
+        px[j] = x_base + (long long)tx * x_row_bytes + first + (fold && g >= 4 ? half : 0);
         acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
     }
     constexpr int BATCH = 4 * S;  // chunks per batch (4 quad members per step)
@@ -341,8 +342,17 @@ __device__ __forceinline__ int gvm_gemm_bf16_tiles(const gvm_ctx& c, const gvm_t
             const int rb = u / S, s = u - rb * S;
             const int c_beg = s * cps, c_end = c_beg + cps < nch ? c_beg + cps : nch;
             float acc[TT][4];
-            gvm_gemm_bf16_unit<TT, STEPS>(acc, w_base, w_row, x_base, x_row, n0 + (rb0 + rb) * 16, row_end, t0, T,
-                                          c_beg, c_end, lane, pol, fold);
+            bool done = false;
+            if constexpr (TT == 1) {  // a copy of the unit: a runtime flag in the one loop cost the 8-token tiles ~1.5%
+                if (fold) {
+                    gvm_gemm_bf16_unit<1, STEPS, true>(acc, w_base, w_row, x_base, x_row, n0 + (rb0 + rb) * 16, row_end,
+                                                       t0, T, c_beg, c_end, lane, pol);
+                    done = true;
+                }
+            }
+            if (!done)
+                gvm_gemm_bf16_unit<TT, STEPS>(acc, w_base, w_row, x_base, x_row, n0 + (rb0 + rb) * 16, row_end, t0, T,
+                                              c_beg, c_end, lane, pol);
             const int g = lane >> 2, q = lane & 3;
 #pragma unroll
             for (int j = 0; j < TT; ++j) {

@@ -158,13 +158,17 @@ class Tiles:
     # (full-c16-t1 545 / 535 us, step 16 x 1 27.7 / 27.4 ms): each of the more
     # chunks norms its rows again, and QK_ROPE_KV is no longer alone on the path.
     fuse_qk: int = 8
+    # Up to g_late tokens a step (0: never) Wqkvg's g tiles (only the merges read
+    # g) wait for the q|k|v tiles as well, so that those stream alone, and are
+    # cut to fit beside the attention chunks instead of beside them.
+    g_late: int = 0
 
     def __post_init__(self) -> None:
         if not isinstance(self.gemm_fill, int) or self.gemm_fill < 0:
             raise ProgramError(f"Tiles.gemm_fill must be an int >= 0, not {self.gemm_fill!r}")
         if self.gemm_min_bytes > self.gemm_max_bytes:
             raise ProgramError(f"Tiles.gemm_min_bytes {self.gemm_min_bytes} exceeds gemm_max_bytes {self.gemm_max_bytes}")
-        for name in ("router_span", "topk_span", "expert_cap_tokens"):
+        for name in ("router_span", "topk_span", "expert_cap_tokens", "g_late"):
             v = getattr(self, name)
             if not isinstance(v, int) or v < 0:
                 raise ProgramError(f"Tiles.{name} must be an int >= 0, not {v!r}")
@@ -461,7 +465,10 @@ def emit_layer(
     qkv_done, g_done = ctr("qkv"), ctr("g")
     qkv_cols = (hq + 2 * hkv) * HEAD_DIM
     n_qkv = gemm(qkvg, h, w["Wqkvg"], 0, qkv_cols, h_ready, qkv_done, "Wqkvg")
-    gemm(qkvg, h, w["Wqkvg"], qkv_cols, cfg.qkvg_width, h_ready, g_done, "Wqkvg", beside=n_qkv)
+    if T <= tl.g_late:  # after the q|k|v tiles, beside the attention chunks
+        gemm(qkvg, h, w["Wqkvg"], qkv_cols, cfg.qkvg_width, h_ready + [qkv_done], g_done, "Wqkvg", beside=C * hkv * nch)
+    else:
+        gemm(qkvg, h, w["Wqkvg"], qkv_cols, cfg.qkvg_width, h_ready, g_done, "Wqkvg", beside=n_qkv)
     merged = ctr("o")
     # a merge is latency bound, one warp per (token, head): few pairs per
     # instruction, spread over SMs (two heads keep a one-token merge to one batch)
