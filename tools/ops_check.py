@@ -736,7 +736,7 @@ def cases_gemm(sz: Sizes, gen: torch.Generator) -> list[Case]:
     # at most 8 rows and 4 tokens: the K range folded onto the MMA's rows g + 8 (ops/gemm.cuh, fold), over
     # token ranges of 1 to 4 and 5; K of 8 d folds, d + 8 does not (its units' K ranges are odd)
     for k in (8 * d, d + 8):
-        out.append(_ranged_gemm(f"gemm bf16 T=20 K={k} ranges of 1-5 tokens, 1-8 rows, bf16 out", gen, DType.BF16, DType.BF16,
+        out.append(_ranged_gemm(f"gemm bf16 T=20 K={k} token ranges of 1-5, rows 1-8, bf16 out", gen, DType.BF16, DType.BF16,
                                 GEMM_BF16, 20, k, 2 * n, (8, 5, 1, 3, 16, 7, 2), ((0, 4), (4, 3), (7, 2), (9, 5), (14, 1), (15, 5)),
                                 alternate=False))
     # f32 from 64 tokens: W and x staged in shared memory (ops/gemm.cuh
