@@ -491,3 +491,25 @@ def test_two_chained_layers_equal_two_single_layers(small_weights) -> None:  # t
         assert torch.equal(two_st[kind].k_cache.view(torch.uint8), st[kind].k_cache.view(torch.uint8))
     assert l1.done.per_step == len(_ops(stream, Op.RESIDUAL)) // 4
     assert all(r["wait_counter"][0] != NONE for r in stream.records[[k for k, o in enumerate(stream.ops) if o.label.startswith("L1.Wqkvg")]])
+
+
+@pytest.mark.parametrize("kind", ["full", "sliding"])
+def test_late_g_tiles_wait_for_the_qkv_tiles(kind: str, small_weights) -> None:  # type: ignore[no-untyped-def]
+    """Tiles.g_late: up to that many tokens Wqkvg's g tiles wait for the q|k|v
+    tiles too; at small dims the layer computes what the other tiling does."""
+    def g_tiles(lp: LayerProgram) -> list:  # type: ignore[type-arg]
+        return [o for o in lp.stream.ops if o.label.startswith("L0.Wqkvg[") and o.signal.name == "L0.g"]
+
+    lp = lower_layer(SHARD, kind, 1, 8, 4096)
+    assert g_tiles(lp) and all(any(c.name == "L0.qkv" for c, _ in o.waits) for o in g_tiles(lp))
+    lp = lower_layer(SHARD, kind, 2, 8, 4096)  # 16 tokens: beside them
+    assert not any(any(c.name == "L0.qkv" for c, _ in o.waits) for o in g_tiles(lp))
+    state = make_state(SMALL, kind, 1, 2, 70, seed=4)
+    outs = []
+    for tl in (Tiles(), Tiles(g_late=0)):
+        st = state.clone()
+        lp = lower_layer(SMALL, kind, 1, 2, st.slots, tiles=tl)
+        b = bind_layer(lp, small_weights[kind == "full"], st, make_inputs(SMALL, st, seed=5, weights_seed=21))
+        run_stream(lp.stream, b, order="random", rng=random.Random(2))
+        outs.append(b["s"].clone())
+    assert torch.equal(outs[0], outs[1])

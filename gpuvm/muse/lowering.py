@@ -160,8 +160,11 @@ class Tiles:
     fuse_qk: int = 8
     # Up to g_late tokens a step (0: never) Wqkvg's g tiles (only the merges read
     # g) wait for the q|k|v tiles as well, so that those stream alone, and are
-    # cut to fit beside the attention chunks instead of beside them.
-    g_late: int = 0
+    # cut to fit beside the attention chunks instead of beside them. H200,
+    # 4a9f33e, one build, two rounds, 8 / 0: full-c1-t1 174.6, 175.7 / 176.1, 175.8
+    # us, sliding-c1-t1 175.6, 176.0 / 178.0, 175.4, full-c1-t8 234.7, 236.3 /
+    # 237.0, 238.3; step 1x1 8360, 8386 / 8457, 8400, 1x8 13776, 13839 / 13843, 13852.
+    g_late: int = 8
 
     def __post_init__(self) -> None:
         if not isinstance(self.gemm_fill, int) or self.gemm_fill < 0:
