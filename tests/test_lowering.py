@@ -498,10 +498,11 @@ def test_late_g_tiles_wait_for_the_qkv_tiles(kind: str, small_weights) -> None: 
     """Tiles.g_late: up to that many tokens Wqkvg's g tiles wait for the q|k|v
     tiles too; at small dims the layer computes what the other tiling does."""
     def g_tiles(lp: LayerProgram) -> list:  # type: ignore[type-arg]
-        return [o for o in lp.stream.ops if o.label.startswith("L0.Wqkvg[") and o.signal.name == "L0.g"]
+        return [o for o in lp.stream.ops if o.opcode == Op.GEMM and o.signal.name == "L0.g"]
 
     lp = lower_layer(SHARD, kind, 1, 8, 4096)
     assert g_tiles(lp) and all(any(c.name == "L0.qkv" for c, _ in o.waits) for o in g_tiles(lp))
+    assert all(o.label.startswith("L0.Wg[") for o in g_tiles(lp))  # its own op (gpuvm.device.chain: one launch each)
     lp = lower_layer(SHARD, kind, 2, 8, 4096)  # 16 tokens: beside them
     assert not any(any(c.name == "L0.qkv" for c, _ in o.waits) for o in g_tiles(lp))
     state = make_state(SMALL, kind, 1, 2, 70, seed=4)

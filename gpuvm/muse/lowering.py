@@ -468,8 +468,8 @@ def emit_layer(
     qkv_done, g_done = ctr("qkv"), ctr("g")
     qkv_cols = (hq + 2 * hkv) * HEAD_DIM
     n_qkv = gemm(qkvg, h, w["Wqkvg"], 0, qkv_cols, h_ready, qkv_done, "Wqkvg")
-    if T <= tl.g_late:  # after the q|k|v tiles, beside the attention chunks
-        gemm(qkvg, h, w["Wqkvg"], qkv_cols, cfg.qkvg_width, h_ready + [qkv_done], g_done, "Wqkvg", beside=C * hkv * nch)
+    if T <= tl.g_late:  # after the q|k|v tiles, beside the attention chunks (an op of its own: it waits on Wqkvg's)
+        gemm(qkvg, h, w["Wqkvg"], qkv_cols, cfg.qkvg_width, h_ready + [qkv_done], g_done, "Wg", beside=C * hkv * nch)
     else:
         gemm(qkvg, h, w["Wqkvg"], qkv_cols, cfg.qkvg_width, h_ready, g_done, "Wqkvg", beside=n_qkv)
     merged = ctr("o")
