@@ -27,7 +27,8 @@ def test_split_step_runs_like_the_step() -> None:
     sp = lower_step(SMALL, 2, 2, 12, tiles=TILES)
     parts = split_by_op(sp.stream)
     groups = op_groups(sp.stream)
-    per_layer = 13 if 2 * 2 <= TILES.fuse_qk else 14  # QK-norm/RoPE in the attention chunks at few tokens
+    # QK-norm/RoPE in the attention chunks at few tokens; Wqkvg's late g tiles their own op
+    per_layer = (13 if 2 * 2 <= TILES.fuse_qk else 14) + (2 * 2 <= TILES.g_late)
     assert len(parts) == len(groups) == 2 + per_layer * SMALL.n_layers + 2  # embed, rmsnorm of layer 0, the layers, lm_head, argmax
     assert sorted(k for _, ks in groups for k in ks) == list(range(len(sp.stream)))
     assert all(o.waits == () and o.signal is None for s in parts for o in s.ops)
