@@ -158,21 +158,20 @@ __device__ __forceinline__ void gvm_gemm_bf16_unit(float (&acc)[TT][4], const ch
                                                    int t0, int T, int c_beg, int c_end, unsigned lane,
                                                    unsigned long long pol) {
     static_assert(!FOLD || TT == 1, "fold: one token tile");
-    constexpr bool fold = FOLD;
     const int g = lane >> 2, q = lane & 3;
-    const int span = fold ? (c_end - c_beg) / 2 : c_end - c_beg;  // chunks the loop walks
-    const long long half = fold ? (long long)span * 16 : 0;      // where rows g + 8 and tokens 4..7 read
+    const int span = FOLD ? (c_end - c_beg) / 2 : c_end - c_beg;  // chunks the loop walks
+    const long long half = FOLD ? (long long)span * 16 : 0;      // where rows g + 8 and tokens 4..7 read
     const int ra = row0 + g < row_end ? row0 + g : row_end - 1;
-    const int rb = fold ? ra : (row0 + g + 8 < row_end ? row0 + g + 8 : row_end - 1);
+    const int rb = FOLD ? ra : (row0 + g + 8 < row_end ? row0 + g + 8 : row_end - 1);
     const long long first = (long long)(c_beg + q) * 16;
     const char* pa = w_base + (long long)ra * w_row_bytes + first;
     const char* pb = w_base + (long long)rb * w_row_bytes + first + half;
     const char* px[TT];
 #pragma unroll
     for (int j = 0; j < TT; ++j) {
-        const int tg = fold ? (g & 3) : g;
+        const int tg = FOLD ? (g & 3) : g;
         const int tx = t0 + 8 * j + tg < T ? t0 + 8 * j + tg : T - 1;
-        px[j] = x_base + (long long)tx * x_row_bytes + first + (fold && g >= 4 ? half : 0);
+        px[j] = x_base + (long long)tx * x_row_bytes + first + (FOLD && g >= 4 ? half : 0);
         acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
     }
     constexpr int BATCH = 4 * S;  // chunks per batch (4 quad members per step)
@@ -198,7 +197,7 @@ __device__ __forceinline__ void gvm_gemm_bf16_unit(float (&acc)[TT][4], const ch
             gvm_gemm_bf16_fill<TT>(A[u], B[u], X[u], pa, pb, px, u, left, pol);
         }
     }
-    if (fold) {  // lane q < 2 adds the second half's tokens 2q, 2q + 1 (lane q + 2's rows g + 8)
+    if (FOLD) {  // lane q < 2 adds the second half's tokens 2q, 2q + 1 (lane q + 2's rows g + 8)
         acc[0][0] += __shfl_xor_sync(0xffffffffu, acc[0][2], 2);
         acc[0][1] += __shfl_xor_sync(0xffffffffu, acc[0][3], 2);
     }
@@ -342,15 +341,10 @@ __device__ __forceinline__ int gvm_gemm_bf16_tiles(const gvm_ctx& c, const gvm_t
             const int rb = u / S, s = u - rb * S;
             const int c_beg = s * cps, c_end = c_beg + cps < nch ? c_beg + cps : nch;
             float acc[TT][4];
-            bool done = false;
-            if constexpr (TT == 1) {  // a copy of the unit: a runtime flag in the one loop cost the 8-token tiles ~1.5%
-                if (fold) {
-                    gvm_gemm_bf16_unit<1, STEPS, true>(acc, w_base, w_row, x_base, x_row, n0 + (rb0 + rb) * 16, row_end,
+            if (TT == 1 && fold)  // a copy of the unit: a runtime flag in the one loop cost the 8-token tiles ~1.5%
+                gvm_gemm_bf16_unit<TT, STEPS, TT == 1>(acc, w_base, w_row, x_base, x_row, n0 + (rb0 + rb) * 16, row_end,
                                                        t0, T, c_beg, c_end, lane, pol);
-                    done = true;
-                }
-            }
-            if (!done)
+            else
                 gvm_gemm_bf16_unit<TT, STEPS>(acc, w_base, w_row, x_base, x_row, n0 + (rb0 + rb) * 16, row_end, t0, T,
                                               c_beg, c_end, lane, pol);
             const int g = lane >> 2, q = lane & 3;

@@ -468,10 +468,9 @@ def emit_layer(
     qkv_done, g_done = ctr("qkv"), ctr("g")
     qkv_cols = (hq + 2 * hkv) * HEAD_DIM
     n_qkv = gemm(qkvg, h, w["Wqkvg"], 0, qkv_cols, h_ready, qkv_done, "Wqkvg")
-    if T <= tl.g_late:  # after the q|k|v tiles, beside the attention chunks (an op of its own: it waits on Wqkvg's)
-        gemm(qkvg, h, w["Wqkvg"], qkv_cols, cfg.qkvg_width, h_ready + [qkv_done], g_done, "Wg", beside=C * hkv * nch)
-    else:
-        gemm(qkvg, h, w["Wqkvg"], qkv_cols, cfg.qkvg_width, h_ready, g_done, "Wqkvg", beside=n_qkv)
+    late = T <= tl.g_late  # g after the q|k|v tiles, beside the attention chunks (an op of its own: it waits on Wqkvg's)
+    gemm(qkvg, h, w["Wqkvg"], qkv_cols, cfg.qkvg_width, h_ready + [qkv_done] if late else h_ready, g_done, "Wg" if late else "Wqkvg",
+         beside=C * hkv * nch if late else n_qkv)
     merged = ctr("o")
     # a merge is latency bound, one warp per (token, head): few pairs per
     # instruction, spread over SMs (two heads keep a one-token merge to one batch)
