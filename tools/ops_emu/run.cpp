@@ -105,6 +105,14 @@ std::string run_one(const gvm_instr* ins, const gvm_tensor* tab, unsigned smem_b
     m.w_wep.assign(smem_bytes, 0);
     m.r_wep.assign(smem_bytes, 0);
     m.r_warp.assign(smem_bytes, -1);
+    // a preloaded GEMM tile (GVM_FLAG_PRELOAD): its group copied the range in
+    // before the op ran (runtime/group.cuh, under the same conditions)
+    const unsigned pf = ins->pf_bytes;
+    if ((ins->flags & GVM_FLAG_PRELOAD) && ins->pf_slot < GVM_MAX_TENSORS && ins->tensor[ins->pf_slot] != GVM_NONE &&
+        pf <= smem_bytes && pf % 16 == 0) {
+        const char* src = reinterpret_cast<const char*>(tab[ins->tensor[ins->pf_slot]].ptr) + ins->pf_offset;
+        if (reinterpret_cast<unsigned long long>(src) % 16 == 0) std::memcpy(smem.data(), src, pf);
+    }
     m.group.expected = emu::kThreads;
     for (auto& w : m.warp) w.expected = 32;
     // the fibers' stacks, allocated once and not cleared: a fresh zeroed 32 MB an
