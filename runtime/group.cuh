@@ -80,7 +80,7 @@ __device__ __forceinline__ void gvm_group(const gvm_params& p, gvm_shared& sh, u
             // the waits below run (descriptors never depend on them).
             if (GVM_DESC_PREFETCH && c.tid < GVM_MAX_TENSORS && ins.tensor[c.tid] != GVM_NONE)
                 asm volatile("prefetch.global.L1 [%0];" ::"l"(c.tab + ins.tensor[c.tid]));
-            if (!warm && (ins.flags & GVM_FLAG_PRELOAD) != 0) gvm_preload(c);
+            if (GVM_MAX_GROUPS <= 2 && !warm && (ins.flags & GVM_FLAG_PRELOAD) != 0) gvm_preload(c);
             unsigned failed = 0;
             if (!warm && c.tid < ins.n_waits && c.tid < GVM_MAX_WAITS) {
                 const unsigned ctr = ins.wait_counter[c.tid];

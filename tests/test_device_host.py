@@ -92,6 +92,8 @@ def test_preloads_are_checked_before_launch() -> None:
     check_records(s.records, tab, len(s.counters), ALL, s.labels, group_smem=65536)
     with pytest.raises(ProgramError, match="instruction 0 'wo': preloads 65536 bytes; a group's scratch holds 49152"):
         check_records(s.records, tab, len(s.counters), ALL, s.labels, group_smem=49152)
+    with pytest.raises(ProgramError, match="instruction 0 'wo': a preload needs a kernel of at most 2 groups"):
+        check_records(s.records, tab, len(s.counters), ALL, s.labels, max_groups=4)
     for flags, message in ((8, "flags 0xa hold bits the kernel does not know"),):
         rec = s.records.copy()
         rec["flags"] |= flags

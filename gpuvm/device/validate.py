@@ -28,7 +28,8 @@ def check_records(records: np.ndarray, table: np.ndarray, n_counters: int, compi
     prefetch range outside its tensor, a GEMM token range that a kernel of
     max_groups groups does not take (ops/gemm.cuh: only up to 2 groups), a
     flag the kernel does not know, or a preload (Flag.PRELOAD) on another op
-    than GEMM or past the group_smem bytes of a group's scratch."""
+    than GEMM, in a kernel of more than 2 groups or past the group_smem bytes
+    of a group's scratch."""
     if records.dtype != INSTR_DTYPE or table.dtype != TENSOR_DTYPE:
         raise ProgramError("records and table must have the gvm_instr / gvm_tensor layouts of gpuvm.isa")
     n = len(records)
@@ -88,5 +89,7 @@ def check_records(records: np.ndarray, table: np.ndarray, n_counters: int, compi
         raise ProgramError(f"{name(i)}: only a GEMM preloads its weights")
     if (i := first(pre & ~has_pf)) is not None:
         raise ProgramError(f"{name(i)}: a preload needs a prefetch range")
+    if max_groups > 2 and (i := first(pre)) is not None:
+        raise ProgramError(f"{name(i)}: a preload needs a kernel of at most 2 groups (this one is built for {max_groups})")
     if group_smem is not None and (i := first(pre & (records["pf_bytes"].astype(np.int64) > group_smem))) is not None:
         raise ProgramError(f"{name(i)}: preloads {int(records['pf_bytes'][i])} bytes; a group's scratch holds {group_smem}")
