@@ -611,9 +611,10 @@ __device__ __forceinline__ bool gvm_gemm_preload_ok(const gvm_ctx& c, const gvm_
 
 __device__ __forceinline__ int gvm_gemm_bf16(const gvm_ctx& c, const gvm_tensor& out, const gvm_tensor& x,
                                              const gvm_tensor& w, int n0, int cnt, int ta, int tn) {
-    if (GVM_MAX_GROUPS <= 2 && gvm_gemm_preloaded(c)) {  // (the 4-group kernel spilled with it; check_records refuses)
+    if (gvm_gemm_preloaded(c)) {
         const int n_rb = (cnt + 15) / 16;
-        if (!gvm_gemm_preload_ok(c, w, 2, n0, cnt) || tn > 8 || (n_rb != 1 && n_rb != 2 && n_rb != 4))
+        if (!gvm_gemm_preload_ok(c, w, 2, n0, cnt) || tn > 8 || (n_rb != 1 && n_rb != 2 && n_rb != 4) ||
+            GVM_MAX_GROUPS > 2)  // the 4-group kernel spilled with the preloaded tiles (check_records refuses them there)
             return GVM_ERR_BAD_ARGS;
         return gvm_gemm_bf16_tiles<1, GVM_GEMM_PL_STEPS, true>(c, out, x, w, n0, cnt, ta, ta + tn);
     }
