@@ -587,12 +587,34 @@ __device__ __forceinline__ bool gvm_gemm_bf16_staged(const gvm_ctx& c, const gvm
 }
 
 // ---- preloaded tiles (GVM_FLAG_PRELOAD) ----------------------------------------------
-// The group copied the tile's weight rows [n0, n0 + cnt) into its scratch
-// while the instruction waited (runtime/group.cuh); the op waits for those
+// A flagged tile is preloaded: its group copies its weight rows [n0, n0 + cnt)
+// into the scratch while the instruction waits (gvm_gemm_preload, so that a
+// tile claimed ~10-20 us before its input is ready, Wo's at one token, then
+// computes from shared memory and its weights' round trips from HBM leave the
+// critical path); the op waits for those
 // copies, then reads the rows from there. Its own partial sums go through the
 // same scratch, so a preloaded tile is what one pass takes with the sums
 // stored after a barrier: bf16, one token tile (at most 8 tokens) and 1, 2
 // or 4 row blocks of 16 (4 units: one a warp). Anything else is refused.
+// Issued by the group as it takes a flagged instruction, before its waits
+// (runtime/group.cuh; the op checkers call it the same way): each thread
+// copies the 16-byte chunks tid, tid + 128, ... of the prefetch range into
+// the scratch, evict-first, in one commit group. A range the op would refuse
+// is not copied (the op's check then fails the instruction).
+__device__ __forceinline__ void gvm_gemm_preload(const gvm_ctx& c) {
+    const gvm_instr& ins = *c.ins;
+    const unsigned n = ins.pf_bytes;
+    if (ins.pf_slot >= GVM_MAX_TENSORS || ins.tensor[ins.pf_slot] == GVM_NONE || n > c.smem_bytes || (n & 15u) != 0u)
+        return;
+    const char* src = reinterpret_cast<const char*>(c.tab[ins.tensor[ins.pf_slot]].ptr) + ins.pf_offset;
+    if ((reinterpret_cast<unsigned long long>(src) & 15ull) != 0ull) return;
+    const unsigned dst = gvm_smem_addr(c.smem);
+    const unsigned long long pol = gvm_policy_evict_first();
+#pragma unroll 1
+    for (unsigned o = c.tid * 16u; o < n; o += GVM_GROUP_THREADS * 16u) gvm_cp_async16(dst + o, src + o, true, pol);
+    gvm_cp_async_commit();
+}
+
 #ifndef GVM_GEMM_PL_STEPS  // k-steps held a thread: shared memory's round trip is short (GVM_GEMM_STEPS spilled here)
 #define GVM_GEMM_PL_STEPS 3
 #endif

@@ -23,28 +23,6 @@ __device__ __forceinline__ bool gvm_group_any(unsigned bar_id, bool pred) {
 #define GVM_DESC_PREFETCH 1
 #endif
 
-// GVM_FLAG_PRELOAD: the instruction's weight range (its prefetch range) is
-// copied into the group's scratch while its waits run, so that a tile claimed
-// long before its input is ready computes from shared memory once it is (the
-// one-token Wo and router tiles wait ~10-20 us; their loads from HBM are
-// round trips on the critical path). Each thread copies the 16-byte chunks
-// tid, tid + 128, ... in one commit group, which the op waits for
-// (ops/gemm.cuh). A range the op would refuse is not copied: the op's own
-// check then fails the instruction.
-__device__ __forceinline__ void gvm_preload(const gvm_ctx& c) {
-    const gvm_instr& ins = *c.ins;
-    const unsigned n = ins.pf_bytes;
-    if (ins.pf_slot >= GVM_MAX_TENSORS || ins.tensor[ins.pf_slot] == GVM_NONE || n > c.smem_bytes || (n & 15u) != 0u)
-        return;
-    const char* src = reinterpret_cast<const char*>(c.tab[ins.tensor[ins.pf_slot]].ptr) + ins.pf_offset;
-    if ((reinterpret_cast<unsigned long long>(src) & 15ull) != 0ull) return;
-    const unsigned dst = gvm_smem_addr(c.smem);
-    const unsigned long long pol = gvm_policy_evict_first();
-#pragma unroll 1
-    for (unsigned o = c.tid * 16u; o < n; o += GVM_GROUP_THREADS * 16u) gvm_cp_async16(dst + o, src + o, true, pol);
-    gvm_cp_async_commit();
-}
-
 __device__ __forceinline__ void gvm_group(const gvm_params& p, gvm_shared& sh, unsigned g, unsigned char* scratch) {
     gvm_ctx c;
     c.ins = &sh.slot[g].ins;
@@ -80,7 +58,8 @@ __device__ __forceinline__ void gvm_group(const gvm_params& p, gvm_shared& sh, u
             // the waits below run (descriptors never depend on them).
             if (GVM_DESC_PREFETCH && c.tid < GVM_MAX_TENSORS && ins.tensor[c.tid] != GVM_NONE)
                 asm volatile("prefetch.global.L1 [%0];" ::"l"(c.tab + ins.tensor[c.tid]));
-            if (GVM_MAX_GROUPS <= 2 && !warm && (ins.flags & GVM_FLAG_PRELOAD) != 0) gvm_preload(c);
+            // a preloaded GEMM tile's weights start coming in while the waits run (ops/gemm.cuh)
+            if (GVM_MAX_GROUPS <= 2 && !warm && (ins.flags & GVM_FLAG_PRELOAD) != 0) gvm_gemm_preload(c);
             unsigned failed = 0;
             if (!warm && c.tid < ins.n_waits && c.tid < GVM_MAX_WAITS) {
                 const unsigned ctr = ins.wait_counter[c.tid];

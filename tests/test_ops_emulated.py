@@ -96,6 +96,14 @@ def test_a_wrong_fragment_of_the_register_path_fails(tmp_path: Path) -> None:
     assert _failures(broken, {Op.EXPERT_UP}) != []
 
 
+def test_a_preloaded_tile_read_before_its_copies_land_fails(tmp_path: Path) -> None:
+    """A preloaded GEMM tile (isa GVM_FLAG_PRELOAD) reads rows that every thread
+    of the group copied: without the barrier after the copies' wait it reads
+    other threads' rows before they are in."""
+    broken = _mutant(tmp_path, "ops/gemm.cuh", "    gvm_group_sync(c);       // everyone's\n", "")
+    assert any("preloaded tiles" in f for f in _failures(broken, {Op.GEMM}))
+
+
 def test_a_wgmma_left_in_flight_fails(tmp_path: Path) -> None:
     """The emulator computes a wgmma when a wait retires it: without the wait
     the staged GEMM's accumulators are read stale and the op returns with the

@@ -104,7 +104,7 @@ gvm_check_{name}(const gvm_instr* ins, const gvm_tensor* tab, int n, int* err, u
         if (i >= n) break;
         if (c.tid < 32) reinterpret_cast<unsigned*>(mine)[c.tid] = reinterpret_cast<const unsigned*>(ins + i)[c.tid];
         gvm_group_sync(c);
-        int e;
+        {preload}int e;
         for (c.again = 0;; ++c.again) {{  // GVM_AGAIN: call again, scratch kept
             e = gvm_op_{name}(c);
             if (e != GVM_AGAIN) break;
@@ -135,7 +135,9 @@ def kernel_source(ops: list[Op] | None = None) -> str:
     ]
     lines += [f'#include "{h}"' for h in HEADERS]
     for op in ops or list(OPS):
-        lines.append(_KERNEL.format(name=OPS[op]))
+        # a GEMM tile flagged PRELOAD: its rows copied in first, as the VM's group does (runtime/group.cuh)
+        pre = "if (mine->flags & GVM_FLAG_PRELOAD) gvm_gemm_preload(c);\n        " if op == Op.GEMM else ""
+        lines.append(_KERNEL.format(name=OPS[op], preload=pre))
     return "\n".join(lines)
 
 

@@ -70,6 +70,8 @@ void fiber_main() {
     const int t = m->cur;
     gvm_ctx c{job->ins, job->tab, (unsigned)t, 1u, 0u, m->smem, m->smem_bytes, 0u};
     int rc;
+    // a preloaded GEMM tile: each thread copies its chunks in first, as the VM's group does (runtime/group.cuh)
+    if (job->ins->opcode == GVM_OP_GEMM && (job->ins->flags & GVM_FLAG_PRELOAD)) gvm_gemm_preload(c);
     for (;; ++c.again) {  // an op that returns GVM_AGAIN is called again, scratch kept
         rc = job->fn(c);
         if (!m->wgmma[t].empty()) emu::fail("the op returned with a wgmma not retired by a wait");
@@ -105,14 +107,6 @@ std::string run_one(const gvm_instr* ins, const gvm_tensor* tab, unsigned smem_b
     m.w_wep.assign(smem_bytes, 0);
     m.r_wep.assign(smem_bytes, 0);
     m.r_warp.assign(smem_bytes, -1);
-    // a preloaded GEMM tile (GVM_FLAG_PRELOAD): its group copied the range in
-    // before the op ran (runtime/group.cuh, under the same conditions)
-    const unsigned pf = ins->pf_bytes;
-    if ((ins->flags & GVM_FLAG_PRELOAD) && ins->pf_slot < GVM_MAX_TENSORS && ins->tensor[ins->pf_slot] != GVM_NONE &&
-        pf <= smem_bytes && pf % 16 == 0) {
-        const char* src = reinterpret_cast<const char*>(tab[ins->tensor[ins->pf_slot]].ptr) + ins->pf_offset;
-        if (reinterpret_cast<unsigned long long>(src) % 16 == 0) std::memcpy(smem.data(), src, pf);
-    }
     m.group.expected = emu::kThreads;
     for (auto& w : m.warp) w.expected = 32;
     // the fibers' stacks, allocated once and not cleared: a fresh zeroed 32 MB an
