@@ -67,7 +67,6 @@ NVFP4_TILE_K = int(DEFINES["GVM_NVFP4_TILE_K"])
 Op = enum.IntEnum("Op", {k[len("GVM_OP_"):]: v for k, v in _enum("gvm_opcode").items() if not k.endswith("_")})
 DType = enum.IntEnum("DType", {k[len("GVM_DT_"):]: v for k, v in _enum("gvm_dtype").items()})
 Stamp = enum.IntEnum("Stamp", {k[len("GVM_STAMP_"):]: v for k, v in _enum("gvm_stamp").items() if k != "GVM_N_STAMPS"})
-Flag = enum.IntFlag("Flag", {k[len("GVM_FLAG_"):]: v for k, v in _enum("gvm_flag").items()})
 ErrorCode = enum.IntEnum("ErrorCode", {k[len("GVM_ERR_"):]: v for k, v in _enum("gvm_error_code").items()})
 N_STAMPS = _enum("gvm_stamp")["GVM_N_STAMPS"]
 

@@ -207,11 +207,7 @@ enum gvm_opcode {
 
 /* ---- instruction flags ---- */
 enum gvm_flag {
-    GVM_FLAG_TRACE = 1,     /* reserved: per-instruction trace opt-in */
-    GVM_FLAG_PRELOAD = 2    /* GEMM: the group copies the prefetch range (the tile's weight
-                             * rows [a0, a0 + a1) of slot 2, at most its scratch) into its
-                             * scratch before its waits; the op reads them from there
-                             * (ops/gemm.cuh, the preloaded tiles) */
+    GVM_FLAG_TRACE = 1      /* reserved: per-instruction trace opt-in */
 };
 
 /* ---- records ------------------------------------------------------------ */

@@ -117,14 +117,13 @@ __device__ __forceinline__ void gvm_gemm_store(const gvm_tensor& out, long long 
 // K step u of a batch: rows a and b of W and the TT tokens' x (tiles of 8
 // tokens apart), 16 bytes each at 64 u past the batch's pointers, or zeros
 // when this lane's chunks ran out.
-// PL: pa and pb point into the group's scratch (a preloaded tile).
-template <int TT, bool PL = false>
+template <int TT>
 __device__ __forceinline__ void gvm_gemm_bf16_fill(uint4& a, uint4& b, uint4 (&x)[TT], const char* pa, const char* pb,
                                                    const char* const (&px)[TT], int u, int left,
                                                    unsigned long long pol) {
     if (4 * u < left) {
-        a = PL ? *reinterpret_cast<const uint4*>(pa + 64 * u) : gvm_gemm_ld_w16(pa + 64 * u, pol);
-        b = PL ? *reinterpret_cast<const uint4*>(pb + 64 * u) : gvm_gemm_ld_w16(pb + 64 * u, pol);
+        a = gvm_gemm_ld_w16(pa + 64 * u, pol);
+        b = gvm_gemm_ld_w16(pb + 64 * u, pol);
 #pragma unroll
         for (int j = 0; j < TT; ++j) x[j] = gvm_gemm_ld_x16(px[j] + 64 * u);
     } else {
@@ -153,10 +152,7 @@ __device__ __forceinline__ void gvm_gemm_bf16_fill(uint4& a, uint4& b, uint4 (&x
 // holds for rows g + 8 (otherwise copies of the last row) are weight bytes
 // too and the unit takes half the round trips; row g's sum for token t is
 // then D[g][t] + D[g + 8][t + 4], one shuffle from lane q + 2.
-//
-// PL (a preloaded tile): w_base is the group's scratch, which holds the tile's
-// rows from row 0 (row0 and row_end count from the tile's first row).
-template <int TT, int S, bool FOLD = false, bool PL = false>
+template <int TT, int S, bool FOLD = false>
 __device__ __forceinline__ void gvm_gemm_bf16_unit(float (&acc)[TT][4], const char* w_base, long long w_row_bytes,
                                                    const char* x_base, long long x_row_bytes, int row0, int row_end,
                                                    int t0, int T, int c_beg, int c_end, unsigned lane,
@@ -183,7 +179,7 @@ __device__ __forceinline__ void gvm_gemm_bf16_unit(float (&acc)[TT][4], const ch
     uint4 A[S], B[S], X[S][TT];
     int left = span - q;  // chunks this lane has left from the batch being loaded
 #pragma unroll
-    for (int u = 0; u < S; ++u) gvm_gemm_bf16_fill<TT, PL>(A[u], B[u], X[u], pa, pb, px, u, left, pol);
+    for (int u = 0; u < S; ++u) gvm_gemm_bf16_fill<TT>(A[u], B[u], X[u], pa, pb, px, u, left, pol);
 #pragma unroll 1
     for (int b = 0; b < n_batches; ++b) {
         pa += 64 * S;
@@ -198,7 +194,7 @@ __device__ __forceinline__ void gvm_gemm_bf16_unit(float (&acc)[TT][4], const ch
                 gvm_mma_bf16(acc[j], A[u].x, B[u].x, A[u].y, B[u].y, X[u][j].x, X[u][j].y);
                 gvm_mma_bf16(acc[j], A[u].z, B[u].z, A[u].w, B[u].w, X[u][j].z, X[u][j].w);
             }
-            gvm_gemm_bf16_fill<TT, PL>(A[u], B[u], X[u], pa, pb, px, u, left, pol);
+            gvm_gemm_bf16_fill<TT>(A[u], B[u], X[u], pa, pb, px, u, left, pol);
         }
     }
     if (FOLD) {  // lane q < 2 adds the second half's tokens 2q, 2q + 1 (lane q + 2's rows g + 8)
@@ -319,10 +315,8 @@ __device__ __forceinline__ void gvm_gemm_stats(const gvm_ctx& c, int t_beg, int 
 
 // Token tiles [t0, t0 + 8 TT) (below T) x the instruction's rows, in passes of row
 // blocks, each unit's K split S ways; partial tiles summed in shared memory
-// in split order (deterministic) and stored. PL: the rows are preloaded in
-// the scratch, which the partial tiles then overwrite: one pass of 4 units,
-// one a warp (gvm_gemm_bf16), and a barrier before the partials are stored.
-template <int TT, int STEPS, bool PL = false>
+// in split order (deterministic) and stored.
+template <int TT, int STEPS>
 __device__ __forceinline__ int gvm_gemm_bf16_tiles(const gvm_ctx& c, const gvm_tensor& out, const gvm_tensor& x,
                                                    const gvm_tensor& w, int n0, int cnt, int t0, int T) {
     const unsigned lane = c.tid & 31u, warp = c.tid >> 5;
@@ -333,8 +327,7 @@ __device__ __forceinline__ int gvm_gemm_bf16_tiles(const gvm_ctx& c, const gvm_t
     if (per_pass < 1) return GVM_ERR_BAD_ARGS;
     float* part = reinterpret_cast<float*>(c.smem);
     const unsigned long long pol = gvm_policy_evict_first();
-    const char* w_base = PL ? reinterpret_cast<const char*>(c.smem) : reinterpret_cast<const char*>(w.ptr);
-    const int w_first = PL ? n0 : 0;  // the row at w_base
+    const char* w_base = reinterpret_cast<const char*>(w.ptr);
     const char* x_base = reinterpret_cast<const char*>(x.ptr);
     const long long w_row = w.stride[0] * 2, x_row = x.stride[0] * 2;
 #pragma unroll 1
@@ -348,14 +341,12 @@ __device__ __forceinline__ int gvm_gemm_bf16_tiles(const gvm_ctx& c, const gvm_t
             const int rb = u / S, s = u - rb * S;
             const int c_beg = s * cps, c_end = c_beg + cps < nch ? c_beg + cps : nch;
             float acc[TT][4];
-            const int r0 = n0 - w_first + (rb0 + rb) * 16, r_end = row_end - w_first;
-            if (TT == 1 && !PL && fold)  // a copy of the unit: a runtime flag in the one loop cost the 8-token tiles ~1.5%
-                gvm_gemm_bf16_unit<TT, STEPS, TT == 1 && !PL>(acc, w_base, w_row, x_base, x_row, r0, r_end, t0, T, c_beg,
-                                                           c_end, lane, pol);
+            if (TT == 1 && fold)  // a copy of the unit: a runtime flag in the one loop cost the 8-token tiles ~1.5%
+                gvm_gemm_bf16_unit<TT, STEPS, TT == 1>(acc, w_base, w_row, x_base, x_row, n0 + (rb0 + rb) * 16, row_end,
+                                                       t0, T, c_beg, c_end, lane, pol);
             else
-                gvm_gemm_bf16_unit<TT, STEPS, false, PL>(acc, w_base, w_row, x_base, x_row, r0, r_end, t0, T, c_beg,
-                                                         c_end, lane, pol);
-            if (PL) gvm_group_sync(c);  // every warp's weights read before the partials overwrite them
+                gvm_gemm_bf16_unit<TT, STEPS>(acc, w_base, w_row, x_base, x_row, n0 + (rb0 + rb) * 16, row_end, t0, T,
+                                              c_beg, c_end, lane, pol);
             const int g = lane >> 2, q = lane & 3;
 #pragma unroll
             for (int j = 0; j < TT; ++j) {
@@ -586,60 +577,8 @@ __device__ __forceinline__ bool gvm_gemm_bf16_staged(const gvm_ctx& c, const gvm
            c.smem_bytes >= GVM_GEMM_XS_STAGES * GVM_GEMM_XS_STAGE_BYTES;
 }
 
-// ---- preloaded tiles (GVM_FLAG_PRELOAD) ----------------------------------------------
-// A flagged tile is preloaded: its group copies its weight rows [n0, n0 + cnt)
-// into the scratch while the instruction waits (gvm_gemm_preload, so that a
-// tile claimed ~10-20 us before its input is ready, Wo's at one token, then
-// computes from shared memory and its weights' round trips from HBM leave the
-// critical path); the op waits for those
-// copies, then reads the rows from there. Its own partial sums go through the
-// same scratch, so a preloaded tile is what one pass takes with the sums
-// stored after a barrier: bf16, one token tile (at most 8 tokens) and 1, 2
-// or 4 row blocks of 16 (4 units: one a warp). Anything else is refused.
-// Issued by the group as it takes a flagged instruction, before its waits
-// (runtime/group.cuh; the op checkers call it the same way): each thread
-// copies the 16-byte chunks tid, tid + 128, ... of the prefetch range into
-// the scratch, evict-first, in one commit group. A range the op would refuse
-// is not copied (the op's check then fails the instruction).
-__device__ __forceinline__ void gvm_gemm_preload(const gvm_ctx& c) {
-    const gvm_instr& ins = *c.ins;
-    const unsigned n = ins.pf_bytes;
-    if (ins.pf_slot >= GVM_MAX_TENSORS || ins.tensor[ins.pf_slot] == GVM_NONE || n > c.smem_bytes || (n & 15u) != 0u)
-        return;
-    const char* src = reinterpret_cast<const char*>(c.tab[ins.tensor[ins.pf_slot]].ptr) + ins.pf_offset;
-    if ((reinterpret_cast<unsigned long long>(src) & 15ull) != 0ull) return;
-    const unsigned dst = gvm_smem_addr(c.smem);
-    const unsigned long long pol = gvm_policy_evict_first();
-#pragma unroll 1
-    for (unsigned o = c.tid * 16u; o < n; o += GVM_GROUP_THREADS * 16u) gvm_cp_async16(dst + o, src + o, true, pol);
-    gvm_cp_async_commit();
-}
-
-#ifndef GVM_GEMM_PL_STEPS  // k-steps held a thread: shared memory's round trip is short (GVM_GEMM_STEPS spilled here)
-#define GVM_GEMM_PL_STEPS 3
-#endif
-__device__ __forceinline__ bool gvm_gemm_preloaded(const gvm_ctx& c) { return (c.ins->flags & GVM_FLAG_PRELOAD) != 0; }
-
-// Waits for the copies (also before a refusal: the scratch is the next
-// instruction's), then checks that they were the tile's rows.
-__device__ __forceinline__ bool gvm_gemm_preload_ok(const gvm_ctx& c, const gvm_tensor& w, int es, int n0, int cnt) {
-    gvm_cp_async_wait<0>();  // this thread's copies
-    gvm_group_sync(c);       // everyone's
-    const gvm_instr& in = *c.ins;
-    const unsigned long long row = (unsigned long long)w.stride[0] * (unsigned)es;
-    return in.pf_slot == 2 & in.pf_offset == (unsigned long long)n0 * row &
-           (unsigned long long)in.pf_bytes == (unsigned long long)cnt * row & in.pf_bytes <= c.smem_bytes;
-}
-
 __device__ __forceinline__ int gvm_gemm_bf16(const gvm_ctx& c, const gvm_tensor& out, const gvm_tensor& x,
                                              const gvm_tensor& w, int n0, int cnt, int ta, int tn) {
-    if (gvm_gemm_preloaded(c)) {
-        const int n_rb = (cnt + 15) / 16;
-        if (!gvm_gemm_preload_ok(c, w, 2, n0, cnt) || tn > 8 || (n_rb != 1 && n_rb != 2 && n_rb != 4) ||
-            GVM_MAX_GROUPS > 2)  // the 4-group kernel spilled with the preloaded tiles (check_records refuses them there)
-            return GVM_ERR_BAD_ARGS;
-        return gvm_gemm_bf16_tiles<1, GVM_GEMM_PL_STEPS, true>(c, out, x, w, n0, cnt, ta, ta + tn);
-    }
     if (gvm_gemm_bf16_staged(c, x, tn)) return gvm_gemm_xs(c, out, x, w, n0, cnt, ta, tn);
     const int T = ta + tn;  // the token tiles' end: tokens past it read token T - 1 and are not stored
     int t0 = ta;
@@ -1025,10 +964,6 @@ __device__ __forceinline__ int gvm_gemm_f32(const gvm_ctx& c, const gvm_tensor& 
         // normal, not evict-first: the token spans of a row tile read W at about the same time
         gvm_gemm_f32_xs(c, ob, o_row, xb, x_row, wb, w_row, n0, cnt, T, n4, gvm_policy_evict_normal());
         return GVM_ERR_NONE;
-    }
-    if (gvm_gemm_preloaded(c)) {  // bf16 only: a preloaded f32 tile's code spilled the traced kernel
-        gvm_gemm_preload_ok(c, w, 4, n0, cnt);  // (waits for the copies)
-        return GVM_ERR_BAD_ARGS;
     }
     if (T == 1) {  // W is the whole cost: tiles of GVM_GEMM_F32_RT rows, the rest in 4, 2, 1 (none partial)
         constexpr int RT = GVM_GEMM_F32_RT;

@@ -58,8 +58,6 @@ __device__ __forceinline__ void gvm_group(const gvm_params& p, gvm_shared& sh, u
             // the waits below run (descriptors never depend on them).
             if (GVM_DESC_PREFETCH && c.tid < GVM_MAX_TENSORS && ins.tensor[c.tid] != GVM_NONE)
                 asm volatile("prefetch.global.L1 [%0];" ::"l"(c.tab + ins.tensor[c.tid]));
-            // a preloaded GEMM tile's weights start coming in while the waits run (ops/gemm.cuh)
-            if (GVM_MAX_GROUPS <= 2 && !warm && (ins.flags & GVM_FLAG_PRELOAD) != 0) gvm_gemm_preload(c);
             unsigned failed = 0;
             if (!warm && c.tid < ins.n_waits && c.tid < GVM_MAX_WAITS) {
                 const unsigned ctr = ins.wait_counter[c.tid];
@@ -70,7 +68,6 @@ __device__ __forceinline__ void gvm_group(const gvm_params& p, gvm_shared& sh, u
             // With no waits there is nothing to share (n_waits is the same in
             // every thread): skip the barrier.
             if (!warm && ins.n_waits != 0 && gvm_group_any(c.bar_id, failed != 0)) {
-                gvm_cp_async_wait<0>();  // a preload lands before the next instruction's scratch use
                 if (c.tid == 0) gvm_mbar_arrive(&sh.empty[g]);
                 continue;  // the error is recorded; the controller stops claiming
             }
@@ -86,7 +83,6 @@ __device__ __forceinline__ void gvm_group(const gvm_params& p, gvm_shared& sh, u
             continue;
         }
         gvm_sts(loop, gvm_lds_u(loop) & 0x80000000u);
-        if (rc > GVM_ERR_NONE) gvm_cp_async_wait<0>();  // a preload the op refused before waiting for it
         __syncwarp();
         gvm_group_sync(c);
         if (c.tid == 0) {

@@ -56,11 +56,3 @@ def test_an_op_that_waits_on_itself_cannot_be_one_launch() -> None:
     p.op(Op.NOP, waits=[c], label="a[1]")
     with pytest.raises(ProgramError, match="waits on itself"):
         op_groups(p.build())
-
-
-def test_split_keeps_preloads() -> None:
-    """Flag.PRELOAD travels with its op into the op's own stream."""
-    sp = lower_step(SMALL, 1, 1, 12, tiles=Tiles(preload=8))
-    flagged = sorted(o.label for o in sp.stream.ops if o.flags)
-    assert flagged, "the small model's Wo tiles preload"
-    assert sorted(o.label for s in split_by_op(sp.stream) for o in s.ops if o.flags) == flagged

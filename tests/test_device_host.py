@@ -13,7 +13,7 @@ from gpuvm.device.layout import CLAIM_SLOTS, PARAMS_DTYPE
 from gpuvm.device.programs import gemm_stream, nop_stream, stuck_stream
 from gpuvm.device.validate import check_records
 from gpuvm.device.warm import warm_bindings, warm_stream
-from gpuvm.isa import ERROR_DTYPE, NONE, DType, ErrorCode, Flag, Op, f2i
+from gpuvm.isa import ERROR_DTYPE, NONE, DType, ErrorCode, Op, f2i
 from gpuvm.nvtx import nvtx_range
 from gpuvm.opspec import ProgramError
 from gpuvm.program import Program, Stream
@@ -74,52 +74,6 @@ def test_gemm_token_ranges_need_a_2_group_kernel() -> None:
     check_records(s.records, tab, len(s.counters), ALL, s.labels, max_groups=2)
     with pytest.raises(ProgramError, match="instruction 0 'wr': a GEMM token range needs a kernel of at most 2 groups"):
         check_records(s.records, tab, len(s.counters), ALL, s.labels, max_groups=4)
-
-
-def _preloaded(rows: int = 32) -> tuple[Stream, np.ndarray]:
-    p = Program("wo")
-    x, w, out = p.tensor("x", (1, 1024), DType.BF16), p.tensor("w", (64, 1024), DType.BF16, role="weight"), p.tensor("out", (1, 64), DType.F32)
-    p.op(Op.GEMM, [out, x, w], [0, rows], prefetch=(w, 0, rows * w.row_bytes), preload=True, label="wo")
-    s = p.build()
-    return s, s.table({t.name: empty(t) for t in s.tensors})
-
-
-def test_preloads_are_checked_before_launch() -> None:
-    """Flag.PRELOAD: a bf16 GEMM whose prefetch range is its own rows (Program.op),
-    at most a group's scratch, and no flag bit the kernel does not know (check_records)."""
-    s, tab = _preloaded()
-    assert s.records["flags"][0] == int(Flag.PRELOAD)
-    check_records(s.records, tab, len(s.counters), ALL, s.labels, group_smem=65536)
-    with pytest.raises(ProgramError, match="instruction 0 'wo': preloads 65536 bytes; a group's scratch holds 49152"):
-        check_records(s.records, tab, len(s.counters), ALL, s.labels, group_smem=49152)
-    with pytest.raises(ProgramError, match="instruction 0 'wo': a preload needs a kernel of at most 2 groups"):
-        check_records(s.records, tab, len(s.counters), ALL, s.labels, max_groups=4)
-    for flags, message in ((8, "flags 0xa hold bits the kernel does not know"),):
-        rec = s.records.copy()
-        rec["flags"] |= flags
-        with pytest.raises(ProgramError, match=message):
-            check_records(rec, tab, len(s.counters), ALL, s.labels)
-    rec = s.records.copy()
-    rec["pf_slot"] = NONE
-    with pytest.raises(ProgramError, match="a preload needs a prefetch range"):
-        check_records(rec, tab, len(s.counters), ALL, s.labels)
-    n, tab_n = _small()
-    rec = n.records.copy()
-    rec["flags"][0] = int(Flag.PRELOAD)
-    with pytest.raises(ProgramError, match="instruction 0 'load': only a GEMM preloads its weights"):
-        check_records(rec, tab_n, len(n.counters), ALL, n.labels)
-
-
-def test_a_preload_must_be_a_bf16_tiles_own_rows() -> None:
-    p = Program("bad")
-    x, w, out = p.tensor("x", (1, 1024), DType.BF16), p.tensor("w", (64, 1024), DType.BF16, role="weight"), p.tensor("out", (1, 64), DType.F32)
-    with pytest.raises(ProgramError, match=r"preload of bytes \[0, 4096\) of 'w', not the tile's rows \[8, 40\)"):
-        p.op(Op.GEMM, [out, x, w], [8, 32], prefetch=(w, 0, 4096), preload=True)
-    with pytest.raises(ProgramError, match="preload is for a bf16 GEMM whose prefetch range is in its weights"):
-        p.op(Op.GEMM, [out, x, w], [0, 32], preload=True)
-    xf, wf, of = p.tensor("xf", (1, 64), DType.F32), p.tensor("wf", (2, 64), DType.F32), p.tensor("of", (1, 2), DType.F32)
-    with pytest.raises(ProgramError, match="preload is for a bf16 GEMM"):
-        p.op(Op.GEMM, [of, xf, wf], [0, 2], prefetch=(wf, 0, 512), preload=True)
 
 
 def _error(**fields: int) -> np.void:

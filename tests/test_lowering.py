@@ -13,9 +13,9 @@ import torch
 
 from gpuvm.cpu import run_stream
 from gpuvm.cpu.ops import list_items
-from gpuvm.isa import NONE, DType, Flag, Op, i2f
+from gpuvm.isa import NONE, DType, Op, i2f
 from gpuvm.muse.config import SHARD, SMALL
-from gpuvm.muse.lowering import EXPERT_CAP, POISON_INT, PRELOAD_BYTES, LayerProgram, Tiles, _fill_rows, _span_rows, _split_tail, bind_layer, emit_layer, lower_layer, n_chunks
+from gpuvm.muse.lowering import EXPERT_CAP, POISON_INT, LayerProgram, Tiles, _fill_rows, _span_rows, _split_tail, bind_layer, emit_layer, lower_layer, n_chunks
 from gpuvm.muse.state import make_inputs, make_state
 from gpuvm.muse.weights import layer_shapes, make_layer_weights
 from gpuvm.program import Program, ProgramError
@@ -514,22 +514,3 @@ def test_late_g_tiles_wait_for_the_qkv_tiles(kind: str, small_weights) -> None: 
         run_stream(lp.stream, b, order="random", rng=random.Random(2))
         outs.append(b["s"].clone())
     assert torch.equal(outs[0], outs[1])
-
-
-def test_preloaded_tiles_are_the_wo_tiles_up_to_8_tokens() -> None:
-    """Tiles.preload: the bf16 GEMM tiles the device takes from its scratch
-    (at most 64 KB of rows in 1, 2 or 4 row blocks, at most 8 tokens) carry
-    Flag.PRELOAD with their own rows as the prefetch range; at the shard's
-    size at one and 8 tokens those are Wo's 256 tiles, at 16 none."""
-    def preloaded(tl: Tiles, conversations: int, tokens: int) -> list:  # type: ignore[type-arg]
-        lp = lower_layer(SHARD, "sliding", conversations, tokens, 4096, tiles=tl)
-        return [o for o in lp.stream.ops if o.flags & Flag.PRELOAD]
-
-    assert not preloaded(Tiles(), 1, 1)  # off by default
-    for tokens in (1, 8):
-        ops = preloaded(Tiles(preload=8), 1, tokens)
-        assert len(ops) == 256 and all(o.label.startswith("L0.Wo[") for o in ops)
-        for o in ops:
-            w = o.tensors[2]
-            assert o.prefetch == (2, o.args[0] * w.row_bytes, o.args[1] * w.row_bytes) and o.args[1] * w.row_bytes <= PRELOAD_BYTES
-    assert not preloaded(Tiles(preload=8), 2, 8)

@@ -63,12 +63,11 @@ def test_switch_alternatives(tmp_path_factory: pytest.TempPathFactory, op: Op, d
 
 def test_the_4_group_kernels_gemm(tmp_path_factory: pytest.TempPathFactory) -> None:
     """The 4-group kernel's GEMM defaults (one token tile a pass, the 4 x 4
-    router tile) give the same answers, but it refuses token ranges, K
-    parts and preloaded tiles (BAD_ARGS: it has no register to spare for them)."""
+    router tile) give the same answers, but it refuses token ranges and K
+    parts (BAD_ARGS: it has no register to spare for them)."""
     lib = build_emulator(tmp_path_factory.mktemp("emu_g4"), defines=(("GVM_MAX_GROUPS", "4"),))
     bad = _failures(EmuRunner(lib), {Op.GEMM})
-    assert bad and all("token ranges" in b or "K parts" in b or "preloaded tiles" in b for b in bad), bad
-    assert any("preloaded tiles" in b for b in bad), bad
+    assert bad and all("token ranges" in b or "K parts" in b for b in bad), bad
     assert any("K parts /" in b for b in bad), bad
 
 
@@ -94,14 +93,6 @@ def test_a_wrong_fragment_fails(tmp_path: Path) -> None:
 def test_a_wrong_fragment_of_the_register_path_fails(tmp_path: Path) -> None:
     broken = _mutant(tmp_path, "ops/experts.cuh", "pa[0], pb[0], pa[2], pb[2], x.x, x.y);", "pa[2], pb[0], pa[0], pb[2], x.x, x.y);")
     assert _failures(broken, {Op.EXPERT_UP}) != []
-
-
-def test_a_preloaded_tile_read_before_its_copies_land_fails(tmp_path: Path) -> None:
-    """A preloaded GEMM tile (isa GVM_FLAG_PRELOAD) reads rows that every thread
-    of the group copied: without the barrier after the copies' wait it reads
-    other threads' rows before they are in."""
-    broken = _mutant(tmp_path, "ops/gemm.cuh", "    gvm_group_sync(c);       // everyone's\n", "")
-    assert any("preloaded tiles" in f for f in _failures(broken, {Op.GEMM}))
 
 
 def test_a_wgmma_left_in_flight_fails(tmp_path: Path) -> None:

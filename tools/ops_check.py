@@ -49,7 +49,7 @@ if str(ROOT) not in sys.path:
 from gpuvm.cpu.backend import run_stream  # noqa: E402
 from gpuvm.device.build import BuildOptions  # noqa: E402
 from gpuvm.cpu.ops import OPS as CPU_OPS, residual_stats  # noqa: E402
-from gpuvm.isa import TENSOR_DTYPE, DType, ErrorCode, Flag, Op, f2i  # noqa: E402
+from gpuvm.isa import TENSOR_DTYPE, DType, ErrorCode, Op, f2i  # noqa: E402
 from gpuvm.muse.formats import from_e4m3, tile_nvfp4, to_e4m3  # noqa: E402
 from gpuvm.opspec import TensorSpec  # noqa: E402
 from gpuvm.program import Program, Stream, work_lists  # noqa: E402
@@ -104,7 +104,7 @@ gvm_check_{name}(const gvm_instr* ins, const gvm_tensor* tab, int n, int* err, u
         if (i >= n) break;
         if (c.tid < 32) reinterpret_cast<unsigned*>(mine)[c.tid] = reinterpret_cast<const unsigned*>(ins + i)[c.tid];
         gvm_group_sync(c);
-        {preload}int e;
+        int e;
         for (c.again = 0;; ++c.again) {{  // GVM_AGAIN: call again, scratch kept
             e = gvm_op_{name}(c);
             if (e != GVM_AGAIN) break;
@@ -135,9 +135,7 @@ def kernel_source(ops: list[Op] | None = None) -> str:
     ]
     lines += [f'#include "{h}"' for h in HEADERS]
     for op in ops or list(OPS):
-        # a GEMM tile flagged PRELOAD: its rows copied in first, as the VM's group does (runtime/group.cuh)
-        pre = "if (mine->flags & GVM_FLAG_PRELOAD) gvm_gemm_preload(c);\n        " if op == Op.GEMM else ""
-        lines.append(_KERNEL.format(name=OPS[op], preload=pre))
+        lines.append(_KERNEL.format(name=OPS[op]))
     return "\n".join(lines)
 
 
@@ -287,14 +285,8 @@ class _Build:
     def e4m3(self, *shape: int, scale: float = 1.0) -> torch.Tensor:
         return to_e4m3(self.randn(*shape, scale=scale)).view(torch.uint8)
 
-    def op_(self, tensors: list[TensorSpec | None], args: list[int], preload: bool = False) -> None:
-        """preload (GEMM): the tile's weight rows go into the scratch first (isa Flag.PRELOAD)."""
-        pf = None
-        if preload:
-            w = tensors[2]
-            assert w is not None
-            pf = (w, args[0] * w.row_bytes, args[1] * w.row_bytes)
-        self.prog.op(self.op, tensors, args, prefetch=pf, preload=preload)
+    def op_(self, tensors: list[TensorSpec | None], args: list[int]) -> None:
+        self.prog.op(self.op, tensors, args)
 
     def case(self, expect: int = int(ErrorCode.NONE), corrupt: Callable[[np.ndarray, np.ndarray], None] | None = None) -> Case:
         return Case(self.name, self.op, self.prog.build(order="given"), self.tensors, self.checks, expect, corrupt)
@@ -793,36 +785,6 @@ def cases_gemm(sz: Sizes, gen: torch.Generator) -> list[Case]:
                b.out("parts", DType.F32, (2, 64), EXACT), b.add("tickets", DType.I32, torch.zeros(1, dtype=torch.int32))],
               [0, 16, 0, 0, 0, 4, 0, 0])
         out.append(b.case(int(ErrorCode.BAD_ARGS), _set_arg(i, bad)))
-    # preloaded tiles (isa Flag.PRELOAD: the rows copied into the scratch before
-    # the op, its partial sums then stored over them): bf16 tiles of 1-64 rows
-    # (1, 2 or 4 row blocks) at 1 and 8 tokens (folded up to 8 rows at 1), with
-    # residual statistics; then the tiles the device refuses that way (an f32
-    # preload: the Python program refuses it, so the record is set by hand)
-    for t in (1, 8):
-        b = _Build(f"gemm bf16 T={t} preloaded tiles of 1-64 rows, statistics", Op.GEMM, gen)
-        o = b.out("out", DType.F32, (t, 4 * n), GEMM_BF16)
-        x = b.add("x", DType.BF16, b.randn(t, 512, scale=2.0).bfloat16())  # 1 KB rows: 64 of them fill a scratch
-        w = b.add("w", DType.BF16, b.randn(4 * n, 512, scale=0.05).bfloat16())
-        cols = _gemm_cols(4 * n, (32, 8, 64, 3, 16, 20))
-        st = b.out("stats", DType.F32, (t, len(cols), 4), STATS)
-        extra = [b.add("s", DType.F32, b.randn(t, 4 * n, scale=2.0)), b.add("alpha", DType.F32, 1.0 + b.randn(4 * n, scale=0.1)),
-                 b.add("beta", DType.F32, 0.3 + b.randn(4 * n, scale=0.1))]
-        for i, (c0, c) in enumerate(cols):
-            b.op_([o, x, w, st, *extra], [c0, c, 0, 0, i], preload=True)
-        out.append(b.case())
-    for what, t, rows in (("48 rows", 1, 48), ("9 tokens", 9, 16)):
-        b = _Build(f"gemm preloaded, {what} -> BAD_ARGS", Op.GEMM, gen)
-        b.op_([b.out("out", DType.F32, (t, 64), EXACT), b.add("x", DType.BF16, b.randn(t, 64).bfloat16()),
-               b.add("w", DType.BF16, b.randn(64, 64).bfloat16())], [0, rows], preload=True)
-        out.append(b.case(int(ErrorCode.BAD_ARGS)))
-    b = _Build("gemm preloaded f32 -> BAD_ARGS", Op.GEMM, gen)
-    w = b.add("w", DType.F32, b.randn(2, 64))
-    b.prog.op(Op.GEMM, [b.out("out", DType.F32, (1, 2), EXACT), b.add("x", DType.F32, b.randn(1, 64)), w], [0, 2], prefetch=(w, 0, 512))
-
-    def preload(records: np.ndarray, table: np.ndarray) -> None:
-        records["flags"] |= int(Flag.PRELOAD)
-
-    out.append(b.case(int(ErrorCode.BAD_ARGS), preload))
     b = _Build("gemm statistics slot past P -> BAD_ARGS", Op.GEMM, gen)
     b.op_([b.out("out", DType.F32, (2, 16), EXACT), b.add("x", DType.BF16, b.randn(2, 64).bfloat16()), b.add("w", DType.BF16, b.randn(16, 64).bfloat16()),
            b.out("stats", DType.F32, (2, 2, 4), EXACT), b.add("s", DType.F32, b.randn(2, 16)), b.add("alpha", DType.F32, b.randn(16)),

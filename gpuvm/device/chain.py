@@ -14,7 +14,6 @@ from typing import Mapping
 
 import torch
 
-from ..isa import Flag
 from ..opspec import ProgramError
 from ..program import Program, Stream
 from .vm import VM, Loaded
@@ -69,7 +68,7 @@ def split_by_op(stream: Stream) -> list[Stream]:
             if ins.prefetch is not None:
                 slot, off, nbytes = ins.prefetch
                 pf = (ts[slot], off, nbytes)
-            p.op(ins.opcode, ts, ins.args, prefetch=pf, label=ins.label, preload=bool(ins.flags & Flag.PRELOAD))  # type: ignore[arg-type]
+            p.op(ins.opcode, ts, ins.args, prefetch=pf, label=ins.label)  # type: ignore[arg-type]
         out.append(p.build(order="given"))
     return out
 

@@ -6,7 +6,7 @@ from typing import Collection, Sequence
 
 import numpy as np
 
-from ..isa import DTYPE_BYTES, INSTR_DTYPE, MAX_DIMS, MAX_INSTRS, MAX_TENSORS, MAX_WAITS, NONE, TENSOR_DTYPE, Flag, Op
+from ..isa import DTYPE_BYTES, INSTR_DTYPE, MAX_DIMS, MAX_INSTRS, MAX_TENSORS, MAX_WAITS, NONE, TENSOR_DTYPE, Op
 from ..opspec import ProgramError
 
 __all__ = ["check_records"]
@@ -22,14 +22,11 @@ def _tensor_bytes(tab: np.ndarray) -> np.ndarray:
 
 
 def check_records(records: np.ndarray, table: np.ndarray, n_counters: int, compiled: Collection[Op], labels: Sequence[str] | None = None,
-                  max_groups: int = 2, group_smem: int | None = None) -> None:
+                  max_groups: int = 2) -> None:
     """Raise ProgramError at the first record with an opcode the kernel lacks,
     a tensor slot outside the table, a counter outside the counter array, a
-    prefetch range outside its tensor, a GEMM token range that a kernel of
-    max_groups groups does not take (ops/gemm.cuh: only up to 2 groups), a
-    flag the kernel does not know, or a preload (Flag.PRELOAD) on another op
-    than GEMM, in a kernel of more than 2 groups or past the group_smem bytes
-    of a group's scratch."""
+    prefetch range outside its tensor, or a GEMM token range that a kernel of
+    max_groups groups does not take (ops/gemm.cuh: only up to 2 groups)."""
     if records.dtype != INSTR_DTYPE or table.dtype != TENSOR_DTYPE:
         raise ProgramError("records and table must have the gvm_instr / gvm_tensor layouts of gpuvm.isa")
     n = len(records)
@@ -80,16 +77,3 @@ def check_records(records: np.ndarray, table: np.ndarray, n_counters: int, compi
         end = records["pf_offset"][rows].astype(np.int64) + records["pf_bytes"][rows].astype(np.int64)
         if (k := first(end > _tensor_bytes(table)[tix])) is not None:
             raise ProgramError(f"{name(int(rows[k]))}: prefetch range ends at byte {int(end[k])}, past its tensor")
-    flags = records["flags"].astype(np.int64)
-    known = int(Flag.TRACE) | int(Flag.PRELOAD)
-    if (i := first((flags & ~known) != 0)) is not None:
-        raise ProgramError(f"{name(i)}: flags {int(flags[i]):#x} hold bits the kernel does not know")
-    pre = (flags & int(Flag.PRELOAD)) != 0
-    if (i := first(pre & (ops != int(Op.GEMM)))) is not None:
-        raise ProgramError(f"{name(i)}: only a GEMM preloads its weights")
-    if (i := first(pre & ~has_pf)) is not None:
-        raise ProgramError(f"{name(i)}: a preload needs a prefetch range")
-    if max_groups > 2 and (i := first(pre)) is not None:
-        raise ProgramError(f"{name(i)}: a preload needs a kernel of at most 2 groups (this one is built for {max_groups})")
-    if group_smem is not None and (i := first(pre & (records["pf_bytes"].astype(np.int64) > group_smem))) is not None:
-        raise ProgramError(f"{name(i)}: preloads {int(records['pf_bytes'][i])} bytes; a group's scratch holds {group_smem}")

@@ -171,8 +171,7 @@ class Loaded:
             if isinstance(buf, torch.Tensor) and buf.device != vm.torch_device:
                 raise ProgramError(f"tensor '{spec.name}' is on {buf.device}; the VM runs on {vm.torch_device}")
         table = stream.table(bindings)  # checks every binding's shape, dtype and layout
-        check_records(stream.records, table, len(stream.counters), vm.build.compiled_ops, stream.labels, vm.build.options.max_groups,
-                      vm.build.layout.group_smem)
+        check_records(stream.records, table, len(stream.counters), vm.build.compiled_ops, stream.labels, vm.build.options.max_groups)
         self._bufs = {t.name: bindings[t.name] for t in stream.tensors}  # kept alive while loaded
         self._tickets = [self._bufs[t.name] for t in stream.tensors if t.role == "ticket"]  # counted from zero, as the counters
         for t in self._tickets:

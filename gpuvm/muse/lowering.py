@@ -39,9 +39,6 @@ POISON_INT = -7
 EXPERT_GRAIN = {Op.EXPERT_UP: NVFP4_TILE_ROWS, Op.EXPERT_DOWN: NVFP4_TILE_ROWS}
 EXPERT_CAP = 64
 KINDS = ("full", "sliding")
-#: the most weight bytes a preloaded GEMM tile may have (Tiles.preload): the
-#: 2-group kernel's scratch a group (GVM_GROUP_SMEM)
-PRELOAD_BYTES = 64 * 1024
 
 
 @dataclass(frozen=True)
@@ -168,19 +165,13 @@ class Tiles:
     # us, sliding-c1-t1 175.6, 176.0 / 178.0, 175.4, full-c1-t8 234.7, 236.3 /
     # 237.0, 238.3; step 1x1 8360, 8386 / 8457, 8400, 1x8 13776, 13839 / 13843, 13852.
     g_late: int = 8
-    # Up to preload tokens a step (0: never) the bf16 GEMM tiles the device can
-    # take from its scratch (at most PRELOAD_BYTES of weights in 16, 32 or 64
-    # rows: Wo's up to 8 tokens) are preloaded: the group copies the tile's rows
-    # into shared memory while the tile waits for its input (isa Flag.PRELOAD),
-    # so that the weights' round trips from HBM leave the critical path.
-    preload: int = 0
 
     def __post_init__(self) -> None:
         if not isinstance(self.gemm_fill, int) or self.gemm_fill < 0:
             raise ProgramError(f"Tiles.gemm_fill must be an int >= 0, not {self.gemm_fill!r}")
         if self.gemm_min_bytes > self.gemm_max_bytes:
             raise ProgramError(f"Tiles.gemm_min_bytes {self.gemm_min_bytes} exceeds gemm_max_bytes {self.gemm_max_bytes}")
-        for name in ("router_span", "topk_span", "expert_cap_tokens", "g_late", "preload"):
+        for name in ("router_span", "topk_span", "expert_cap_tokens", "g_late"):
             v = getattr(self, name)
             if not isinstance(v, int) or v < 0:
                 raise ProgramError(f"Tiles.{name} must be an int >= 0, not {v!r}")
@@ -438,15 +429,13 @@ def emit_layer(
         if tl.gemm_fill and not tile_bytes and spans == [(0, 0)] and not stats and not parts:
             tiles = _split_tail(tiles, max(1, tl.gemm_fill - beside), tl.gemm_tail)
         for m, ((c0, n), (t0, tn)) in enumerate(itertools.product(tiles, spans)):
-            pre = (wt.dtype == DType.BF16 and T <= min(tl.preload, 8) and spans == [(0, 0)] and n * wt.row_bytes <= PRELOAD_BYTES
-                   and -(-n // 16) in (1, 2, 4))
             for j in range(n_parts):
                 where = f"{c0}:{c0 + n}" + (f"|t{t0}:{t0 + tn}" if tn else "") + (f"|k{j * kp}:{(j + 1) * kp}" if parts else "")
                 if parts:  # the part's bytes of the tile's first row (its rows are not contiguous)
                     tensors, args, fetch = [out, xin, wt, *parts[:2]], [c0, n, t0, tn, 0, n_parts, j, m], (wt, c0 * wt.row_bytes + j * kp * 4, kp * 4)
                 else:
                     tensors, args, fetch = [out, xin, wt, *(stats or [])], [c0, n, t0, tn] + ([m // len(spans)] if stats else []), (wt, c0 * wt.row_bytes, n * wt.row_bytes)
-                p.op(Op.GEMM, tensors, args, waits=waits, signal=sig, prefetch=fetch, label=f"{prefix}{tag}[{where}]", preload=pre)
+                p.op(Op.GEMM, tensors, args, waits=waits, signal=sig, prefetch=fetch, label=f"{prefix}{tag}[{where}]")
         return len(tiles) * len(spans) * n_parts
 
     row_blocks = _tiles(0, T, tl.rows)

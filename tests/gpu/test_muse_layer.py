@@ -109,12 +109,3 @@ FUSED_CASES = [c for c in DECODE_CASES if c.name in ("full-c1-t1", "sliding-c1-t
 def test_shard_layer_with_fused_qk_matches_reference(vm_plain, case: Case) -> None:  # type: ignore[no-untyped-def]
     _check(_run_case(vm_plain, SHARD, case, "dynamic", Tiles(fuse_qk=1 << 20)))
 
-
-
-#: preloaded Wo tiles (Tiles.preload): one and 8 tokens, both kinds (the tiles it applies to)
-PRELOAD_CASES = [c for c in DECODE_CASES if c.name in ("full-c1-t1", "sliding-c1-t1", "full-c1-t8", "sliding-c1-t8")]
-
-
-@pytest.mark.parametrize("case", PRELOAD_CASES, ids=lambda c: c.name)
-def test_shard_layer_with_preloaded_tiles_matches_reference(vm_plain, case: Case) -> None:  # type: ignore[no-untyped-def]
-    _check(_run_case(vm_plain, SHARD, case, "dynamic", Tiles(preload=8)))

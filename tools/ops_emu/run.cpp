@@ -70,8 +70,6 @@ void fiber_main() {
     const int t = m->cur;
     gvm_ctx c{job->ins, job->tab, (unsigned)t, 1u, 0u, m->smem, m->smem_bytes, 0u};
     int rc;
-    // a preloaded GEMM tile: each thread copies its chunks in first, as the VM's group does (runtime/group.cuh)
-    if (job->ins->opcode == GVM_OP_GEMM && (job->ins->flags & GVM_FLAG_PRELOAD)) gvm_gemm_preload(c);
     for (;; ++c.again) {  // an op that returns GVM_AGAIN is called again, scratch kept
         rc = job->fn(c);
         if (!m->wgmma[t].empty()) emu::fail("the op returned with a wgmma not retired by a wait");
