@@ -443,6 +443,8 @@ def _check_expert(ts: Slots, a: Args, up: bool) -> None:
         raise ProgramError(f"an expert work list needs >= 1 workers, not {a[1]}")
     if not (a[2] >= 1 and a[3] >= 1 and a[2] % NVFP4_TILE_ROWS == 0 and a[3] % NVFP4_TILE_ROWS == 0):
         raise ProgramError(f"expert row grain and cap must be positive multiples of {NVFP4_TILE_ROWS} (items start on a tiled block), not {a[2]} and {a[3]}")
+    if not (0 <= a[4] <= a[1]):
+        raise ProgramError(f"a fixed worker's number a4 must be 1..{a[1]} (0: items claimed), not {a[4]}")
 
 
 def expert_item_rows(n_out: int, hit: int, workers: int, grain: int, cap: int) -> int:
@@ -533,8 +535,8 @@ SPECS: dict[Op, OpSpec] = {
     Op.ATTN_MERGE: OpSpec(("o", "part_o", "part_ml", "qkvg"), ("tok0", "tokens", "head0", "heads"), _check_attn_merge, _cost_merge),
     Op.RESIDUAL: OpSpec(("s", "a", "alpha", "beta", "w_next", "out_f32", "out_bf16", "stats"), ("row0", "rows", "col0", "cols"), _check_residual, _cost_residual),
     Op.TOPK: OpSpec(("scores", "route_meta", "route", "work"), ("first_local", "n_local", "mode", "t0", "tokens"), _check_topk, _cost_topk),
-    Op.EXPERT_UP: OpSpec(("hbuf", "x", "codes", "scales", "tscales", "route_meta", "route", "work"), ("list", "workers", "grain", "cap"), lambda ts, a: _check_expert(ts, a, True), lambda ts, a: _cost_expert(ts, a, 2)),
-    Op.EXPERT_DOWN: OpSpec(("y", "hbuf", "codes", "scales", "tscales", "route_meta", "route", "work"), ("list", "workers", "grain", "cap"), lambda ts, a: _check_expert(ts, a, False), lambda ts, a: _cost_expert(ts, a, 1)),
+    Op.EXPERT_UP: OpSpec(("hbuf", "x", "codes", "scales", "tscales", "route_meta", "route", "work"), ("list", "workers", "grain", "cap", "fixed"), lambda ts, a: _check_expert(ts, a, True), lambda ts, a: _cost_expert(ts, a, 2)),
+    Op.EXPERT_DOWN: OpSpec(("y", "hbuf", "codes", "scales", "tscales", "route_meta", "route", "work"), ("list", "workers", "grain", "cap", "fixed"), lambda ts, a: _check_expert(ts, a, False), lambda ts, a: _cost_expert(ts, a, 1)),
     Op.EXPERT_COMBINE: OpSpec(("fsq", "y", "route"), ("tok0", "tokens"), _check_combine, _cost_combine),
     Op.EMBED: OpSpec(("s", "table", "tokens"), ("row0", "rows"), _check_embed, _cost_embed),
     Op.ARGMAX: OpSpec(("logits", "tokens", "margin"), ("row0", "rows"), _check_argmax, _cost_argmax),

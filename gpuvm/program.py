@@ -211,18 +211,22 @@ class Program:
     def _check_lists(self) -> None:
         """The workers of an expert work list (isa/gvm_isa.h EXPERT_UP): the one
         that finishes the list signals a1 for all of them, so they must agree on
-        tensors, arguments and counter, number a1, and be its only signallers;
-        and a wait on that counter is for the whole list."""
+        tensors, arguments (but a4) and counter, number a1, and be its only
+        signallers; fixed workers (a4 > 0) number 1..a1 once each, or none is
+        fixed; and a wait on that counter is for the whole list."""
         counters: dict[int, str] = {}  # list counter id -> the list's name
         for (t, k), idx in work_lists(self.instrs).items():
             ws = [self.instrs[i] for i in idx]
             w0 = ws[0]
             name = f"work list '{self.tensors[t].name}'[{k}]"
             for w in ws[1:]:
-                if (w.opcode, w.tensors, w.args, w.signal) != (w0.opcode, w0.tensors, w0.args, w0.signal):
+                if (w.opcode, w.tensors, w.args[:4], w.signal) != (w0.opcode, w0.tensors, w0.args[:4], w0.signal):
                     raise ProgramError(f"{name}: op #{w.id} '{w.label}' differs from op #{w0.id} '{w0.label}' in opcode, tensors, arguments or signal")
             if len(ws) != w0.args[1]:
                 raise ProgramError(f"{name} has {len(ws)} workers, but its ops say a1 = {w0.args[1]}: the list would signal a wrong count")
+            fixed = sorted(w.args[4] for w in ws)
+            if fixed[-1] and fixed != list(range(1, len(ws) + 1)):
+                raise ProgramError(f"{name}: fixed workers (a4) must number 1..{len(ws)} once each, not {fixed[:8]}{'...' if len(fixed) > 8 else ''}: items would be lost or done twice")
             c = w0.signal
             if c is None:
                 continue

@@ -169,7 +169,10 @@ enum gvm_opcode {
      * t3 gu scales [E,2,I/16,H] e4m3 (both tiled NVFP4, above; H a multiple
      * of 128), t4 gu tensor scales [E,2] f32, t5 route_meta, t6 route, t7 work
      * [K,2] i32; a0 list k, a1 workers W, a2 row grain G, a3 row cap C (G and
-     * C multiples of 16). Work list (E <= GVM_MAX_WORKLIST_EXPERTS):
+     * C multiples of 16), a4 fixed F (0: items claimed, below; else this worker
+     * is number F - 1 of the W, numbered 1..W: it takes items F - 1, F - 1 + W,
+     * F - 1 + 2W, ... and leaves work[k][0] alone: a fixed round robin, the
+     * static schedule the claims are measured against). Work list (E <= GVM_MAX_WORKLIST_EXPERTS):
      * with h experts with tokens, tiles have
      * R = min(C, G * ceil(ceil(I / max(1, W / h)) / G)) rows;
      * item i is row tile i % P (rows [R*(i%P), +R) of I, P = ceil(I/R)) of the
@@ -178,15 +181,15 @@ enum gvm_opcode {
      * ends at items + W) and count each one finished in work[k][1]; the worker
      * that finishes the last item (with no items, the first to take one)
      * signals W, the others 0, so waiters see the list done without waiting
-     * for its last worker. All W share tensors, arguments and signal counter,
-     * and are that counter's only signallers (checked at build).
+     * for its last worker. All W share tensors, arguments but a4 and signal
+     * counter, and are that counter's only signallers (checked at build).
      * For an item's expert e and each slot of e (token t):
      * hbuf[slot, n] = bf16(silu(G x_t) * (U x_t)) with G = gu[e,0],
      * U = gu[e,1] dequantised: code * scale * tensor_scale. */
     GVM_OP_EXPERT_DOWN = 24,
     /* t0 y [8T,H] f32, t1 hbuf [8T,I] bf16, t2 d codes [E,H/16,8I], t3 d scales
      * [E,H/16,I] (tiled), t4 d tensor scales [E] f32, t5 route_meta, t6 route,
-     * t7 work; a0 list k, a1 workers W, a2 row grain G, a3 cap C: the work list of
+     * t7 work; a0 list k, a1 workers W, a2 row grain G, a3 cap C, a4 fixed F: the work list of
      * EXPERT_UP over the H rows. y[slot, n] = sum_i D[n,i] hbuf[slot,i]. */
     GVM_OP_EXPERT_COMBINE = 25,
     /* t0 fsq [T,H] bf16, t1 y [8T,H] f32, t2 route [5,8T] i32; a0 token0,

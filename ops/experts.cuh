@@ -353,6 +353,7 @@ __device__ __noinline__ bool gvm_expert_args_ok(const gvm_ctx& c) {
               gvm_is(tts, GVM_DT_F32, UP ? 2 : 1) & tts.shape[0] == n_exp & gvm_is(tmeta, GVM_DT_I32, 2) &
               tmeta.shape[0] == 2 & gvm_is(troute, GVM_DT_I32, 2) & troute.shape[0] == 5 &
               kdim % GVM_NVFP4_TILE_K == 0 & n_exp <= GVM_MAX_WORKLIST_EXPERTS & gvm_aligned(tmeta, 4, 4) & n_w >= 1 &
+              c.ins->arg[4] >= 0 & c.ins->arg[4] <= n_w &
               grain >= 1 & cap >= 1 & grain % GVM_NVFP4_TILE_ROWS == 0 & cap % GVM_NVFP4_TILE_ROWS == 0 &
               gvm_is(twork, GVM_DT_I32, 2) & twork.shape[1] == 2 & gvm_aligned(twork, 4, 8) & k >= 0 & k < twork.shape[0] &
               c.smem_bytes >= GVM_EXP_STATE + GVM_EXP_HEAD + GVM_EXP_WBUF + GVM_EXP_RAW + GVM_EXP_MTILE;
@@ -960,6 +961,9 @@ __device__ __forceinline__ int gvm_nth_bit(unsigned m, int r) {
 // hit, the items done before this worker's last one, then each expert's token
 // count and first slot (route_meta, read once by the first call while its
 // claim is in flight, so that an item starts without a round trip for them).
+// With a4 > 0 the worker takes items a4 - 1, a4 - 1 + W, ... instead (a
+// fixed round robin, the static schedule that the claims are measured against)
+// and counts them the same way.
 // Completion: a worker counts each finished item in work[a0][1] (acq_rel,
 // after a group barrier) with the same 64-bit atomic that claims its next
 // item in work[a0][0] (one round trip between items, not two); the one that
@@ -986,7 +990,8 @@ __device__ int gvm_expert_matmul(const gvm_ctx& c) {
             const gvm_tensor& tm = gvm_t(c, 5);
             const unsigned lane = c.tid;
             unsigned claim = 0;
-            if (lane == 0) claim = atomicAdd(gvm_ptr<unsigned>(tw, c.ins->arg[0] * tw.stride[0], 4), 1u);
+            const int fixed = c.ins->arg[4];  // > 0: worker fixed - 1 of a fixed round robin, nothing claimed
+            if (lane == 0) claim = fixed > 0 ? (unsigned)(fixed - 1) : atomicAdd(gvm_ptr<unsigned>(tw, c.ins->arg[0] * tw.stride[0], 4), 1u);
             const bool live = (int)lane < tm.shape[1];
             const int count = live ? gvm_ptr<const int>(tm, lane, 4)[0] : 0;
             const int first = live ? gvm_ptr<const int>(tm, tm.stride[0] + lane, 4)[0] : 0;
@@ -1005,8 +1010,9 @@ __device__ int gvm_expert_matmul(const gvm_ctx& c) {
         if (c.tid == 0) {  // items done (high word) and the next claim (low word)
             const gvm_tensor& tw = gvm_t(c, 7);
             unsigned long long* w = gvm_ptr<unsigned long long>(tw, c.ins->arg[0] * tw.stride[0], 4);
-            const unsigned long long old = gvm_atom_add_acq_rel_u64(w, 1ull | 1ull << 32);
-            gvm_sts(st + 4 * (c.again & 1), (unsigned)old);
+            const int fixed = c.ins->arg[4];
+            const unsigned long long old = gvm_atom_add_acq_rel_u64(w, (fixed > 0 ? 0ull : 1ull) | 1ull << 32);
+            gvm_sts(st + 4 * (c.again & 1), fixed > 0 ? (unsigned)(fixed - 1) + c.again * (unsigned)c.ins->arg[1] : (unsigned)old);
             gvm_sts(st + 12, (unsigned)(old >> 32));
         }
     }

@@ -323,8 +323,8 @@ def test_expert_up_down_combine() -> None:
     work = torch.zeros(2, 2, dtype=torch.int32)
     # work lists (the ops take tiled NVFP4): 4 workers over 3 experts hit, one
     # tile of all 128 rows each; the first takes all items and signals for the 4, the others nothing
-    assert [ops.expert_up([hbuf, x, *tile_nvfp4(gu_c, gu_s), gu_ts, meta, route, work], [0, 4, 128, 128]) for _ in range(4)] == [4, 0, 0, 0]
-    assert [ops.expert_down([y, hbuf, *tile_nvfp4(d_c, d_s), d_ts, meta, route, work], [1, 2, H, H]) for _ in range(2)] == [2, 0]
+    assert [ops.expert_up([hbuf, x, *tile_nvfp4(gu_c, gu_s), gu_ts, meta, route, work], [0, 4, 128, 128, 0]) for _ in range(4)] == [4, 0, 0, 0]
+    assert [ops.expert_down([y, hbuf, *tile_nvfp4(d_c, d_s), d_ts, meta, route, work], [1, 2, H, H, 0]) for _ in range(2)] == [2, 0]
     assert work.tolist() == [[3 + 4, 3], [3 + 2, 3]]  # (items + workers: each worker's last take is past the end, items done)
     used = int(meta[0].sum())
     assert used == 5 and hbuf[used:].isnan().all() and y[used:].isnan().all()
@@ -347,6 +347,26 @@ def test_expert_up_down_combine() -> None:
     assert (fsq[3] == 0).all()  # a token with no local expert
 
 
+def test_fixed_workers_do_the_claimed_lists_items() -> None:
+    """Fixed workers (a4 = 1..W) take items w - 1, w - 1 + W, ... in any order
+    of running: the same rows as claimed workers, bit for bit, the counter
+    untouched, and the one that finishes the last item signals for all."""
+    T, E, H, I = 4, 3, 128, 64
+    _, meta, route = _routing(T, E, [[0, 2], [2], [1, 0], [1]])
+    x = randn(T, H).bfloat16()
+    codes, scales = tile_nvfp4(*_nvfp4(E, 2, I, H)[:2])
+    ts = torch.ones(E, 2)
+    assert len(ops.list_items(meta, I, 3, 16, 16)) == 12  # 3 experts hit x 4 tiles of 16 rows: 4 items a worker
+    claimed, fixed = nan(8 * T, I, dtype=torch.bfloat16), nan(8 * T, I, dtype=torch.bfloat16)
+    work = torch.zeros(2, 2, dtype=torch.int32)
+    assert [ops.expert_up([claimed, x, codes, scales, ts, meta, route, work], [0, 3, 16, 16, 0]) for _ in range(3)] == [3, 0, 0]
+    got = {w: ops.expert_up([fixed, x, codes, scales, ts, meta, route, work], [1, 3, 16, 16, w]) for w in (2, 3, 1)}
+    assert got == {2: 0, 3: 0, 1: 3}  # worker 1 ran last: its last item was the list's last done
+    assert work.tolist() == [[12 + 3, 12], [0, 12]]
+    used = int(meta[0].sum())
+    assert torch.equal(fixed[:used], claimed[:used]) and not fixed[:used].isnan().any() and fixed[used:].isnan().all()
+
+
 def test_expert_with_no_tokens_touches_nothing() -> None:
     """Only expert 0 has tokens: with 4 workers at a grain of 16 rows its 4
     items of 16 rows are the whole list, and a worker past them does nothing."""
@@ -357,11 +377,11 @@ def test_expert_with_no_tokens_touches_nothing() -> None:
     x = randn(2, 128).bfloat16()
     assert ops.list_items(meta, 64, 4, 16, 64) == [(0, slice(r, r + 16)) for r in (0, 16, 32, 48)]
     work = torch.tensor([[4, 4]], dtype=torch.int32)  # the list already taken and done
-    assert ops.expert_up([hbuf, x, codes, scales, ts, meta, route, work], [0, 4, 16, 64]) == 0  # its finisher signalled
+    assert ops.expert_up([hbuf, x, codes, scales, ts, meta, route, work], [0, 4, 16, 64, 0]) == 0  # its finisher signalled
     assert hbuf.isnan().all() and work.tolist() == [[5, 4]]
     work.zero_()
     for _ in range(3):
-        ops.expert_up([hbuf, x, codes, scales, ts, meta, route, work], [0, 3, 16, 64])
+        ops.expert_up([hbuf, x, codes, scales, ts, meta, route, work], [0, 3, 16, 64, 0])
     # 3 workers: 2 items of 32 rows (ceil(64 / 3) rounded up to the grain); a cap of 16: 4 items
     assert ops.list_items(meta, 64, 3, 16, 64) == [(0, slice(0, 32)), (0, slice(32, 64))]
     assert ops.list_items(meta, 64, 3, 16, 16) == [(0, slice(r, r + 16)) for r in (0, 16, 32, 48)]
@@ -375,7 +395,7 @@ def test_empty_work_list_is_signalled_by_its_first_worker() -> None:
     hbuf = nan(16, 32, dtype=torch.bfloat16)
     codes, scales = tile_nvfp4(*_nvfp4(3, 2, 32, 128)[:2])
     work = torch.zeros(1, 2, dtype=torch.int32)
-    got = [ops.expert_up([hbuf, nan(2, 128, dtype=torch.bfloat16), codes, scales, torch.ones(3, 2), meta, route, work], [0, 3, 16, 64]) for _ in range(3)]
+    got = [ops.expert_up([hbuf, nan(2, 128, dtype=torch.bfloat16), codes, scales, torch.ones(3, 2), meta, route, work], [0, 3, 16, 64, 0]) for _ in range(3)]
     assert got == [3, 0, 0] and work.tolist() == [[3, 0]] and hbuf.isnan().all()
 
 

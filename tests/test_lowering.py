@@ -493,6 +493,26 @@ def test_two_chained_layers_equal_two_single_layers(small_weights) -> None:  # t
     assert all(r["wait_counter"][0] != NONE for r in stream.records[[k for k, o in enumerate(stream.ops) if o.label.startswith("L1.Wqkvg")]])
 
 
+def test_fixed_expert_workers_compute_what_claimed_ones_do(small_weights) -> None:  # type: ignore[no-untyped-def]
+    """Tiles.expert_fixed: the expert lists' workers numbered 1..W in a4 (a
+    fixed round robin, the static schedule the claims are measured against);
+    at small dims the layer computes what the claimed lists do, bit for bit."""
+    lp = lower_layer(SHARD, "sliding", 32, 8, 4096, tiles=Tiles(expert_fixed=1))
+    for op in (Op.EXPERT_UP, Op.EXPERT_DOWN):
+        assert sorted(o.args[4] for o in lp.stream.ops if o.opcode == op) == list(range(1, 265))
+    state = make_state(SMALL, "sliding", 3, 2, 70, seed=4)
+    outs = []
+    for tl in (Tiles(), Tiles(expert_fixed=1)):
+        st = state.clone()
+        lp = lower_layer(SMALL, "sliding", 3, 2, st.slots, tiles=tl)
+        b = bind_layer(lp, small_weights[False], st, make_inputs(SMALL, st, seed=5, weights_seed=21))
+        run_stream(lp.stream, b, order="random", rng=random.Random(3))
+        outs.append(b["s"].clone())
+    assert torch.equal(outs[0], outs[1])
+    with pytest.raises(ProgramError, match="Tiles.expert_fixed must be 0 or 1"):
+        Tiles(expert_fixed=2)
+
+
 @pytest.mark.parametrize("kind", ["full", "sliding"])
 def test_late_g_tiles_wait_for_the_qkv_tiles(kind: str, small_weights) -> None:  # type: ignore[no-untyped-def]
     """Tiles.g_late: up to that many tokens Wqkvg's g tiles wait for the q|k|v

@@ -132,12 +132,12 @@ def test_work_lists_are_checked() -> None:
     """A list's workers signal a1 at once (isa/gvm_isa.h EXPERT_UP): they must
     agree, number a1, own their counter, and be waited for whole."""
 
-    def build(n_w: int = 3, a1: int = 3, odd_args: bool = False, intruder: bool = False, partial: bool = False) -> None:
+    def build(n_w: int = 3, a1: int = 3, odd_args: bool = False, intruder: bool = False, partial: bool = False, fixed: tuple[int, ...] = ()) -> None:
         p = Program("lists")
         t = _muse_tensors(p)
         done = p.counter("hbuf")
         for k in range(n_w):
-            args = [0, a1, 16, 64 if not (odd_args and k == 1) else 32]
+            args = [0, a1, 16, 64 if not (odd_args and k == 1) else 32, fixed[k] if fixed else 0]
             p.op(Op.EXPERT_UP, [t[n] for n in ("hbuf", "x", "gu", "gus", "guts", "meta", "route", "work")], args, signal=done, label=f"up{k}")
         if intruder:
             p.op(Op.NOP, signal=done, label="intruder")
@@ -153,6 +153,13 @@ def test_work_lists_are_checked() -> None:
         build(intruder=True)
     with pytest.raises(ProgramError, match="waits for 1 of the 3 signals of 'hbuf'.*wait for all"):
         build(partial=True)
+    build(fixed=(3, 1, 2))  # a fixed round robin: each worker's number once
+    with pytest.raises(ProgramError, match=r"fixed workers \(a4\) must number 1..3 once each, not \[1, 1, 2\]"):
+        build(fixed=(1, 2, 1))
+    with pytest.raises(ProgramError, match=r"must number 1..3 once each, not \[0, 1, 2\]"):
+        build(fixed=(0, 1, 2))
+    with pytest.raises(ProgramError, match="a fixed worker's number a4 must be 1..3"):
+        build(fixed=(1, 2, 4))
 
 
 # ---- per-opcode shape and dtype checks -----------------------------------------

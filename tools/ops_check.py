@@ -607,22 +607,23 @@ def cases_experts(sz: Sizes, gen: torch.Generator) -> list[Case]:
             sc = b.add("scales", DType.E4M3, scales)
             mt = b.add("route_meta", DType.I32, meta)
             rt = b.add("route", DType.I32, route)
-            wk = b.add("work", DType.I32, torch.zeros(5, 2, dtype=torch.int32), EXACT)  # ends at (items + workers, items)
+            wk = b.add("work", DType.I32, torch.zeros(6, 2, dtype=torch.int32), EXACT)  # ends at (items + workers, items)
             # work lists (workers, row grain, row cap: multiples of 16, items
-            # start on a tiled block), each into its own output: 7 workers at a
-            # grain of sz.cols on counter 0, then grains of 32 and 16 rows with
-            # more workers than items (items of one and two units: the K split
-            # four and two ways); then 7 workers capped at 32 rows; then 7 over
-            # items of 48 rows, three units
+            # start on a tiled block; fixed round robin or claimed), each into
+            # its own output: 7 workers at a grain of sz.cols on counter 0, then
+            # grains of 32 and 16 rows with more workers than items (items of
+            # one and two units: the K split four and two ways); then 7 workers
+            # capped at 32 rows; then 7 over items of 48 rows, three units; then
+            # 5 fixed workers, several items each
             many = sz.local * -(-h // 16) + 5
-            lists = [(7, sz.cols, 1 << 20), (many, 32, 1 << 20), (many, 16, 1 << 20), (7, 16, 32), (7, 48, 1 << 20)]
-            for kk, (n_w, grain, cap) in enumerate(lists):
+            lists = [(7, sz.cols, 1 << 20, False), (many, 32, 1 << 20, False), (many, 16, 1 << 20, False), (7, 16, 32, False), (7, 48, 1 << 20, False), (5, 16, 32, True)]
+            for kk, (n_w, grain, cap, fixed) in enumerate(lists):
                 if up:
                     dst = b.out(f"hbuf{kk}", DType.BF16, (8 * t, h), Check("float", rtol=2.0**-7, atol_max=1e-3, norm=5e-3))
                 else:
                     dst = b.out(f"y{kk}", DType.F32, (8 * t, h), Check("float", rtol=1e-4, atol_max=1e-5, norm=1e-5))
-                for _ in range(n_w):
-                    b.op_([dst, x, cd, sc, ts, mt, rt, wk], [kk, n_w, grain, cap])
+                for wi in range(n_w):
+                    b.op_([dst, x, cd, sc, ts, mt, rt, wk], [kk, n_w, grain, cap, wi + 1 if fixed else 0])
             out.append(b.case())
     b = _Build("expert_combine", Op.EXPERT_COMBINE, gen)
     meta, route = _routing(b, t, sz)
@@ -631,7 +632,8 @@ def cases_experts(sz: Sizes, gen: torch.Generator) -> list[Case]:
     for r, n in _row_blocks(t, 7):
         b.op_([fsq, yy, rt], [r, n])
     out.append(b.case())
-    corrupt = {"counter past the work": _set_arg(0, 1), "a slot's token past x": None, "a row grain of 8 (not a tiled block)": _set_arg(2, 8)}
+    corrupt = {"counter past the work": _set_arg(0, 1), "a slot's token past x": None, "a row grain of 8 (not a tiled block)": _set_arg(2, 8),
+               "a fixed worker past the workers": _set_arg(4, 2)}
     for what, bad in corrupt.items():
         b = _Build(f"expert_up {what} -> BAD_ARGS", Op.EXPERT_UP, gen)
         meta, route = _routing(b, 8, replace(sz, local=2))

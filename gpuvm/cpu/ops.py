@@ -320,17 +320,22 @@ def list_items(meta: torch.Tensor, n_out: int, workers: int, grain: int, cap: in
     return [(hit[i // per], slice((i % per) * rows, min(n_out, (i % per + 1) * rows))) for i in range(len(hit) * per)]
 
 
-def take_items(work: torch.Tensor, k: int, items: list[tuple[int, slice]], workers: int, do: Callable[[int, slice], None]) -> int:
+def take_items(work: torch.Tensor, k: int, items: list[tuple[int, slice]], workers: int, do: Callable[[int, slice], None], fixed: int = 0) -> int:
     """One worker of list k, as ops/experts.cuh runs it: items i = work[k, 0]++
-    until one past the end, each done counted in work[k, 1]. Returns what it
-    signals: `workers` if it finished the list's last item (with no items: if
-    it took the first draw), else 0. Run one at a time, the first worker takes
-    the whole list and the others none; work[k] ends at (items + workers,
-    items) either way."""
-    amount = 0
+    until one past the end (fixed > 0: items fixed - 1, fixed - 1 + workers,
+    ..., work[k, 0] untouched), each done counted in work[k, 1]. Returns what
+    it signals: `workers` if it finished the list's last item (with no items:
+    if it took the first draw), else 0. Claimed and run one at a time, the
+    first worker takes the whole list and the others none; work[k] ends at
+    (items + workers, items) either way ((0, items) when fixed)."""
+    amount, call = 0, 0
     while True:
-        i = int(work[k, 0])
-        work[k, 0] = i + 1
+        if fixed:
+            i = fixed - 1 + call * workers
+            call += 1
+        else:
+            i = int(work[k, 0])
+            work[k, 0] = i + 1
         if i >= len(items):
             return workers if not items and i == 0 else amount
         do(*items[i])
@@ -360,7 +365,7 @@ def expert_up(ts: Slots, a: Args) -> int:
         gate, up = xs @ gu[0].T, xs @ gu[1].T
         hbuf[slots, cols] = (torch.nn.functional.silu(gate) * up).to(hbuf.dtype)
 
-    return take_items(work, a[0], list_items(meta, hbuf.shape[1], a[1], a[2], a[3]), a[1], item)
+    return take_items(work, a[0], list_items(meta, hbuf.shape[1], a[1], a[2], a[3]), a[1], item, a[4])
 
 
 def expert_down(ts: Slots, a: Args) -> int:
@@ -373,7 +378,7 @@ def expert_down(ts: Slots, a: Args) -> int:
         down = dequantize_nvfp4(*_tiled_rows(codes[e], scales[e], cols), float(tscales[e]))  # [n, I]
         y[slots, cols] = hbuf[slots].float() @ down.T
 
-    return take_items(work, a[0], list_items(meta, y.shape[1], a[1], a[2], a[3]), a[1], item)
+    return take_items(work, a[0], list_items(meta, y.shape[1], a[1], a[2], a[3]), a[1], item, a[4])
 
 
 def expert_combine(ts: Slots, a: Args) -> None:

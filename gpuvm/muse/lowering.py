@@ -114,6 +114,10 @@ class Tiles:
     # expert_bench 5 hits x 1 token up 75.3 / 60.1 us, down 45.2 / 33.8; step
     # 1 x 8 16.65 / 15.64 ms, 16 x 1 26.09 / 25.48; but 32 x 1 34.48 / 35.55
     # (more experts a token's picks share: their unequal counts matter again).
+    # Expert work items in a fixed round robin (worker w takes items w, w + W,
+    # ...) when 1, instead of claimed from the list's counter: the static
+    # schedule that the run-time claims are measured against (issue 6).
+    expert_fixed: int = 0
     expert_cap_tokens: int = 17
     expert_cap: int = EXPERT_CAP
     rows: int = 1  # token rows per RMSNORM / RESIDUAL / EXPERT_COMBINE op (latency bound: one row each ran fastest)
@@ -171,6 +175,8 @@ class Tiles:
             raise ProgramError(f"Tiles.gemm_fill must be an int >= 0, not {self.gemm_fill!r}")
         if self.gemm_min_bytes > self.gemm_max_bytes:
             raise ProgramError(f"Tiles.gemm_min_bytes {self.gemm_min_bytes} exceeds gemm_max_bytes {self.gemm_max_bytes}")
+        if self.expert_fixed not in (0, 1):
+            raise ProgramError(f"Tiles.expert_fixed must be 0 or 1, not {self.expert_fixed!r}")
         for name in ("router_span", "topk_span", "expert_cap_tokens", "g_late"):
             v = getattr(self, name)
             if not isinstance(v, int) or v < 0:
@@ -533,10 +539,10 @@ def emit_layer(
     up_done, down_done = ctr("hbuf"), ctr("y")
     up_workers = min(tl.expert_workers, E * -(-I // up_grain))
     for wk in range(up_workers):
-        p.op(Op.EXPERT_UP, [hbuf, x, w["gu_codes"], w["gu_scales"], w["gu_ts"], meta, route, work], [0, up_workers, up_grain, cap], waits=[routed, squeezed], signal=up_done, label=f"{prefix}expert_up[{wk}/{up_workers}]")
+        p.op(Op.EXPERT_UP, [hbuf, x, w["gu_codes"], w["gu_scales"], w["gu_ts"], meta, route, work], [0, up_workers, up_grain, cap, wk + 1 if tl.expert_fixed else 0], waits=[routed, squeezed], signal=up_done, label=f"{prefix}expert_up[{wk}/{up_workers}]")
     down_workers = min(tl.expert_workers, E * -(-H // down_grain))
     for wk in range(down_workers):
-        p.op(Op.EXPERT_DOWN, [y, hbuf, w["d_codes"], w["d_scales"], w["d_ts"], meta, route, work], [1, down_workers, down_grain, cap], waits=[up_done], signal=down_done, label=f"{prefix}expert_down[{wk}/{down_workers}]")
+        p.op(Op.EXPERT_DOWN, [y, hbuf, w["d_codes"], w["d_scales"], w["d_ts"], meta, route, work], [1, down_workers, down_grain, cap, wk + 1 if tl.expert_fixed else 0], waits=[up_done], signal=down_done, label=f"{prefix}expert_down[{wk}/{down_workers}]")
     combined = ctr("fsq")
     for r0, n in _tiles(0, T, tl.rows):
         p.op(Op.EXPERT_COMBINE, [fsq, y, route], [r0, n], waits=[down_done], signal=combined, label=f"{prefix}expert_combine[{r0}:{r0 + n}]")
