@@ -124,7 +124,16 @@ template <int N> inline void gvm_cp_async_wait() {}
 inline unsigned gvm_opaque(unsigned v) { return v; }
 inline unsigned gvm_atom_add_acq_rel(unsigned* p, unsigned v) { return atomicAdd(p, v); }
 inline unsigned long long gvm_atom_add_acq_rel_u64(unsigned long long* p, unsigned long long v) { const unsigned long long o = *p; *p = o + v; return o; }
-inline void gvm_prefetch_l2(const void*, unsigned) {}
+// A bulk prefetch on the GPU takes 16-byte aligned ranges of a multiple of 16
+// bytes; here it must also lie inside one of the instruction's tensors.
+inline void gvm_prefetch_l2(const void* p, unsigned bytes) {
+    const unsigned char* a = static_cast<const unsigned char*>(p);
+    if (bytes == 0 || bytes % 16 != 0 || reinterpret_cast<unsigned long long>(a) % 16 != 0)
+        emu::fail("gvm_prefetch_l2 of " + std::to_string(bytes) + " bytes: not a nonzero multiple of 16 at a 16-byte aligned address");
+    for (const auto& t : emu::machine()->tensors)
+        if (a >= t.first && a + bytes <= t.first + t.second) return;
+    emu::fail("gvm_prefetch_l2 of " + std::to_string(bytes) + " bytes outside every tensor of the instruction");
+}
 
 inline unsigned gvm_smem_addr(const void* p) {
     const long long off = (const unsigned char*)p - emu::machine()->smem;

@@ -111,6 +111,14 @@ std::string run_one(const gvm_instr* ins, const gvm_tensor* tab, unsigned smem_b
     // instruction was most of the emulator's system time
     static char* stacks = new char[(size_t)emu::kThreads * emu::kStack];
     m.stacks = stacks;
+    for (int i = 0; i < GVM_MAX_TENSORS; ++i) {  // each tensor's bytes, from its last element's offset
+        if (ins->tensor[i] == GVM_NONE) continue;
+        const gvm_tensor& t = tab[ins->tensor[i]];
+        const int esize = t.dtype == GVM_DT_F32 || t.dtype == GVM_DT_I32 ? 4 : t.dtype == GVM_DT_BF16 ? 2 : 1;
+        long long last = 0;
+        for (int d = 0; d < t.ndim; ++d) last += (long long)(t.shape[d] - 1) * t.stride[d];
+        m.tensors.emplace_back(reinterpret_cast<const unsigned char*>(t.ptr), (size_t)(last + 1) * esize);
+    }
     Job j{fn, ins, tab, {}};
     job = &j;
     emu::machine() = &m;

@@ -111,6 +111,7 @@ struct Machine {
     std::vector<short> writer, reader;
     std::vector<signed char> r_warp;
     std::vector<WgmmaOp> wgmma[kThreads];  // each thread's wgmma ops in flight
+    std::vector<std::pair<const unsigned char*, size_t>> tensors;  // [base, bytes) of the instruction's tensors
     std::string error;                     // first failure seen by a fiber
 };
 
