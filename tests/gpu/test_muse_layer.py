@@ -110,7 +110,6 @@ def test_shard_layer_with_fused_qk_matches_reference(vm_plain, case: Case) -> No
     _check(_run_case(vm_plain, SHARD, case, "dynamic", Tiles(fuse_qk=1 << 20)))
 
 
-
 #: expert work items in a fixed round robin (Tiles.expert_fixed): with static
 #: instruction lists, the whole layer scheduled on the host
 FIXED_CASES = [c for c in DECODE_CASES if c.name in ("full-c1-t1", "sliding-c32-t8")]
