@@ -2,8 +2,10 @@
 CSV, JSON and a PNG plot.
 
 On a GPU each case runs at the real shard's size, and every figure of a row
-comes from the same run: gpuvm dynamic and static, the peer (the layer as a
-chain of PyTorch kernels under a CUDA graph) and the floor (MUSE.md's bytes
+comes from the same run: gpuvm dynamic, static (instructions on per-SM lists
+made on the host; the expert work items still claimed on the GPU) and fully
+static (those lists and the items in a fixed round robin), the peer (the layer
+as a chain of PyTorch kernels under a CUDA graph) and the floor (MUSE.md's bytes
 over the streaming-read bandwidth measured at the start of the sweep).
 Without a GPU the CPU backend runs each case at small dims against the
 formula-level reference, and the scheduler model predicts the shard's times;
@@ -197,10 +199,12 @@ GPU_COLUMNS = [
     ("floor_us", "floor µs", "{:.1f}"),
     ("dynamic_us", "gpuvm dyn µs", "{:.1f}"),
     ("static_us", "gpuvm static µs", "{:.1f}"),
+    ("fixed_us", "fully static µs", "{:.1f}"),
     ("peer_us", "peer µs", "{:.1f}"),
     ("dyn_over_floor", "dyn/floor", "{:.2f}"),
     ("peer_over_dyn", "peer/dyn", "{:.2f}"),
     ("static_over_dyn", "static/dyn", "{:.2f}"),
+    ("fixed_over_dyn", "fully static/dyn", "{:.2f}"),
 ]
 
 
@@ -238,7 +242,7 @@ def _plot(path: Path, meta: dict, rows: list[dict]) -> Path:
 
     gpu = meta.get("backend") == "gpu"
     series = (
-        [("dynamic_us", "gpuvm dynamic", "o-"), ("static_us", "gpuvm static", "s--"), ("peer_us", "peer (PyTorch + graph)", "^-"), ("floor_us", "floor (bytes / measured BW)", "kx:")]
+        [("dynamic_us", "gpuvm dynamic", "o-"), ("static_us", "gpuvm static", "s--"), ("fixed_us", "gpuvm fully static", "d:"), ("peer_us", "peer (PyTorch + graph)", "^-"), ("floor_us", "floor (bytes / measured BW)", "kx:")]
         if gpu
         else [("model_dynamic_us", "model: gpuvm dynamic", "o-"), ("model_static_us", "model: gpuvm static", "s--"), ("model_floor_us", "floor at nominal BW", "kx:")]
     )
