@@ -1,13 +1,15 @@
 """`gpuvm sweep --step`: the whole decode step (62 layers, LM head, argmax) for
 a grid of conversations x tokens, every figure of a row from the same run.
 
-GPU: the step as one stream, run by one launch (dynamic and static), against
-the same instructions run as one kernel launch per op under a CUDA graph
+GPU: the step as one stream, run by one launch (dynamic, static, and fully
+static: the stream lowered with its expert items in a fixed round robin, run on
+static lists, so that the whole schedule is made on the host), against the
+same instructions run as one kernel launch per op under a CUDA graph
 (gpuvm.device.chain), and against the step's floor: every layer's weight bytes
 once (the local experts that got a token), the KV read, the LM head, at the
-streaming-read bandwidth measured at the start. The three runs must agree on
-the argmax tokens and the residual stream bit for bit: they run the same
-instructions. tools/step_check.py checks the step against the reference.
+streaming-read bandwidth measured at the start. The four runs must agree on
+the argmax tokens and the residual stream bit for bit: they compute the same
+items, only who runs them differs. tools/step_check.py checks the step against the reference.
 Without a GPU: the step at small dims on the CPU backend against the
 formula-level reference (two steps, tokens fed back), and the time to build
 the shard's step program; no GPU figure.
@@ -22,6 +24,7 @@ import torch
 
 from .muse.cases import Case, floor_bytes
 from .muse.config import SHARD, SMALL, MuseConfig
+from .muse.lowering import Tiles
 from .muse.step import bind_step, layer_kind, lower_step, make_step_state
 
 SEED = 2026
@@ -51,9 +54,9 @@ def step_floor_bytes(cfg: MuseConfig, shape: StepShape, experts_hit: list[int]) 
     return total + cfg.vocab_shard * cfg.d * 2
 
 
-def _build(cfg: MuseConfig, shape: StepShape, capacity: int):  # type: ignore[no-untyped-def]
+def _build(cfg: MuseConfig, shape: StepShape, capacity: int, tiles: Tiles | None = None):  # type: ignore[no-untyped-def]
     t0 = time.perf_counter()
-    sp = lower_step(cfg, shape.conversations, shape.tokens_each, capacity)
+    sp = lower_step(cfg, shape.conversations, shape.tokens_each, capacity, tiles=tiles)
     return sp, time.perf_counter() - t0
 
 
@@ -138,48 +141,55 @@ class GpuStepSweep:
         from .muse.memory import OutOfDeviceMemory, step_memory
 
         cfg = SHARD
-        # the weights are resident; a row holds the state, a copy of it, and a
-        # transient second copy (the static check), with their scratch
+        # the weights are resident; a row holds the state and two copies of it
+        # (the dynamic and the fully static program's, kept for the timed steps;
+        # the static check's copy is freed first), with their scratch, and two programs
         mem = step_memory(cfg, shape.conversations, shape.tokens_each, shape.context, 1)
-        need, free = 3 * (mem.kv + mem.scratch) + mem.program, torch.cuda.mem_get_info()[0]
+        need, free = 3 * (mem.kv + mem.scratch) + 2 * mem.program, torch.cuda.mem_get_info()[0]
         if need > free:
-            raise OutOfDeviceMemory(need, free, f"{shape.name}: three copies of the KV caches and scratch ({(mem.kv + mem.scratch) / 1e9:.1f} GB each)")
+            raise OutOfDeviceMemory(need, free, f"{shape.name}: three copies of the KV caches and scratch ({(mem.kv + mem.scratch) / 1e9:.1f} GB each) and two programs")
         state = make_step_state(cfg, shape.conversations, shape.tokens_each, shape.context, SEED + 1, device="cuda")
         sp, build_s = _build(cfg, shape, state.context_capacity)
         tokens0 = torch.randint(0, cfg.vocab_shard, (shape.tokens,), generator=torch.Generator().manual_seed(SEED), dtype=torch.int32).cuda()
         row: dict = {"case": shape.name, "conversations": shape.conversations, "tokens_each": shape.tokens_each, "tokens": shape.tokens,
                      "context": shape.context, "instructions": len(sp.stream), "build_s": build_s}
         ts = timing_stream(self.vm)
-        # the same first step three ways, from the same state: tokens and
-        # residual must agree bit for bit (one state copy at a time besides
-        # the original: the KV caches of 32 conversations are 11 GB)
+        # the same first step four ways, from the same state: tokens and
+        # residual must agree bit for bit (the KV caches of 32 conversations are
+        # 11 GB: the static check's copy goes before the next is made, the chain
+        # runs on the original). Fully static is the stream lowered with the
+        # expert items in a fixed round robin, run on static lists.
         outs = {}
-        loaded, hit = None, []
-        for how in ("static", "dynamic", "chain"):
+        sp_fixed, _ = _build(cfg, shape, state.context_capacity, Tiles(expert_fixed=1))
+        loaded, hit = {}, []
+        for how in ("static", "dynamic", "fixed", "chain"):
             st, tok = (state, tokens0.clone()) if how == "chain" else (state.clone(), tokens0.clone())
-            bufs = bind_step(sp, self.weights, st, tok, device="cuda")
+            prog = sp_fixed if how == "fixed" else sp
+            bufs = bind_step(prog, self.weights, st, tok, device="cuda")
             if how == "chain":
                 t0 = time.perf_counter()
                 chain = OpChain(self.vm, sp.stream, bufs)
                 row["chain_launches"], row["chain_load_s"] = len(chain), time.perf_counter() - t0
                 chain.run(0)
             else:
-                ld = self.vm.load(sp.stream, bufs)
-                ld.run(0, how)
+                ld = self.vm.load(prog.stream, bufs)
+                ld.run(0, "static" if how == "fixed" else how)
             torch.cuda.synchronize()
             outs[how] = (tok.clone(), bufs["s"].clone())
             if how == "dynamic":
-                loaded, hit = ld, [int((bufs[f"L{i}.route_meta"][0] > 0).sum()) for i in range(sp.n_layers)]
+                hit = [int((bufs[f"L{i}.route_meta"][0] > 0).sum()) for i in range(sp.n_layers)]
+            if how in ("dynamic", "fixed"):
+                loaded[how] = ld  # kept, with its state copy, for the timed steps
             del bufs, st
         row["experts_hit_mean"] = sum(hit) / len(hit)
         row["same_tokens"] = all(torch.equal(outs[h][0], outs["dynamic"][0]) for h in outs)
         row["same_residual"] = all(torch.equal(outs[h][1], outs["dynamic"][1]) for h in outs)
         row["ok"] = row["same_tokens"] and row["same_residual"] and bool(((outs["dynamic"][0] >= 0) & (outs["dynamic"][0] < cfg.vocab_shard)).all())
-        assert loaded is not None
-        for how in ("dynamic", "static"):  # the same loaded program, steps running on
-            row[f"{how}_us"] = self._median_us(lambda: loaded.run(loaded.next_step, how, check=False, stream=ts), ts)
-            loaded.check(ts)
-        loaded = None
+        # steps running on: dynamic and static on the same loaded program
+        for how, ld, mode in (("dynamic", loaded["dynamic"], "dynamic"), ("static", loaded["dynamic"], "static"), ("fixed", loaded["fixed"], "static")):
+            row[f"{how}_us"] = self._median_us(lambda: ld.run(ld.next_step, mode, check=False, stream=ts), ts)
+            ld.check(ts)
+        del loaded, ld
         g = chain.graph(1)
         row["chain_us"] = self._median_us(g.replay, ts)
         chain.check(ts)
@@ -189,6 +199,7 @@ class GpuStepSweep:
         row["dyn_over_floor"] = row["dynamic_us"] / row["floor_us"]
         row["chain_over_dyn"] = row["chain_us"] / row["dynamic_us"]
         row["static_over_dyn"] = row["static_us"] / row["dynamic_us"]
+        row["fixed_over_dyn"] = row["fixed_us"] / row["dynamic_us"]
         row["tok_per_s_per_conv"] = shape.tokens_each / (row["dynamic_us"] * 1e-6)
         row["tok_per_s"] = shape.tokens / (row["dynamic_us"] * 1e-6)
         del outs, g, chain
@@ -209,14 +220,16 @@ CPU_COLUMNS = [
 GPU_COLUMNS = [
     ("case", "case", "{}"),
     ("tokens", "T", "{}"),
-    ("ok", "3 ways agree", "{}"),
+    ("ok", "4 ways agree", "{}"),
     ("floor_us", "floor µs", "{:.0f}"),
     ("dynamic_us", "gpuvm dyn µs", "{:.0f}"),
     ("static_us", "gpuvm static µs", "{:.0f}"),
+    ("fixed_us", "fully static µs", "{:.0f}"),
     ("chain_us", "per-op launches µs", "{:.0f}"),
     ("dyn_over_floor", "dyn/floor", "{:.2f}"),
     ("chain_over_dyn", "chain/dyn", "{:.2f}"),
     ("static_over_dyn", "static/dyn", "{:.2f}"),
+    ("fixed_over_dyn", "fully static/dyn", "{:.2f}"),
     ("tok_per_s", "tok/s", "{:.0f}"),
     ("build_s", "build s", "{:.2f}"),
 ]

@@ -294,7 +294,7 @@ def _plot_step(path: Path, meta: dict, rows: list[dict]) -> Path:
 
     rs = sorted((r for r in rows if r.get("dynamic_us") is not None), key=lambda r: r["tokens"])
     fig, ax = plt.subplots(figsize=(7, 4.2))
-    for key, label, style in (("dynamic_us", "gpuvm dynamic (one launch)", "o-"), ("static_us", "gpuvm static", "s--"),
+    for key, label, style in (("dynamic_us", "gpuvm dynamic (one launch)", "o-"), ("static_us", "gpuvm static", "s--"), ("fixed_us", "gpuvm fully static", "d:"),
                               ("chain_us", "same ops, one launch each (graph)", "^-"), ("floor_us", "floor (bytes / measured BW)", "kx:")):
         ax.plot([r["tokens"] for r in rs], [r[key] / 1e3 for r in rs], style, label=label)
     ax.set_xscale("log", base=2)
