@@ -15,6 +15,7 @@
 #include <vector>
 
 #define __device__
+#define __constant__
 #define __forceinline__ inline
 #define __noinline__ __attribute__((noinline))
 
@@ -51,6 +52,12 @@ inline void sincospi(double x, double* s, double* c) {
     const long double a = (long double)r * 3.141592653589793238462643383279502884L;
     *s = (double)std::sin(a);
     *c = (double)std::cos(a);
+}
+
+inline void sincospif(float x, float* s, float* c) {  // |x| <= 1 here (the RoPE probe)
+    const long double a = (long double)x * 3.141592653589793238462643383279502884L;
+    *s = (float)std::sin(a);
+    *c = (float)std::cos(a);
 }
 
 // Shared-memory atomics of the ops: the fibers never interleave inside one.
