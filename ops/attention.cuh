@@ -7,22 +7,12 @@
 // (2i, 2i+1): the head norm is one warp sum and the rotation needs no exchange.
 // A warp loads all its head vectors of a token (up to GVM_QK_BATCH) before it
 // uses any, so a token costs one global round trip, not one per head.
-// RoPE angles p * 500000^(-2i/64) in f64 (positions reach 82K: an f32 angle there
-// is off by up to 4e-3 rad), sin and cos by sincospi, whose range reduction is
-// exact and needs no local memory, then rounded to f32, as gpuvm/cpu does.
-#define GVM_LOG2_ROPE_BASE 18.931568569324174  // log2(500000)
-#define GVM_INV_PI 0.31830988618379067154
+// RoPE angles p * 500000^(-2i/64) reduced in f64 (positions reach 82K: an f32 angle
+// there is off by up to 4e-3 rad), sin and cos of the reduced angle in f32.
 #define GVM_QK_BATCH 8  // head vectors per warp loaded before any is used (20 at the shard: 5 per warp)
 
-// Probe (GVM_ROPE_F32): 1 reduces p * turns modulo 2 in f64 (exact) and takes sin and
-// cos of the reduced angle in f32 by sincospif (within ~2 f32 ulps of the f64 path);
-// 2 also reads turns from a table instead of an f64 exp2.
-#ifndef GVM_ROPE_F32
-#define GVM_ROPE_F32 0
-#endif
-
-#if GVM_ROPE_F32 >= 2
-// 500000^(-i/32) / pi, i = 0..31, rounded to f64 (Python: 2.0 ** (-i * log2(500000) / 32) / pi)
+// pi-scaled angle step of RoPE pair i, 500000^(-i/32) / pi in f64 (Python: 2.0 **
+// (-i * 18.931568569324174 / 32) / pi): a table, not an f64 exp2 at every use
 __constant__ double gvm_rope_turns_tab[32] = {
     0.3183098861837907, 0.21123083444246454, 0.140173043175597, 0.09301900494295341, 0.061727526809402467,
     0.040962463190637954, 0.027182741272387807, 0.018038500752329104, 0.01197037142542741, 0.007943553293595518,
@@ -31,27 +21,15 @@ __constant__ double gvm_rope_turns_tab[32] = {
     8.729590558560581e-05, 5.792967099240885e-05, 3.844220136988972e-05, 2.5510292408821096e-05, 1.6928661616482793e-05,
     1.1233880801236252e-05, 7.454817203830705e-06, 4.947025923260151e-06, 3.2828525255900724e-06, 2.1785049991552997e-06,
     1.445658613766572e-06, 9.5934084538151e-07};
-#endif
+__device__ __forceinline__ double gvm_rope_turns(int i) { return gvm_rope_turns_tab[i]; }
 
-// pi-scaled angle step of RoPE pair i (inv_freq / pi), and (sin, cos) of position p's angle
-__device__ __forceinline__ double gvm_rope_turns(int i) {
-#if GVM_ROPE_F32 >= 2
-    return gvm_rope_turns_tab[i];
-#else
-    return exp2(-(double)i * (GVM_LOG2_ROPE_BASE / 32.0)) * GVM_INV_PI;
-#endif
-}
+// (sin, cos) of position p's angle: p * turns reduced modulo 2 in f64 (exact), then
+// sincospif in f32 (within ~2 f32 ulps of f64 sin and cos rounded to f32)
 __device__ __forceinline__ float2 gvm_rope_sincos(int p, double turns) {
-#if GVM_ROPE_F32
     const double t = (double)p * turns;
     float s, c;
-    sincospif((float)(t - 2.0 * rint(0.5 * t)), &s, &c);  // t modulo 2, exact, in [-1, 1]
+    sincospif((float)(t - 2.0 * rint(0.5 * t)), &s, &c);
     return make_float2(s, c);
-#else
-    double sd, cd;
-    sincospi((double)p * turns, &sd, &cd);
-    return make_float2((float)sd, (float)cd);
-#endif
 }
 
 // Dims (x0, x1) = (2i, 2i + 1) of a head vector: x / rms * (1 + w), then rotated by

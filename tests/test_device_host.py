@@ -199,3 +199,24 @@ def test_launch_parameters() -> None:
         ld.set_static([[1, 0], [], [], []])  # type: ignore[attr-defined]
     with pytest.raises(ProgramError, match="one list per block"):
         ld.set_static([[0, 1]])  # type: ignore[attr-defined]
+
+
+def test_rope_step_table_is_the_models_base() -> None:
+    """ops/attention.cuh's RoPE steps (a constant table) are SHARD.rope_base^(-i/32) / pi:
+    the device and the reference rotate by the same angles. Within 1e-14 relative: the
+    table holds what the device's f64 exp2 of a rounded log2(500000) gave before it (up
+    to ~8 ulps), far below the 6e-8 of the reduced angle's f32 rounding."""
+    import math
+    import re
+
+    from gpuvm.device.build import device_root
+    from gpuvm.muse.config import SHARD
+
+    src = (device_root() / "ops" / "attention.cuh").read_text()
+    body = re.search(r"gvm_rope_turns_tab\[32\] = \{([^}]*)\}", src)
+    assert body is not None
+    tab = [float(v) for v in body.group(1).split(",")]
+    assert len(tab) == SHARD.head_dim // 2 == 32
+    for i, t in enumerate(tab):
+        want = SHARD.rope_base ** (-2 * i / SHARD.head_dim) / math.pi
+        assert abs(t - want) <= 1e-14 * want, (i, t, want)

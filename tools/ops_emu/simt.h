@@ -54,7 +54,7 @@ inline void sincospi(double x, double* s, double* c) {
     *c = (double)std::cos(a);
 }
 
-inline void sincospif(float x, float* s, float* c) {  // |x| <= 1 here (the RoPE probe)
+inline void sincospif(float x, float* s, float* c) {  // |x| <= 1 here (RoPE, reduced modulo 2)
     const long double a = (long double)x * 3.141592653589793238462643383279502884L;
     *s = (float)std::sin(a);
     *c = (float)std::cos(a);
