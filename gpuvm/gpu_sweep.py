@@ -10,7 +10,7 @@ import torch
 
 import statistics
 
-from .device.bench import L2Flush, StreamRead, time_interleaved, time_ms, timing_stream
+from .device.bench import L2Flush, StreamRead, time_ms, timing_stream
 from .muse.cases import Case, floor_bytes
 from .muse.config import SHARD, MuseConfig
 from .muse.lowering import Tiles, bind_layer, lower_layer
@@ -135,13 +135,9 @@ class GpuSweep:
         row["experts_hit"] = hit
         row["ok"] = bool(row["err"] <= TOL and all(row[f"routing_ok_{how}"] for how in lps))
 
-        # timed taking turns run by run; dynamic and static on the same loaded
-        # program (the same buffers), so that only the scheduling differs
-        runs = {how: (loaded["fixed" if how == "fixed" else "dynamic"], _MODE[how]) for how in ("dynamic", "static", "fixed")}
-        times = time_interleaved({how: (lambda r, ld=ld, mode=mode: ld.run(ld.next_step, mode=mode, stream=self.stream, check=False))
-                                  for how, (ld, mode) in runs.items()}, self.stream, self.runs, before=self.flush)
-        for how, (ld, _) in runs.items():
-            row[f"{how}_us"] = statistics.median(times[how]) * 1e3
+        for how in ("dynamic", "static", "fixed"):
+            ld = loaded[how]
+            row[f"{how}_us"] = self.median_us(lambda: ld.run(ld.next_step, mode=_MODE[how], stream=self.stream, check=False))
             ld.check(self.stream)  # a device error in any timed run raises here
         del bufs, loaded
 

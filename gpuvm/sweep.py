@@ -6,8 +6,7 @@ comes from the same run: gpuvm dynamic, static (instructions on per-SM lists
 made on the host; the expert work items still claimed on the GPU) and fully
 static (those lists and the items in a fixed round robin), the peer (the layer
 as a chain of PyTorch kernels under a CUDA graph) and the floor (MUSE.md's bytes
-over the streaming-read bandwidth measured at the start of the sweep). The three
-gpuvm runs take turns run by run, dynamic and static on the same loaded program.
+over the streaming-read bandwidth measured at the start of the sweep).
 Without a GPU the CPU backend runs each case at small dims against the
 formula-level reference, and the scheduler model predicts the shard's times;
 nothing in that table is a GPU measurement, and the output says so.

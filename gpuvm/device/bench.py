@@ -17,7 +17,7 @@ from .build import compile_source
 from .programs import gemm_bindings, gemm_stream, nop_stream
 from .vm import VM, Loaded
 
-__all__ = ["time_ms", "time_interleaved", "timing_stream", "at_claim_depth", "STREAM_BYTES", "weight_rows", "StreamRead", "L2Flush", "gemm_bandwidth", "dispatch_overhead", "step_time", "stamp_cost", "first_use_us", "clock_ghz", "warm_effect"]
+__all__ = ["time_ms", "timing_stream", "at_claim_depth", "STREAM_BYTES", "weight_rows", "StreamRead", "L2Flush", "gemm_bandwidth", "dispatch_overhead", "step_time", "stamp_cost", "first_use_us", "clock_ghz", "warm_effect"]
 
 _STREAM_READ_SRC = r"""
 // Plain streaming read: 16-byte loads, a persistent grid, four loads in flight per thread.
@@ -47,29 +47,20 @@ def time_ms(launch: Callable[[int], None], stream: torch.cuda.Stream, reps: int 
     """Times of launch(r) on stream (CUDA events), one per rep r >= warmup.
     `before` runs first, untimed; a spin kernel keeps the GPU busy while the
     host enqueues, so host launch latency stays out of the figure."""
-    return time_interleaved({"": launch}, stream, reps, warmup, before)[""]
-
-
-def time_interleaved(launches: dict[str, Callable[[int], None]], stream: torch.cuda.Stream, reps: int = 20, warmup: int = 3,
-                     before: Callable[[], None] | None = None) -> dict[str, list[float]]:
-    """time_ms of several launches taking turns rep by rep, so that drift over
-    the run (clocks, heat, the memory system's state) falls on each alike and
-    their ratios hold."""
-    out: dict[str, list[float]] = {k: [] for k in launches}
+    out = []
     stream.wait_stream(torch.cuda.current_stream(stream.device))  # buffers made on the current stream
     with torch.cuda.stream(stream):
         for r in range(warmup + reps):
-            for key, launch in launches.items():
-                if before is not None:
-                    before()
-                torch.cuda._sleep(_SPIN_CYCLES)
-                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                a.record(stream)
-                launch(r)
-                b.record(stream)
-                b.synchronize()
-                if r >= warmup:
-                    out[key].append(a.elapsed_time(b))
+            if before is not None:
+                before()
+            torch.cuda._sleep(_SPIN_CYCLES)
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record(stream)
+            launch(r)
+            b.record(stream)
+            b.synchronize()
+            if r >= warmup:
+                out.append(a.elapsed_time(b))
     return out
 
 

@@ -13,7 +13,7 @@ import torch
 
 from gpuvm.cpu import run_stream
 from gpuvm.device import VM, OpError, WatchdogError
-from gpuvm.device.bench import StreamRead, at_claim_depth, dispatch_overhead, gemm_bandwidth, time_interleaved
+from gpuvm.device.bench import StreamRead, at_claim_depth, dispatch_overhead, gemm_bandwidth
 from gpuvm.device.programs import gemm_bindings, gemm_stream, nop_stream, stuck_stream, with_records
 from gpuvm.isa import DType, Op, Stamp
 from gpuvm.program import Program, Stream
@@ -176,25 +176,6 @@ def test_gemm_streams_at_bandwidth(vm_plain: VM) -> None:
         ratio = r["tb_s"] / floor["tb_s"]
         print(f"GEMM T={tokens}: {r['tb_s']:.2f} TB/s = {ratio:.1%} of the streaming read ({floor['tb_s']:.2f} TB/s)")
         assert ratio >= 0.90
-
-
-def test_interleaved_timing_takes_turns() -> None:
-    """The sweep's A/B timing: each launch once a rep, in turn, every rep after
-    warm-up timed; a longer launch times longer."""
-    order: list[tuple[str, int]] = []
-    x = torch.zeros(1 << 22, device="cuda")
-
-    def launch(key: str, n: int):  # type: ignore[no-untyped-def]
-        def go(r: int) -> None:
-            order.append((key, r))
-            for _ in range(n):
-                x.add_(1.0)
-        return go
-
-    t = time_interleaved({"short": launch("short", 1), "long": launch("long", 40)}, torch.cuda.Stream(), reps=5, warmup=2)
-    assert order == [(k, r) for r in range(7) for k in ("short", "long")]
-    assert [len(v) for v in t.values()] == [5, 5]
-    assert min(t["long"]) > max(t["short"])
 
 
 @pytest.mark.parametrize("mode", ["dynamic", "static"])
