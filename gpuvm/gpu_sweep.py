@@ -154,17 +154,19 @@ class GpuSweep:
         row["static_over_dyn"] = row["static_us"] / row["dynamic_us"]
         row["fixed_over_dyn"] = row["fixed_us"] / row["dynamic_us"]
         if self.traced_vm is not None and self.trace_dir is not None:
-            st = state.clone()
-            b = bind_layer(lp, w, st, s0, device="cuda")
-            ld = self.traced_vm.load(lp.stream, b)
-            ld.run(step=0, mode="dynamic")
-            self.flush()
-            ld.run(step=1, mode="dynamic")  # the second step, weights from HBM, is the one kept
-            torch.cuda.synchronize()
             self.trace_dir.mkdir(parents=True, exist_ok=True)
-            tr = ld.trace()
-            tr.meta["read_bw_TBps"] = self.bw / 1e12  # the per-op floors of the summary
-            with_routed_bytes(tr, lp.stream, b["L0.route_meta"][0].tolist())
-            tr.save(self.trace_dir / f"trace-{case.name}.npz")
+            for mode, suffix in (("dynamic", ""), ("static", "-static")):  # static's too: where the two differ, op by op
+                st = state.clone()
+                b = bind_layer(lp, w, st, s0, device="cuda")
+                ld = self.traced_vm.load(lp.stream, b)
+                ld.run(step=0, mode=mode)
+                self.flush()
+                ld.run(step=1, mode=mode)  # the second step, weights from HBM, is the one kept
+                torch.cuda.synchronize()
+                tr = ld.trace()
+                tr.meta["read_bw_TBps"] = self.bw / 1e12  # the per-op floors of the summary
+                with_routed_bytes(tr, lp.stream, b["L0.route_meta"][0].tolist())
+                tr.save(self.trace_dir / f"trace-{case.name}{suffix}.npz")
+                del b, st, ld
         torch.cuda.empty_cache()
         return row
