@@ -16,7 +16,7 @@ from gpuvm.trace.cli import trace_main
 from gpuvm.trace.format import Trace, TraceError
 from gpuvm.trace.html import rows, timeline_html
 from gpuvm.trace.perfetto import perfetto_json, write_perfetto
-from gpuvm.trace.summary import NO_DEP, PathHops, WakeUps, block_idle, counter_waits, critical_path, op_kind, op_stats, path_hops, summarize, wake_ups
+from gpuvm.trace.summary import NO_DEP, PathHops, WakeUps, block_idle, compare, counter_waits, critical_path, op_diff, op_kind, op_stats, path_hops, summarize, wake_ups
 from gpuvm.trace.timeline import CLAIM, DONE, LOAD, READY, SIGNAL, build, op_name, op_order
 
 from trace_synth import make_trace
@@ -462,13 +462,51 @@ def test_cli_bad_input(tmp_path, capsys):
         "usage": [str(good), "--bogus"],
         "no file": [],
         "unwritable": [str(good), "--perfetto", str(tmp_path / "no" / "dir" / "p.json")],
+        "against another program": [str(good), "--against", str(tmp_path / "small.npz")],
     }
+    make_trace(24, n=12)[0].save(tmp_path / "small.npz")
     for name, argv in cases.items():
         rc = trace_main(argv)
         line = _one_error_line(capsys.readouterr().err)
         assert rc == 2, name
         if name == "missing":
             assert "no trace file at" in line
+
+
+def test_op_diff_on_a_known_pair():
+    """b: A[1] finishes 400 ns later on block 0, so B[0] (which waits on it) runs 400 later."""
+    a = hand_trace()
+    rec = a.records.copy()
+    rec[1]["block"] = 0
+    for i, d in ((1, 400), (2, 400)):
+        gt = rec[i]["globaltimer"].astype(np.int64)
+        gt[[DONE, SIGNAL] if i == 1 else [READY, DONE, SIGNAL]] += d
+        rec[i]["globaltimer"] = gt
+    b = Trace(records=rec, labels=a.labels, opcodes=a.opcodes, deps=a.deps, weight_bytes=a.weight_bytes, act_bytes=a.act_bytes, meta=dict(a.meta))
+    da, dc, db = op_diff(build(a), build(b))
+    assert (da.name, da.count, da.blocks, da.busiest) == ("A", (2, 2), (2, 1), (1, 2))
+    assert da.last_done == (2120, 2520) and da.phase == (2020, 2420) and da.run_median == (1500, 1700)
+    assert db.first_ready == (2300, 2700) and db.last_done == (3300, 3700) and db.phase == (1000, 1000)
+    assert dc.last_done == (1700, 1700) and dc.blocks == (1, 1)
+    text = compare(a, b, ("dyn", "static"))
+    assert "span 3.350 us" in text and "span 3.750 us" in text and "(1.119 of dyn)" in text
+    assert re.search(r"^B\s+1/1\s+1/1\s+1/1\s+2\.300\s+2\.700\s+3\.300\s+3\.700\s+0\.400\s", text, re.M)
+
+
+def test_compare_with_itself_is_level_and_refuses_other_programs():
+    t, _ = make_trace(25)
+    assert all(d.last_done[0] == d.last_done[1] and d.count[0] == d.count[1] for d in op_diff(build(t), build(t)))
+    assert "(1.000 of a)" in compare(t, t)
+    with pytest.raises(ValueError, match="different programs"):
+        compare(t, make_trace(26, n=12)[0])
+
+
+def test_cli_against(tmp_path, capsys):
+    t, _ = make_trace(27)
+    t.save(tmp_path / "a.npz")
+    t.save(tmp_path / "b.npz")
+    assert trace_main([str(tmp_path / "a.npz"), "--against", str(tmp_path / "b.npz")]) == 0
+    assert capsys.readouterr().out == compare(t, Trace.load(tmp_path / "b.npz"), ("this", "other"))
 
 
 def test_cli_as_a_process_never_dumps_a_traceback(tmp_path):

@@ -1,7 +1,7 @@
-"""`gpuvm trace FILE [--perfetto OUT.json] [--html OUT.html] [--summary]`.
+"""`gpuvm trace FILE [--perfetto OUT.json] [--html OUT.html] [--summary] [--against OTHER]`.
 
 trace_main gets the arguments after "trace". With no output option it prints
-the summary. Bad input (usage, a missing or corrupt trace, an unwritable
+the summary; with --against, FILE and OTHER compared op by op. Bad input (usage, a missing or corrupt trace, an unwritable
 output) prints one line "gpuvm: error: ..." to stderr and returns 2.
 """
 from __future__ import annotations
@@ -12,7 +12,7 @@ import sys
 from .format import Trace, TraceError
 from .html import write_html
 from .perfetto import write_perfetto
-from .summary import summarize
+from .summary import compare, summarize
 
 
 class _UsageError(Exception):
@@ -30,6 +30,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--perfetto", metavar="OUT.json", help="write a Chrome JSON trace for ui.perfetto.dev")
     p.add_argument("--html", metavar="OUT.html", help="write a self-contained per-op timeline page")
     p.add_argument("--summary", action="store_true", help="print the text summary (the default when no output is asked for)")
+    p.add_argument("--against", metavar="OTHER.npz", help="compare with another trace of the same program op by op (e.g. static against dynamic)")
     p.add_argument("--bw", type=float, metavar="TB/s", help="streaming-read bandwidth of the per-op floors (default: the trace's own, else 4.42)")
     return p
 
@@ -45,7 +46,9 @@ def trace_main(argv: list[str]) -> int:
         if args.html:
             write_html(trace, args.html)
             print(f"wrote {args.html}", file=sys.stderr)
-        if args.summary or not (args.perfetto or args.html):
+        if args.against:
+            sys.stdout.write(compare(trace, Trace.load(args.against), ("this", "other")))
+        if args.summary or not (args.perfetto or args.html or args.against):
             sys.stdout.write(summarize(trace, args.bw))
     except SystemExit as e:  # --help
         return int(e.code or 0)

@@ -1,5 +1,6 @@
 """Text summary of a trace: per-op times and bandwidth, idle time per block,
-dependency waits per counter, the critical path.
+dependency waits per counter, the critical path; and two traces of the same
+program compared op by op (e.g. dynamic against static).
 
 Definitions (times from the Timeline, ns):
 - wait = claim -> ready; run = ready -> done (compute).
@@ -61,6 +62,20 @@ class OpStats:
     gbps_span: float | None
     span: float  # ns, first start (of its loads: the loader's prefetch, if any) to last done
     phase: float  # ns, first ready to last done: the op once its inputs were there (overlap with other ops included)
+
+
+@dataclass(frozen=True)
+class OpDiff:
+    """One op in two traces (a, b); count 0 and NaN times where it did not run."""
+
+    name: str
+    count: tuple[int, int]
+    blocks: tuple[int, int]
+    busiest: tuple[int, int]  # most of its instructions that one block ran
+    first_ready: tuple[float, float]  # ns from the trace's first claim
+    last_done: tuple[float, float]
+    phase: tuple[float, float]
+    run_median: tuple[float, float]
 
 
 @dataclass(frozen=True)
@@ -130,6 +145,47 @@ def op_stats(tl: Timeline) -> list[OpStats]:
             )
         )
     return out
+
+
+def op_diff(a: Timeline, b: Timeline) -> list[OpDiff]:
+    """The ops of two timelines side by side: a's in order of first start, then
+    those only b ran, in b's order."""
+    ga, gb = members(a), members(b)
+    names = op_order(a) + [n for n in op_order(b) if n not in ga]
+
+    def one(tl: Timeline, idx: np.ndarray | None) -> tuple[int, int, int, float, float, float, float]:
+        if idx is None:
+            return 0, 0, 0, np.nan, np.nan, np.nan, np.nan
+        t = tl.t[idx]
+        per_block = np.unique(tl.block[idx], return_counts=True)[1]
+        return (len(idx), len(per_block), int(per_block.max()), float(t[:, READY].min()), float(t[:, DONE].max()),
+                float(t[:, DONE].max() - t[:, READY].min()), float(np.median(t[:, DONE] - t[:, READY])))
+
+    out = []
+    for n in names:
+        x, y = one(a, ga.get(n)), one(b, gb.get(n))
+        out.append(OpDiff(n, *((x[k], y[k]) for k in range(7))))  # type: ignore[arg-type]
+    return out
+
+
+def compare(a: Trace, b: Trace, names: tuple[str, str] = ("a", "b")) -> str:
+    """Two traces of one program (e.g. dynamic and static) op by op: when each op
+    first got ready and last finished, its phase and median run, and on how many
+    blocks it ran; `done b-a` shows where the gap between the two opens."""
+    ta, tb = build(a), build(b)
+    if len(a) != len(b) or a.labels != b.labels:
+        raise ValueError(f"the traces are of different programs ({len(a)} and {len(b)} instructions)")
+    na, nb = names
+    rows = []
+    for d in op_diff(ta, tb):
+        rows.append([d.name, f"{d.count[0]}/{d.count[1]}", f"{d.blocks[0]}/{d.blocks[1]}", f"{d.busiest[0]}/{d.busiest[1]}",
+                     _us(d.first_ready[0]), _us(d.first_ready[1]), _us(d.last_done[0]), _us(d.last_done[1]),
+                     _us(d.last_done[1] - d.last_done[0]), _us(d.phase[0]), _us(d.phase[1]), _us(d.run_median[0]), _us(d.run_median[1])])
+    table = _table(["op", "count", "blocks", "most on a block", f"ready {na} us", f"ready {nb} us", f"done {na} us", f"done {nb} us",
+                    f"done {nb}-{na} us", f"phase {na} us", f"phase {nb} us", f"run med {na} us", f"run med {nb} us"], rows)
+    head = [f"{na}: {a.meta.get('mode', '?')} mode, span {_us(ta.span)} us; {nb}: {b.meta.get('mode', '?')} mode, span {_us(tb.span)} us "
+            f"({tb.span / ta.span:.3f} of {na}); times from each trace's first claim; count, blocks and most on a block as {na}/{nb}"]
+    return "\n".join(head + [table]) + "\n"
 
 
 def _union_length(intervals: np.ndarray) -> float:
