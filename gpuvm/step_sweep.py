@@ -9,7 +9,8 @@ same instructions run as one kernel launch per op under a CUDA graph
 once (the local experts that got a token), the KV read, the LM head, at the
 streaming-read bandwidth measured at the start. The four runs must agree on
 the argmax tokens and the residual stream bit for bit: they compute the same
-items, only who runs them differs. tools/step_check.py checks the step against the reference.
+items, only who runs them differs. tools/step_check.py checks the step
+against the reference.
 Without a GPU: the step at small dims on the CPU backend against the
 formula-level reference (two steps, tokens fed back), and the time to build
 the shard's step program; no GPU figure.

@@ -1,8 +1,9 @@
 """`gpuvm trace FILE [--perfetto OUT.json] [--html OUT.html] [--summary] [--against OTHER]`.
 
 trace_main gets the arguments after "trace". With no output option it prints
-the summary; with --against, FILE and OTHER compared op by op. Bad input (usage, a missing or corrupt trace, an unwritable
-output) prints one line "gpuvm: error: ..." to stderr and returns 2.
+the summary; with --against, FILE and OTHER compared op by op. Bad input
+(usage, a missing or corrupt trace, an unwritable output, two traces of
+different programs) prints one line "gpuvm: error: ..." to stderr and returns 2.
 """
 from __future__ import annotations
 
