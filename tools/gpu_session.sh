@@ -2,7 +2,7 @@
 # One call on the H200 (the device tool): the VM proofs and timings, the Muse
 # ops standalone, and the decode-case sweep, each under its own time limit,
 # logs and results under $OUT (at most 8 files come back: traces are tarred).
-#   GPUVM_COMMIT=<sha> bash tools/gpu_session.sh [check|fold|ops|opstime|sweep|step|stepsweep|probe|experts|router|park|ring|lists|steptrace|tiles|rowpf|fill|fill2|xstage|trace62|xprobe|smem|tiles2|router|xbench|against|slots|naps|icache|workers|slices|statsprobe|topkprobe|layertrace|oneop|fusedqk|ringbench|ringprobe|opsgemm|tail|attstop|gputests|vmtest|ncu ...]
+#   GPUVM_COMMIT=<sha> bash tools/gpu_session.sh [check|fold|ops|opstime|sweep|step|stepsweep|probe|experts|router|park|ring|lists|steptrace|tiles|rowpf|fill|fill2|xstage|trace62|xprobe|smem|tiles2|router|xbench|against|slots|naps|icache|workers|slices|statsprobe|topkprobe|layertrace|oneop|fusedqk|ringbench|ringprobe|opsgemm|tail|attstop|gputests|vmtest|next|ncu ...]
 # (set GPUVM_COMMIT when running a snapshot without .git: else the results name the enclosing checkout)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -171,6 +171,14 @@ for s in $steps; do
           timeout ${T_FOLD_PROBE:-330} python3 tools/sched_probe.py --out "$OUT/fold_probe.json" --modes dynamic --depths 1 --variants "fold:,nofold:GVM_GEMM_FOLD=0,fold2:,nofold2:GVM_GEMM_FOLD=0" --cases full-c1-t1,sliding-c1-t1,full-c1-t8 --step 1x1,1x8 > "$OUT/fold_probe.log" 2>&1; echo "fold probe rc=$?"; grep -v "^$" "$OUT/fold_probe.log" | tail -24
           mkdir -p "$OUT/tr"; timeout 150 python3 tools/step_trace.py --layers 16 --shape 1x1 --out "$OUT/tr/step-trace-1x1.npz" > "$OUT/step_trace.log" 2>&1; echo "step trace rc=$?"; head -16 "$OUT/step_trace.log"
           (cd "$OUT" && tar czf steptrace.tgz tr && rm -rf tr) ;;
+    next) # session 38's open questions in one call: tests/gpu (with the sweep's end-to-end test), the layer sweep with its static
+          # traces (then, here: gpuvm trace trace-full-c16-t8.npz --against trace-full-c16-t8-static.npz), the sliding chunk length at one token twice
+           timeout 200 python3 tools/prebuild.py --trace base; echo "prebuild rc=$?"
+           timeout ${T_GPUTESTS:-200} python3 -m pytest -q -p no:cacheprovider tests/gpu > "$OUT/tests_gpu.log" 2>&1; echo "tests/gpu rc=$?"; tail -3 "$OUT/tests_gpu.log"
+           timeout 200 python3 -m gpuvm sweep --out "$OUT" --trace > "$OUT/sweep.log" 2>&1; echo "sweep rc=$?"; tail -17 "$OUT/sweep.log"
+           (cd "$OUT" && ls trace-*.npz >/dev/null 2>&1 && tar czf traces.tgz trace-*.npz && rm -f trace-*.npz)
+           for r in 1 2; do timeout 120 python3 tools/sched_probe.py --out "$OUT/sc_r$r.json" --modes dynamic --depths 1 --variants base: --tiles "base:,sc64:sliding_chunk=64,sc256:sliding_chunk=256" --cases sliding-c1-t1,sliding-c1-t8 --step 1x1,1x8 > "$OUT/sc_r$r.log" 2>&1; echo "chunk probe $r rc=$?"; grep -v "^$" "$OUT/sc_r$r.log" | tail -12; done
+           (cd "$OUT" && tar czf chunk_probe.tgz sc_r* && rm -f sc_r*) ;;
     gputests) timeout ${T_GPUTESTS:-200} python3 -m pytest -q -p no:cacheprovider tests/gpu > "$OUT/tests_gpu.log" 2>&1; echo "tests/gpu rc=$?"; tail -4 "$OUT/tests_gpu.log" ;;
     vmtest) timeout ${T_VMTEST:-150} python3 -m pytest -q -x -p no:cacheprovider tests/gpu/test_vm.py > "$OUT/test_vm.log" 2>&1; echo "test_vm rc=$?"; tail -8 "$OUT/test_vm.log" ;;
     *) echo "unknown step $s"; exit 2 ;;
