@@ -204,7 +204,7 @@ __device__ __forceinline__ void gvm_hand_off(const gvm_params& p, gvm_shared& sh
     __syncwarp();
     if (lane == 0) gvm_mbar_arrive(&sh.full[g]);
     gvm_mark_busy(view, g, parked);
-    gvm_pace_start(view.pace, g, __shfl_sync(0xffffffffu, word, 1) & 0xffffu, parked);
+    if (GVM_CLAIM_PACE) gvm_pace_start(view.pace, g, gvm_pace_key(word), parked);
     gvm_prof_mark(pr, GVM_LEG_SLOT);
     gvm_prof_count(pr);
 }

@@ -411,7 +411,7 @@ def test_paced_claims_leave_an_ops_tail_to_idle_groups() -> None:
     """78 ops of 36-52 us on 8 blocks of 2 groups (~4.9 waves). Claiming at
     once after each hand-off, a block holds an op for its own busy groups while
     other blocks' groups sit idle, and some groups run six; paced (a claim near
-    a busy group's expected end, from the last run of the same counter on the
+    a busy group's expected end, from the last run of the same op on the
     block), none runs more than five and the op ends ~25 us sooner, as the
     model has it for full-c16-t8's 1,312 attention chunks on 132 blocks (272
     against 250 us; the device: 274 dynamic, 246 on the host's lists,

@@ -60,8 +60,8 @@ class Hardware:
     park: bool = True
     #: dynamic mode: while no group of a block is free, its next claim waits
     #: until the busy group due first is pace_lead_ns from 3/4 of the run the
-    #: block last saw for that instruction's signal counter (runtime's
-    #: GVM_CLAIM_PACE; an unseen counter or a parked instruction: at once)
+    #: block last saw for that instruction's op (runtime's GVM_CLAIM_PACE; an
+    #: op not seen yet or a parked instruction: at once)
     pace: bool = True
     #: a claim's round trip and record read, which pacing leaves ahead of a
     #: group's expected end (GVM_PACE_LEAD: 4,000 cycles)

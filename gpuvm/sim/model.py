@@ -120,9 +120,9 @@ class _Block:
     next_in_list: int = 0
     # claim pacing (Hardware.pace): per group, since when it runs what, and for how long it is expected to
     start: list = field(default_factory=list)
-    key: list = field(default_factory=list)  # signal counter of its instruction (None: parked or none)
+    key: list = field(default_factory=list)  # its instruction's op (its tensors; None: parked)
     est: list = field(default_factory=list)  # ns, 0 for none
-    runs: dict = field(default_factory=dict)  # signal counter -> its last run on this block, ns
+    runs: dict = field(default_factory=dict)  # op -> its last run on this block, ns
     paced_at: float = -1.0  # a paced claim is scheduled for then
 
 
@@ -134,6 +134,8 @@ class _Sim:
         self.ops = ops
         self.waits = [[(c.id, ins.wait_count(k)) for k, (c, _) in enumerate(ins.waits)] for ins in ops]
         self.sig = [None if ins.signal is None else ins.signal.id for ins in ops]
+        # pacing knows an op by its tensors, as the device does (scheduler/pace.cuh)
+        self.pace_key = [tuple(-1 if t is None else t.index for t in ins.tensors) for ins in ops]
         self.list_of = [-1] * n  # the work list of a worker, by index into self.lists_run
         self.lists_run: list[_List] = []
         for members in work_lists(ops).values():
@@ -269,7 +271,7 @@ class _Sim:
         if park:
             blk.parked.add(g)
         i = blk.queue[k]
-        blk.start[g], blk.key[g] = now, None if park else self.sig[i]
+        blk.start[g], blk.key[g] = now, None if park else self.pace_key[i]
         blk.est[g] = blk.runs.get(blk.key[g], 0.0) if blk.key[g] is not None else 0.0
         self.at(now + self.hw.dispatch_ns, self._dispatched, b, g, blk.queue.pop(k))
 
