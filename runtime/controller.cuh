@@ -204,7 +204,6 @@ __device__ __forceinline__ void gvm_hand_off(const gvm_params& p, gvm_shared& sh
     __syncwarp();
     if (lane == 0) gvm_mbar_arrive(&sh.full[g]);
     gvm_mark_busy(view, g, parked);
-    if (GVM_CLAIM_PACE) gvm_pace_start(view.pace, g, gvm_pace_key(word), parked);
     gvm_prof_mark(pr, GVM_LEG_SLOT);
     gvm_prof_count(pr);
 }
@@ -217,7 +216,7 @@ __device__ __forceinline__ void gvm_controller(const gvm_params& p, gvm_shared& 
     const unsigned stage0 = gvm_reg(gvm_smem_u32(&sh.stage[0][0]));
     const unsigned depth = p.claim_depth == 0u || p.claim_depth > GVM_CLAIM_SLOTS ? GVM_CLAIM_SLOTS : p.claim_depth;
     const unsigned* abort_flag = p.state + GVM_STATE_ABORT;
-    gvm_groups_view view{0u, 0u, 0u, 0u, gvm_pace_init()};
+    gvm_groups_view view{0u, 0u, 0u, 0u};
     if (p.n_warm != 0) gvm_mark_busy(view, 0);  // the warmer handed group 0 its warm instruction
     gvm_claimer claimer = gvm_claimer_init(p);
     gvm_cslot s[GVM_CLAIM_SLOTS];
@@ -255,12 +254,10 @@ __device__ __forceinline__ void gvm_controller(const gvm_params& p, gvm_shared& 
             gvm_stage_commit();
             gvm_prof_mark(pr, GVM_LEG_CLAIM);
             gvm_cslot& h = s[j];
-            bool retired = false;  // group_done taken in (once: a group handed an instruction since is busy anew)
             if (h.state == GVM_CS_LOADED || h.state == GVM_CS_WAITING) {
                 unsigned n_waits;
                 const unsigned word = gvm_staged_word(stage0 + j * 128u, lane, n_waits);  // also completes the probe of a turn ago
                 gvm_retire_groups(view, group_done);
-                retired = true;
                 gvm_prof_mark(pr, GVM_LEG_RECORD);
                 bool go = !GVM_READY_FIRST || aborted || n_waits == 0;
                 bool park = false;
@@ -292,18 +289,9 @@ __device__ __forceinline__ void gvm_controller(const gvm_params& p, gvm_shared& 
                 }
             }
             if (h.state == GVM_CS_EMPTY && !exhausted && !aborted && held < depth) {
-                bool due = true;
-                if (GVM_CLAIM_PACE && claimer.mode != GVM_MODE_STATIC) {  // static lists place nothing by claim time
-                    if (!retired) gvm_retire_groups(view, group_done);
-                    due = gvm_pace_due(view.pace, view.busy, groups);
-                }
-                if (due) {
-                    h.idx = gvm_claim_issue(claimer);
-                    h.state = GVM_CS_CLAIMED;
-                    ++held;
-                } else if (held == 0u) {
-                    gvm_nanosleep(GVM_HANDOFF_NAP_NS);  // nothing held: spare the groups' issue slots, as a hand-off's poll does
-                }
+                h.idx = gvm_claim_issue(claimer);
+                h.state = GVM_CS_CLAIMED;
+                ++held;
             }
             gvm_prof_mark(pr, GVM_LEG_ISSUE);
         }

@@ -12,7 +12,6 @@
 #pragma once
 #include "../isa/gvm_isa.h"
 #include "../runtime/stamps.cuh"
-#include "pace.cuh"
 
 // How long the controller naps between polls of busy groups (0: it spins).
 #ifndef GVM_HANDOFF_NAP_NS
@@ -87,14 +86,13 @@ __device__ __noinline__ void gvm_handoff_trap() {
 }
 
 // The controller's view of its groups: which are busy, and the parity of the
-// empty-phase each busy group will complete next (kept identical in every
-// lane of the controller warp), and since when and for how long (pace: per lane).
+// empty-phase each busy group will complete next. Kept identical in every
+// lane of the controller warp.
 struct gvm_groups_view {
     unsigned busy;           // bit g: group g holds an instruction
     unsigned empty_parity;   // bit g: parity to wait for on empty[g]
     unsigned next;           // where the search for a free group starts
     unsigned parked;         // bit g: group g holds an instruction whose waits were not seen met
-    gvm_pace pace;
 };
 
 __device__ __forceinline__ void gvm_mark_busy(gvm_groups_view& v, unsigned g, bool parked = false) {
@@ -118,14 +116,13 @@ __device__ __forceinline__ bool gvm_test_group(const gvm_groups_view& v, unsigne
     return lane < groups && ((v.busy >> lane) & 1u) && gvm_mbar_test(&empty[lane], (v.empty_parity >> lane) & 1u);
 }
 
-// Marks the groups whose lanes saw them finished as free (busy, parked and
-// parity stay the same in every lane: they change only by the ballot).
+// Marks the groups whose lanes saw them finished as free (the view stays the
+// same in every lane: it changes only by the ballot).
 __device__ __forceinline__ void gvm_retire_groups(gvm_groups_view& v, bool done) {
     const unsigned m = __ballot_sync(0xffffffffu, done) & v.busy;
     v.busy &= ~m;
     v.parked &= ~m;
     v.empty_parity ^= m;
-    gvm_pace_retire(v.pace, m);
 }
 
 // Returns a free group, the first at or after v.next (round-robin, so that

@@ -405,33 +405,3 @@ def test_deep_claim_queues_hold_work_back_from_idle_blocks() -> None:
     assert set(shallow.block.tolist()) == {0, 1}
     assert set(deep.block.tolist()) == {0}
     assert deep.makespan_ns > 1.5 * shallow.makespan_ns
-
-
-def test_paced_claims_leave_an_ops_tail_to_idle_groups() -> None:
-    """78 ops of 36-52 us on 8 blocks of 2 groups (~4.9 waves). Claiming at
-    once after each hand-off, a block holds an op for its own busy groups while
-    other blocks' groups sit idle, and some groups run six; paced (a claim near
-    a busy group's expected end, from the last run of the same op on the
-    block), none runs more than five and the op ends ~25 us sooner, as the
-    model has it for full-c16-t8's 1,312 attention chunks on 132 blocks (272
-    against 250 us; the device: 274 dynamic, 246 on the host's lists,
-    NOTES.md session 39)."""
-    p = Program("tail")
-    c = p.counter("chunks")
-    runs = [36_000 + (k * 7919) % 16_000 for k in range(78)]
-    for k, ns in enumerate(runs):
-        p.op(Op.SLEEP, [], [ns], signal=c, label=f"chunk[{k}]")
-    s = p.build(order="given")
-    hw = dict(n_blocks=8, groups=2, launch_ns=0.0)
-    eager = simulate(s, Hardware(pace=False, **hw))
-    paced = simulate(s, Hardware(pace=True, **hw))
-    for r in (eager, paced):
-        check_invariants(r, s)
-    per_group = lambda r: np.bincount(r.block * 2 + r.group, minlength=16)  # noqa: E731
-    assert per_group(eager).max() == 6
-    assert per_group(paced).max() == 5
-    assert paced.makespan_ns < eager.makespan_ns - 20_000
-    # static lists are unaffected: pacing is for claims on the global head
-    lists = [list(range(b, 78, 8)) for b in range(8)]
-    assert simulate(s, Hardware(pace=True, **hw), "static", lists=lists).makespan_ns == \
-        simulate(s, Hardware(pace=False, **hw), "static", lists=lists).makespan_ns

@@ -58,14 +58,6 @@ class Hardware:
     #: free group anyway and waits there, while another group of the block
     #: stays unparked, as the device does (GVM_PARK)
     park: bool = True
-    #: dynamic mode: while no group of a block is free, its next claim waits
-    #: until the busy group due first is pace_lead_ns from 3/4 of the run the
-    #: block last saw for that instruction's op (runtime's GVM_CLAIM_PACE; an
-    #: op not seen yet or a parked instruction: at once)
-    pace: bool = True
-    #: a claim's round trip and record read, which pacing leaves ahead of a
-    #: group's expected end (GVM_PACE_LEAD: 4,000 cycles)
-    pace_lead_ns: float = 2000.0
     #: fixed cost of an op inside a group (descriptor reads, address set-up,
     #: pipeline fill and drain); estimate
     launch_ns: float = 400.0
@@ -87,7 +79,7 @@ class Hardware:
         for name in ("hbm_bytes_per_s", "l2_bytes_per_s", "load_bytes_per_s", "flops_per_s", "head_claims_per_s"):
             if not getattr(self, name) > 0:
                 raise ProgramError(f"Hardware.{name} must be > 0")
-        for name in ("claim_ns", "decode_ns", "dispatch_ns", "launch_ns", "mem_latency_ns", "signal_ns", "signal_latency_ns", "probe_ns", "pace_lead_ns"):
+        for name in ("claim_ns", "decode_ns", "dispatch_ns", "launch_ns", "mem_latency_ns", "signal_ns", "signal_latency_ns", "probe_ns"):
             if not getattr(self, name) >= 0:
                 raise ProgramError(f"Hardware.{name} must be >= 0")
 

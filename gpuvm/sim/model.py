@@ -5,9 +5,7 @@ claims the next instruction (dynamic: one atomic on the global head, which
 serialises claims; static: the next entry of its own list), reads the record,
 has the loader issue the instruction's prefetch, and hands it to a free group.
 Like the device's controller it keeps up to claim_depth instructions claimed
-and not yet handed out (runtime/controller.cuh), and with hw.pace, in dynamic
-mode, while every group of the block is busy, it claims only as the group due
-first nears 3/4 of its expected run (scheduler/pace.cuh). With hw.ready_first (the
+and not yet handed out (runtime/controller.cuh). With hw.ready_first (the
 device's default) it hands out the oldest held instruction whose waits were
 met at least probe_ns ago; with none such, and hw.park, the oldest goes to a
 free group as long as another group of the block is not parked on an unmet
@@ -118,12 +116,6 @@ class _Block:
     parked: set = field(default_factory=set)  # groups handed an instruction whose waits were not seen met
     exhausted: bool = False
     next_in_list: int = 0
-    # claim pacing (Hardware.pace): per group, since when it runs what, and for how long it is expected to
-    start: list = field(default_factory=list)
-    key: list = field(default_factory=list)  # its instruction's op (its tensors; None: parked)
-    est: list = field(default_factory=list)  # ns, 0 for none
-    runs: dict = field(default_factory=dict)  # op -> its last run on this block, ns
-    paced_at: float = -1.0  # a paced claim is scheduled for then
 
 
 class _Sim:
@@ -134,8 +126,6 @@ class _Sim:
         self.ops = ops
         self.waits = [[(c.id, ins.wait_count(k)) for k, (c, _) in enumerate(ins.waits)] for ins in ops]
         self.sig = [None if ins.signal is None else ins.signal.id for ins in ops]
-        # pacing knows an op by its tensors, as the device does (scheduler/pace.cuh)
-        self.pace_key = [tuple(-1 if t is None else t.index for t in ins.tensors) for ins in ops]
         self.list_of = [-1] * n  # the work list of a worker, by index into self.lists_run
         self.lists_run: list[_List] = []
         for members in work_lists(ops).values():
@@ -153,8 +143,7 @@ class _Sim:
         self.block = np.full(n, -1, dtype=np.int64)
         self.group = np.full(n, -1, dtype=np.int64)
         self.order: list[int] = []
-        self.blocks = [_Block(list(range(hw.groups)), start=[0.0] * hw.groups, key=[None] * hw.groups, est=[0.0] * hw.groups)
-                       for _ in range(hw.n_blocks)]
+        self.blocks = [_Block(list(range(hw.groups))) for _ in range(hw.n_blocks)]
         self.head = 0
         self.head_free = 0.0
         self._events: list[tuple[float, int, Callable[..., None], tuple]] = []
@@ -200,13 +189,6 @@ class _Sim:
         """Issue claims until claim_depth are held (claimed, not handed out)."""
         blk = self.blocks[b]
         while not blk.exhausted and blk.pending + len(blk.queue) + blk.handing < self.hw.claim_depth:
-            if self.mode == "dynamic" and self.hw.pace and not blk.free:
-                due = min(s + 0.75 * e - self.hw.pace_lead_ns for s, e in zip(blk.start, blk.est))
-                if now < due:
-                    if blk.paced_at != due:
-                        blk.paced_at = due
-                        self.at(due, self._paced, b)
-                    return
             blk.pending += 1
             if self.mode == "dynamic":
                 serve = max(now, self.head_free)
@@ -221,9 +203,6 @@ class _Sim:
                 if i >= self.n:
                     blk.exhausted = True
                 self.at(now, self._claimed, b, i)
-
-    def _paced(self, now: float, b: int) -> None:
-        self._try_claim(b, now)
 
     def _claimed(self, now: float, b: int, i: int) -> None:
         blk = self.blocks[b]
@@ -270,16 +249,10 @@ class _Sim:
         g = heapq.heappop(blk.free)
         if park:
             blk.parked.add(g)
-        i = blk.queue[k]
-        blk.start[g], blk.key[g] = now, None if park else self.pace_key[i]
-        blk.est[g] = blk.runs.get(blk.key[g], 0.0) if blk.key[g] is not None else 0.0
         self.at(now + self.hw.dispatch_ns, self._dispatched, b, g, blk.queue.pop(k))
 
     def _group_free(self, now: float, b: int, g: int) -> None:
         blk = self.blocks[b]
-        if blk.key[g] is not None:
-            blk.runs[blk.key[g]] = now - blk.start[g]
-        blk.key[g], blk.est[g] = None, 0.0
         blk.parked.discard(g)
         heapq.heappush(blk.free, g)
         self._hand(b, now)
