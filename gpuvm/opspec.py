@@ -303,6 +303,8 @@ def _check_attn_merge(ts: Slots, a: Args) -> None:
     if not (0 <= a[2] <= hq and a[3] >= 0):
         raise ProgramError(f"ATTN_MERGE head0 {a[2]} outside [0, {hq}] or heads {a[3]} < 0")
     _range(a[2], _merge_heads(a, hq), hq, "ATTN_MERGE head")
+    if not 0 <= a[4] <= po.shape[2]:
+        raise ProgramError(f"ATTN_MERGE chunks {a[4]} outside [0, {po.shape[2]}] (0: all)")
 
 
 def _merge_heads(a: Args, hq: int) -> int:
@@ -315,7 +317,7 @@ def _cost_merge(ts: Slots, a: Args) -> Cost:
     assert po
     pairs = a[1] * _merge_heads(a, po.shape[1])
     head_bytes = po.row_bytes // po.shape[1] if po.shape[1] else 0
-    return Cost(act_bytes=pairs * head_bytes, flops=pairs * po.shape[2] * HEAD_DIM * 3)
+    return Cost(act_bytes=pairs * head_bytes, flops=pairs * (a[4] or po.shape[2]) * HEAD_DIM * 3)
 
 
 def _check_residual(ts: Slots, a: Args) -> None:
@@ -532,7 +534,7 @@ SPECS: dict[Op, OpSpec] = {
     Op.RMSNORM: OpSpec(("out", "in", "w"), ("row0", "rows"), _check_rmsnorm, _cost_rows),
     Op.QK_ROPE_KV: OpSpec(("qkvg", "q", "w_qn", "w_kn", "k_cache", "v_cache", "convs"), ("conv", "rope", "f_kscale", "f_vscale"), _check_qk_rope_kv, _cost_qk),
     Op.ATTN_CHUNK: OpSpec(("q", "k_cache", "v_cache", "convs", "part_o", "part_ml", "w_qn", "w_kn"), ("conv", "kv_head", "chunk", "chunk_len", "window", "f_kscale", "f_vscale", "rope"), _check_attn_chunk, _cost_attn_chunk),
-    Op.ATTN_MERGE: OpSpec(("o", "part_o", "part_ml", "qkvg"), ("tok0", "tokens", "head0", "heads"), _check_attn_merge, _cost_merge),
+    Op.ATTN_MERGE: OpSpec(("o", "part_o", "part_ml", "qkvg"), ("tok0", "tokens", "head0", "heads", "chunks"), _check_attn_merge, _cost_merge),
     Op.RESIDUAL: OpSpec(("s", "a", "alpha", "beta", "w_next", "out_f32", "out_bf16", "stats"), ("row0", "rows", "col0", "cols"), _check_residual, _cost_residual),
     Op.TOPK: OpSpec(("scores", "route_meta", "route", "work"), ("first_local", "n_local", "mode", "t0", "tokens"), _check_topk, _cost_topk),
     Op.EXPERT_UP: OpSpec(("hbuf", "x", "codes", "scales", "tscales", "route_meta", "route", "work"), ("list", "workers", "grain", "cap", "fixed"), lambda ts, a: _check_expert(ts, a, True), lambda ts, a: _cost_expert(ts, a, 2)),

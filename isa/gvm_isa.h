@@ -138,8 +138,9 @@ enum gvm_opcode {
      * head h into the caches as QK_ROPE_KV would. No QK_ROPE_KV op is needed. */
     GVM_OP_ATTN_MERGE = 20,
     /* t0 o out [T,HQ*64] bf16, t1 part_o, t2 part_ml, t3 qkvg bf16;
-     * a0 token0, a1 tokens, a2 head0, a3 heads (0: every head from a2 on).
-     * Log-sum-exp merge of the NCH chunks of each of those heads,
+     * a0 token0, a1 tokens, a2 head0, a3 heads (0: every head from a2 on),
+     * a4 chunks (0: all NCH; the first a4 otherwise, the rest not read).
+     * Log-sum-exp merge of those chunks of each of those heads,
      * then o = rms_head(o) * sigmoid(g). */
     GVM_OP_RESIDUAL = 21,
     /* t0 s [T,D] f32 (in place), t1 a [T,D] f32, t2 alpha [D] f32, t3 beta [D] f32,

@@ -833,7 +833,8 @@ __device__ int gvm_op_attn_chunk(const gvm_ctx& c) {
 
 // ---- ATTN_MERGE -------------------------------------------------------------------------
 // The (token, head) pairs of tokens [a0, a0 + a1) x heads [a2, a2 + n), n = a3,
-// or HQ - a2 when a3 is 0, one warp per pair. Lane i owns dims 4(i % 16) .. +3
+// or HQ - a2 when a3 is 0, one warp per pair, over their first a4 chunk slots
+// (0: all NCH; a conversation cut into shorter chunks has more than the rest). Lane i owns dims 4(i % 16) .. +3
 // of the chunks of parity i / 16 (its u-th chunk is 2u + parity), whose o
 // (16 B) it copies by cp.async into its own bytes of shared memory, so that no
 // lane reads another's bytes. The scratch is shared out among the warps that
@@ -859,12 +860,13 @@ __device__ int gvm_op_attn_merge(const gvm_ctx& c) {
     const gvm_tensor& tml = gvm_t(c, 2);
     const gvm_tensor& tx = gvm_t(c, 3);
     const int tok0 = c.ins->arg[0], ntok = c.ins->arg[1], head0 = c.ins->arg[2];
-    const int nt = tpo.shape[0], hq = tpo.shape[1], nch = tpo.shape[2], width = tx.shape[1];
+    const int nt = tpo.shape[0], hq = tpo.shape[1], width = tx.shape[1];
     const int nh = c.ins->arg[3] != 0 ? c.ins->arg[3] : hq - max(head0, 0);  // 0: every head from head0 on
+    const int nch = c.ins->arg[4] != 0 ? c.ins->arg[4] : tpo.shape[2];
     const bool ok = gvm_is(to, GVM_DT_BF16, 2) & gvm_aligned(to, 2, 8) & to.shape[0] == nt & to.shape[1] == hq * 64 &
                     gvm_is(tpo, GVM_DT_F32, 4) & gvm_aligned(tpo, 4, 16) & tpo.shape[3] == 64 &
                     gvm_is(tml, GVM_DT_F32, 4) & gvm_aligned(tml, 4, 8) & tml.shape[0] == nt & tml.shape[1] == hq &
-                    tml.shape[2] == nch & tml.shape[3] == 2 & gvm_is(tx, GVM_DT_BF16, 2) & gvm_aligned(tx, 2, 8) &
+                    tml.shape[2] == tpo.shape[2] & nch > 0 & nch <= tpo.shape[2] & tml.shape[3] == 2 & gvm_is(tx, GVM_DT_BF16, 2) & gvm_aligned(tx, 2, 8) &
                     tx.shape[0] == nt & width % 64 == 0 & width > 2 * hq * 64 & tok0 >= 0 & ntok >= 0 &
                     tok0 + ntok <= nt & head0 >= 0 & head0 <= hq & nh >= 0 & nh <= hq - head0 & c.smem_bytes >= 4 * 32 * 16;
     if (!ok) return GVM_ERR_BAD_ARGS;

@@ -89,12 +89,18 @@ def check_step(lp: LayerProgram, bufs: dict[str, torch.Tensor], ref: RefOut, k_c
 
 
 def run_case(case: Case, weights: dict[str, LayerWeights], steps: int = STEPS, orders: tuple[str, ...] = ("stream", "random", "random"),
-             fuse_qk: bool = False, router_parts: bool = False) -> None:
+             fuse_qk: bool = False, router_parts: bool = False, attn_tail: bool = False) -> None:
     w = weights[case.kind]
     state = make_state(CFG, case.kind, case.conversations, case.tokens_each, case.context, seed=3, steps=steps)
     tiles = dataclasses.replace(_tiles(case.kind, case.tokens_each, state.slots), fuse_qk=1 << 20 if fuse_qk else 0,
                                 router_span=1 if router_parts else 0)
+    if attn_tail:  # "two waves" of 8 groups; the last conversations' chunks (about a third of them) halved
+        tiles = dataclasses.replace(tiles, expert_workers=8, attn_tail=case.conversations * CFG.heads_kv)
     lp = lower_layer(CFG, case.kind, case.conversations, case.tokens_each, state.slots, tiles=tiles)
+    lens = {o.args[3] for o in lp.stream.ops if o.opcode == Op.ATTN_CHUNK}
+    assert len(lens) == 1 + attn_tail, f"chunk lengths {sorted(lens)}"
+    if attn_tail:
+        assert any(o.args[4] != lp.program.tensors[o.tensors[1].index].shape[2] for o in lp.stream.ops if o.opcode == Op.ATTN_MERGE)
     assert any(o.opcode == Op.QK_ROPE_KV for o in lp.stream.ops) != fuse_qk
     assert any(o.opcode == Op.GEMM and o.args[5] > 1 for o in lp.stream.ops) == router_parts
     counters = None
@@ -133,6 +139,14 @@ def test_router_in_k_parts_matches_reference(case: Case, weights: dict[str, Laye
     (whichever it is in a random order) adding the parts up, tickets counted
     on across steps."""
     run_case(case, weights, router_parts=True)
+
+
+@pytest.mark.parametrize("case", [small_case(c, CFG) for c in DECODE_CASES if c.name.endswith(("c16-t8", "c32-t1"))], ids=lambda c: f"{c.name}-ctx{c.context}")
+def test_attention_tail_in_half_chunks_matches_reference(case: Case, weights: dict[str, LayerWeights]) -> None:
+    """Tiles.attn_tail: the last conversations' chunks at half length, their
+    merges over their own (larger) chunk count, the others' slots past theirs
+    never read (left poisoned)."""
+    run_case(case, weights, attn_tail=True)
 
 
 def _case(kind: str, conversations: int, tokens_each: int, context: int) -> Case:

@@ -44,7 +44,7 @@ def _timed_build() -> float:
     t = time.perf_counter()
     lp = lower_layer(SHARD, "full", 32, 8, FULL_CASE_SLOTS)
     dt = time.perf_counter() - t
-    assert len(lp.stream) > 4_000  # 4,360 instructions (1,344 of them attention chunks)
+    assert len(lp.stream) > 4_000  # 4,520 instructions (1,504 of them attention chunks)
     return dt
 
 
@@ -58,6 +58,13 @@ def test_full_size_op_counts_and_tiles(kind: str) -> None:
     chunk = 4096 if kind == "full" else 512
     nch = -(-S // chunk) if kind == "full" else -(-(2048 + 8 - 1) // chunk)
     assert nch == n_chunks(SHARD, kind, n, S, chunk)
+    # two waves of chunks or more (full): the last 4 conversations' chunks at 2,048 keys,
+    # 4 x 42 >= Tiles.attn_tail (132) cut; the sliding layer's 320 chunks stay whole
+    tail, tail_nch = (4, -(-S // (chunk // 2))) if kind == "full" else (0, nch)
+    chunks = (C - tail) * 2 * nch + tail * 2 * tail_nch
+    attn = _ops(s, Op.ATTN_CHUNK)
+    assert [o.args[3] for o in attn] == [chunk] * (C - tail) * 2 * nch + [chunk // 2] * tail * 2 * tail_nch
+    assert [o.args[4] for o in _ops(s, Op.ATTN_MERGE)] == [nch] * (C - tail) * 16 + [tail_nch] * tail * 16
     # one wave of 264 groups (Tiles.gemm_fill); at 256 tokens the GEMMs go in
     # 4 spans of 64 tokens (Tiles.gemm_span) x tiles of 64+ bf16 rows: Wqkvg's
     # q|k|v 64 rows (80 tiles), its g beside them 64 rows (64), Wo 128 rows
@@ -66,7 +73,7 @@ def test_full_size_op_counts_and_tiles(kind: str) -> None:
     # (Tiles.router_ops 128); experts: 264 workers each for up and down
     gemm_tiles = 4 * (1280 // 64 + 1024 // 64 + 8192 // 128 + 4 * 256 // 32 + 4096 // 128 + 8192 // 128)
     assert count == {
-        Op.RMSNORM: C * n, Op.GEMM: gemm_tiles, Op.QK_ROPE_KV: C, Op.ATTN_CHUNK: C * 2 * nch, Op.ATTN_MERGE: C * 16,
+        Op.RMSNORM: C * n, Op.GEMM: gemm_tiles, Op.QK_ROPE_KV: C, Op.ATTN_CHUNK: chunks, Op.ATTN_MERGE: C * 16,
         Op.RESIDUAL: 2 * C * n, Op.TOPK: 8, Op.EXPERT_UP: 264, Op.EXPERT_DOWN: 264, Op.EXPERT_COMBINE: C * n,  # a row each
     }
     # the top-8 picks in the 7 groups the router's 128 and the squeeze's 128

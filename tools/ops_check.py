@@ -493,6 +493,15 @@ def cases_attn(sz: Sizes, gen: torch.Generator) -> list[Case]:
         for r, n in _row_blocks(sz.tokens, 3):
             b.op_(slots, [r, n, h0, nh])
         out.append(b.case())
+    # a4: the first chunks only (a conversation cut into fewer chunks than NCH);
+    # the slots past them are NaN, so reading one fails
+    b = _Build("attn_merge first chunks (a4), NaN past them", Op.ATTN_MERGE, mgen)
+    slots = _merge_inputs(b, sz, sz.tokens, sz.nch_merge)
+    for name in ("part_o", "part_ml"):
+        b.tensors[name][:, :, sz.nch_merge - 2 :] = math.nan
+    for r, n in _row_blocks(sz.tokens, 3):
+        b.op_(slots, [r, n, 0, 0, sz.nch_merge - 2])
+    out.append(b.case())
     # many chunks, one token an instruction, its heads split as a decode step's
     # merges are (--time times the first): four busy warps hold 24 chunks a lane,
     # so past 48 chunks a head goes in batches; fewer busy warps hold more
@@ -507,6 +516,9 @@ def cases_attn(sz: Sizes, gen: torch.Generator) -> list[Case]:
     b = _Build("attn_merge heads past HQ -> BAD_ARGS", Op.ATTN_MERGE, mgen)
     b.op_(_merge_inputs(b, sz, 2, 3, check=EXACT), [0, 2, 3, 5])
     out.append(b.case(int(ErrorCode.BAD_ARGS), _set_arg(3, sz.hq - 2)))
+    b = _Build("attn_merge chunks past NCH -> BAD_ARGS", Op.ATTN_MERGE, mgen)
+    b.op_(_merge_inputs(b, sz, 2, 3, check=EXACT), [0, 2, 3, 5, 2])
+    out.append(b.case(int(ErrorCode.BAD_ARGS), _set_arg(4, 4)))
     return out
 
 

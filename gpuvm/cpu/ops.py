@@ -223,13 +223,14 @@ def attn_merge(ts: Slots, a: Args) -> None:
     n, hq = a[1], part_o.shape[1]
     h0 = a[2] if len(a) > 2 else 0
     nh = (a[3] if len(a) > 3 else 0) or hq - h0  # 0: every head from h0 on
+    nch = (a[4] if len(a) > 4 else 0) or part_o.shape[2]  # 0: every chunk slot
     heads, cols = slice(h0, h0 + nh), slice(h0 * HEAD_DIM, (h0 + nh) * HEAD_DIM)
     hkv = (qkvg.shape[1] // HEAD_DIM - 2 * hq) // 2
-    m, l = part_ml[toks, heads, :, 0], part_ml[toks, heads, :, 1]  # [n, nh, NCH]
+    m, l = part_ml[toks, heads, :nch, 0], part_ml[toks, heads, :nch, 1]  # [n, nh, nch]
     top = m.amax(-1, keepdim=True)
     _need(not bool(torch.isinf(top).any()), f"ATTN_MERGE tokens [{a[0]}, {a[0] + a[1]}) heads [{h0}, {h0 + nh}): a query saw no key at all")
     scale = torch.exp(m - top)
-    out = (part_o[toks, heads] * scale[..., None]).sum(2) / (l * scale).sum(-1)[..., None]
+    out = (part_o[toks, heads, :nch] * scale[..., None]).sum(2) / (l * scale).sum(-1)[..., None]
     g0 = (hq + 2 * hkv) * HEAD_DIM
     gate = qkvg[toks, g0 + cols.start : g0 + cols.stop].float().reshape(n, nh, HEAD_DIM)
     o[toks, cols] = (_rms(out) * torch.sigmoid(gate)).reshape(n, nh * HEAD_DIM).to(o.dtype)

@@ -153,6 +153,15 @@ class Tiles:
     # 32 x 8 71.52 / 71.88. One conversation (162 ops) keeps 1,024 keys: 2,048 there
     # ran full-c1-t8 273 against 268 us.
     full_ops: int = 2048
+    # A layer with two waves of ATTN_CHUNK ops or more (expert_workers, one per
+    # group) cuts the chunks of its last conversations in half, as many
+    # conversations as it takes to cut attn_tail chunks (0: never). A block
+    # claims its next instruction as it hands one out, and that claim waits
+    # for its own groups while others idle: at the op's end such claims wait a
+    # whole chunk (full-c16-t8, H200 trace, session 39: 27 of the last 30
+    # chunks waited 42-47 us after their claim, 45 groups ran six chunks where
+    # the host's lists ran five). Half chunks at the end halve that wait.
+    attn_tail: int = 132
     # Up to fuse_qk tokens a step (0: never) the attention chunks do QK-norm/RoPE
     # themselves (ATTN_CHUNK's fused form: q from qkvg, the chunk holding the new
     # positions writes their k and v) and the layer has no QK_ROPE_KV op: one
@@ -209,6 +218,12 @@ class Tiles:
         while chunk < self.chunk and conversations * cfg.heads_kv * n_chunks(cfg, kind, tokens_each, cache_slots, chunk) > self.sliding_ops:
             chunk *= 2
         return min(chunk, self.chunk)
+
+    def tail_convs(self, conversations: int, heads_kv: int, chunks: int, chunk: int) -> int:
+        """How many of the last conversations get chunks of chunk // 2 keys (see attn_tail)."""
+        if self.attn_tail <= 0 or chunk < 2 or conversations * heads_kv * chunks < 2 * self.expert_workers:
+            return 0
+        return min(conversations - 1, -(-self.attn_tail // (heads_kv * chunks)))
 
 
 @dataclass
@@ -362,6 +377,9 @@ def emit_layer(
     sliding = kind == "sliding"
     chunk = tl.chunk_of(cfg, kind, C, tokens_each, S)
     nch = n_chunks(cfg, kind, tokens_each, cache_slots, chunk)
+    tail = tl.tail_convs(C, hkv, nch, chunk)
+    conv_chunks = [(chunk, nch)] * (C - tail) + [(chunk // 2, n_chunks(cfg, kind, tokens_each, cache_slots, chunk // 2))] * tail
+    nch = max(n for _, n in conv_chunks)  # chunk slots of the partials
     fk, fv = f2i(k_scale), f2i(v_scale)
 
     ts: dict[str, TensorSpec] = {}
@@ -476,13 +494,13 @@ def emit_layer(
     n_qkv = gemm(qkvg, h, w["Wqkvg"], 0, qkv_cols, h_ready, qkv_done, "Wqkvg")
     late = T <= tl.g_late  # g after the q|k|v tiles, beside the attention chunks (an op of its own: it waits on Wqkvg's)
     gemm(qkvg, h, w["Wqkvg"], qkv_cols, cfg.qkvg_width, h_ready + [qkv_done] if late else h_ready, g_done, "Wg" if late else "Wqkvg",
-         beside=C * hkv * nch if late else n_qkv)
+         beside=hkv * sum(n for _, n in conv_chunks) if late else n_qkv)
     merged = ctr("o")
     # a merge is latency bound, one warp per (token, head): few pairs per
     # instruction, spread over SMs (two heads keep a one-token merge to one batch)
     merge_heads = 2 if tokens_each == 1 and hq % 2 == 0 else 1
     window = cfg.window if sliding else 0
-    for c in range(C):
+    for c, (clen, cn) in enumerate(conv_chunks):
         attn_c = ctr(f"attn{c}")
         if fuse_qk:
             chunk_in, chunk_args, chunk_waits = [qkvg, kc, vc, convs, part_o, part_ml, w["w_qn"], w["w_kn"]], [int(sliding)], [qkv_done]
@@ -491,10 +509,10 @@ def emit_layer(
             p.op(Op.QK_ROPE_KV, [qkvg, q, w["w_qn"], w["w_kn"], kc, vc, convs], [c, int(sliding), fk, fv], waits=[qkv_done], signal=kv_c, label=f"{prefix}qk_rope_kv[{c}]")
             chunk_in, chunk_args, chunk_waits = [q, kc, vc, convs, part_o, part_ml], [], [kv_c]
         for hh in range(hkv):
-            for j in range(nch):
-                p.op(Op.ATTN_CHUNK, chunk_in, [c, hh, j, chunk, window, fk, fv, *chunk_args], waits=chunk_waits, signal=attn_c, label=f"{prefix}attn[{c},{hh},{j}]")
+            for j in range(cn):
+                p.op(Op.ATTN_CHUNK, chunk_in, [c, hh, j, clen, window, fk, fv, *chunk_args], waits=chunk_waits, signal=attn_c, label=f"{prefix}attn[{c},{hh},{j}]")
         for h0 in range(0, hq, merge_heads):
-            p.op(Op.ATTN_MERGE, [o, part_o, part_ml, qkvg], [c * tokens_each, tokens_each, h0, merge_heads], waits=[attn_c, g_done], signal=merged, label=f"{prefix}attn_merge[{c},{h0}]")
+            p.op(Op.ATTN_MERGE, [o, part_o, part_ml, qkvg], [c * tokens_each, tokens_each, h0, merge_heads, cn], waits=[attn_c, g_done], signal=merged, label=f"{prefix}attn_merge[{c},{h0}]")
     wo_done = ctr("a")
     a_stats = residual_stats("a_stats", w["Wo"], w["alpha1"], w["beta1"])
     gemm(a, o, w["Wo"], 0, d, [merged], wo_done, "Wo", stats=a_stats)
