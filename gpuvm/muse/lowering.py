@@ -160,7 +160,10 @@ class Tiles:
     # for its own groups while others idle: at the op's end such claims wait a
     # whole chunk (full-c16-t8, H200 trace, session 39: 27 of the last 30
     # chunks waited 42-47 us after their claim, 45 groups ran six chunks where
-    # the host's lists ran five). Half chunks at the end halve that wait.
+    # the host's lists ran five). Half chunks at the end halve that wait. H200,
+    # b2ac5ed, sched_probe, 132 against 0, two rounds: full-c16-t8 930.9 / 946.0
+    # and 928.5 / 939.0 us, full-c32-t8 1337.0 / 1383.4 and 1325.0 / 1384.5; one
+    # round: step 32 x 8 68.88 / 69.60 ms, 16 x 8 50.15 / 50.26.
     attn_tail: int = 132
     # Up to fuse_qk tokens a step (0: never) the attention chunks do QK-norm/RoPE
     # themselves (ATTN_CHUNK's fused form: q from qkvg, the chunk holding the new
