@@ -100,7 +100,7 @@ def run_case(case: Case, weights: dict[str, LayerWeights], steps: int = STEPS, o
     lens = {o.args[3] for o in lp.stream.ops if o.opcode == Op.ATTN_CHUNK}
     assert len(lens) == 1 + attn_tail, f"chunk lengths {sorted(lens)}"
     if attn_tail:
-        assert any(o.args[4] != lp.program.tensors[o.tensors[1].index].shape[2] for o in lp.stream.ops if o.opcode == Op.ATTN_MERGE)
+        assert any(o.args[4] != o.tensors[1].shape[2] for o in lp.stream.ops if o.opcode == Op.ATTN_MERGE)
     assert any(o.opcode == Op.QK_ROPE_KV for o in lp.stream.ops) != fuse_qk
     assert any(o.opcode == Op.GEMM and o.args[5] > 1 for o in lp.stream.ops) == router_parts
     counters = None
