@@ -839,8 +839,9 @@ __device__ int gvm_op_attn_chunk(const gvm_ctx& c) {
 // chunk is 2u + parity), whose o (16 B) it copies by cp.async into its own
 // bytes of shared memory, so that no lane reads another's bytes. The scratch
 // is shared out among the warps that have a pair: one warp alone holds 96
-// chunks a lane (192 a head) in flight at once, four hold 24 a lane; a head with more chunks than that goes in batches
-// of that many, waited one by one. While the first batch flies the warp finds
+// chunks a lane (192 a head) in flight at once, four hold 24 a lane; a head
+// with more chunks than that goes in batches of that many, waited one by one.
+// While the first batch flies the warp finds
 // the head's max m and l = sum l_j exp(m_j - max) (each lane an online merge
 // over chunks lane, lane + 32, ..., then a butterfly). Then the weighted sum
 // (m_j read again: the scan just brought it into L1), the two parities added by
