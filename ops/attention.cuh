@@ -832,21 +832,20 @@ __device__ int gvm_op_attn_chunk(const gvm_ctx& c) {
 }
 
 // ---- ATTN_MERGE -------------------------------------------------------------------------
-// The (token, head) pairs of tokens [a0, a0 + a1) x heads [a2, a2 + n), n = a3,
-// or HQ - a2 when a3 is 0, one warp per pair, over their first a4 chunk slots
-// (0: all NCH; a conversation cut into shorter chunks has more than the rest).
-// Lane i owns dims 4(i % 16) .. +3 of the chunks of parity i / 16 (its u-th
-// chunk is 2u + parity), whose o (16 B) it copies by cp.async into its own
-// bytes of shared memory, so that no lane reads another's bytes. The scratch
-// is shared out among the warps that have a pair: one warp alone holds 96
-// chunks a lane (192 a head) in flight at once, four hold 24 a lane; a head
-// with more chunks than that goes in batches of that many, waited one by one.
-// While the first batch flies the warp finds
-// the head's max m and l = sum l_j exp(m_j - max) (each lane an online merge
-// over chunks lane, lane + 32, ..., then a butterfly). Then the weighted sum
-// (m_j read again: the scan just brought it into L1), the two parities added by
-// one shuffle, the per-head norm and the gate. Within a lane the chunks add
-// in order 0, 1, 2, ...: the numbers are those of one batch of every chunk.
+// The (token, head) pairs of tokens [a0, a0 + a1) x heads [a2, a2 + n), n = a3, or
+// HQ - a2 when a3 is 0, one warp per pair, over their first a4 chunk slots (0: all
+// NCH; a conversation cut into shorter chunks has more than the rest). Lane i owns
+// dims 4(i % 16) .. +3 of the chunks of parity i / 16 (its u-th chunk is 2u +
+// parity), whose o (16 B) it copies by cp.async into its own bytes of shared
+// memory, so that no lane reads another's bytes. The scratch is shared out among
+// the warps that have a pair: one warp alone holds 96 chunks a lane (192 a head)
+// in flight at once, four hold 24 a lane; a head with more chunks than that goes
+// in batches of that many, waited one by one. While the first batch flies the warp
+// finds the head's max m and l = sum l_j exp(m_j - max) (each lane an online merge
+// over chunks lane, lane + 32, ..., then a butterfly). Then the weighted sum (m_j
+// read again: the scan just brought it into L1), the two parities added by one
+// shuffle, the per-head norm and the gate. Within a lane the chunks add in order
+// 0, 1, 2, ...: the numbers are those of one batch of every chunk.
 
 // (m, l) merged with (m2, l2): the larger max, l rescaled to it; -inf m is empty.
 __device__ __forceinline__ void gvm_lse_merge(float& m, float& l, float m2, float l2) {
