@@ -46,15 +46,8 @@ inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
     return r;
 }
 
-// sin(pi x), cos(pi x) with the exact reduction of x modulo 2.
-inline void sincospi(double x, double* s, double* c) {
-    const double r = x - 2.0 * std::nearbyint(x / 2.0);
-    const long double a = (long double)r * 3.141592653589793238462643383279502884L;
-    *s = (double)std::sin(a);
-    *c = (double)std::cos(a);
-}
-
-inline void sincospif(float x, float* s, float* c) {  // |x| <= 1 here (RoPE, reduced modulo 2)
+// sin(pi x), cos(pi x); |x| <= 1 here (RoPE angles, reduced modulo 2 by the op).
+inline void sincospif(float x, float* s, float* c) {
     const long double a = (long double)x * 3.141592653589793238462643383279502884L;
     *s = (float)std::sin(a);
     *c = (float)std::cos(a);
