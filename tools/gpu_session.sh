@@ -2,7 +2,7 @@
 # One call on the H200 (the device tool): the VM proofs and timings, the Muse
 # ops standalone, and the decode-case sweep, each under its own time limit,
 # logs and results under $OUT (at most 8 files come back: traces are tarred).
-#   GPUVM_COMMIT=<sha> bash tools/gpu_session.sh [check|fold|ops|opstime|sweep|step|stepsweep|probe|experts|router|park|ring|lists|steptrace|tiles|rowpf|fill|fill2|xstage|trace62|xprobe|smem|tiles2|router|xbench|against|slots|naps|icache|workers|slices|statsprobe|topkprobe|layertrace|oneop|fusedqk|ringbench|ringprobe|opsgemm|tail|attstop|gputests|vmtest|next|tail|ncu ...]
+#   GPUVM_COMMIT=<sha> bash tools/gpu_session.sh [check|fold|ops|opstime|sweep|step|stepsweep|probe|experts|router|park|ring|lists|steptrace|tiles|rowpf|fill|fill2|xstage|trace62|xprobe|smem|tiles2|router|xbench|against|slots|naps|icache|workers|slices|statsprobe|topkprobe|layertrace|oneop|fusedqk|ringbench|ringprobe|opsgemm|tail|attstop|gputests|vmtest|next|attntail|ncu ...]
 # (set GPUVM_COMMIT when running a snapshot without .git: else the results name the enclosing checkout)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -179,7 +179,7 @@ for s in $steps; do
            (cd "$OUT" && ls trace-*.npz >/dev/null 2>&1 && tar czf traces.tgz trace-*.npz && rm -f trace-*.npz)
            for r in 1 2; do timeout 120 python3 tools/sched_probe.py --out "$OUT/sc_r$r.json" --modes dynamic --depths 1 --variants base: --tiles "base:,sc64:sliding_chunk=64,sc256:sliding_chunk=256" --cases sliding-c1-t1,sliding-c1-t8 --step 1x1,1x8 > "$OUT/sc_r$r.log" 2>&1; echo "chunk probe $r rc=$?"; grep -v "^$" "$OUT/sc_r$r.log" | tail -12; done
            (cd "$OUT" && tar czf chunk_probe.tgz sc_r* && rm -f sc_r*) ;;
-    tail) # attention's tail in half chunks (Tiles.attn_tail 132, the default on this branch) against none: tests/gpu's layer tests and ATTN_MERGE alone
+    attntail) # attention's tail in half chunks (Tiles.attn_tail 132, the default) against none: tests/gpu's layer tests and ATTN_MERGE alone
           # first, then the full layers with two waves of chunks and their steps, two rounds (order swapped), and the four layers swept with traces
            timeout 200 python3 tools/prebuild.py --trace base; echo "prebuild rc=$?"
            timeout 60 python3 tools/ops_check.py --only attn_merge > "$OUT/ops_merge.log" 2>&1; echo "ops_check attn_merge rc=$?"; tail -1 "$OUT/ops_merge.log"
