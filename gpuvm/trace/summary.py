@@ -172,9 +172,9 @@ def compare(a: Trace, b: Trace, names: tuple[str, str] = ("a", "b")) -> str:
     """Two traces of one program (e.g. dynamic and static) op by op: when each op
     first got ready and last finished, its phase and median run, and on how many
     blocks it ran; `done b-a` shows where the gap between the two opens."""
-    ta, tb = build(a), build(b)
     if len(a) != len(b) or a.labels != b.labels:
         raise ValueError(f"the traces are of different programs ({len(a)} and {len(b)} instructions)")
+    ta, tb = build(a), build(b)
     na, nb = names
     rows = []
     for d in op_diff(ta, tb):
