@@ -234,6 +234,8 @@ def _check_qk_rope_kv(ts: Slots, a: Args) -> None:
     _range(a[0], 1, convs.shape[0], "conversation")
     if not (a[1] in (0, 1)):
         raise ProgramError("QK_ROPE_KV a1 (rope) must be 0 or 1")
+    if not (a[4] >= 0 and a[5] >= 0):
+        raise ProgramError(f"QK_ROPE_KV tokens [{a[4]}, +{a[5]}) must not be negative")
 
 
 def _cost_qk(ts: Slots, a: Args) -> Cost:
@@ -532,7 +534,7 @@ SPECS: dict[Op, OpSpec] = {
     Op.SCALE_ADD: OpSpec(("dst", "x", "y"), ("i0", "n", "f_a", "f_b"), _check_scale_add, _cost_elementwise(3)),
     Op.GEMM: OpSpec(("out", "x", "W", "stats|parts", "s|tickets", "alpha", "beta"), ("n0", "n", "t0", "t", "slot", "parts", "part", "ticket"), _check_gemm, _cost_gemm),
     Op.RMSNORM: OpSpec(("out", "in", "w"), ("row0", "rows"), _check_rmsnorm, _cost_rows),
-    Op.QK_ROPE_KV: OpSpec(("qkvg", "q", "w_qn", "w_kn", "k_cache", "v_cache", "convs"), ("conv", "rope", "f_kscale", "f_vscale"), _check_qk_rope_kv, _cost_qk),
+    Op.QK_ROPE_KV: OpSpec(("qkvg", "q", "w_qn", "w_kn", "k_cache", "v_cache", "convs"), ("conv", "rope", "f_kscale", "f_vscale", "j0", "tokens"), _check_qk_rope_kv, _cost_qk),
     Op.ATTN_CHUNK: OpSpec(("q", "k_cache", "v_cache", "convs", "part_o", "part_ml", "w_qn", "w_kn"), ("conv", "kv_head", "chunk", "chunk_len", "window", "f_kscale", "f_vscale", "rope"), _check_attn_chunk, _cost_attn_chunk),
     Op.ATTN_MERGE: OpSpec(("o", "part_o", "part_ml", "qkvg"), ("tok0", "tokens", "head0", "heads", "chunks"), _check_attn_merge, _cost_merge),
     Op.RESIDUAL: OpSpec(("s", "a", "alpha", "beta", "w_next", "out_f32", "out_bf16", "stats"), ("row0", "rows", "col0", "cols"), _check_residual, _cost_residual),

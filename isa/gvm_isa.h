@@ -116,8 +116,9 @@ enum gvm_opcode {
      * t1 q out [T,HQ,64] bf16, t2 w_qn [64] f32, t3 w_kn [64] f32,
      * t4 k cache [C,S,HKV,64] e4m3, t5 v cache [C,S,HKV,64] e4m3,
      * t6 convs [C,4] i32: (tok0, tokens, pos0, 0) of each conversation;
-     * a0 conv c, a1 rope (1 sliding, 0 full), a2 f(k_scale), a3 f(v_scale).
-     * For each new token j of conversation c (token t = tok0 + j, position
+     * a0 conv c, a1 rope (1 sliding, 0 full), a2 f(k_scale), a3 f(v_scale),
+     * a4 j0, a5 n (0: to the conversation's last new token).
+     * For each new token j in [j0, j0 + n) of conversation c (token t = tok0 + j, position
      * p = pos0 + j): q = rms_head(q)*(1+w_qn), k = rms_head(k)*(1+w_kn),
      * RoPE(p, base 500000, pairs (2i,2i+1)) on q and k if a1, then
      * cache[c, p % S] = e4m3(k / k_scale), e4m3(v / v_scale); q out = bf16(q). */

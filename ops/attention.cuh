@@ -48,7 +48,7 @@ __device__ int gvm_op_qk_rope_kv(const gvm_ctx& c) {
     const gvm_tensor& tk = gvm_t(c, 4);
     const gvm_tensor& tv = gvm_t(c, 5);
     const gvm_tensor& tc = gvm_t(c, 6);
-    const int conv = c.ins->arg[0], rope = c.ins->arg[1];
+    const int conv = c.ins->arg[0], rope = c.ins->arg[1], j0 = c.ins->arg[4], jn = c.ins->arg[5];
     const float k_scale = gvm_argf(c, 2), v_scale = gvm_argf(c, 3);
     const int nt = tx.shape[0], hq = tq.shape[1], hkv = tk.shape[2], n_conv = tk.shape[0], cache_s = tk.shape[1];
     bool ok = gvm_is(tx, GVM_DT_BF16, 2) & gvm_aligned(tx, 2, 4) & tx.shape[1] == (2 * hq + 2 * hkv) * 64 &
@@ -57,7 +57,7 @@ __device__ int gvm_op_qk_rope_kv(const gvm_ctx& c) {
               gvm_is(tk, GVM_DT_E4M3, 4) & gvm_is(tv, GVM_DT_E4M3, 4) & gvm_aligned(tk, 1, 2) & gvm_aligned(tv, 1, 2) &
               tk.shape[3] == 64 & hkv > 0 & hq > 0 & tv.shape[0] == n_conv & tv.shape[1] == cache_s &
               tv.shape[2] == hkv & tv.shape[3] == 64 & gvm_is(tc, GVM_DT_I32, 2) & tc.shape[0] == n_conv &
-              tc.shape[1] >= 3 & conv >= 0 & conv < n_conv & (rope == 0 || rope == 1);
+              tc.shape[1] >= 3 & conv >= 0 & conv < n_conv & (rope == 0 || rope == 1) & j0 >= 0 & jn >= 0;
     if (!ok) return GVM_ERR_BAD_ARGS;
     const int* cv = gvm_ptr<const int>(tc, conv * tc.stride[0], 4);
     const int tok0 = cv[0], ntok = cv[1], pos0 = cv[2];
@@ -72,7 +72,8 @@ __device__ int gvm_op_qk_rope_kv(const gvm_ctx& c) {
     const float wk0 = 1.0f + wk[2 * lane], wk1 = 1.0f + wk[2 * lane + 1];
     unsigned char* kc = gvm_ptr<unsigned char>(tk, conv * tk.stride[0], 1);
     unsigned char* vc = gvm_ptr<unsigned char>(tv, conv * tv.stride[0], 1);
-    for (int j = 0; j < ntok; ++j) {
+    const int jend = jn == 0 ? ntok : min(ntok, j0 + jn);  // the conversation's tokens are run-time data: clamped
+    for (int j = j0; j < jend; ++j) {
         const int t = tok0 + j, p = pos0 + j, slot = p % cache_s;
         float2 sc = make_float2(0.0f, 1.0f);
         const unsigned* row = gvm_ptr<const unsigned>(tx, t * tx.stride[0], 2);

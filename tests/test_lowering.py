@@ -62,6 +62,8 @@ def test_full_size_op_counts_and_tiles(kind: str) -> None:
     # 4 x 42 >= Tiles.attn_tail (132) cut; the sliding layer's 320 chunks stay whole
     tail, tail_nch = (4, -(-S // (chunk // 2))) if kind == "full" else (0, nch)
     chunks = (C - tail) * 2 * nch + tail * 2 * tail_nch
+    # QK-norm/RoPE one new token an op (Tiles.qk_tokens), all signalling their conversation's counter
+    assert [o.args[4:6] for o in _ops(s, Op.QK_ROPE_KV)] == [(j, 1) for _ in range(C) for j in range(n)]
     attn = _ops(s, Op.ATTN_CHUNK)
     assert [o.args[3] for o in attn] == [chunk] * (C - tail) * 2 * nch + [chunk // 2] * tail * 2 * tail_nch
     assert [o.args[4] for o in _ops(s, Op.ATTN_MERGE)] == [nch] * (C - tail) * 16 + [tail_nch] * tail * 16
@@ -73,7 +75,7 @@ def test_full_size_op_counts_and_tiles(kind: str) -> None:
     # (Tiles.router_ops 128); experts: 264 workers each for up and down
     gemm_tiles = 4 * (1280 // 64 + 1024 // 64 + 8192 // 128 + 4 * 256 // 32 + 4096 // 128 + 8192 // 128)
     assert count == {
-        Op.RMSNORM: C * n, Op.GEMM: gemm_tiles, Op.QK_ROPE_KV: C, Op.ATTN_CHUNK: chunks, Op.ATTN_MERGE: C * 16,
+        Op.RMSNORM: C * n, Op.GEMM: gemm_tiles, Op.QK_ROPE_KV: C * n, Op.ATTN_CHUNK: chunks, Op.ATTN_MERGE: C * 16,
         Op.RESIDUAL: 2 * C * n, Op.TOPK: 8, Op.EXPERT_UP: 264, Op.EXPERT_DOWN: 264, Op.EXPERT_COMBINE: C * n,  # a row each
     }
     # the top-8 picks in the 7 groups the router's 128 and the squeeze's 128
@@ -171,7 +173,9 @@ def test_tiles_cover_every_output_once(kind: str, tiling: str) -> None:
     assert chunks == [(c, h, j) for c in range(3) for h in range(cfg.heads_kv) for j in range(nch)]
     window = cfg.window if kind == "sliding" else 0
     assert all(o.args[3] == chunk and o.args[4] == window and i2f(o.args[5]) == 1.0 for o in _ops(s, Op.ATTN_CHUNK))
-    assert [o.args[1] for o in _ops(s, Op.QK_ROPE_KV)] == [int(kind == "sliding")] * 3
+    qk = _ops(s, Op.QK_ROPE_KV)  # one new token each (Tiles.qk_tokens): every token of every conversation once
+    assert [o.args[1] for o in qk] == [int(kind == "sliding")] * T
+    assert [(o.args[0], o.args[4], o.args[5]) for o in qk] == [(c, j, 1) for c in range(3) for j in range(T // 3)]
     topk = _ops(s, Op.TOPK)
     assert len(topk) == 1 and topk[0].args[:2] == (0, cfg.local_experts)
 
@@ -193,7 +197,7 @@ def test_dependencies_are_fine_grained() -> None:
     for o in _ops(s, Op.QK_ROPE_KV):
         assert _waits_on(s, o) == qkv_tiles
     for o in _ops(s, Op.ATTN_CHUNK):
-        assert _waits_on(s, o) == {f"L0.qk_rope_kv[{o.args[0]}]"}
+        assert _waits_on(s, o) == {q.label for q in _ops(s, Op.QK_ROPE_KV) if q.args[0] == o.args[0]}  # its conversation's tokens
     for c, o in enumerate(_ops(s, Op.ATTN_MERGE)):
         chunks = {x.label for x in _ops(s, Op.ATTN_CHUNK) if x.args[0] == o.args[0] // 5}
         assert _waits_on(s, o) == chunks | g_tiles

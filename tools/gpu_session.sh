@@ -2,7 +2,7 @@
 # One call on the H200 (the device tool): the VM proofs and timings, the Muse
 # ops standalone, and the decode-case sweep, each under its own time limit,
 # logs and results under $OUT (at most 8 files come back: traces are tarred).
-#   GPUVM_COMMIT=<sha> bash tools/gpu_session.sh [check|fold|ops|opstime|sweep|step|stepsweep|probe|experts|router|park|ring|lists|steptrace|tiles|rowpf|fill|fill2|xstage|trace62|xprobe|smem|tiles2|router|xbench|against|slots|naps|icache|workers|slices|statsprobe|topkprobe|layertrace|oneop|fusedqk|ringbench|ringprobe|opsgemm|tail|attstop|gputests|vmtest|next|attntail|ncu ...]
+#   GPUVM_COMMIT=<sha> bash tools/gpu_session.sh [check|fold|ops|opstime|sweep|step|stepsweep|probe|experts|router|park|ring|lists|steptrace|tiles|rowpf|fill|fill2|xstage|trace62|xprobe|smem|tiles2|router|xbench|against|slots|naps|icache|workers|slices|statsprobe|topkprobe|layertrace|oneop|fusedqk|ringbench|ringprobe|opsgemm|tail|attstop|gputests|vmtest|next|attntail|qksplit|ncu ...]
 # (set GPUVM_COMMIT when running a snapshot without .git: else the results name the enclosing checkout)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -188,6 +188,14 @@ for s in $steps; do
              timeout 150 python3 tools/sched_probe.py --out "$OUT/tail_r$r.json" --modes dynamic --depths 1 --variants base: --tiles "$t" --cases full-c16-t8,full-c32-t8,full-c16-t1,full-c32-t1 --step 16x8,32x8,16x1,32x1 > "$OUT/tail_r$r.log" 2>&1; echo "tail probe $r rc=$?"; grep -v "^$" "$OUT/tail_r$r.log" | tail -16; done
            timeout 120 python3 -m gpuvm sweep --cases full-c16-t8,full-c32-t8,full-c16-t1,full-c32-t1 --out "$OUT/sw" --trace --no-plot > "$OUT/tail_sweep.log" 2>&1; echo "sweep rc=$?"; tail -7 "$OUT/tail_sweep.log"
            (cd "$OUT" && tar czf tail.tgz sw tail_r* && rm -rf sw tail_r*.json) ;;
+    qksplit) # QK-norm/RoPE one new token an op (Tiles.qk_tokens 1, this branch's default) against a conversation's all (0): QK_ROPE_KV alone,
+             # tests/gpu's layer tests, then the 128/256-token layers and steps, two rounds (order swapped)
+           timeout 200 python3 tools/prebuild.py --trace base; echo "prebuild rc=$?"
+           timeout 60 python3 tools/ops_check.py --only qk_rope_kv > "$OUT/ops_qk.log" 2>&1; echo "ops_check qk_rope_kv rc=$?"; tail -1 "$OUT/ops_qk.log"
+           timeout 200 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_muse_layer.py > "$OUT/tests_layer_qk.log" 2>&1; echo "layer tests rc=$?"; tail -1 "$OUT/tests_layer_qk.log"
+           for r in 1 2; do t="qk1:,qkall:qk_tokens=0"; [ $r = 2 ] && t="qkall:qk_tokens=0,qk1:"
+             timeout 150 python3 tools/sched_probe.py --out "$OUT/qk_r$r.json" --modes dynamic --depths 1 --variants base: --tiles "$t" --cases full-c16-t8,full-c32-t8,sliding-c16-t8,sliding-c32-t8 --step 16x8,32x8 > "$OUT/qk_r$r.log" 2>&1; echo "qk probe $r rc=$?"; grep -v "^$" "$OUT/qk_r$r.log" | tail -12; done
+           (cd "$OUT" && tar czf qksplit.tgz qk_r* && rm -f qk_r*.json) ;;
     gputests) timeout ${T_GPUTESTS:-200} python3 -m pytest -q -p no:cacheprovider tests/gpu > "$OUT/tests_gpu.log" 2>&1; echo "tests/gpu rc=$?"; tail -4 "$OUT/tests_gpu.log" ;;
     vmtest) timeout ${T_VMTEST:-150} python3 -m pytest -q -x -p no:cacheprovider tests/gpu/test_vm.py > "$OUT/test_vm.log" 2>&1; echo "test_vm rc=$?"; tail -8 "$OUT/test_vm.log" ;;
     *) echo "unknown step $s"; exit 2 ;;

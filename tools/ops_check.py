@@ -394,7 +394,8 @@ def cases_qk(sz: Sizes, gen: torch.Generator) -> list[Case]:
     top = max(p + n for n, p in spec)
     # the last: the one-token decode's single instruction (what --time times at one token)
     for rope, slots, name, sp in ((1, top + 16, "rope, linear cache", spec), (0, sz.ring // 2, "no rope, ring cache", spec),
-                                  (1, top + 16, "rope, one token", ((1, spec[-1][1]),))):
+                                  (1, top + 16, "rope, one token", ((1, spec[-1][1]),)),
+                                  (1, top + 16, "rope, tokens in ranges (a4, a5)", spec)):
         b = _Build(f"qk_rope_kv {name}", Op.QK_ROPE_KV, gen)
         convs = _convs(sp)
         t = int(convs[:, 1].sum())
@@ -406,7 +407,12 @@ def cases_qk(sz: Sizes, gen: torch.Generator) -> list[Case]:
         vc = b.add("v_cache", DType.E4M3, b.e4m3(len(sp), slots, sz.hkv, 64), E4M3)
         cv = b.add("convs", DType.I32, convs)
         for c in range(len(sp)):
-            b.op_([x, q, wq, wk, kc, vc, cv], [c, rope, f2i(0.5), f2i(2.0)])
+            if name.startswith("rope, tokens in ranges"):  # pairs of tokens, the rest (a5 = 0), and a range past the end (nothing)
+                n = int(convs[c, 1])
+                for j0, jn in [(j, 2) for j in range(0, n - 1, 2)] + [(n - n % 2 if n % 2 else n, 0), (n + 3, 1)]:
+                    b.op_([x, q, wq, wk, kc, vc, cv], [c, rope, f2i(0.5), f2i(2.0), j0, jn])
+            else:
+                b.op_([x, q, wq, wk, kc, vc, cv], [c, rope, f2i(0.5), f2i(2.0)])
         out.append(b.case())
     return out
 

@@ -165,11 +165,15 @@ def qk_rope_kv(ts: Slots, a: Args) -> None:
     tok0, n, pos0 = _conv(convs, c, qkvg.shape[0])
     hq, hkv, slots = q_out.shape[1], kc.shape[2], kc.shape[1]
     _need(n <= slots, f"conversation {c}: {n} new tokens overflow a cache of {slots} slots")
-    pos = pos0 + torch.arange(n)
-    q, k, v = _qk(qkvg[tok0 : tok0 + n], pos, hq, hkv, w_qn, w_kn, bool(use_rope))
+    j0 = a[4] if len(a) > 4 else 0
+    j1 = min(n, j0 + a[5]) if len(a) > 5 and a[5] else n  # clamped, as the device does
+    if j0 >= j1:
+        return
+    pos = pos0 + torch.arange(j0, j1)
+    q, k, v = _qk(qkvg[tok0 + j0 : tok0 + j1], pos, hq, hkv, w_qn, w_kn, bool(use_rope))
     kc[c, pos % slots] = to_e4m3(k / k_scale)
     vc[c, pos % slots] = to_e4m3(v / v_scale)
-    q_out[tok0 : tok0 + n] = q.to(q_out.dtype)
+    q_out[tok0 + j0 : tok0 + j1] = q.to(q_out.dtype)
 
 
 def attn_chunk(ts: Slots, a: Args) -> None:

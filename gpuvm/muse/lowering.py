@@ -165,6 +165,10 @@ class Tiles:
     # and 928.5 / 939.0 us, full-c32-t8 1337.0 / 1383.4 and 1325.0 / 1384.5; one
     # round: step 32 x 8 68.88 / 69.60 ms, 16 x 8 50.15 / 50.26.
     attn_tail: int = 132
+    # New tokens per QK_ROPE_KV op (0: a conversation's all). Its tokens run in
+    # series, one global round trip each: at full-c16-t8 the 16 ops of 8 tokens
+    # were a 22 us phase between Wqkvg and attention (H200 trace, session 39).
+    qk_tokens: int = 1
     # Up to fuse_qk tokens a step (0: never) the attention chunks do QK-norm/RoPE
     # themselves (ATTN_CHUNK's fused form: q from qkvg, the chunk holding the new
     # positions writes their k and v) and the layer has no QK_ROPE_KV op: one
@@ -509,7 +513,9 @@ def emit_layer(
             chunk_in, chunk_args, chunk_waits = [qkvg, kc, vc, convs, part_o, part_ml, w["w_qn"], w["w_kn"]], [int(sliding)], [qkv_done]
         else:
             kv_c = ctr(f"kv{c}")
-            p.op(Op.QK_ROPE_KV, [qkvg, q, w["w_qn"], w["w_kn"], kc, vc, convs], [c, int(sliding), fk, fv], waits=[qkv_done], signal=kv_c, label=f"{prefix}qk_rope_kv[{c}]")
+            for j0, jn in _tiles(0, tokens_each, tl.qk_tokens or tokens_each):
+                p.op(Op.QK_ROPE_KV, [qkvg, q, w["w_qn"], w["w_kn"], kc, vc, convs], [c, int(sliding), fk, fv, j0, jn], waits=[qkv_done],
+                     signal=kv_c, label=f"{prefix}qk_rope_kv[{c},{j0}]")
             chunk_in, chunk_args, chunk_waits = [q, kc, vc, convs, part_o, part_ml], [], [kv_c]
         for hh in range(hkv):
             for j in range(cn):
