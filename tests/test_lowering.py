@@ -327,6 +327,9 @@ def test_gemm_tail_cuts_the_last_partial_wave() -> None:
     assert others(lp) == others(base)  # Wqkvg, Wo, Wex and the router unchanged
     with pytest.raises(ProgramError, match="gemm_tail"):
         Tiles(gemm_tail=0)
+    for name in ("qk_tokens", "attn_tail"):  # 0 is a setting (all tokens / no tail), below it an error
+        with pytest.raises(ProgramError, match=name):
+            Tiles(**{name: -1})
 
 
 def test_gemm_tail_leaves_the_layer_s_numbers_alone() -> None:

@@ -188,7 +188,7 @@ for s in $steps; do
              timeout 150 python3 tools/sched_probe.py --out "$OUT/tail_r$r.json" --modes dynamic --depths 1 --variants base: --tiles "$t" --cases full-c16-t8,full-c32-t8,full-c16-t1,full-c32-t1 --step 16x8,32x8,16x1,32x1 > "$OUT/tail_r$r.log" 2>&1; echo "tail probe $r rc=$?"; grep -v "^$" "$OUT/tail_r$r.log" | tail -16; done
            timeout 120 python3 -m gpuvm sweep --cases full-c16-t8,full-c32-t8,full-c16-t1,full-c32-t1 --out "$OUT/sw" --trace --no-plot > "$OUT/tail_sweep.log" 2>&1; echo "sweep rc=$?"; tail -7 "$OUT/tail_sweep.log"
            (cd "$OUT" && tar czf tail.tgz sw tail_r* && rm -rf sw tail_r*.json) ;;
-    qksplit) # QK-norm/RoPE one new token an op (Tiles.qk_tokens 1, this branch's default) against a conversation's all (0): QK_ROPE_KV alone,
+    qksplit) # QK-norm/RoPE one new token an op (Tiles.qk_tokens 1, the default since 660cedc) against a conversation's all (0): QK_ROPE_KV alone,
              # tests/gpu's layer tests, then the 128/256-token layers and steps, two rounds (order swapped)
            timeout 200 python3 tools/prebuild.py --trace base; echo "prebuild rc=$?"
            timeout 60 python3 tools/ops_check.py --only qk_rope_kv > "$OUT/ops_qk.log" 2>&1; echo "ops_check qk_rope_kv rc=$?"; tail -1 "$OUT/ops_qk.log"

@@ -193,7 +193,7 @@ class Tiles:
             raise ProgramError(f"Tiles.gemm_min_bytes {self.gemm_min_bytes} exceeds gemm_max_bytes {self.gemm_max_bytes}")
         if self.expert_fixed not in (0, 1):
             raise ProgramError(f"Tiles.expert_fixed must be 0 or 1, not {self.expert_fixed!r}")
-        for name in ("router_span", "topk_span", "expert_cap_tokens", "g_late"):
+        for name in ("router_span", "topk_span", "expert_cap_tokens", "g_late", "attn_tail", "qk_tokens"):
             v = getattr(self, name)
             if not isinstance(v, int) or v < 0:
                 raise ProgramError(f"Tiles.{name} must be an int >= 0, not {v!r}")
