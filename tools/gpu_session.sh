@@ -2,7 +2,7 @@
 # One call on the H200 (the device tool): the VM proofs and timings, the Muse
 # ops standalone, and the decode-case sweep, each under its own time limit,
 # logs and results under $OUT (at most 8 files come back: traces are tarred).
-#   GPUVM_COMMIT=<sha> bash tools/gpu_session.sh [check|fold|ops|opstime|sweep|step|stepsweep|probe|experts|router|park|ring|lists|steptrace|tiles|rowpf|fill|fill2|xstage|trace62|xprobe|smem|tiles2|router|xbench|against|slots|naps|icache|workers|slices|statsprobe|topkprobe|layertrace|oneop|fusedqk|ringbench|ringprobe|opsgemm|tail|attstop|gputests|vmtest|next|attntail|qksplit|ncu ...]
+#   GPUVM_COMMIT=<sha> bash tools/gpu_session.sh [check|fold|ops|opstime|sweep|step|stepsweep|probe|experts|router|park|ring|lists|steptrace|tiles|rowpf|fill|fill2|xstage|trace62|xprobe|smem|tiles2|router|xbench|against|slots|naps|icache|workers|slices|statsprobe|topkprobe|layertrace|oneop|fusedqk|ringbench|ringprobe|opsgemm|tail|attstop|gputests|vmtest|next|attntail|qksplit|ncuattn|ncu ...]
 # (set GPUVM_COMMIT when running a snapshot without .git: else the results name the enclosing checkout)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -196,6 +196,10 @@ for s in $steps; do
            for r in 1 2; do t="qk1:,qkall:qk_tokens=0"; [ $r = 2 ] && t="qkall:qk_tokens=0,qk1:"
              timeout 150 python3 tools/sched_probe.py --out "$OUT/qk_r$r.json" --modes dynamic --depths 1 --variants base: --tiles "$t" --cases full-c16-t8,full-c32-t8,sliding-c16-t8,sliding-c32-t8 --step 16x8,32x8 > "$OUT/qk_r$r.log" 2>&1; echo "qk probe $r rc=$?"; grep -v "^$" "$OUT/qk_r$r.log" | tail -12; done
            (cd "$OUT" && tar czf qksplit.tgz qk_r* && rm -f qk_r*.json) ;;
+    ncuattn) # ncu on attn_chunk's 'full' case as ops_check runs it the second time (every chunk, two groups a block): pipe use and stall reasons per issued instruction
+           M="--metrics regex:sm__inst_executed_pipe_(alu|fma|xu|lsu|tensor_op_gmma).avg.pct_of_peak_sustained_active,regex:smsp__average_warps_issue_stalled_.*_per_issue_active\\.ratio"
+           timeout 200 ncu --kernel-name gvm_check_attn_chunk --launch-skip 1 --launch-count 1 --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section Occupancy --section LaunchStats $M python3 tools/ops_check.py --only attn_chunk > "$OUT/ncu_attn_full.log" 2>&1; echo "ncu attn rc=$?"
+           grep -E "Duration|Grid Size|Block Size|Issue Slots|Eligible|Active Warps Per|Warp Cycles Per Issued|pipe_.*pct" "$OUT/ncu_attn_full.log" | head -16; grep "stalled" "$OUT/ncu_attn_full.log" | awk '$NF+0 > 0.05' | sort -k3 -g -r | head -12 ;;
     gputests) timeout ${T_GPUTESTS:-200} python3 -m pytest -q -p no:cacheprovider tests/gpu > "$OUT/tests_gpu.log" 2>&1; echo "tests/gpu rc=$?"; tail -4 "$OUT/tests_gpu.log" ;;
     vmtest) timeout ${T_VMTEST:-150} python3 -m pytest -q -x -p no:cacheprovider tests/gpu/test_vm.py > "$OUT/test_vm.log" 2>&1; echo "test_vm rc=$?"; tail -8 "$OUT/test_vm.log" ;;
     *) echo "unknown step $s"; exit 2 ;;
