@@ -12,6 +12,22 @@ mkdir -p "$OUT"
 steps=${*:-check ops sweep}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
 python3 -c "import torch, cuda.core; print('torch', torch.__version__, 'cuda.core', cuda.core.__version__)"
+# Two sched_probe rounds (dynamic, claim depth 1), the second with the list reversed so
+# that a drift over the run shows as a swap: ab_rounds <name> <tiles|variants> <list>
+# <timeout s> <sched_probe args>. Writes $OUT/<name>_r{1,2}.{json,log}.
+ab_rounds() {
+  local name=$1 kind=$2 list=$3 limit=$4 r l
+  local -a sel
+  shift 4
+  for r in 1 2; do
+    l=$list
+    [ "$r" = 2 ] && l=$(tr ',' '\n' <<< "$list" | tac | paste -sd, -)
+    if [ "$kind" = tiles ]; then sel=(--variants base: --tiles "$l"); else sel=(--variants "$l"); fi
+    timeout "$limit" python3 tools/sched_probe.py --out "$OUT/${name}_r$r.json" --modes dynamic --depths 1 "${sel[@]}" "$@" > "$OUT/${name}_r$r.log" 2>&1
+    echo "$name probe $r rc=$?"; grep -v "^$" "$OUT/${name}_r$r.log" | tail -"${AB_TAIL:-16}"
+  done
+}
+
 for s in $steps; do
   case $s in
     check) timeout ${T_CHECK:-280} python3 tools/gpu_check.py --out "$OUT/gpu_check.json" > "$OUT/gpu_check.log" 2>&1; echo "gpu_check rc=$?"; tail -25 "$OUT/gpu_check.log" ;;
@@ -184,8 +200,7 @@ for s in $steps; do
            timeout 200 python3 tools/prebuild.py --trace base; echo "prebuild rc=$?"
            timeout 60 python3 tools/ops_check.py --only attn_merge > "$OUT/ops_merge.log" 2>&1; echo "ops_check attn_merge rc=$?"; tail -1 "$OUT/ops_merge.log"
            timeout 200 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_muse_layer.py tests/gpu/test_step_chain.py > "$OUT/tests_layer.log" 2>&1; echo "layer tests rc=$?"; tail -1 "$OUT/tests_layer.log"
-           for r in 1 2; do t="tail:,notail:attn_tail=0"; [ $r = 2 ] && t="notail:attn_tail=0,tail:"
-             timeout 150 python3 tools/sched_probe.py --out "$OUT/tail_r$r.json" --modes dynamic --depths 1 --variants base: --tiles "$t" --cases full-c16-t8,full-c32-t8,full-c16-t1,full-c32-t1 --step 16x8,32x8,16x1,32x1 > "$OUT/tail_r$r.log" 2>&1; echo "tail probe $r rc=$?"; grep -v "^$" "$OUT/tail_r$r.log" | tail -16; done
+           ab_rounds tail tiles "tail:,notail:attn_tail=0" 150 --cases full-c16-t8,full-c32-t8,full-c16-t1,full-c32-t1 --step 16x8,32x8,16x1,32x1
            timeout 120 python3 -m gpuvm sweep --cases full-c16-t8,full-c32-t8,full-c16-t1,full-c32-t1 --out "$OUT/sw" --trace --no-plot > "$OUT/tail_sweep.log" 2>&1; echo "sweep rc=$?"; tail -7 "$OUT/tail_sweep.log"
            (cd "$OUT" && tar czf tail.tgz sw tail_r* && rm -rf sw tail_r*.json) ;;
     qksplit) # QK-norm/RoPE one new token an op (Tiles.qk_tokens 1, the default since 660cedc) against a conversation's all (0): QK_ROPE_KV alone,
@@ -193,8 +208,7 @@ for s in $steps; do
            timeout 200 python3 tools/prebuild.py --trace base; echo "prebuild rc=$?"
            timeout 60 python3 tools/ops_check.py --only qk_rope_kv > "$OUT/ops_qk.log" 2>&1; echo "ops_check qk_rope_kv rc=$?"; tail -1 "$OUT/ops_qk.log"
            timeout 200 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_muse_layer.py > "$OUT/tests_layer_qk.log" 2>&1; echo "layer tests rc=$?"; tail -1 "$OUT/tests_layer_qk.log"
-           for r in 1 2; do t="qk1:,qkall:qk_tokens=0"; [ $r = 2 ] && t="qkall:qk_tokens=0,qk1:"
-             timeout 150 python3 tools/sched_probe.py --out "$OUT/qk_r$r.json" --modes dynamic --depths 1 --variants base: --tiles "$t" --cases full-c16-t8,full-c32-t8,sliding-c16-t8,sliding-c32-t8 --step 16x8,32x8 > "$OUT/qk_r$r.log" 2>&1; echo "qk probe $r rc=$?"; grep -v "^$" "$OUT/qk_r$r.log" | tail -12; done
+           AB_TAIL=12 ab_rounds qk tiles "qk1:,qkall:qk_tokens=0" 150 --cases full-c16-t8,full-c32-t8,sliding-c16-t8,sliding-c32-t8 --step 16x8,32x8
            (cd "$OUT" && tar czf qksplit.tgz qk_r* && rm -f qk_r*.json) ;;
     ncuattn) # ncu on attn_chunk's 'full' case as ops_check runs it the second time (every chunk, two groups a block): pipe use and stall reasons per issued instruction
            M="--metrics regex:sm__inst_executed_pipe_(alu|fma|xu|lsu|tensor_op_gmma).avg.pct_of_peak_sustained_active,regex:smsp__average_warps_issue_stalled_.*_per_issue_active\\.ratio"
