@@ -561,28 +561,22 @@ __device__ __forceinline__ void gvm_attn_write(const gvm_ctx& c, const gvm_attn_
 
 // ---- ATTN_CHUNK rounds on the warpgroup (3+ m-tiles) ----------------------------------
 // A round's 64 query rows are the M of warpgroup MMAs (wgmma m64n64k16): S = Q K^T
-// and O += P V for GVM_ATT_WG_KEYS keys a step, in halves of 64. The step's K and V
-// come once for the group (cp.async, raw e4m3, in stages of 64 keys, ahead of the
-// step) and are converted once to f16, K as key rows of 64 dims and V transposed to
-// dim rows of 64 keys, so that both are K-major operands in the 128-byte swizzle; P
-// stays in registers as the second MMA's A (a D fragment is an A fragment). The
-// per-warp path converts each key once per m-tile, 4 times a 64-row round, in 16 x 8
-// MMAs.
+// and O += P V for 64 keys a step. The step's K and V come once for the group
+// (cp.async, raw e4m3, GVM_ATT_WG_STAGES - 1 steps ahead) and are converted once
+// to f16, K as key rows of 64 dims and V transposed to dim rows of 64 keys, so
+// that both are K-major operands in the 128-byte swizzle; P stays in registers
+// as the second MMA's A (a D fragment is an A fragment). The per-warp path
+// converts each key once per m-tile, 4 times a 64-row round, in 16 x 8 MMAs.
 #ifndef GVM_ATT_WG
 #define GVM_ATT_WG 1  // 0: every chunk on the per-warp path (gvm_attn_tile)
 #endif
-#ifndef GVM_ATT_WG_KEYS
-#define GVM_ATT_WG_KEYS 64  // keys a step: 64, or 128 (one barrier pair, proxy fence and MMA wait per 128 keys)
-#endif
-#define GVM_ATT_WG_HALVES (GVM_ATT_WG_KEYS / 64)
-static_assert(GVM_ATT_WG_HALVES == 1 || GVM_ATT_WG_HALVES == 2, "GVM_ATT_WG_KEYS is 64 or 128");
-#define GVM_ATT_WG_STAGES (GVM_ATT_WG_HALVES == 1 ? 4 : 3)    // raw stages of 64 keys
-#define GVM_ATT_WG_Q 0                                        // Q f16 [64 rows][64 dims]
-#define GVM_ATT_WG_K 8192                                     // K f16 [64 halves keys][64 dims]
-#define GVM_ATT_WG_VT (8192 + 8192 * GVM_ATT_WG_HALVES)       // V^T f16: a [64 dims][64 keys] tile a half
-#define GVM_ATT_WG_RAW (8192 + 16384 * GVM_ATT_WG_HALVES)     // raw stages: K [64 keys][64 B], V (gvm_attn_wg_vraw)
+#define GVM_ATT_WG_STAGES 4
+#define GVM_ATT_WG_Q 0                                  // Q f16 [64 rows][64 dims]
+#define GVM_ATT_WG_K 8192                               // K f16 [64 keys][64 dims]
+#define GVM_ATT_WG_VT 16384                             // V^T f16 [64 dims][64 keys]
+#define GVM_ATT_WG_RAW 24576                            // raw stages: K [64 keys][64 B], V (gvm_attn_wg_vraw)
 #define GVM_ATT_WG_BYTES (GVM_ATT_WG_RAW + GVM_ATT_WG_STAGES * 8192)
-static_assert(GVM_ATT_WG_BYTES <= 65536, "the warpgroup round fits a group's scratch");
+static_assert(GVM_ATT_WG_BYTES <= 4 * GVM_ATT_WARP_BYTES, "the op's scratch check covers the warpgroup rounds");
 
 // Chunk c (dims 16 c ..) of key k's V in a raw stage's V half: in every other
 // block of 8 keys the two keys of a 128-byte line swap halves, and chunks rotate
@@ -639,10 +633,9 @@ __device__ __forceinline__ void gvm_attn_wg_convert(unsigned raw, unsigned kt, u
 
 // Rows [64 round, + 64) of the chunk over all its keys: warp w's (m, l, o) of its
 // 16 rows into its state area (smem + w GVM_ATT_WARP_BYTES), as gvm_attn_write
-// reads them. smem 1024-byte aligned, GVM_ATT_WG_BYTES of it, cache_s >= 64.
+// reads them. smem 1024-byte aligned, cache_s >= 64.
 __device__ __forceinline__ void gvm_attn_wg_round(const gvm_ctx& c, const gvm_attn_job& jb, int round, bool fused,
                                                   unsigned smem) {
-    constexpr int H = GVM_ATT_WG_HALVES, NST = GVM_ATT_WG_STAGES;
     const unsigned tid = gvm_opaque(c.tid), warp = tid >> 5, lane = tid & 31, g = lane >> 2, q = lane & 3;
     const int mt = round * 4 + (int)warp;
     if (fused)
@@ -660,89 +653,71 @@ __device__ __forceinline__ void gvm_attn_wg_round(const gvm_ctx& c, const gvm_at
     const unsigned long long pol = gvm_policy_evict_first();  // the cache is read once a step
     const unsigned long long dq = gvm_wgmma_desc(smem + GVM_ATT_WG_Q), dk = gvm_wgmma_desc(smem + GVM_ATT_WG_K),
                              dv = gvm_wgmma_desc(smem + GVM_ATT_WG_VT);
-    const int steps = (jb.ke - jb.kb + 64 * H - 1) / (64 * H);
-    int fs = 0, sf = jb.kb % jb.cache_s;  // the next half to fetch, its first key's cache slot
-    // one commit group a half, empty past the last step (a step's halves past the
-    // chunk come zero-filled): the wait counts groups
+    const int steps = (jb.ke - jb.kb + 63) / 64;
+    int fs = 0, sf = jb.kb % jb.cache_s;  // the next step to fetch, its first key's cache slot
+    // one commit group a step, empty past the last: the wait counts groups
     const auto fetch_next = [&]() {
-        if (fs < steps * H) gvm_attn_wg_fetch(jb, fs, sf, smem + GVM_ATT_WG_RAW + (fs % NST) * 8192, tid, pol);
+        if (fs < steps) gvm_attn_wg_fetch(jb, fs, sf, smem + GVM_ATT_WG_RAW + (fs % GVM_ATT_WG_STAGES) * 8192, tid, pol);
         gvm_cp_async_commit();
         ++fs;
         sf = gvm_attn_slot_add(sf, 64, jb.cache_s);
     };
 #pragma unroll 1
-    for (int d = 0; d < 3; ++d) fetch_next();
-    int cs = 0;  // the raw stage of this step's first half
+    for (int d = 0; d < GVM_ATT_WG_STAGES - 1; ++d) fetch_next();
 #pragma unroll 1
     for (int st = 0; st < steps; ++st) {
-        if (H == 1) {
-            fetch_next();  // into the stage converted last step: every thread passed that step's second barrier
-            gvm_cp_async_wait<NST - 1>();
-        } else {
-            gvm_cp_async_wait<1>();  // the next step's first half may still be on its way
-        }
+        fetch_next();  // into the stage converted last step: every thread passed that step's second barrier
+        gvm_cp_async_wait<GVM_ATT_WG_STAGES - 1>();
         gvm_group_sync(c);  // this step's copies are in, and last step's MMAs (every warp waited) are done with the tiles
-#pragma unroll
-        for (int h = 0; h < H; ++h) {
-            gvm_attn_wg_convert(smem + GVM_ATT_WG_RAW + cs * 8192, smem + GVM_ATT_WG_K + 8192 * h,
-                                smem + GVM_ATT_WG_VT + 8192 * h, tid);
-            cs = cs + 1 == NST ? 0 : cs + 1;
-        }
+        gvm_attn_wg_convert(smem + GVM_ATT_WG_RAW + (st % GVM_ATT_WG_STAGES) * 8192, smem + GVM_ATT_WG_K,
+                            smem + GVM_ATT_WG_VT, tid);
         gvm_fence_async_smem();
         gvm_group_sync(c);  // the tiles (and Q) are whole, for the MMAs' async proxy too
-        if (H == 2) {  // into the stages converted above: every thread passed the barrier
-            fetch_next();
-            fetch_next();
+        float s[32];        // raw scores q.k: s[4 j + i] row g + 8 (i >> 1), key 8 j + 2 q + (i & 1)
+#pragma unroll
+        for (int i = 0; i < 32; ++i) s[i] = 0.0f;
+        gvm_wgmma_fence();
+#pragma unroll
+        for (int k = 0; k < 4; ++k) gvm_wgmma_f16_n64(s, dq + 2 * k, dk + 2 * k);  // + 32 bytes a k16 step
+        gvm_wgmma_commit();
+        gvm_wgmma_wait<0>();
+        const int kp0 = jb.kb + st * 64;
+        // every query row sees every key of the step: no per-score test (the usual case)
+        const bool whole = kp0 + 63 < jb.ke && kp0 + 63 <= jb.pos0 && (jb.window == 0 || kp0 > pos_hi - jb.window);
+        if (!whole) {
+#pragma unroll
+            for (int i = 0; i < 32; ++i)
+                if (!gvm_attn_visible(jb, kp0 + 8 * (i >> 2) + 2 * (int)q + (i & 1), (i & 2) ? p1 : p0)) s[i] = GVM_NEG_INF;
         }
-#pragma unroll 1
-        for (int h = 0; h < H; ++h) {  // the halves one after the other: the registers of a 64-key step
-            float s[32];  // raw scores q.k: s[4 j + i] row g + 8 (i >> 1), key 8 j + 2 q + (i & 1) of the half
+        float mx0 = GVM_NEG_INF, mx1 = GVM_NEG_INF;
 #pragma unroll
-            for (int i = 0; i < 32; ++i) s[i] = 0.0f;
-            gvm_wgmma_fence();
-#pragma unroll
-            for (int k = 0; k < 4; ++k) gvm_wgmma_f16_n64(s, dq + 2 * k, dk + 512 * h + 2 * k);  // + 32 bytes a k16 step
-            gvm_wgmma_commit();
-            gvm_wgmma_wait<0>();
-            const int kp0 = jb.kb + (st * H + h) * 64;
-            // every query row sees every key of the half: no per-score test (the usual case)
-            const bool whole = kp0 + 63 < jb.ke && kp0 + 63 <= jb.pos0 && (jb.window == 0 || kp0 > pos_hi - jb.window);
-            if (!whole) {
-#pragma unroll
-                for (int i = 0; i < 32; ++i)
-                    if (!gvm_attn_visible(jb, kp0 + 8 * (i >> 2) + 2 * (int)q + (i & 1), (i & 2) ? p1 : p0)) s[i] = GVM_NEG_INF;
-            }
-            float mx0 = GVM_NEG_INF, mx1 = GVM_NEG_INF;
-#pragma unroll
-            for (int j = 0; j < 8; ++j) {
-                mx0 = fmaxf(mx0, fmaxf(s[4 * j], s[4 * j + 1]));
-                mx1 = fmaxf(mx1, fmaxf(s[4 * j + 2], s[4 * j + 3]));
-            }
-            const gvm_attn_max x = gvm_attn_new_max(mx0, mx1, m0, m1, jb.score_scale);
-            float ls0 = 0.0f, ls1 = 0.0f;
-#pragma unroll
-            for (int j = 0; j < 8; ++j) {
-                gvm_attn_exp4(s[4 * j], s[4 * j + 1], s[4 * j + 2], s[4 * j + 3], x, jb.score_scale, ls0, ls1);
-                o[4 * j] *= x.al0;
-                o[4 * j + 1] *= x.al0;
-                o[4 * j + 2] *= x.al1;
-                o[4 * j + 3] *= x.al1;
-            }
-            l0 = l0 * x.al0 + ls0;
-            l1 = l1 * x.al1 + ls1;
-            unsigned p[16];  // keys 16 kb .. + 15 in p[4 kb ..]: D columns 8 (2 kb) .. and 8 (2 kb + 1) ..
-#pragma unroll
-            for (int i = 0; i < 16; ++i) {
-                p[i] = gvm_pack_f16x2(s[2 * i], s[2 * i + 1]);
-                gvm_reg_fence(p[i]);  // packed before the fence: none written between the MMAs (ptxas would add waits)
-            }
-            gvm_wgmma_fence();  // o was rescaled in registers
-#pragma unroll
-            for (int kb = 0; kb < 4; ++kb)
-                gvm_wgmma_f16_rs_n64(o, p[4 * kb], p[4 * kb + 1], p[4 * kb + 2], p[4 * kb + 3], dv + 512 * h + 2 * kb);
-            gvm_wgmma_commit();
-            gvm_wgmma_wait<0>();
+        for (int j = 0; j < 8; ++j) {
+            mx0 = fmaxf(mx0, fmaxf(s[4 * j], s[4 * j + 1]));
+            mx1 = fmaxf(mx1, fmaxf(s[4 * j + 2], s[4 * j + 3]));
         }
+        const gvm_attn_max x = gvm_attn_new_max(mx0, mx1, m0, m1, jb.score_scale);
+        float ls0 = 0.0f, ls1 = 0.0f;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            gvm_attn_exp4(s[4 * j], s[4 * j + 1], s[4 * j + 2], s[4 * j + 3], x, jb.score_scale, ls0, ls1);
+            o[4 * j] *= x.al0;
+            o[4 * j + 1] *= x.al0;
+            o[4 * j + 2] *= x.al1;
+            o[4 * j + 3] *= x.al1;
+        }
+        l0 = l0 * x.al0 + ls0;
+        l1 = l1 * x.al1 + ls1;
+        unsigned p[16];  // keys 16 kb .. + 15 in p[4 kb ..]: D columns 8 (2 kb) .. and 8 (2 kb + 1) ..
+#pragma unroll
+        for (int i = 0; i < 16; ++i) {
+            p[i] = gvm_pack_f16x2(s[2 * i], s[2 * i + 1]);
+            gvm_reg_fence(p[i]);  // packed before the fence: none written between the MMAs (ptxas would add waits)
+        }
+        gvm_wgmma_fence();  // o was rescaled in registers
+#pragma unroll
+        for (int kb = 0; kb < 4; ++kb) gvm_wgmma_f16_rs_n64(o, p[4 * kb], p[4 * kb + 1], p[4 * kb + 2], p[4 * kb + 3], dv + 2 * kb);
+        gvm_wgmma_commit();
+        gvm_wgmma_wait<0>();
     }
     gvm_cp_async_wait<0>();  // the empty groups past the last step
     gvm_group_sync(c);  // every warp is done with the tiles: the state areas overlap them
@@ -829,7 +804,7 @@ __device__ int gvm_op_attn_chunk(const gvm_ctx& c) {
         gvm_group_sync(c);  // the ring's copies below read them
     }
     if (GVM_ATT_STOP == 3) return jb.nt < 0 ? GVM_ERR_BAD_ARGS : GVM_ERR_NONE;
-    if (GVM_ATT_WG && split == 1 && jb.cache_s >= 64 && (smem & 1023u) == 0 && c.smem_bytes >= GVM_ATT_WG_BYTES) {  // 64-row rounds on the warpgroup
+    if (GVM_ATT_WG && split == 1 && jb.cache_s >= 64 && (smem & 1023u) == 0) {  // 64-row rounds on the warpgroup
         for (int round = 0; round * 4 < mtiles; ++round) {
             gvm_attn_wg_round(c, jb, round, fused, smem);
             gvm_group_sync(c);

@@ -2,7 +2,7 @@
 # One call on the H200 (the device tool): the VM proofs and timings, the Muse
 # ops standalone, and the decode-case sweep, each under its own time limit,
 # logs and results under $OUT (at most 8 files come back: traces are tarred).
-#   GPUVM_COMMIT=<sha> bash tools/gpu_session.sh [check|fold|ops|opstime|sweep|step|stepsweep|probe|experts|router|park|ring|lists|steptrace|tiles|rowpf|fill|fill2|xstage|trace62|xprobe|smem|tiles2|router|xbench|against|slots|naps|icache|workers|slices|statsprobe|topkprobe|layertrace|oneop|fusedqk|ringbench|ringprobe|opsgemm|tail|attstop|gputests|vmtest|next|attntail|qksplit|ncuattn|attnkeys|ncu ...]
+#   GPUVM_COMMIT=<sha> bash tools/gpu_session.sh [check|fold|ops|opstime|sweep|step|stepsweep|probe|experts|router|park|ring|lists|steptrace|tiles|rowpf|fill|fill2|xstage|trace62|xprobe|smem|tiles2|router|xbench|against|slots|naps|icache|workers|slices|statsprobe|topkprobe|layertrace|oneop|fusedqk|ringbench|ringprobe|opsgemm|tail|attstop|gputests|vmtest|next|attntail|qksplit|ncuattn|clocks|ncu ...]
 # (set GPUVM_COMMIT when running a snapshot without .git: else the results name the enclosing checkout)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -210,12 +210,21 @@ for s in $steps; do
            timeout 200 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_muse_layer.py > "$OUT/tests_layer_qk.log" 2>&1; echo "layer tests rc=$?"; tail -1 "$OUT/tests_layer_qk.log"
            AB_TAIL=12 ab_rounds qk tiles "qk1:,qkall:qk_tokens=0" 150 --cases full-c16-t8,full-c32-t8,sliding-c16-t8,sliding-c32-t8 --step 16x8,32x8
            (cd "$OUT" && tar czf qksplit.tgz qk_r* && rm -f qk_r*.json) ;;
-    attnkeys) # the warpgroup round at 128 keys a step (GVM_ATT_WG_KEYS=128: one barrier pair, proxy fence and copy wait per 128 keys, the halves' MMAs
-              # and softmax one after the other) against 64: ops_check at shard sizes and one chunk alone for each, then two rounds of the 8-token layers and a step
-           for v in 64 128; do timeout 150 python3 tools/ops_check.py --only attn_chunk --define GVM_ATT_WG_KEYS=$v > "$OUT/ops_attn_$v.log" 2>&1; echo "ops_check keys=$v rc=$?"; tail -1 "$OUT/ops_attn_$v.log"
-             timeout 100 python3 tools/ops_check.py --only attn_chunk --time 200 --define GVM_ATT_WG_KEYS=$v 2>&1 | tail -4; done
-           AB_TAIL=14 ab_rounds keys variants "k64:,k128:GVM_ATT_WG_KEYS=128" 240 --cases full-c32-t8,full-c16-t8,sliding-c16-t8,sliding-c32-t8,full-c1-t8,sliding-c1-t8 --step 32x8
-           (cd "$OUT" && tar czf keys.tgz keys_r* && rm -f keys_r*.json) ;;
+    clocks) # the SM clock and power while layers and a step run (nvidia-smi every 50 ms beside sched_probe), and attn_chunk's full case
+            # (every chunk, two groups a block) under ncu at the clocks the GPU picks: what a chunk costs at full occupancy outside the VM
+           nvidia-smi --query-gpu=clocks.sm,clocks.mem,power.draw,clocks_event_reasons.active --format=csv,noheader,nounits -lms 50 > "$OUT/smi.csv" & smi=$!
+           timeout 200 python3 tools/sched_probe.py --out "$OUT/clocks_probe.json" --modes dynamic --depths 1 --variants base: --cases full-c32-t8,full-c16-t8,sliding-c1-t1 --step 32x8 > "$OUT/clocks_probe.log" 2>&1; echo "probe rc=$?"; tail -4 "$OUT/clocks_probe.log"
+           kill $smi; python3 - "$OUT/smi.csv" <<'PY'
+import sys, statistics
+rows = [[x.strip() for x in l.split(",")] for l in open(sys.argv[1]) if l.count(",") == 3]
+busy = [(float(r[0]), float(r[2]), r[3]) for r in rows if r[2].replace(".", "").isdigit() and float(r[2]) > 250]
+print(f"{len(rows)} samples, {len(busy)} above 250 W")
+if busy:
+    clk = sorted(b[0] for b in busy)
+    print(f"SM clock above 250 W: min {clk[0]:.0f} median {statistics.median(clk):.0f} max {clk[-1]:.0f} MHz; power median {statistics.median(b[1] for b in busy):.0f} W; reasons {sorted(set(b[2] for b in busy))}")
+PY
+           timeout 150 ncu --clock-control none --kernel-name gvm_check_attn_chunk --launch-skip 1 --launch-count 1 --metrics gpu__time_duration.sum,sm__cycles_elapsed.avg.per_second,dram__bytes_read.sum.per_second,launch__grid_size python3 tools/ops_check.py --only attn_chunk > "$OUT/ncu_clk.log" 2>&1; echo "ncu rc=$?"
+           grep -E "duration|per_second|grid_size" "$OUT/ncu_clk.log" ;;
     ncuattn) # ncu on attn_chunk's 'full' case as ops_check runs it the second time (every chunk, two groups a block): pipe use and stall reasons per issued instruction
            M="--metrics regex:sm__inst_executed_pipe_(alu|fma|xu|lsu|tensor_op_gmma).avg.pct_of_peak_sustained_active,regex:smsp__average_warps_issue_stalled_.*_per_issue_active\\.ratio"
            timeout 200 ncu --kernel-name gvm_check_attn_chunk --launch-skip 1 --launch-count 1 --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section Occupancy --section LaunchStats $M python3 tools/ops_check.py --only attn_chunk > "$OUT/ncu_attn_full.log" 2>&1; echo "ncu attn rc=$?"
