@@ -212,16 +212,16 @@ for s in $steps; do
            (cd "$OUT" && tar czf qksplit.tgz qk_r* && rm -f qk_r*.json) ;;
     clocks) # the SM clock and power while layers and a step run (nvidia-smi every 50 ms beside sched_probe), and attn_chunk's full case
             # (every chunk, two groups a block) under ncu at the clocks the GPU picks: what a chunk costs at full occupancy outside the VM
-           nvidia-smi --query-gpu=clocks.sm,clocks.mem,power.draw,clocks_event_reasons.active --format=csv,noheader,nounits -lms 50 > "$OUT/smi.csv" & smi=$!
+           nvidia-smi --query-gpu=clocks.sm,clocks.mem,power.draw --format=csv,noheader,nounits -lms 50 > "$OUT/smi.csv" & smi=$!
            timeout 200 python3 tools/sched_probe.py --out "$OUT/clocks_probe.json" --modes dynamic --depths 1 --variants base: --cases full-c32-t8,full-c16-t8,sliding-c1-t1 --step 32x8 > "$OUT/clocks_probe.log" 2>&1; echo "probe rc=$?"; tail -4 "$OUT/clocks_probe.log"
            kill $smi; python3 - "$OUT/smi.csv" <<'PY'
 import sys, statistics
-rows = [[x.strip() for x in l.split(",")] for l in open(sys.argv[1]) if l.count(",") == 3]
-busy = [(float(r[0]), float(r[2]), r[3]) for r in rows if r[2].replace(".", "").isdigit() and float(r[2]) > 250]
+rows = [[x.strip() for x in l.split(",")] for l in open(sys.argv[1]) if l.count(",") == 2]
+busy = [(float(r[0]), float(r[2])) for r in rows if r[2].replace(".", "").isdigit() and float(r[2]) > 250]
 print(f"{len(rows)} samples, {len(busy)} above 250 W")
 if busy:
     clk = sorted(b[0] for b in busy)
-    print(f"SM clock above 250 W: min {clk[0]:.0f} median {statistics.median(clk):.0f} max {clk[-1]:.0f} MHz; power median {statistics.median(b[1] for b in busy):.0f} W; reasons {sorted(set(b[2] for b in busy))}")
+    print(f"SM clock above 250 W: min {clk[0]:.0f} median {statistics.median(clk):.0f} max {clk[-1]:.0f} MHz; power median {statistics.median(b[1] for b in busy):.0f} W")
 PY
            timeout 150 ncu --clock-control none --kernel-name gvm_check_attn_chunk --launch-skip 1 --launch-count 1 --metrics gpu__time_duration.sum,sm__cycles_elapsed.avg.per_second,dram__bytes_read.sum.per_second,launch__grid_size python3 tools/ops_check.py --only attn_chunk > "$OUT/ncu_clk.log" 2>&1; echo "ncu rc=$?"
            grep -E "duration|per_second|grid_size" "$OUT/ncu_clk.log" ;;
