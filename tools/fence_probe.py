@@ -88,6 +88,11 @@ extern "C" __global__ void __launch_bounds__(128) probe(const char* src, int kin
 """
 
 
+def source() -> str:
+    """The probe kernel's CUDA source, its constants filled in."""
+    return SRC.replace("ITERS", str(ITERS)).replace("REGION", str(REGION))
+
+
 def probe() -> dict[str, object]:
     from cuda.core import Device, LaunchConfig, ObjectCode, launch
 
@@ -96,7 +101,7 @@ def probe() -> dict[str, object]:
     dev = Device()
     dev.set_current()
     stream = dev.create_stream()
-    cubin, _ = compile_source(SRC.replace("ITERS", str(ITERS)).replace("REGION", str(REGION)), "fence_probe.cu", [], [])
+    cubin, _ = compile_source(source(), "fence_probe.cu", [], [])
     k = ObjectCode.from_cubin(cubin).get_kernel("probe")
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     src = torch.ones((2 * sms * ITERS * REGION) // 4, dtype=torch.int32, device="cuda")
