@@ -19,6 +19,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
@@ -130,14 +131,19 @@ def probe() -> dict[str, object]:
     return res
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", default="out/bulk_probe.json")
+def probe_main(doc: str, out: str, run: Callable[[], dict[str, object]]) -> int:
+    """A probe's command line (also tools/fence_probe.py's): run it, its results as JSON to --out."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default=out)
     a = ap.parse_args()
-    res = probe()
+    res = run()
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(res, indent=1))
     return 0
+
+
+def main() -> int:
+    return probe_main(__doc__, "out/bulk_probe.json", probe)
 
 
 if __name__ == "__main__":

@@ -19,8 +19,6 @@ block, then with two blocks an SM (the VM's groups).
 """
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
 import sys
 from pathlib import Path
@@ -29,7 +27,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tools.bulk_probe import HELPERS  # noqa: E402
+from tools.bulk_probe import HELPERS, probe_main  # noqa: E402
 
 ITERS = 32
 REGION = 64 * 1024  # bytes a block reads an iteration: 128 threads x n <= 4 x 16 B, 512 B apart
@@ -127,13 +125,7 @@ def probe() -> dict[str, object]:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", default="out/fence_probe.json")
-    a = ap.parse_args()
-    res = probe()
-    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.out).write_text(json.dumps(res, indent=1))
-    return 0
+    return probe_main(__doc__, "out/fence_probe.json", probe)
 
 
 if __name__ == "__main__":
