@@ -76,6 +76,12 @@
 #define GVM_PARK 1
 #endif
 
+// Lazy claims (GVM_FLAG_LAZY, dynamic mode): after handing out an instruction
+// with the flag, a block claims only while one of its groups is free, so that
+// no claim of a one-wave phase waits behind two busy groups while another
+// block's group idles (the squeeze's tail at 128 tokens, README "Issue 6's
+// targets"); the claim's latency is then exposed at the hand-offs of a full block.
+
 struct gvm_cslot {
     unsigned state;  // GVM_CS_*, the same in every lane
     unsigned idx;    // the stream index (CLAIMED: the claim as issued, gvm_claim_issue)
@@ -223,6 +229,7 @@ __device__ __forceinline__ void gvm_controller(const gvm_params& p, gvm_shared& 
 #pragma unroll
     for (unsigned j = 0; j < GVM_CLAIM_SLOTS; ++j) s[j] = gvm_cslot{GVM_CS_EMPTY, 0u};
     unsigned held = 0;         // slots not empty
+    bool lazy = false;         // the last instruction handed out had GVM_FLAG_LAZY (dynamic mode)
     bool exhausted = false;    // a claim came back past the end: every later one will too
     bool aborted = false;      // a block failed: hand out nothing more
     unsigned ring_head = 0;
@@ -254,7 +261,9 @@ __device__ __forceinline__ void gvm_controller(const gvm_params& p, gvm_shared& 
             gvm_stage_commit();
             gvm_prof_mark(pr, GVM_LEG_CLAIM);
             gvm_cslot& h = s[j];
+            bool retired = false;  // the view took in group_done this visit (at most once: a group handed out now is busy)
             if (h.state == GVM_CS_LOADED || h.state == GVM_CS_WAITING) {
+                retired = true;
                 unsigned n_waits;
                 const unsigned word = gvm_staged_word(stage0 + j * 128u, lane, n_waits);  // also completes the probe of a turn ago
                 gvm_retire_groups(view, group_done);
@@ -283,15 +292,19 @@ __device__ __forceinline__ void gvm_controller(const gvm_params& p, gvm_shared& 
                 }
                 gvm_prof_mark(pr, GVM_LEG_DECIDE);
                 if (go) {
+                    lazy = claimer.mode != GVM_MODE_STATIC && ((__shfl_sync(0xffffffffu, word, 0) >> 16) & GVM_FLAG_LAZY) != 0u;
                     if (!aborted) gvm_hand_off(p, sh, view, ring_head, h, word, n_waits, groups, park, lane, pr);
                     h.state = GVM_CS_EMPTY;
                     --held;
                 }
             }
             if (h.state == GVM_CS_EMPTY && !exhausted && !aborted && held < depth) {
-                h.idx = gvm_claim_issue(claimer);
-                h.state = GVM_CS_CLAIMED;
-                ++held;
+                if (lazy && !retired) gvm_retire_groups(view, group_done);
+                if (!lazy || (~view.busy & ((1u << groups) - 1u)) != 0u) {
+                    h.idx = gvm_claim_issue(claimer);
+                    h.state = GVM_CS_CLAIMED;
+                    ++held;
+                }
             }
             gvm_prof_mark(pr, GVM_LEG_ISSUE);
         }

@@ -185,6 +185,15 @@ class Tiles:
     # us, sliding-c1-t1 175.6, 176.0 / 178.0, 175.4, full-c1-t8 234.7, 236.3 /
     # 237.0, 238.3; step 1x1 8360, 8386 / 8457, 8400, 1x8 13776, 13839 / 13843, 13852.
     g_late: int = 8
+    # 1: the dense GEMM tiles carry GVM_FLAG_LAZY (a block that hands one out
+    # claims its next instruction only while one of its groups is free). A GEMM
+    # phase is one wave of long tiles (gemm_fill), and a claim held behind two
+    # busy groups starts a second tile on one block while another block's group
+    # idles: the squeeze's tail, 29-35 us later than on the host's lists at
+    # sliding-c16-t8 and full-c16-t8 (H200 traces, session 40). Every claim made
+    # lazy (GVM_CLAIM_LAZY, branch lost/claim-lazy): sliding-c16-t8 723.2 /
+    # 724.0 -> 703.6 / 701.8 us, but full-c32-t8 1328.1 / 1326.5 -> 1371.2 / 1366.0.
+    lazy_gemm: int = 0
 
     def __post_init__(self) -> None:
         if not isinstance(self.gemm_fill, int) or self.gemm_fill < 0:
@@ -193,6 +202,8 @@ class Tiles:
             raise ProgramError(f"Tiles.gemm_min_bytes {self.gemm_min_bytes} exceeds gemm_max_bytes {self.gemm_max_bytes}")
         if self.expert_fixed not in (0, 1):
             raise ProgramError(f"Tiles.expert_fixed must be 0 or 1, not {self.expert_fixed!r}")
+        if self.lazy_gemm not in (0, 1):
+            raise ProgramError(f"Tiles.lazy_gemm must be 0 or 1, not {self.lazy_gemm!r}")
         for name in ("router_span", "topk_span", "expert_cap_tokens", "g_late", "attn_tail", "qk_tokens"):
             v = getattr(self, name)
             if not isinstance(v, int) or v < 0:
@@ -466,7 +477,7 @@ def emit_layer(
                     tensors, args, fetch = [out, xin, wt, *parts[:2]], [c0, n, t0, tn, 0, n_parts, j, m], (wt, c0 * wt.row_bytes + j * kp * 4, kp * 4)
                 else:
                     tensors, args, fetch = [out, xin, wt, *(stats or [])], [c0, n, t0, tn] + ([m // len(spans)] if stats else []), (wt, c0 * wt.row_bytes, n * wt.row_bytes)
-                p.op(Op.GEMM, tensors, args, waits=waits, signal=sig, prefetch=fetch, label=f"{prefix}{tag}[{where}]")
+                p.op(Op.GEMM, tensors, args, waits=waits, signal=sig, prefetch=fetch, label=f"{prefix}{tag}[{where}]", lazy=bool(tl.lazy_gemm))
         return len(tiles) * len(spans) * n_parts
 
     row_blocks = _tiles(0, T, tl.rows)
