@@ -562,5 +562,9 @@ def test_lazy_gemm_flags_the_dense_gemm_tiles_only() -> None:
     assert gemm.sum() > 0 and (rl["flags"][gemm] == FLAG_LAZY).all() and not rl["flags"][~gemm].any()
     for f in ("opcode", "signal", "arg", "tensor", "wait_counter"):  # otherwise the same program
         assert np.array_equal(rb[f], rl[f])
+    # 2: the router's and the squeeze's tiles only
+    sq = lower_layer(SHARD, "sliding", 16, 8, 4096, tiles=Tiles(lazy_gemm=2))
+    flagged = {o.label.split("[")[0] for o, r in zip(sq.stream.ops, sq.stream.records) if r["flags"] == FLAG_LAZY}
+    assert flagged == {"L0.Wr", "L0.Wsq"}
     with pytest.raises(ProgramError, match="lazy_gemm"):
-        Tiles(lazy_gemm=2)
+        Tiles(lazy_gemm=3)

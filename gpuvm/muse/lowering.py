@@ -186,7 +186,8 @@ class Tiles:
     # 237.0, 238.3; step 1x1 8360, 8386 / 8457, 8400, 1x8 13776, 13839 / 13843, 13852.
     g_late: int = 8
     # 1: the dense GEMM tiles carry GVM_FLAG_LAZY (a block that hands one out
-    # claims its next instruction only while one of its groups is free). A GEMM
+    # claims its next instruction only while one of its groups is free); 2: the
+    # router's and the squeeze's only (the phase the traces show late). A GEMM
     # phase is one wave of long tiles (gemm_fill), and a claim held behind two
     # busy groups starts a second tile on one block while another block's group
     # idles: the squeeze's tail, 29-35 us later than on the host's lists at
@@ -202,8 +203,8 @@ class Tiles:
             raise ProgramError(f"Tiles.gemm_min_bytes {self.gemm_min_bytes} exceeds gemm_max_bytes {self.gemm_max_bytes}")
         if self.expert_fixed not in (0, 1):
             raise ProgramError(f"Tiles.expert_fixed must be 0 or 1, not {self.expert_fixed!r}")
-        if self.lazy_gemm not in (0, 1):
-            raise ProgramError(f"Tiles.lazy_gemm must be 0 or 1, not {self.lazy_gemm!r}")
+        if self.lazy_gemm not in (0, 1, 2):
+            raise ProgramError(f"Tiles.lazy_gemm must be 0, 1 or 2, not {self.lazy_gemm!r}")
         for name in ("router_span", "topk_span", "expert_cap_tokens", "g_late", "attn_tail", "qk_tokens"):
             v = getattr(self, name)
             if not isinstance(v, int) or v < 0:
@@ -477,7 +478,8 @@ def emit_layer(
                     tensors, args, fetch = [out, xin, wt, *parts[:2]], [c0, n, t0, tn, 0, n_parts, j, m], (wt, c0 * wt.row_bytes + j * kp * 4, kp * 4)
                 else:
                     tensors, args, fetch = [out, xin, wt, *(stats or [])], [c0, n, t0, tn] + ([m // len(spans)] if stats else []), (wt, c0 * wt.row_bytes, n * wt.row_bytes)
-                p.op(Op.GEMM, tensors, args, waits=waits, signal=sig, prefetch=fetch, label=f"{prefix}{tag}[{where}]", lazy=bool(tl.lazy_gemm))
+                p.op(Op.GEMM, tensors, args, waits=waits, signal=sig, prefetch=fetch, label=f"{prefix}{tag}[{where}]",
+                     lazy=tl.lazy_gemm == 1 or (tl.lazy_gemm == 2 and tag in ("Wr", "Wsq")))
         return len(tiles) * len(spans) * n_parts
 
     row_blocks = _tiles(0, T, tl.rows)
