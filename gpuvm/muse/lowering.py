@@ -194,6 +194,10 @@ class Tiles:
     # sliding-c16-t8 and full-c16-t8 (H200 traces, session 40). Every claim made
     # lazy (GVM_CLAIM_LAZY, branch lost/claim-lazy): sliding-c16-t8 723.2 /
     # 724.0 -> 703.6 / 701.8 us, but full-c32-t8 1328.1 / 1326.5 -> 1371.2 / 1366.0.
+    # Session 41 (branch lost/lazy-gemm, a rule that cost the controller 0.087 us
+    # a visit), 0 / 2: sliding-c16-t8 738.9, 728.7 / 714.7, 709.6; full-c16-t8
+    # 937.0, 934.4 / 919.8, 918.8; full-c32-t8 1351.1, 1344.1 / 1352.7, 1351.2;
+    # step 16x8 50.26, 50.48 / 49.46, 49.77 ms, 32x8 69.00, 69.09 / 69.82, 69.52.
     lazy_gemm: int = 0
 
     def __post_init__(self) -> None:
