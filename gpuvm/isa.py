@@ -69,6 +69,7 @@ DType = enum.IntEnum("DType", {k[len("GVM_DT_"):]: v for k, v in _enum("gvm_dtyp
 Stamp = enum.IntEnum("Stamp", {k[len("GVM_STAMP_"):]: v for k, v in _enum("gvm_stamp").items() if k != "GVM_N_STAMPS"})
 ErrorCode = enum.IntEnum("ErrorCode", {k[len("GVM_ERR_"):]: v for k, v in _enum("gvm_error_code").items()})
 N_STAMPS = _enum("gvm_stamp")["GVM_N_STAMPS"]
+FLAG_LAZY = _enum("gvm_flag")["GVM_FLAG_LAZY"]
 
 #: bytes per element (E2M1X2 counts one byte per two codes)
 DTYPE_BYTES = {DType.F32: 4, DType.BF16: 2, DType.E4M3: 1, DType.E2M1X2: 1, DType.I32: 4, DType.U8: 1}

@@ -22,7 +22,7 @@ from typing import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from .isa import INSTR_DTYPE, MAX_ARGS, MAX_COUNTERS, MAX_INSTRS, MAX_TABLE, MAX_TENSORS, MAX_WAITS, NONE, TENSOR_DTYPE, DType, Op
+from .isa import FLAG_LAZY, INSTR_DTYPE, MAX_ARGS, MAX_COUNTERS, MAX_INSTRS, MAX_TABLE, MAX_TENSORS, MAX_WAITS, NONE, TENSOR_DTYPE, DType, Op
 from .opspec import SPECS, Cost, ProgramError, TensorSpec
 
 __all__ = ["Program", "Stream", "Counter", "Instr", "ProgramError", "TensorSpec", "LIST_OPS", "work_lists"]
@@ -70,6 +70,7 @@ class Instr:
     prefetch: tuple[int, int, int] | None  # (slot, byte offset, bytes)
     label: str
     cost: Cost
+    flags: int = 0  # GVM_FLAG_* bits of the record
 
     def wait_count(self, i: int) -> int:
         c, n = self.waits[i]
@@ -128,8 +129,11 @@ class Program:
         signal: Counter | None = None,
         prefetch: tuple[TensorSpec, int, int] | None = None,
         label: str | None = None,
+        lazy: bool = False,
     ) -> Instr:
-        """Add an op. waits: counters (wait for all their signallers) or (counter, count)."""
+        """Add an op. waits: counters (wait for all their signallers) or (counter, count).
+        lazy: once it is handed out, its block claims the next instruction only
+        while one of its groups is free (GVM_FLAG_LAZY; dynamic mode only)."""
         opcode = Op(opcode)
         spec = SPECS[opcode]
 
@@ -169,7 +173,8 @@ class Program:
             if off < 0 or nb < 0 or off + nb > pt.nbytes or nb >= 2**32:
                 raise ProgramError(f"{where()}: prefetch [{off}, {off + nb}) outside '{pt.name}' ({pt.nbytes} bytes)")
             pf = (list(tensors).index(pt), int(off), int(nb))
-        ins = Instr(len(self.instrs), opcode, tuple(tensors), args_t, tuple(norm_waits), signal, pf, label or opcode.name.lower(), spec.cost(tensors, args_t))
+        ins = Instr(len(self.instrs), opcode, tuple(tensors), args_t, tuple(norm_waits), signal, pf, label or opcode.name.lower(), spec.cost(tensors, args_t),
+                    FLAG_LAZY if lazy else 0)
         self.instrs.append(ins)
         if signal is not None:
             signal.signallers.append(ins)
@@ -390,7 +395,7 @@ class Stream:
         # columns gathered in lists, then stored at once: per-record stores into
         # a structured array cost more than the whole build at 10k+ ops
         n = len(self.ops)
-        head = np.zeros((n, 4), dtype=np.int64)  # opcode, signal, n_waits, pf_slot
+        head = np.zeros((n, 5), dtype=np.int64)  # opcode, signal, n_waits, pf_slot, flags
         wc = np.full((n, MAX_WAITS), NONE, dtype=np.int64)
         wb = np.zeros((n, MAX_WAITS), dtype=np.int64)
         ws = np.zeros((n, MAX_WAITS), dtype=np.int64)
@@ -398,7 +403,7 @@ class Stream:
         pf = np.zeros((n, 2), dtype=np.int64)
         args = np.zeros((n, MAX_ARGS), dtype=np.int64)
         for k, ins in enumerate(self.ops):
-            head[k] = (int(ins.opcode), NONE if ins.signal is None else ins.signal.id, len(ins.waits), NONE if ins.prefetch is None else ins.prefetch[0])
+            head[k] = (int(ins.opcode), NONE if ins.signal is None else ins.signal.id, len(ins.waits), NONE if ins.prefetch is None else ins.prefetch[0], ins.flags)
             for i, (c, _) in enumerate(ins.waits):
                 wc[k, i], wb[k, i], ws[k, i] = c.id, ins.wait_count(i), c.per_step
             tens[k, : len(ins.tensors)] = [NONE if t is None else t.index for t in ins.tensors]
@@ -406,7 +411,7 @@ class Stream:
                 pf[k] = ins.prefetch[1:]
             args[k, : len(ins.args)] = ins.args
         rec = np.zeros(n, dtype=INSTR_DTYPE)
-        rec["opcode"], rec["signal"], rec["n_waits"], rec["pf_slot"] = head.T
+        rec["opcode"], rec["signal"], rec["n_waits"], rec["pf_slot"], rec["flags"] = head.T
         rec["wait_counter"], rec["wait_base"], rec["wait_step"] = wc, wb, ws
         rec["tensor"], rec["arg"] = tens, args
         rec["pf_offset"], rec["pf_bytes"] = pf.T

@@ -212,7 +212,11 @@ enum gvm_opcode {
 
 /* ---- instruction flags ---- */
 enum gvm_flag {
-    GVM_FLAG_TRACE = 1      /* reserved: per-instruction trace opt-in */
+    GVM_FLAG_TRACE = 1,     /* reserved: per-instruction trace opt-in */
+    GVM_FLAG_LAZY = 2       /* dynamic mode: once this instruction is handed out, its
+                             * block claims the next one only while one of its groups is
+                             * free, so that no claim waits behind two busy groups while
+                             * another block's group idles (runtime/controller.cuh) */
 };
 
 /* ---- records ------------------------------------------------------------ */

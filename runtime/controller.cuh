@@ -76,6 +76,16 @@
 #define GVM_PARK 1
 #endif
 
+// Lazy claims (GVM_FLAG_LAZY, dynamic mode): after handing out an instruction
+// with the flag, a block claims only while one of its groups is free, so that
+// no claim of a one-wave phase waits behind two busy groups while another
+// block's group idles (the squeeze's tail at 128 tokens, README "Issue 6's
+// targets"); the claim's latency is then exposed at the hand-offs of a full block.
+// GVM_LAZY_CLAIMS 0 compiles the rule out (what it costs a visit).
+#ifndef GVM_LAZY_CLAIMS
+#define GVM_LAZY_CLAIMS 1
+#endif
+
 struct gvm_cslot {
     unsigned state;  // GVM_CS_*, the same in every lane
     unsigned idx;    // the stream index (CLAIMED: the claim as issued, gvm_claim_issue)
@@ -130,11 +140,12 @@ __device__ __forceinline__ unsigned gvm_lds(unsigned addr) {
 }
 
 // This lane's word of the record staged A visits ago at shared address
-// `stage`, and its n_waits (read at once, not shuffled out of the word).
-__device__ __forceinline__ unsigned gvm_staged_word(unsigned stage, unsigned lane, unsigned& n_waits) {
+// `stage`, and its n_waits and flags (read at once, not shuffled out of the word).
+__device__ __forceinline__ unsigned gvm_staged_word(unsigned stage, unsigned lane, unsigned& n_waits, unsigned& flags) {
     asm volatile("cp.async.wait_group %0;" ::"n"(GVM_CLAIM_AHEAD) : "memory");
     __syncwarp();  // the word was copied by another lane
     n_waits = gvm_lds(stage + 4u) >> 16;
+    flags = gvm_lds(stage) >> 16;
     return gvm_lds(stage + 4u * lane);
 }
 
@@ -223,6 +234,8 @@ __device__ __forceinline__ void gvm_controller(const gvm_params& p, gvm_shared& 
 #pragma unroll
     for (unsigned j = 0; j < GVM_CLAIM_SLOTS; ++j) s[j] = gvm_cslot{GVM_CS_EMPTY, 0u};
     unsigned held = 0;         // slots not empty
+    bool lazy = false;         // the last instruction handed out had GVM_FLAG_LAZY (dynamic mode)
+    const unsigned lazy_flag = GVM_LAZY_CLAIMS && claimer.mode != GVM_MODE_STATIC ? GVM_FLAG_LAZY : 0u;
     bool exhausted = false;    // a claim came back past the end: every later one will too
     bool aborted = false;      // a block failed: hand out nothing more
     unsigned ring_head = 0;
@@ -254,10 +267,14 @@ __device__ __forceinline__ void gvm_controller(const gvm_params& p, gvm_shared& 
             gvm_stage_commit();
             gvm_prof_mark(pr, GVM_LEG_CLAIM);
             gvm_cslot& h = s[j];
+            // taken into the view at most once a visit (a group handed out below is busy, though it tested done)
+            const unsigned done_mask = __ballot_sync(0xffffffffu, group_done);
+            bool retired = false;
             if (h.state == GVM_CS_LOADED || h.state == GVM_CS_WAITING) {
-                unsigned n_waits;
-                const unsigned word = gvm_staged_word(stage0 + j * 128u, lane, n_waits);  // also completes the probe of a turn ago
-                gvm_retire_groups(view, group_done);
+                retired = true;
+                unsigned n_waits, flags;
+                const unsigned word = gvm_staged_word(stage0 + j * 128u, lane, n_waits, flags);  // also completes the probe of a turn ago
+                gvm_retire_mask(view, done_mask);
                 gvm_prof_mark(pr, GVM_LEG_RECORD);
                 bool go = !GVM_READY_FIRST || aborted || n_waits == 0;
                 bool park = false;
@@ -283,15 +300,19 @@ __device__ __forceinline__ void gvm_controller(const gvm_params& p, gvm_shared& 
                 }
                 gvm_prof_mark(pr, GVM_LEG_DECIDE);
                 if (go) {
+                    lazy = (flags & lazy_flag) != 0u;
                     if (!aborted) gvm_hand_off(p, sh, view, ring_head, h, word, n_waits, groups, park, lane, pr);
                     h.state = GVM_CS_EMPTY;
                     --held;
                 }
             }
             if (h.state == GVM_CS_EMPTY && !exhausted && !aborted && held < depth) {
-                h.idx = gvm_claim_issue(claimer);
-                h.state = GVM_CS_CLAIMED;
-                ++held;
+                if (lazy && !retired) gvm_retire_mask(view, done_mask);  // no collective in the branch
+                if (!lazy || (~view.busy & ((1u << groups) - 1u)) != 0u) {
+                    h.idx = gvm_claim_issue(claimer);
+                    h.state = GVM_CS_CLAIMED;
+                    ++held;
+                }
             }
             gvm_prof_mark(pr, GVM_LEG_ISSUE);
         }

@@ -116,13 +116,19 @@ __device__ __forceinline__ bool gvm_test_group(const gvm_groups_view& v, unsigne
     return lane < groups && ((v.busy >> lane) & 1u) && gvm_mbar_test(&empty[lane], (v.empty_parity >> lane) & 1u);
 }
 
-// Marks the groups whose lanes saw them finished as free (the view stays the
-// same in every lane: it changes only by the ballot).
-__device__ __forceinline__ void gvm_retire_groups(gvm_groups_view& v, bool done) {
-    const unsigned m = __ballot_sync(0xffffffffu, done) & v.busy;
+// Marks the groups in done_mask (a ballot of gvm_test_group) as free: plain
+// register logic, the same in every lane.
+__device__ __forceinline__ void gvm_retire_mask(gvm_groups_view& v, unsigned done_mask) {
+    const unsigned m = done_mask & v.busy;
     v.busy &= ~m;
     v.parked &= ~m;
     v.empty_parity ^= m;
+}
+
+// Marks the groups whose lanes saw them finished as free (the view stays the
+// same in every lane: it changes only by the ballot).
+__device__ __forceinline__ void gvm_retire_groups(gvm_groups_view& v, bool done) {
+    gvm_retire_mask(v, __ballot_sync(0xffffffffu, done));
 }
 
 // Returns a free group, the first at or after v.next (round-robin, so that

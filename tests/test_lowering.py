@@ -8,12 +8,13 @@ import random
 import time
 from collections import Counter as Tally
 
+import numpy as np
 import pytest
 import torch
 
 from gpuvm.cpu import run_stream
 from gpuvm.cpu.ops import list_items
-from gpuvm.isa import NONE, DType, Op, i2f
+from gpuvm.isa import FLAG_LAZY, NONE, DType, Op, i2f
 from gpuvm.muse.config import SHARD, SMALL
 from gpuvm.muse.lowering import EXPERT_CAP, POISON_INT, LayerProgram, Tiles, _fill_rows, _span_rows, _split_tail, bind_layer, emit_layer, lower_layer, n_chunks
 from gpuvm.muse.state import make_inputs, make_state
@@ -548,3 +549,23 @@ def test_late_g_tiles_wait_for_the_qkv_tiles(kind: str, small_weights) -> None: 
         run_stream(lp.stream, b, order="random", rng=random.Random(2))
         outs.append(b["s"].clone())
     assert torch.equal(outs[0], outs[1])
+
+
+def test_lazy_gemm_flags_the_dense_gemm_tiles_only() -> None:
+    """Tiles.lazy_gemm sets GVM_FLAG_LAZY on every dense GEMM tile's record and
+    on nothing else (1), on the router's and the squeeze's (2, the default), or
+    on none (0)."""
+    base = lower_layer(SHARD, "sliding", 16, 8, 4096, tiles=Tiles(lazy_gemm=0))
+    lazy = lower_layer(SHARD, "sliding", 16, 8, 4096, tiles=Tiles(lazy_gemm=1))
+    rb, rl = base.stream.records, lazy.stream.records
+    assert len(rb) == len(rl) and not rb["flags"].any()
+    gemm = rl["opcode"] == int(Op.GEMM)
+    assert gemm.sum() > 0 and (rl["flags"][gemm] == FLAG_LAZY).all() and not rl["flags"][~gemm].any()
+    for f in ("opcode", "signal", "arg", "tensor", "wait_counter"):  # otherwise the same program
+        assert np.array_equal(rb[f], rl[f])
+    # 2: the router's and the squeeze's tiles only
+    sq = lower_layer(SHARD, "sliding", 16, 8, 4096)
+    flagged = {o.label.split("[")[0] for o, r in zip(sq.stream.ops, sq.stream.records) if r["flags"] == FLAG_LAZY}
+    assert flagged == {"L0.Wr", "L0.Wsq"}
+    with pytest.raises(ProgramError, match="lazy_gemm"):
+        Tiles(lazy_gemm=3)

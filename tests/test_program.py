@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuvm.isa import INSTR_DTYPE, MAX_WAITS, NONE, DType, Op, f2i
+from gpuvm.isa import FLAG_LAZY, INSTR_DTYPE, MAX_WAITS, NONE, DType, Op, f2i
 from gpuvm.program import Program, ProgramError, TensorSpec
 from tests.randprog import random_program
 
@@ -306,7 +306,7 @@ def test_records_match_the_ops() -> None:
     p.op(Op.COPY, [y, x], [8, 8], signal=a, prefetch=(x, 32, 32), label="w0")
     p.op(Op.COPY, [y, x], [16, 8], signal=a, label="w1")
     p.op(Op.SCALE_ADD, [x, y, y], [0, 8, f2i(2.0), f2i(-1.5)], waits=[a, (a, 1)], signal=b, label="sum")
-    p.op(Op.SLEEP, [], [500], waits=[b], label="nap")
+    p.op(Op.SLEEP, [], [500], waits=[b], label="nap", lazy=True)
     s = p.build()
     rec = s.records
     assert rec.dtype == INSTR_DTYPE and len(rec) == 4 and rec.nbytes == 4 * 128
@@ -323,6 +323,7 @@ def test_records_match_the_ops() -> None:
     assert w0["n_waits"] == 0 and list(w0["wait_counter"]) == [NONE] * MAX_WAITS
     nap = rec[by_label["nap"]]
     assert nap["signal"] == NONE and nap["arg"][0] == 500 and list(nap["tensor"]) == [NONE] * 8
+    assert nap["flags"] == FLAG_LAZY and not rec["flags"][[by_label[k] for k in ("w0", "w1", "sum")]].any()
 
 
 @settings(max_examples=20, deadline=None)

@@ -2,7 +2,7 @@
 # One call on the H200 (the device tool): the VM proofs and timings, the Muse
 # ops standalone, and the decode-case sweep, each under its own time limit,
 # logs and results under $OUT (at most 8 files come back: traces are tarred).
-#   GPUVM_COMMIT=<sha> bash tools/gpu_session.sh [check|fold|ops|opstime|sweep|step|stepsweep|probe|experts|router|park|ring|lists|steptrace|tiles|rowpf|fill|fill2|xstage|trace62|xprobe|smem|tiles2|router|xbench|against|slots|naps|icache|workers|slices|statsprobe|topkprobe|layertrace|oneop|fusedqk|ringbench|ringprobe|opsgemm|tail|attstop|gputests|vmtest|next|attntail|qksplit|ncuattn|clocks|ncu ...]
+#   GPUVM_COMMIT=<sha> bash tools/gpu_session.sh [check|fold|ops|opstime|sweep|step|stepsweep|probe|experts|router|park|ring|lists|steptrace|tiles|rowpf|fill|fill2|xstage|trace62|xprobe|smem|tiles2|router|xbench|against|slots|naps|icache|workers|slices|statsprobe|topkprobe|layertrace|oneop|fusedqk|ringbench|ringprobe|opsgemm|tail|attstop|gputests|vmtest|next|attntail|qksplit|lazygemm|lazyctl|ncuattn|clocks|ncu ...]
 # (set GPUVM_COMMIT when running a snapshot without .git: else the results name the enclosing checkout)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -229,6 +229,27 @@ PY
            M="--metrics regex:sm__inst_executed_pipe_(alu|fma|xu|lsu|tensor_op_gmma).avg.pct_of_peak_sustained_active,regex:smsp__average_warps_issue_stalled_.*_per_issue_active\\.ratio"
            timeout 200 ncu --kernel-name gvm_check_attn_chunk --launch-skip 1 --launch-count 1 --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section Occupancy --section LaunchStats $M python3 tools/ops_check.py --only attn_chunk > "$OUT/ncu_attn_full.log" 2>&1; echo "ncu attn rc=$?"
            grep -E "Duration|Grid Size|Block Size|Issue Slots|Eligible|Active Warps Per|Warp Cycles Per Issued|pipe_.*pct" "$OUT/ncu_attn_full.log" | head -16; grep "stalled" "$OUT/ncu_attn_full.log" | awk '$NF+0 > 0.05' | sort -k3 -g -r | head -12 ;;
+    lazygemm) # the dense GEMM tiles with GVM_FLAG_LAZY (Tiles.lazy_gemm 1: their block claims next only with a group free; 2: the router's and squeeze's only) against without (0, the default):
+              # the VM tests (the controller changed) and the layer tests first, then two rounds in swapped order (static's times: the README's tables)
+           timeout 200 python3 tools/prebuild.py --trace base; echo "prebuild rc=$?"
+           timeout 200 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_vm.py tests/gpu/test_muse_layer.py > "$OUT/tests_lazy.log" 2>&1; echo "vm + layer tests rc=$?"; tail -1 "$OUT/tests_lazy.log"
+           for r in 1 2; do t="base:,lazy:lazy_gemm=1,lazysq:lazy_gemm=2"; [ $r = 2 ] && t="lazysq:lazy_gemm=2,lazy:lazy_gemm=1,base:"
+             timeout 200 python3 tools/sched_probe.py --out "$OUT/lazy_r$r.json" --modes dynamic --depths 1 --variants base: --tiles "$t" --cases sliding-c16-t8,full-c16-t8,full-c32-t8,sliding-c32-t8,full-c16-t1,sliding-c1-t1 --step 16x8,32x8 > "$OUT/lazy_r$r.log" 2>&1; echo "lazy probe $r rc=$?"; grep -v "^$" "$OUT/lazy_r$r.log" | tail -24; done
+           (cd "$OUT" && tar czf lazy.tgz lazy_r* && rm -f lazy_r*.json) ;;
+    lazyctl) # what the lazy rule costs the controller when no instruction has the flag: GVM_LAZY_CLAIMS 1 against 0 (main's controller but for the ballot's place; main: 0.481 / 0.448 us, session 41),
+             # empty-instruction dispatch on the Muse kernel (test_dispatch_overhead's measure) in three alternating rounds, then one-token layers and steps
+           timeout 200 python3 tools/prebuild.py base GVM_LAZY_CLAIMS=0; echo "prebuild rc=$?"
+           timeout 150 python3 - > "$OUT/lazyctl_dispatch.log" 2>&1 <<'PY'
+from gpuvm.device import VM
+from gpuvm.device.bench import dispatch_overhead
+vms = {"lazy": VM(0, groups=2, warm=True), "nolazy": VM(0, groups=2, warm=True, defines=(("GVM_LAZY_CLAIMS", "0"),))}
+for r in range(3):
+    for name, vm in (vms.items() if r % 2 == 0 else reversed(vms.items())):
+        for mode in ("dynamic", "static"):
+            print(f"round {r} {name:7s} {mode:8s} {dispatch_overhead(vm, mode)['us_per_instr_per_block']:.3f} us", flush=True)
+PY
+           echo "dispatch rc=$?"; cat "$OUT/lazyctl_dispatch.log" | tail -12
+           timeout 200 python3 tools/sched_probe.py --out "$OUT/lazyctl_probe.json" --modes dynamic --depths 1 --variants "lazy:,nolazy:GVM_LAZY_CLAIMS=0" --cases full-c1-t1,sliding-c1-t1 --step 1x1,1x8 > "$OUT/lazyctl_probe.log" 2>&1; echo "probe rc=$?"; grep -v "^$" "$OUT/lazyctl_probe.log" | tail -8 ;;
     gputests) timeout ${T_GPUTESTS:-200} python3 -m pytest -q -p no:cacheprovider tests/gpu > "$OUT/tests_gpu.log" 2>&1; echo "tests/gpu rc=$?"; tail -4 "$OUT/tests_gpu.log" ;;
     vmtest) timeout ${T_VMTEST:-150} python3 -m pytest -q -x -p no:cacheprovider tests/gpu/test_vm.py > "$OUT/test_vm.log" 2>&1; echo "test_vm rc=$?"; tail -8 "$OUT/test_vm.log" ;;
     *) echo "unknown step $s"; exit 2 ;;

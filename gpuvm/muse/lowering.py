@@ -185,6 +185,27 @@ class Tiles:
     # us, sliding-c1-t1 175.6, 176.0 / 178.0, 175.4, full-c1-t8 234.7, 236.3 /
     # 237.0, 238.3; step 1x1 8360, 8386 / 8457, 8400, 1x8 13776, 13839 / 13843, 13852.
     g_late: int = 8
+    # 1: the dense GEMM tiles carry GVM_FLAG_LAZY (a block that hands one out
+    # claims its next instruction only while one of its groups is free); 2: the
+    # router's and the squeeze's only (the phase the traces show late). A GEMM
+    # phase is one wave of long tiles (gemm_fill), and a claim held behind two
+    # busy groups starts a second tile on one block while another block's group
+    # idles: the squeeze's tail, 29-35 us later than on the host's lists at
+    # sliding-c16-t8 and full-c16-t8 (H200 traces, session 40). Every claim made
+    # lazy (GVM_CLAIM_LAZY, branch lost/claim-lazy): sliding-c16-t8 723.2 /
+    # 724.0 -> 703.6 / 701.8 us, but full-c32-t8 1328.1 / 1326.5 -> 1371.2 / 1366.0.
+    # Session 41 (branch lost/lazy-gemm, a rule that cost the controller 0.087 us
+    # a visit), 0 / 2: sliding-c16-t8 738.9, 728.7 / 714.7, 709.6; full-c16-t8
+    # 937.0, 934.4 / 919.8, 918.8; full-c32-t8 1351.1, 1344.1 / 1352.7, 1351.2;
+    # step 16x8 50.26, 50.48 / 49.46, 49.77 ms, 32x8 69.00, 69.09 / 69.82, 69.52.
+    # Session 42 (f93b44f, the rule at 0.027 us a dispatch), two rounds, 0 / 2:
+    # sliding-c16-t8 726.6, 729.5 / 708.7, 705.1; full-c16-t8 937.0, 931.3 / 911.7,
+    # 914.6; full-c32-t8 1337.0, 1340.5 / 1348.2, 1347.2; sliding-c32-t8 938.0, 935.1
+    # / 939.0, 955.0; full-c16-t1, sliding-c1-t1 level; step 16x8 49.82, 49.70 /
+    # 49.11, 49.21 ms, 32x8 68.79, 68.95 / 69.23, 69.39: 2.3-2.9% at 128 tokens
+    # (static: 699, 909 us in the README's table), 0.6-1% at 256, where dynamic
+    # still leads static by 3%.
+    lazy_gemm: int = 2
 
     def __post_init__(self) -> None:
         if not isinstance(self.gemm_fill, int) or self.gemm_fill < 0:
@@ -193,6 +214,8 @@ class Tiles:
             raise ProgramError(f"Tiles.gemm_min_bytes {self.gemm_min_bytes} exceeds gemm_max_bytes {self.gemm_max_bytes}")
         if self.expert_fixed not in (0, 1):
             raise ProgramError(f"Tiles.expert_fixed must be 0 or 1, not {self.expert_fixed!r}")
+        if self.lazy_gemm not in (0, 1, 2):
+            raise ProgramError(f"Tiles.lazy_gemm must be 0, 1 or 2, not {self.lazy_gemm!r}")
         for name in ("router_span", "topk_span", "expert_cap_tokens", "g_late", "attn_tail", "qk_tokens"):
             v = getattr(self, name)
             if not isinstance(v, int) or v < 0:
@@ -466,7 +489,8 @@ def emit_layer(
                     tensors, args, fetch = [out, xin, wt, *parts[:2]], [c0, n, t0, tn, 0, n_parts, j, m], (wt, c0 * wt.row_bytes + j * kp * 4, kp * 4)
                 else:
                     tensors, args, fetch = [out, xin, wt, *(stats or [])], [c0, n, t0, tn] + ([m // len(spans)] if stats else []), (wt, c0 * wt.row_bytes, n * wt.row_bytes)
-                p.op(Op.GEMM, tensors, args, waits=waits, signal=sig, prefetch=fetch, label=f"{prefix}{tag}[{where}]")
+                p.op(Op.GEMM, tensors, args, waits=waits, signal=sig, prefetch=fetch, label=f"{prefix}{tag}[{where}]",
+                     lazy=tl.lazy_gemm == 1 or (tl.lazy_gemm == 2 and tag in ("Wr", "Wsq")))
         return len(tiles) * len(spans) * n_parts
 
     row_blocks = _tiles(0, T, tl.rows)
