@@ -16,7 +16,7 @@ from gpuvm.trace.cli import trace_main
 from gpuvm.trace.format import Trace, TraceError
 from gpuvm.trace.html import rows, timeline_html
 from gpuvm.trace.perfetto import perfetto_json, write_perfetto
-from gpuvm.trace.summary import NO_DEP, PathHops, WakeUps, block_idle, compare, counter_waits, critical_path, op_diff, op_kind, op_stats, path_hops, summarize, wake_ups
+from gpuvm.trace.summary import NO_DEP, PathHops, WakeUps, block_idle, compare, counter_waits, critical_path, held_claims, op_diff, op_kind, op_stats, path_hops, summarize, wake_ups
 from gpuvm.trace.timeline import CLAIM, DONE, LOAD, READY, SIGNAL, build, op_name, op_order
 
 from trace_synth import make_trace
@@ -196,6 +196,24 @@ def test_wake_ups_count_instructions_claimed_before_their_signal():
     assert "wake-ups by op" in summarize(_with(t, records=rec))
 
 
+def test_held_claims_count_instructions_claimed_after_their_signal():
+    t = hand_trace()
+    # A[0], A[1] have no dependency: claimed at 0 / 20, ready at 100 / 120; B[0] and C were
+    # claimed before the signals that released them (wake-ups, not held claims)
+    assert held_claims(build(t)) == [WakeUps("A", 2, 100.0, 100.0, 100.0, 0)]
+    rec = t.records.copy()
+    rec[2]["globaltimer"][0] = 2200  # B[0] claimed after A[1]'s signal (2150), ready at 2300
+    rec[3]["globaltimer"] = (1160, 0, 5000, 5500, 5520)  # C claimed after A[0]'s (1150), held 3840 ns: slow
+    tl = build(_with(t, labels=["L0.A[0]", "L3.A[1]", "L3.B[0]", "L0.C x1 y2"], records=rec))
+    assert held_claims(tl) == [WakeUps("C", 1, 3840.0, 3840.0, 3840.0, 1), WakeUps("A", 2, 100.0, 100.0, 100.0, 0),
+                               WakeUps("B", 1, 100.0, 100.0, 100.0, 0)]
+    assert wake_ups(tl) == []
+    text = summarize(_with(t, records=rec)).splitlines()
+    held = text[text.index(next(l for l in text if l.startswith("held claims by op"))) + 3 :]
+    assert [h.split() for h in held] == [["C", "1", "3.840", "3.840", "3.840", "1"], ["A", "2", "0.100", "0.100", "0.100", "0"],
+                                         ["B", "1", "0.100", "0.100", "0.100", "0"]]
+
+
 def test_waits_fall_back_to_the_producing_op():
     t = hand_trace()
     waits = {w.counter: w.total for w in counter_waits(build(_with(t, meta={"source": "model"})))}
@@ -219,7 +237,8 @@ def test_summary_text():
     start = lines.index(next(l for l in lines if l.startswith("hops of the critical path"))) + 3
     hops = lines[start : lines.index("", start)]
     assert [h.split() for h in hops] == [["B", "1", "0.150", "0.150", "0.150", "0"]]
-    wakes = lines[lines.index(next(l for l in lines if l.startswith("wake-ups by op"))) + 3 :]
+    start = lines.index(next(l for l in lines if l.startswith("wake-ups by op"))) + 3
+    wakes = lines[start : lines.index("", start)]
     assert [w.split() for w in wakes] == [["B", "1", "0.150", "0.150", "0.150", "0"], ["C", "1", "0.050", "0.050", "0.050", "0"]]
 
 

@@ -29,6 +29,12 @@ Definitions (times from the Timeline, ns):
   scheduler took to start what was waiting, totalled by op kind as hops are,
   with how many took more than WAKE_SLOW_NS (on the H200 a claim parked in a
   group wakes in ~0.5 us, one the controller holds in ~2.2: NOTES.md session 14).
+- a held claim = claim to ready of an instruction claimed after the signal
+  that released it (or with no dependency), the complement of the wake-ups:
+  its inputs were there when its block took it, so what it waited for was a
+  group of that block (a claim taken ahead while both were busy), totalled
+  by op kind, with how many took more than HELD_SLOW_NS (a claim that finds a
+  group free starts in ~1-2 us: the claim's atomic, its record, the hand-off).
 - an op's floor = its bytes over the streaming-read bandwidth (the trace's
   meta "read_bw_TBps", measured in the run that wrote it, else MUSE.md's
   nominal 4.42 TB/s, or what the caller gives); "span / floor" is how far the
@@ -46,6 +52,7 @@ from .timeline import CLAIM, DONE, READY, SIGNAL, Timeline, build, members, op_o
 
 NO_DEP = "(no pending dependency)"
 WAKE_SLOW_NS = 1500.0
+HELD_SLOW_NS = 3000.0
 NOMINAL_BW_TBPS = 4.42  # MUSE.md: streaming read on the H200
 
 
@@ -273,10 +280,27 @@ def wake_ups(tl: Timeline) -> list[WakeUps]:
         j = _latest_dep(tl, int(i))
         if j is not None and tl.t[i, CLAIM] <= tl.t[j, SIGNAL]:
             acc.setdefault(op_kind(tl.ops[i]), []).append(float(tl.t[i, READY] - tl.t[j, SIGNAL]))
+    return _by_total(acc, WAKE_SLOW_NS)
+
+
+def held_claims(tl: Timeline) -> list[WakeUps]:
+    """Claim-to-ready of every instruction claimed after the signal that
+    released it (or with no dependency), by op kind, largest total first;
+    `slow` counts those over HELD_SLOW_NS."""
+    acc: dict[str, list[float]] = {}
+    for i in np.flatnonzero(tl.ran):
+        j = _latest_dep(tl, int(i))
+        if j is None or tl.t[i, CLAIM] > tl.t[j, SIGNAL]:
+            acc.setdefault(op_kind(tl.ops[i]), []).append(float(tl.t[i, READY] - tl.t[i, CLAIM]))
+    return _by_total(acc, HELD_SLOW_NS)
+
+
+def _by_total(acc: dict[str, list[float]], slow_ns: float) -> list[WakeUps]:
+    """Per op kind: count, median, p90, longest and how many over slow_ns, largest total first."""
     out = []
     for op, v in acc.items():
         w = np.array(v)
-        out.append((float(w.sum()), WakeUps(op, len(v), float(np.median(w)), float(np.percentile(w, 90)), float(w.max()), int((w > WAKE_SLOW_NS).sum()))))
+        out.append((float(w.sum()), WakeUps(op, len(v), float(np.median(w)), float(np.percentile(w, 90)), float(w.max()), int((w > slow_ns).sum()))))
     return [x for _, x in sorted(out, key=lambda x: (-x[0], x[1].op))]
 
 
@@ -348,6 +372,8 @@ def summarize(trace: Trace, read_bw_tbps: float | None = None) -> str:
                        [[h.op, str(h.hops), _us(h.median), _us(h.p90), _us(h.total), str(h.claimed_late)] for h in hops])
     wake_table = _table(["op", "wake-ups", "median us", "p90 us", "longest us", f"over {_us(WAKE_SLOW_NS)} us"],
                         [[w.op, str(w.count), _us(w.median), _us(w.p90), _us(w.longest), str(w.slow)] for w in wake_ups(tl)])
+    held_table = _table(["op", "held", "median us", "p90 us", "longest us", f"over {_us(HELD_SLOW_NS)} us"],
+                        [[w.op, str(w.count), _us(w.median), _us(w.p90), _us(w.longest), str(w.slow)] for w in held_claims(tl)])
 
     return "\n".join(
         head
@@ -365,5 +391,8 @@ def summarize(trace: Trace, read_bw_tbps: float | None = None) -> str:
             "",
             "wake-ups by op (the releasing signal to ready, of every instruction claimed before it):",
             wake_table,
+            "",
+            "held claims by op (claim to ready, of every instruction claimed after its releasing signal):",
+            held_table,
         ]
     ) + "\n"
