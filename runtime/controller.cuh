@@ -308,7 +308,7 @@ __device__ __forceinline__ void gvm_controller(const gvm_params& p, gvm_shared& 
             }
             if (h.state == GVM_CS_EMPTY && !exhausted && !aborted && held < depth) {
                 if (lazy && !retired) gvm_retire_mask(view, done_mask);  // no collective in the branch
-                if (!lazy || (~view.busy & ((1u << groups) - 1u)) != 0u) {
+                if (!lazy || gvm_has_free_group(view, groups)) {
                     h.idx = gvm_claim_issue(claimer);
                     h.state = GVM_CS_CLAIMED;
                     ++held;

@@ -100,12 +100,16 @@ __device__ __forceinline__ void gvm_mark_busy(gvm_groups_view& v, unsigned g, bo
     v.parked = parked ? v.parked | 1u << g : v.parked & ~(1u << g);
 }
 
+// Is one of the block's groups free?
+__device__ __forceinline__ bool gvm_has_free_group(const gvm_groups_view& v, unsigned groups) {
+    return (~v.busy & ((1u << groups) - 1u)) != 0u;
+}
+
 // May an instruction whose waits are not met yet go to a free group, to wait
 // on its counters there? Only while another group stays free of such waits
 // (the deadlock argument in runtime/controller.cuh needs one per block).
 __device__ __forceinline__ bool gvm_can_park(const gvm_groups_view& v, unsigned groups) {
-    const unsigned all = (1u << groups) - 1u;
-    return (~v.busy & all) != 0u && (unsigned)__popc(v.parked) + 2u <= groups;
+    return gvm_has_free_group(v, groups) && (unsigned)__popc(v.parked) + 2u <= groups;
 }
 
 // Lane g < groups: has busy group g finished (its empty phase completed)?

@@ -229,12 +229,11 @@ PY
            M="--metrics regex:sm__inst_executed_pipe_(alu|fma|xu|lsu|tensor_op_gmma).avg.pct_of_peak_sustained_active,regex:smsp__average_warps_issue_stalled_.*_per_issue_active\\.ratio"
            timeout 200 ncu --kernel-name gvm_check_attn_chunk --launch-skip 1 --launch-count 1 --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section Occupancy --section LaunchStats $M python3 tools/ops_check.py --only attn_chunk > "$OUT/ncu_attn_full.log" 2>&1; echo "ncu attn rc=$?"
            grep -E "Duration|Grid Size|Block Size|Issue Slots|Eligible|Active Warps Per|Warp Cycles Per Issued|pipe_.*pct" "$OUT/ncu_attn_full.log" | head -16; grep "stalled" "$OUT/ncu_attn_full.log" | awk '$NF+0 > 0.05' | sort -k3 -g -r | head -12 ;;
-    lazygemm) # the dense GEMM tiles with GVM_FLAG_LAZY (Tiles.lazy_gemm 1: their block claims next only with a group free; 2: the router's and squeeze's only) against without (0, the default):
+    lazygemm) # the dense GEMM tiles with GVM_FLAG_LAZY (Tiles.lazy_gemm 1: their block claims next only with a group free; 2: the router's and squeeze's only, the default since 0b8dfb8) against without (0):
               # the VM tests (the controller changed) and the layer tests first, then two rounds in swapped order (static's times: the README's tables)
            timeout 200 python3 tools/prebuild.py --trace base; echo "prebuild rc=$?"
            timeout 200 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_vm.py tests/gpu/test_muse_layer.py > "$OUT/tests_lazy.log" 2>&1; echo "vm + layer tests rc=$?"; tail -1 "$OUT/tests_lazy.log"
-           for r in 1 2; do t="base:,lazy:lazy_gemm=1,lazysq:lazy_gemm=2"; [ $r = 2 ] && t="lazysq:lazy_gemm=2,lazy:lazy_gemm=1,base:"
-             timeout 200 python3 tools/sched_probe.py --out "$OUT/lazy_r$r.json" --modes dynamic --depths 1 --variants base: --tiles "$t" --cases sliding-c16-t8,full-c16-t8,full-c32-t8,sliding-c32-t8,full-c16-t1,sliding-c1-t1 --step 16x8,32x8 > "$OUT/lazy_r$r.log" 2>&1; echo "lazy probe $r rc=$?"; grep -v "^$" "$OUT/lazy_r$r.log" | tail -24; done
+           AB_TAIL=24 ab_rounds lazy tiles "base:,lazy:lazy_gemm=1,lazysq:lazy_gemm=2" 200 --cases sliding-c16-t8,full-c16-t8,full-c32-t8,sliding-c32-t8,full-c16-t1,sliding-c1-t1 --step 16x8,32x8
            (cd "$OUT" && tar czf lazy.tgz lazy_r* && rm -f lazy_r*.json) ;;
     lazyctl) # what the lazy rule costs the controller when no instruction has the flag: GVM_LAZY_CLAIMS 1 against 0 (main's controller but for the ballot's place; main: 0.481 / 0.448 us, session 41),
              # empty-instruction dispatch on the Muse kernel (test_dispatch_overhead's measure) in three alternating rounds, then one-token layers and steps
