@@ -569,3 +569,17 @@ def test_lazy_gemm_flags_the_dense_gemm_tiles_only() -> None:
     assert flagged == {"L0.Wr", "L0.Wsq"}
     with pytest.raises(ProgramError, match="lazy_gemm"):
         Tiles(lazy_gemm=3)
+
+
+def test_lazy_attn_flags_the_last_attention_chunks() -> None:
+    """Tiles.lazy_attn sets GVM_FLAG_LAZY on the layer's last lazy_attn
+    ATTN_CHUNK ops in emission order (their last wave) and on no other op."""
+    base = lower_layer(SHARD, "full", 16, 8, 81_984, tiles=Tiles(lazy_gemm=0))
+    lazy = lower_layer(SHARD, "full", 16, 8, 81_984, tiles=Tiles(lazy_gemm=0, lazy_attn=132))
+    chunks = [o.label for o in base.stream.ops if o.label.startswith("L0.attn[")]
+    flagged = [o.label for o, r in zip(lazy.stream.ops, lazy.stream.records) if r["flags"] == FLAG_LAZY]
+    assert len(chunks) > 264 and sorted(flagged) == sorted(chunks[-132:])  # chunks[-132:]: the last emitted
+    every = lower_layer(SHARD, "full", 16, 8, 81_984, tiles=Tiles(lazy_gemm=0, lazy_attn=10**6))
+    assert sum(r["flags"] == FLAG_LAZY for r in every.stream.records) == len(chunks)
+    with pytest.raises(ProgramError, match="lazy_attn"):
+        Tiles(lazy_attn=-1)

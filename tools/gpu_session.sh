@@ -2,7 +2,7 @@
 # One call on the H200 (the device tool): the VM proofs and timings, the Muse
 # ops standalone, and the decode-case sweep, each under its own time limit,
 # logs and results under $OUT (at most 8 files come back: traces are tarred).
-#   GPUVM_COMMIT=<sha> bash tools/gpu_session.sh [check|fold|ops|opstime|sweep|step|stepsweep|probe|experts|router|park|ring|lists|steptrace|tiles|rowpf|fill|fill2|xstage|trace62|xprobe|smem|tiles2|router|xbench|against|slots|naps|icache|workers|slices|statsprobe|topkprobe|layertrace|oneop|fusedqk|ringbench|ringprobe|opsgemm|tail|attstop|gputests|vmtest|next|attntail|qksplit|lazygemm|lazyctl|ncuattn|clocks|ncu ...]
+#   GPUVM_COMMIT=<sha> bash tools/gpu_session.sh [check|fold|ops|opstime|sweep|step|stepsweep|probe|experts|router|park|ring|lists|steptrace|tiles|rowpf|fill|fill2|xstage|trace62|xprobe|smem|tiles2|router|xbench|against|slots|naps|icache|workers|slices|statsprobe|topkprobe|layertrace|oneop|fusedqk|ringbench|ringprobe|opsgemm|tail|attstop|gputests|vmtest|next|attntail|qksplit|lazygemm|lazyattn|lazyctl|ncuattn|clocks|ncu ...]
 # (set GPUVM_COMMIT when running a snapshot without .git: else the results name the enclosing checkout)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -235,6 +235,13 @@ PY
            timeout 200 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_vm.py tests/gpu/test_muse_layer.py > "$OUT/tests_lazy.log" 2>&1; echo "vm + layer tests rc=$?"; tail -1 "$OUT/tests_lazy.log"
            AB_TAIL=24 ab_rounds lazy tiles "base:,lazy:lazy_gemm=1,lazysq:lazy_gemm=2" 200 --cases sliding-c16-t8,full-c16-t8,full-c32-t8,sliding-c32-t8,full-c16-t1,sliding-c1-t1 --step 16x8,32x8
            (cd "$OUT" && tar czf lazy.tgz lazy_r* && rm -f lazy_r*.json) ;;
+    lazyattn) # the last Tiles.lazy_attn attention chunks with GVM_FLAG_LAZY (0: none, the default) against 132 / 264 / all, and 264 without attn_tail's half chunks;
+              # two dynamic rounds in swapped order, then static once for the third target's comparison
+           timeout 200 python3 tools/prebuild.py --trace base; echo "prebuild rc=$?"
+           LA_CASES=sliding-c16-t8,full-c16-t8,full-c32-t8,sliding-c32-t8
+           AB_TAIL=32 ab_rounds lazyattn tiles "a0:,a132:lazy_attn=132,a264:lazy_attn=264,aall:lazy_attn=100000,a264t0:lazy_attn=264+attn_tail=0" 250 --cases $LA_CASES --step 16x8,32x8
+           timeout 120 python3 tools/sched_probe.py --out "$OUT/lazyattn_static.json" --modes static --variants base: --cases $LA_CASES --step 16x8,32x8 > "$OUT/lazyattn_static.log" 2>&1; echo "static rc=$?"; tail -8 "$OUT/lazyattn_static.log"
+           (cd "$OUT" && tar czf lazyattn.tgz lazyattn_* && rm -f lazyattn_r*.json lazyattn_static.json) ;;
     lazyctl) # what the lazy rule costs the controller when no instruction has the flag: GVM_LAZY_CLAIMS 1 against 0 (main's controller but for the ballot's place; main: 0.481 / 0.448 us, session 41),
              # empty-instruction dispatch on the Muse kernel (test_dispatch_overhead's measure) in three alternating rounds, then one-token layers and steps
            timeout 200 python3 tools/prebuild.py base GVM_LAZY_CLAIMS=0; echo "prebuild rc=$?"

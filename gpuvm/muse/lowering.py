@@ -206,6 +206,10 @@ class Tiles:
     # (static: 699, 909 us in the README's table), 0.6-1% at 256, where dynamic
     # still leads static by 3%.
     lazy_gemm: int = 2
+    # The last lazy_attn ATTN_CHUNK ops of a layer carry GVM_FLAG_LAZY (0: none):
+    # attention's last wave, whose claims otherwise wait behind two busy groups
+    # while other blocks' groups idle (the held claims of `gpuvm trace`).
+    lazy_attn: int = 0
 
     def __post_init__(self) -> None:
         if not isinstance(self.gemm_fill, int) or self.gemm_fill < 0:
@@ -216,7 +220,7 @@ class Tiles:
             raise ProgramError(f"Tiles.expert_fixed must be 0 or 1, not {self.expert_fixed!r}")
         if self.lazy_gemm not in (0, 1, 2):
             raise ProgramError(f"Tiles.lazy_gemm must be 0, 1 or 2, not {self.lazy_gemm!r}")
-        for name in ("router_span", "topk_span", "expert_cap_tokens", "g_late", "attn_tail", "qk_tokens"):
+        for name in ("router_span", "topk_span", "expert_cap_tokens", "g_late", "attn_tail", "qk_tokens", "lazy_attn"):
             v = getattr(self, name)
             if not isinstance(v, int) or v < 0:
                 raise ProgramError(f"Tiles.{name} must be an int >= 0, not {v!r}")
@@ -531,6 +535,8 @@ def emit_layer(
     # instruction, spread over SMs (two heads keep a one-token merge to one batch)
     merge_heads = 2 if tokens_each == 1 and hq % 2 == 0 else 1
     window = cfg.window if sliding else 0
+    lazy_from = hkv * sum(n for _, n in conv_chunks) - tl.lazy_attn  # the first chunk (in emission order) that is lazy
+    k = 0
     for c, (clen, cn) in enumerate(conv_chunks):
         attn_c = ctr(f"attn{c}")
         if fuse_qk:
@@ -543,7 +549,9 @@ def emit_layer(
             chunk_in, chunk_args, chunk_waits = [q, kc, vc, convs, part_o, part_ml], [], [kv_c]
         for hh in range(hkv):
             for j in range(cn):
-                p.op(Op.ATTN_CHUNK, chunk_in, [c, hh, j, clen, window, fk, fv, *chunk_args], waits=chunk_waits, signal=attn_c, label=f"{prefix}attn[{c},{hh},{j}]")
+                p.op(Op.ATTN_CHUNK, chunk_in, [c, hh, j, clen, window, fk, fv, *chunk_args], waits=chunk_waits, signal=attn_c, label=f"{prefix}attn[{c},{hh},{j}]",
+                     lazy=k >= lazy_from)
+                k += 1
         for h0 in range(0, hq, merge_heads):
             p.op(Op.ATTN_MERGE, [o, part_o, part_ml, qkvg], [c * tokens_each, tokens_each, h0, merge_heads, cn], waits=[attn_c, g_done], signal=merged, label=f"{prefix}attn_merge[{c},{h0}]")
     wo_done = ctr("a")
