@@ -208,7 +208,11 @@ class Tiles:
     lazy_gemm: int = 2
     # The last lazy_attn ATTN_CHUNK ops of a layer carry GVM_FLAG_LAZY (0: none):
     # attention's last wave, whose claims otherwise wait behind two busy groups
-    # while other blocks' groups idle (the held claims of `gpuvm trace`).
+    # while other blocks' groups idle (the held claims of `gpuvm trace`). H200,
+    # 43c869c, two rounds, 0 / 264: full-c32-t8 1350.6, 1350.4 / 1329.3, 1333.7 us,
+    # full-c16-t8 908.3, 913.3 / 915.0, 913.4, sliding-c16-t8 and -c32-t8 level,
+    # steps 16x8 and 32x8 level; every chunk lazy: full-c16-t8 932-935, full-c32-t8
+    # 1373-1390 (each hand-off of a full block waits for its claim). Off.
     lazy_attn: int = 0
 
     def __post_init__(self) -> None:
