@@ -531,15 +531,16 @@ def emit_layer(
     qkv_done, g_done = ctr("qkv"), ctr("g")
     qkv_cols = (hq + 2 * hkv) * HEAD_DIM
     n_qkv = gemm(qkvg, h, w["Wqkvg"], 0, qkv_cols, h_ready, qkv_done, "Wqkvg")
+    n_chunk_ops = hkv * sum(n for _, n in conv_chunks)  # the layer's ATTN_CHUNK ops
     late = T <= tl.g_late  # g after the q|k|v tiles, beside the attention chunks (an op of its own: it waits on Wqkvg's)
     gemm(qkvg, h, w["Wqkvg"], qkv_cols, cfg.qkvg_width, h_ready + [qkv_done] if late else h_ready, g_done, "Wg" if late else "Wqkvg",
-         beside=hkv * sum(n for _, n in conv_chunks) if late else n_qkv)
+         beside=n_chunk_ops if late else n_qkv)
     merged = ctr("o")
     # a merge is latency bound, one warp per (token, head): few pairs per
     # instruction, spread over SMs (two heads keep a one-token merge to one batch)
     merge_heads = 2 if tokens_each == 1 and hq % 2 == 0 else 1
     window = cfg.window if sliding else 0
-    lazy_from = hkv * sum(n for _, n in conv_chunks) - tl.lazy_attn  # the first chunk (in emission order) that is lazy
+    lazy_from = n_chunk_ops - tl.lazy_attn  # the first chunk (in emission order) that is lazy
     k = 0
     for c, (clen, cn) in enumerate(conv_chunks):
         attn_c = ctr(f"attn{c}")
