@@ -16,7 +16,7 @@ so an expert with no tokens costs no instruction; down waits for all of up.
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -24,6 +24,7 @@ from ..isa import GEMM_MAX_PARTS, HEAD_DIM, NVFP4_TILE_ROWS, DType, Op, f2i
 from ..opspec import ProgramError, TensorSpec
 from ..program import Counter, Program, Stream
 from ..tensors import check_binding, torch_dtype
+from . import code_warm
 from .config import MuseConfig
 from .state import DecodeState
 from .weights import LayerWeights, layer_shapes
@@ -214,6 +215,11 @@ class Tiles:
     # steps 16x8 and 32x8 level; every chunk lazy: full-c16-t8 932-935, full-c32-t8
     # 1373-1390 (each hand-off of a full block waits for its claim). Off.
     lazy_attn: int = 0
+    # Up to code_warm tokens a step (0: never) a one-layer program also holds a
+    # small layer of the same paths that fetches every op's code into L2 ahead
+    # of the real layer (gpuvm/muse/code_warm.py); less than gemm_span (the
+    # small layer takes the real one's paths only below it). Steps: no effect.
+    code_warm: int = 0
 
     def __post_init__(self) -> None:
         if not isinstance(self.gemm_fill, int) or self.gemm_fill < 0:
@@ -224,7 +230,7 @@ class Tiles:
             raise ProgramError(f"Tiles.expert_fixed must be 0 or 1, not {self.expert_fixed!r}")
         if self.lazy_gemm not in (0, 1, 2):
             raise ProgramError(f"Tiles.lazy_gemm must be 0, 1 or 2, not {self.lazy_gemm!r}")
-        for name in ("router_span", "topk_span", "expert_cap_tokens", "g_late", "attn_tail", "qk_tokens", "lazy_attn"):
+        for name in ("router_span", "topk_span", "expert_cap_tokens", "g_late", "attn_tail", "qk_tokens", "lazy_attn", "code_warm"):
             v = getattr(self, name)
             if not isinstance(v, int) or v < 0:
                 raise ProgramError(f"Tiles.{name} must be an int >= 0, not {v!r}")
@@ -234,8 +240,25 @@ class Tiles:
             v = getattr(self, name)
             if not isinstance(v, int) or v <= 0:
                 raise ProgramError(f"Tiles.{name} must be a positive int, not {v!r}")
+        if self.code_warm >= self.gemm_span:
+            raise ProgramError(f"Tiles.code_warm ({self.code_warm}) must be under gemm_span ({self.gemm_span}): the small layer takes the real one's GEMM paths only below it")
         if self.expert_cap % NVFP4_TILE_ROWS:
             raise ProgramError(f"Tiles.expert_cap must be a multiple of {NVFP4_TILE_ROWS} (items start on a tiled block), not {self.expert_cap}")
+
+    def for_warm(self, tokens: int, warm_tokens: int) -> "Tiles":
+        """The small warm layer's tiling (code_warm.py): every token threshold set
+        so that warm_tokens take the op paths that `tokens` take here, with few
+        row ops and list workers (its phases are short either way)."""
+        def from_(x: int) -> int:  # on for T >= x (0: never)
+            return 1 if x and tokens >= x else 0
+
+        def upto(x: int) -> int:  # on for T <= x (0: never)
+            return warm_tokens if x and tokens <= x else 0
+
+        cap = 0 if not self.expert_cap_tokens or tokens >= self.expert_cap_tokens else warm_tokens + 1
+        return replace(self, router_span=from_(self.router_span), topk_span=from_(self.topk_span), expert_cap_tokens=cap,
+                       fuse_qk=upto(self.fuse_qk), g_late=upto(self.g_late), expert_workers=8, residual_slices=1,
+                       lazy_attn=0, attn_tail=0, code_warm=0)
 
     def residual_cols(self, d: int, row_blocks: int) -> list[tuple[int, int]]:
         """Column ranges [c0, c0 + n) of a RESIDUAL row (multiples of 4); one
@@ -290,6 +313,7 @@ class LayerProgram:
     stream: Stream
     handles: LayerHandles
     prefix: str = "L0."
+    warm: bool = False  # the program holds the code warmer's small layer (Tiles.code_warm)
 
     @property
     def tokens(self) -> int:
@@ -637,8 +661,16 @@ def lower_layer(
     s = p.tensor("s", (conversations * tokens_each, cfg.d), DType.F32)
     convs = p.tensor("convs", (conversations, 4), DType.I32, "state")
     prefix = "L0."
-    hd = emit_layer(p, cfg, kind, conversations, tokens_each, cache_slots, prefix=prefix, s=s, convs=convs, tiles=tiles, k_scale=k_scale, v_scale=v_scale)
-    return LayerProgram(cfg, kind, conversations, tokens_each, cache_slots, k_scale, v_scale, p, p.build(order=order), hd, prefix)
+    tl = tiles or Tiles()
+    warm = bool(tl.code_warm) and conversations * tokens_each <= tl.code_warm
+    if warm:  # emitted first: at each depth of the stream order its instructions come before the real ones
+        ws = code_warm.WarmShape(kind, tokens_each)
+        emit_layer(p, code_warm.CFG, kind, 1, tokens_each, ws.slots, prefix=code_warm.PREFIX,
+                   s=p.tensor(code_warm.PREFIX + "s", (tokens_each, code_warm.CFG.d), DType.F32),
+                   convs=p.tensor(code_warm.PREFIX + "convs", (1, 4), DType.I32, "state"),
+                   tiles=tl.for_warm(conversations * tokens_each, tokens_each))
+    hd = emit_layer(p, cfg, kind, conversations, tokens_each, cache_slots, prefix=prefix, s=s, convs=convs, tiles=tl, k_scale=k_scale, v_scale=v_scale)
+    return LayerProgram(cfg, kind, conversations, tokens_each, cache_slots, k_scale, v_scale, p, p.build(order=order), hd, prefix, warm)
 
 
 def poisoned(spec: TensorSpec, device: str | torch.device = "cpu") -> torch.Tensor:
@@ -663,18 +695,36 @@ def bind_layer(lp: LayerProgram, weights: LayerWeights, state: DecodeState, s: t
         got = float(getattr(weights, name))
         if got != want:
             raise ProgramError(f"weights.{name} = {got} but the program was built with {want}: rebuild it with lower_layer(..., {name}={got})")
-    role_of = {spec.name[len(lp.prefix):]: spec for spec in lp.stream.tensors if spec.name.startswith(lp.prefix)}
-    fields = _weight_specs(lp.cfg)
+    out = _bind_prefix(lp.stream, lp.prefix, lp.cfg, weights, state, device)
+    out["convs"] = check_binding(lp.handles["convs"], state.convs.to(device))
+    out["s"] = check_binding(lp.handles["s"], s.to(device=device, dtype=torch.float32, copy=True))
+    if lp.warm:  # the small layer's own weights, state and input (its s too is updated in place: nothing reads it)
+        wi = code_warm.warm_inputs(lp.kind, lp.tokens_each, str(torch.device(device)))
+        specs = {t.name: t for t in lp.stream.tensors}
+        out.update(_bind_prefix(lp.stream, code_warm.PREFIX, code_warm.CFG, wi.weights, wi.state, device))
+        out[code_warm.PREFIX + "convs"] = check_binding(specs[code_warm.PREFIX + "convs"], wi.state.convs)
+        out[code_warm.PREFIX + "s"] = check_binding(specs[code_warm.PREFIX + "s"], wi.s.clone())
+    return out
+
+
+def _bind_prefix(stream: Stream, prefix: str, cfg: MuseConfig, weights: LayerWeights, state: DecodeState,
+                 device: str | torch.device) -> dict[str, torch.Tensor]:
+    """Buffers of the layer tensors named prefix + role: weights and caches
+    bound, every other one poisoned scratch (s and convs are the caller's)."""
+    fields = _weight_specs(cfg)
     out: dict[str, torch.Tensor] = {}
-    for role, spec in role_of.items():
+    for spec in stream.tensors:
+        if not spec.name.startswith(prefix):
+            continue
+        role = spec.name[len(prefix):]
         if role in fields:
             buf = getattr(weights, role)
         elif role in ("k_cache", "v_cache"):
             buf = getattr(state, role)
+        elif role in ("s", "convs"):
+            continue
         else:
             out[spec.name] = poisoned(spec, device)
             continue
         out[spec.name] = check_binding(spec, buf.to(device))
-    out["convs"] = check_binding(lp.handles["convs"], state.convs.to(device))
-    out["s"] = check_binding(lp.handles["s"], s.to(device=device, dtype=torch.float32, copy=True))
     return out
