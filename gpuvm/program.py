@@ -71,6 +71,7 @@ class Instr:
     label: str
     cost: Cost
     flags: int = 0  # GVM_FLAG_* bits of the record
+    lead: bool = False  # ordered before every other op its waits allow (Program.op)
 
     def wait_count(self, i: int) -> int:
         c, n = self.waits[i]
@@ -130,10 +131,13 @@ class Program:
         prefetch: tuple[TensorSpec, int, int] | None = None,
         label: str | None = None,
         lazy: bool = False,
+        lead: bool = False,
     ) -> Instr:
         """Add an op. waits: counters (wait for all their signallers) or (counter, count).
         lazy: once it is handed out, its block claims the next instruction only
-        while one of its groups is free (GVM_FLAG_LAZY; dynamic mode only)."""
+        while one of its groups is free (GVM_FLAG_LAZY; dynamic mode only).
+        lead: in the 'priority' and 'depth' orders, before every op that is not
+        lead, as soon as its waits allow (the code warmer's instances)."""
         opcode = Op(opcode)
         spec = SPECS[opcode]
 
@@ -174,7 +178,7 @@ class Program:
                 raise ProgramError(f"{where()}: prefetch [{off}, {off + nb}) outside '{pt.name}' ({pt.nbytes} bytes)")
             pf = (list(tensors).index(pt), int(off), int(nb))
         ins = Instr(len(self.instrs), opcode, tuple(tensors), args_t, tuple(norm_waits), signal, pf, label or opcode.name.lower(), spec.cost(tensors, args_t),
-                    FLAG_LAZY if lazy else 0)
+                    FLAG_LAZY if lazy else 0, lead)
         self.instrs.append(ins)
         if signal is not None:
             signal.signallers.append(ins)
@@ -305,7 +309,7 @@ class _Graph:
         return sorted(d)
 
 
-def _kahn(n: int, graph: "_Graph", member_of: list[list[int]], users: list[list[int]], key: Callable[[int], tuple[float, float]]) -> list[int]:
+def _kahn(n: int, graph: "_Graph", member_of: list[list[int]], users: list[list[int]], key: Callable[[int], tuple[float, ...]]) -> list[int]:
     """Ops in a topological order, the ready op with the smallest key first;
     ops on a cycle never become ready and are left out."""
     op_left = [len(gs) for gs in graph.op_groups]
@@ -354,7 +358,7 @@ def _priority_order(instrs: list[Instr], graph: _Graph, by_depth: bool = False) 
             tail = max(tail, gp)
         step = 1.0 + (c.weight_bytes + c.act_bytes) / 4096.0
         path[i] = (tail[0] + 1.0, tail[1] + step) if by_depth else (0.0, tail[1] + step)
-    return _kahn(n, graph, member_of, users, key=lambda i: (-path[i][0], -path[i][1]))
+    return _kahn(n, graph, member_of, users, key=lambda i: (not instrs[i].lead, -path[i][0], -path[i][1]))
 
 
 class Stream:

@@ -1,6 +1,6 @@
-"""The code warmer's small layer (Tiles.code_warm, gpuvm/muse/code_warm.py):
-apart from the real layer, on the real layer's op paths, and no change to
-what the real layer computes."""
+"""The code warmer's instances (Tiles.code_warm, gpuvm/muse/code_warm.py):
+apart from the real layer, first in the stream, on the real layer's op paths,
+and no change to what the real layer computes."""
 from __future__ import annotations
 
 import random
@@ -35,10 +35,15 @@ def test_warm_layer_is_apart_and_on_the_real_paths(name: str) -> None:
     warm, real = _split(lp)
     assert warm and len(real) == len(plain.stream)
     ops = lp.stream.ops
-    for i in warm:  # only its own tensors and counters
+    assert warm == list(range(len(warm)))  # lead ops: first in the stream, claimed at launch
+    for i in warm:  # only its own tensors and counters; no waits but the lists' on the small top-k
         assert all(t.name.startswith(code_warm.PREFIX) for t in ops[i].tensors if t is not None)
-        assert all(c.name.startswith(code_warm.PREFIX) for c, _ in ops[i].waits)
+        lists = ops[i].opcode in (Op.EXPERT_UP, Op.EXPERT_DOWN, Op.EXPERT_COMBINE)
+        assert [c.name for c, _ in ops[i].waits] == ([code_warm.PREFIX + "topk"] if lists else [])
         assert ops[i].signal is not None and ops[i].signal.name.startswith(code_warm.PREFIX)
+    # one instance of each op (a GEMM cut over K: every part of one tile)
+    names = [lp.stream.labels[i].split("[")[0] for i in warm if not (ops[i].opcode == Op.GEMM and ops[i].args[5] > 1)]
+    assert len(names) == len(set(names))
     for i in real:
         assert not any(t.name.startswith(code_warm.PREFIX) for t in ops[i].tensors if t is not None)
         assert not any(c.name.startswith(code_warm.PREFIX) for c, _ in ops[i].waits)

@@ -9,8 +9,8 @@ run updates its residual stream in place), timed four ways:
            (same kernel, same op paths, a few MB of data) untimed, then the
            layer: its code is in L2, its weights are not;
   hot:     no flush;
-  warmer:  L2 flushed, then the layer lowered with Tiles(code_warm=32), its
-           small layer inside the same launch.
+  warmer:  L2 flushed, then the layer lowered with Tiles(code_warm=32), the
+           warmer's instances inside the same launch.
 
 cold - code bounds what a warmer can win; cold - warmer is what it wins.
 

@@ -4,17 +4,22 @@ The VM kernel is ~720 KB of code, and `gpuvm sweep` flushes the L2 before every
 timed launch, so each op's first instance fetches its code from HBM (~80 ns a
 KB against 1-4 from L2, session 29): at one token attention, the merge, the
 residuals and the expert lists each start several µs late. A layer program
-with the warmer also holds a second, small layer (SMALL's widths, one
-conversation, the same kind and tokens per conversation, so the same op paths)
-under its own prefix and counters. It has no tie to the real layer: its
-instructions are claimed beside the real ones, each small phase runs in a few
-µs, and the small chain reaches each op well before the real one, whose code
-is then in L2. Its tensors are a few MB, its result is thrown away.
+with the warmer also holds one instance of each op of a small layer (SMALL's
+widths, one conversation, the real layer's kind and tokens per conversation
+and op paths), under its own prefix, tensors and counters: "lead" ops, first
+in the stream order and without waits (but the expert lists' and the
+combine's on the small top-k, for a valid routing table), so that they run at
+launch on groups the first phases leave idle and have every op's code in L2
+before the real layer needs it. Their tensors are a few MB (zeros but the
+weights, caches and conversation row); their results are thrown away.
 
 H200, 1ca3f88 (tools/code_warm_probe.py): the same layer timed after a flush
-alone against after a flush and a separate launch of this small layer, µs:
+alone against after a flush and a separate launch of the small layer, µs:
 full-c1-t1 195.4 / 174.3, sliding-c1-t1 170.3 / 145.2, full-c1-t8 270.4 / 243.4,
 sliding-c16-t1 467 / 429, full-c16-t8 1025 / 1021: what a warmer could win.
+The whole small layer in the launch, with its waits, won nothing (20c6f61:
+full-c1-t1 192.0, sliding-c1-t1 175.2 against 194.7, 170.6): its chain ran in
+step with the real one, each of its ops as cold.
 """
 from __future__ import annotations
 
@@ -23,6 +28,8 @@ from functools import lru_cache
 
 import torch
 
+from ..isa import Op
+from ..program import Counter, Instr, Program
 from .config import SMALL, MuseConfig
 from .state import DecodeState, cache_slots, make_inputs, make_state
 from .weights import LayerWeights, make_layer_weights
@@ -58,3 +65,57 @@ def warm_inputs(kind: str, tokens_each: int, device: str) -> WarmInputs:
     device: a few MB; the state is the caches the small layer writes)."""
     state = make_state(CFG, kind, 1, tokens_each, CONTEXT, SEED, device=device)
     return WarmInputs(make_layer_weights(CFG, 1 if kind == "full" else 0, SEED, device=device), state, make_inputs(CFG, state, SEED))
+
+
+_LISTS = (Op.EXPERT_UP, Op.EXPERT_DOWN, Op.EXPERT_COMBINE)  # read the routing table: wait for the small top-k
+
+
+def _picks(small: Program) -> list[Instr]:
+    """One instance of each op of the small layer (ops by label), in creation
+    order: the first expert-list worker, as a list of one; every K part of the
+    first tile of a GEMM cut over K (its last part adds the parts)."""
+    seen: set[str] = set()
+    out: list[Instr] = []
+    tile: tuple[str, int] | None = None
+    for ins in small.instrs:
+        name = ins.label.split("[")[0]
+        parts = ins.opcode == Op.GEMM and ins.args[5] > 1
+        if name in seen:
+            if parts and tile == (name, ins.args[7]):
+                out.append(ins)
+            continue
+        seen.add(name)
+        out.append(ins)
+        if parts:
+            tile = (name, ins.args[7])
+    return out
+
+
+def emit_lead_instances(p: Program, small: Program) -> int:
+    """Copy _picks(small), a small layer emitted under PREFIX into a program of
+    its own, into p as lead ops: tensors under their names, one counter per op,
+    no waits but the lists' on the top-k. Returns how many ops."""
+    tensors = {t.name: t for t in p.tensors}
+    counters: dict[str, Counter] = {}
+    topk: Counter | None = None
+    picks = _picks(small)
+    for ins in picks:
+        ts = []
+        for t in ins.tensors:
+            if t is not None and t.name not in tensors:
+                tensors[t.name] = p.tensor(t.name, t.shape, t.dtype, t.role)
+            ts.append(None if t is None else tensors[t.name])
+        args = list(ins.args)
+        if ins.opcode in (Op.EXPERT_UP, Op.EXPERT_DOWN):  # a list of one worker (fixed: worker 1 of 1)
+            args[1], args[4] = 1, 1 if args[4] else 0
+        name = ins.label.split("[")[0]
+        sig = counters.setdefault(name, p.counter(name))
+        waits = []
+        if ins.opcode in _LISTS:
+            if topk is None:
+                raise ValueError("the small layer's expert ops come before its top-k")
+            waits = [topk]
+        p.op(ins.opcode, ts, args, waits=waits, signal=sig, label=ins.label, lead=True)
+        if ins.opcode == Op.TOPK:
+            topk = sig
+    return len(picks)

@@ -16,6 +16,7 @@ so an expert with no tokens costs no instruction; down waits for all of up.
 from __future__ import annotations
 
 import itertools
+from typing import Callable
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -663,12 +664,13 @@ def lower_layer(
     prefix = "L0."
     tl = tiles or Tiles()
     warm = bool(tl.code_warm) and conversations * tokens_each <= tl.code_warm
-    if warm:  # emitted first: at each depth of the stream order its instructions come before the real ones
-        ws = code_warm.WarmShape(kind, tokens_each)
-        emit_layer(p, code_warm.CFG, kind, 1, tokens_each, ws.slots, prefix=code_warm.PREFIX,
-                   s=p.tensor(code_warm.PREFIX + "s", (tokens_each, code_warm.CFG.d), DType.F32),
-                   convs=p.tensor(code_warm.PREFIX + "convs", (1, 4), DType.I32, "state"),
+    if warm:  # the small layer in a program of its own; one instance of each of its ops into p
+        ws, small = code_warm.WarmShape(kind, tokens_each), Program("code warmer")
+        emit_layer(small, code_warm.CFG, kind, 1, tokens_each, ws.slots, prefix=code_warm.PREFIX,
+                   s=small.tensor(code_warm.PREFIX + "s", (tokens_each, code_warm.CFG.d), DType.F32),
+                   convs=small.tensor(code_warm.PREFIX + "convs", (1, 4), DType.I32, "state"),
                    tiles=tl.for_warm(conversations * tokens_each, tokens_each))
+        code_warm.emit_lead_instances(p, small)
     hd = emit_layer(p, cfg, kind, conversations, tokens_each, cache_slots, prefix=prefix, s=s, convs=convs, tiles=tl, k_scale=k_scale, v_scale=v_scale)
     return LayerProgram(cfg, kind, conversations, tokens_each, cache_slots, k_scale, v_scale, p, p.build(order=order), hd, prefix, warm)
 
@@ -698,19 +700,22 @@ def bind_layer(lp: LayerProgram, weights: LayerWeights, state: DecodeState, s: t
     out = _bind_prefix(lp.stream, lp.prefix, lp.cfg, weights, state, device)
     out["convs"] = check_binding(lp.handles["convs"], state.convs.to(device))
     out["s"] = check_binding(lp.handles["s"], s.to(device=device, dtype=torch.float32, copy=True))
-    if lp.warm:  # the small layer's own weights, state and input (its s too is updated in place: nothing reads it)
+    if lp.warm:  # the warmer's instances: the small layer's weights, caches and conversation row, zeros elsewhere
         wi = code_warm.warm_inputs(lp.kind, lp.tokens_each, str(torch.device(device)))
+        warm = _bind_prefix(lp.stream, code_warm.PREFIX, code_warm.CFG, wi.weights, wi.state, device, scratch=torch.zeros)
         specs = {t.name: t for t in lp.stream.tensors}
-        out.update(_bind_prefix(lp.stream, code_warm.PREFIX, code_warm.CFG, wi.weights, wi.state, device))
-        out[code_warm.PREFIX + "convs"] = check_binding(specs[code_warm.PREFIX + "convs"], wi.state.convs)
-        out[code_warm.PREFIX + "s"] = check_binding(specs[code_warm.PREFIX + "s"], wi.s.clone())
+        for role in ("s", "convs"):
+            if code_warm.PREFIX + role in specs:
+                warm[code_warm.PREFIX + role] = check_binding(specs[code_warm.PREFIX + role], (wi.s if role == "s" else wi.state.convs).clone())
+        out.update(warm)
     return out
 
 
 def _bind_prefix(stream: Stream, prefix: str, cfg: MuseConfig, weights: LayerWeights, state: DecodeState,
-                 device: str | torch.device) -> dict[str, torch.Tensor]:
+                 device: str | torch.device, scratch: Callable[..., torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
     """Buffers of the layer tensors named prefix + role: weights and caches
-    bound, every other one poisoned scratch (s and convs are the caller's)."""
+    bound, every other one poisoned scratch, or made by scratch(shape, dtype=,
+    device=) (s and convs are the caller's)."""
     fields = _weight_specs(cfg)
     out: dict[str, torch.Tensor] = {}
     for spec in stream.tensors:
@@ -724,7 +729,7 @@ def _bind_prefix(stream: Stream, prefix: str, cfg: MuseConfig, weights: LayerWei
         elif role in ("s", "convs"):
             continue
         else:
-            out[spec.name] = poisoned(spec, device)
+            out[spec.name] = poisoned(spec, device) if scratch is None else scratch(spec.shape, dtype=torch_dtype(spec.dtype), device=device)
             continue
         out[spec.name] = check_binding(spec, buf.to(device))
     return out
