@@ -29,8 +29,8 @@ def _split(lp: LayerProgram) -> tuple[list[int], list[int]]:
 def test_warm_layer_is_apart_and_on_the_real_paths(name: str) -> None:
     case = get_case(name)
     slots = 2048 + case.tokens_each if case.kind == "sliding" else 4096
-    plain = lower_layer(SHARD, case.kind, case.conversations, case.tokens_each, slots)
-    lp = lower_layer(SHARD, case.kind, case.conversations, case.tokens_each, slots, tiles=Tiles(code_warm=32))
+    plain = lower_layer(SHARD, case.kind, case.conversations, case.tokens_each, slots, tiles=Tiles(code_warm=0))
+    lp = lower_layer(SHARD, case.kind, case.conversations, case.tokens_each, slots)  # on by default up to 32 tokens
     assert lp.warm and not plain.warm
     warm, real = _split(lp)
     assert warm and len(real) == len(plain.stream)
@@ -76,7 +76,7 @@ def test_cpu_run_with_the_warmer_computes_the_same_layer(name: str) -> None:
     case = small_case(get_case(name), SMALL)
     w = make_layer_weights(SMALL, 1 if case.kind == "full" else 0, 3)
     outs = []
-    for tiles in (Tiles(), Tiles(code_warm=32)):
+    for tiles in (Tiles(code_warm=0), Tiles()):
         state = make_state(SMALL, case.kind, case.conversations, case.tokens_each, case.context, 5)
         s = make_inputs(SMALL, state, 5)
         lp = lower_layer(SMALL, case.kind, case.conversations, case.tokens_each, state.slots, tiles=tiles)

@@ -16,13 +16,20 @@ from gpuvm.cpu import run_stream
 from gpuvm.cpu.ops import list_items
 from gpuvm.isa import FLAG_LAZY, NONE, DType, Op, i2f
 from gpuvm.muse.config import SHARD, SMALL
-from gpuvm.muse.lowering import EXPERT_CAP, POISON_INT, LayerProgram, Tiles, _fill_rows, _span_rows, _split_tail, bind_layer, emit_layer, lower_layer, n_chunks
+from gpuvm.muse import lowering
+from gpuvm.muse.lowering import EXPERT_CAP, POISON_INT, LayerProgram, Tiles, _fill_rows, _span_rows, _split_tail, bind_layer, emit_layer, n_chunks
 from gpuvm.muse.state import make_inputs, make_state
 from gpuvm.muse.weights import layer_shapes, make_layer_weights
 from gpuvm.program import Program, ProgramError
 from gpuvm.tensors import TORCH_DTYPES
 
 FULL_CASE_SLOTS = -(-(81_920 + 8) // 64) * 64  # the largest decode case, rounded
+
+
+def lower_layer(*args, tiles: Tiles | None = None, **kw) -> LayerProgram:  # type: ignore[no-untyped-def]
+    """The layer's own ops: lowered without the code warmer, whose instances
+    tests/test_code_warm.py covers."""
+    return lowering.lower_layer(*args, tiles=dataclasses.replace(tiles or Tiles(), code_warm=0), **kw)
 
 
 def _ops(stream, opcode: Op) -> list:  # type: ignore[no-untyped-def]

@@ -216,11 +216,17 @@ class Tiles:
     # steps 16x8 and 32x8 level; every chunk lazy: full-c16-t8 932-935, full-c32-t8
     # 1373-1390 (each hand-off of a full block waits for its claim). Off.
     lazy_attn: int = 0
-    # Up to code_warm tokens a step (0: never) a one-layer program also holds a
-    # small layer of the same paths that fetches every op's code into L2 ahead
-    # of the real layer (gpuvm/muse/code_warm.py); less than gemm_span (the
-    # small layer takes the real one's paths only below it). Steps: no effect.
-    code_warm: int = 0
+    # Up to code_warm tokens a step (0: never) a one-layer program also holds
+    # the code warmer: one lead instance of each op of a small layer on the same
+    # paths, which fetch every op's code into L2 at launch, ahead of the real
+    # layer (gpuvm/muse/code_warm.py); under gemm_span (the small layer takes
+    # the real one's paths only below it). Steps: no effect (a step's later
+    # layers find the code in L2). H200, d62979b, L2 flushed, dynamic, 0 / 32:
+    # full-c1-t1 193.5 / 180.3 us, sliding-c1-t1 168.3 / 150.2, full-c1-t8 267.7
+    # / 251.3, sliding-c1-t8 297.0 / 274.1, full-c16-t1 587.4 / 549.6,
+    # sliding-c16-t1 466.3 / 440.2, full-c32-t1 674.5 / 657.0, sliding-c32-t1
+    # 507.5 / 495.3 (tools/code_warm_probe.py, two rounds each).
+    code_warm: int = 32
 
     def __post_init__(self) -> None:
         if not isinstance(self.gemm_fill, int) or self.gemm_fill < 0:

@@ -61,6 +61,11 @@ class Hardware:
     #: fixed cost of an op inside a group (descriptor reads, address set-up,
     #: pipeline fill and drain); estimate
     launch_ns: float = 400.0
+    #: extra time of an op whose code comes from HBM: the code warmer's lead
+    #: instances (gpuvm/muse/code_warm.py) ran 6-44 us at launch, most 7-15
+    #: (H200 traces, d62979b); an estimate, so that static lists do not queue
+    #: the first phase's tiles behind them
+    cold_code_ns: float = 10_000.0
     #: HBM / L2 latency before the first bytes of a load arrive; estimate
     mem_latency_ns: float = 600.0
     #: producer's fence + release increment of its signal counter; estimate
@@ -79,7 +84,7 @@ class Hardware:
         for name in ("hbm_bytes_per_s", "l2_bytes_per_s", "load_bytes_per_s", "flops_per_s", "head_claims_per_s"):
             if not getattr(self, name) > 0:
                 raise ProgramError(f"Hardware.{name} must be > 0")
-        for name in ("claim_ns", "decode_ns", "dispatch_ns", "launch_ns", "mem_latency_ns", "signal_ns", "signal_latency_ns", "probe_ns"):
+        for name in ("claim_ns", "decode_ns", "dispatch_ns", "launch_ns", "cold_code_ns", "mem_latency_ns", "signal_ns", "signal_latency_ns", "probe_ns"):
             if not getattr(self, name) >= 0:
                 raise ProgramError(f"Hardware.{name} must be >= 0")
 

@@ -62,13 +62,15 @@ def layer_costs(stream: Stream, expert_tokens: Sequence[int]) -> list[Cost]:
     local experts have these tokens (ops/experts.cuh's work list, dealt
     round-robin over the list's workers in stream order): per item
     of n rows of an expert with t tokens, n rows of weights, t rows of math
-    and activations, plus one input row per token."""
+    and activations, plus one input row per token. The code warmer's lead
+    instances (gpuvm/muse/code_warm.py) keep their static costs: their lists
+    route a small layer's tokens, not these."""
     hit = [e for e, t in enumerate(expert_tokens) if t > 0]
     out: list[Cost] = []
     seen: dict[tuple[str, int], int] = {}  # workers of each list so far: the model deals items round-robin
     for ins in stream.ops:
         c = ins.cost
-        if ins.opcode in EXPERT_OPS:
+        if ins.opcode in EXPERT_OPS and not ins.lead:
             dst, x, meta, work = ins.tensors[0], ins.tensors[1], ins.tensors[5], ins.tensors[7]
             assert dst is not None and x is not None and meta is not None and work is not None
             if len(expert_tokens) != meta.shape[1]:

@@ -55,7 +55,7 @@ def op_work(stream: Stream, hw: Hardware, durations: Sequence[float] | None = No
         pf = 0 if ins.prefetch is None else min(ins.prefetch[2], c.weight_bytes)
         hbm_act = c.act_bytes if ins.opcode in HBM_ACT_OPS else 0
         if durations is None:
-            fixed = hw.launch_ns + (ins.args[0] if ins.opcode == Op.SLEEP else 0)
+            fixed = hw.launch_ns + (ins.args[0] if ins.opcode == Op.SLEEP else 0) + (hw.cold_code_ns if ins.lead else 0.0)
             flops = float(c.flops)
         else:
             fixed = float(durations[i])

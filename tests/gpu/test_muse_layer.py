@@ -118,3 +118,22 @@ FIXED_CASES = [c for c in DECODE_CASES if c.name in ("full-c1-t1", "sliding-c32-
 @pytest.mark.parametrize("case", FIXED_CASES, ids=lambda c: c.name)
 def test_shard_layer_with_fixed_expert_workers_matches_reference(vm_plain, case: Case) -> None:  # type: ignore[no-untyped-def]
     _check(_run_case(vm_plain, SHARD, case, "static", Tiles(expert_fixed=1)))
+
+
+@pytest.mark.parametrize("mode", ["dynamic", "static"])
+@pytest.mark.parametrize("name", ["full-c1-t1", "sliding-c1-t8", "sliding-c16-t1"])
+def test_code_warmer_leaves_the_layer_bit_identical(vm_plain, name: str, mode: str) -> None:  # type: ignore[no-untyped-def]
+    """Tiles.code_warm's lead instances run beside the layer and touch none of
+    its tensors: the residual stream and the KV it writes are the same bits."""
+    case = next(c for c in DECODE_CASES if c.name == name)
+    w = _weights(SHARD, case.kind)
+    outs = []
+    for tiles in (Tiles(code_warm=0), Tiles()):
+        state = make_state(SHARD, case.kind, case.conversations, case.tokens_each, case.context, seed=8, device="cuda")
+        lp = lower_layer(SHARD, case.kind, case.conversations, case.tokens_each, state.slots, tiles=tiles)
+        assert lp.warm == bool(tiles.code_warm)
+        bufs = bind_layer(lp, w, state, make_inputs(SHARD, state, seed=7), device="cuda")
+        vm_plain.load(lp.stream, bufs).run(0, mode=mode)
+        outs.append((bufs["s"], state.k_cache.view(torch.uint8), state.v_cache.view(torch.uint8)))
+    for a, b in zip(*outs):
+        assert torch.equal(a, b)
