@@ -91,7 +91,7 @@ def _picks(small: Program) -> list[Instr]:
     return out
 
 
-def emit_lead_instances(p: Program, small: Program, lazy: bool = False) -> int:
+def emit_lead_instances(p: Program, small: Program) -> int:
     """Copy _picks(small), a small layer emitted under PREFIX into a program of
     its own, into p as lead ops: tensors under their names, one counter per op,
     no waits but the lists' on the top-k. Returns how many ops."""
@@ -115,7 +115,7 @@ def emit_lead_instances(p: Program, small: Program, lazy: bool = False) -> int:
             if topk is None:
                 raise ValueError("the small layer's expert ops come before its top-k")
             waits = [topk]
-        p.op(ins.opcode, ts, args, waits=waits, signal=sig, label=ins.label, lead=True, lazy=lazy)
+        p.op(ins.opcode, ts, args, waits=waits, signal=sig, label=ins.label, lead=True)
         if ins.opcode == Op.TOPK:
             topk = sig
     return len(picks)

@@ -227,7 +227,6 @@ class Tiles:
     # sliding-c16-t1 466.3 / 440.2, full-c32-t1 674.5 / 657.0, sliding-c32-t1
     # 507.5 / 495.3 (tools/code_warm_probe.py, two rounds each).
     code_warm: int = 32
-    code_warm_lazy: int = 0  # A/B: the lead instances carry GVM_FLAG_LAZY
 
     def __post_init__(self) -> None:
         if not isinstance(self.gemm_fill, int) or self.gemm_fill < 0:
@@ -677,7 +676,7 @@ def lower_layer(
                    s=small.tensor(code_warm.PREFIX + "s", (tokens_each, code_warm.CFG.d), DType.F32),
                    convs=small.tensor(code_warm.PREFIX + "convs", (1, 4), DType.I32, "state"),
                    tiles=tl.for_warm(conversations * tokens_each, tokens_each))
-        code_warm.emit_lead_instances(p, small, lazy=bool(tl.code_warm_lazy))
+        code_warm.emit_lead_instances(p, small)
     hd = emit_layer(p, cfg, kind, conversations, tokens_each, cache_slots, prefix=prefix, s=s, convs=convs, tiles=tl, k_scale=k_scale, v_scale=v_scale)
     return LayerProgram(cfg, kind, conversations, tokens_each, cache_slots, k_scale, v_scale, p, p.build(order=order), hd, prefix, warm)
 
