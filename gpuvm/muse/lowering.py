@@ -216,6 +216,8 @@ class Tiles:
     # steps 16x8 and 32x8 level; every chunk lazy: full-c16-t8 932-935, full-c32-t8
     # 1373-1390 (each hand-off of a full block waits for its claim). Off.
     lazy_attn: int = 0
+    # 1: the expert lists' workers carry GVM_FLAG_LAZY (A/B)
+    lazy_experts: int = 0
     # Up to code_warm tokens a step (0: never) a one-layer program also holds
     # the code warmer: one lead instance of each op of a small layer on the same
     # paths, which fetch every op's code into L2 at launch, ahead of the real
@@ -237,7 +239,7 @@ class Tiles:
             raise ProgramError(f"Tiles.expert_fixed must be 0 or 1, not {self.expert_fixed!r}")
         if self.lazy_gemm not in (0, 1, 2):
             raise ProgramError(f"Tiles.lazy_gemm must be 0, 1 or 2, not {self.lazy_gemm!r}")
-        for name in ("router_span", "topk_span", "expert_cap_tokens", "g_late", "attn_tail", "qk_tokens", "lazy_attn", "code_warm"):
+        for name in ("router_span", "topk_span", "expert_cap_tokens", "g_late", "attn_tail", "qk_tokens", "lazy_attn", "code_warm", "lazy_experts"):
             v = getattr(self, name)
             if not isinstance(v, int) or v < 0:
                 raise ProgramError(f"Tiles.{name} must be an int >= 0, not {v!r}")
@@ -634,10 +636,10 @@ def emit_layer(
     up_done, down_done = ctr("hbuf"), ctr("y")
     up_workers = min(tl.expert_workers, E * -(-I // up_grain))
     for wk in range(up_workers):
-        p.op(Op.EXPERT_UP, [hbuf, x, w["gu_codes"], w["gu_scales"], w["gu_ts"], meta, route, work], [0, up_workers, up_grain, cap, wk + 1 if tl.expert_fixed else 0], waits=[routed, squeezed], signal=up_done, label=f"{prefix}expert_up[{wk}/{up_workers}]")
+        p.op(Op.EXPERT_UP, [hbuf, x, w["gu_codes"], w["gu_scales"], w["gu_ts"], meta, route, work], [0, up_workers, up_grain, cap, wk + 1 if tl.expert_fixed else 0], waits=[routed, squeezed], signal=up_done, label=f"{prefix}expert_up[{wk}/{up_workers}]", lazy=bool(tl.lazy_experts))
     down_workers = min(tl.expert_workers, E * -(-H // down_grain))
     for wk in range(down_workers):
-        p.op(Op.EXPERT_DOWN, [y, hbuf, w["d_codes"], w["d_scales"], w["d_ts"], meta, route, work], [1, down_workers, down_grain, cap, wk + 1 if tl.expert_fixed else 0], waits=[up_done], signal=down_done, label=f"{prefix}expert_down[{wk}/{down_workers}]")
+        p.op(Op.EXPERT_DOWN, [y, hbuf, w["d_codes"], w["d_scales"], w["d_ts"], meta, route, work], [1, down_workers, down_grain, cap, wk + 1 if tl.expert_fixed else 0], waits=[up_done], signal=down_done, label=f"{prefix}expert_down[{wk}/{down_workers}]", lazy=bool(tl.lazy_experts))
     combined = ctr("fsq")
     for r0, n in _tiles(0, T, tl.rows):
         p.op(Op.EXPERT_COMBINE, [fsq, y, route], [r0, n], waits=[down_done], signal=combined, label=f"{prefix}expert_combine[{r0}:{r0 + n}]")
