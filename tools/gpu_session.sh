@@ -235,6 +235,10 @@ PY
            timeout 200 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_vm.py tests/gpu/test_muse_layer.py > "$OUT/tests_lazy.log" 2>&1; echo "vm + layer tests rc=$?"; tail -1 "$OUT/tests_lazy.log"
            AB_TAIL=24 ab_rounds lazy tiles "base:,lazy:lazy_gemm=1,lazysq:lazy_gemm=2" 200 --cases sliding-c16-t8,full-c16-t8,full-c32-t8,sliding-c32-t8,full-c16-t1,sliding-c1-t1 --step 16x8,32x8
            (cd "$OUT" && tar czf lazy.tgz lazy_r* && rm -f lazy_r*.json) ;;
+    codewarm) # what cold code costs the sweep's layers and what the code warmer wins back (tools/code_warm_probe.py: cold / code / hot / warmer, two rounds)
+           timeout ${T_CODEWARM:-300} python3 tools/code_warm_probe.py --out "$OUT/code_warm.json" > "$OUT/code_warm.log" 2>&1; echo "code_warm rc=$?"; tail -10 "$OUT/code_warm.log" ;;
+    lazyexperts) # the expert lists' workers with GVM_FLAG_LAZY (Tiles.lazy_experts 1) against eager (0), two dynamic rounds in swapped order
+           AB_TAIL=24 ab_rounds lazyexp tiles "base:,lazy:lazy_experts=1" 250 --cases sliding-c16-t8,full-c16-t8,full-c32-t8,sliding-c32-t8,full-c1-t8,full-c32-t1 --step 16x8,32x8 ;;
     lazyattn) # the last Tiles.lazy_attn attention chunks with GVM_FLAG_LAZY (0: none, the default) against 132 / 264 / all, and 264 without attn_tail's half chunks;
               # two dynamic rounds in swapped order, then static once for the third target's comparison
            timeout 200 python3 tools/prebuild.py --trace base; echo "prebuild rc=$?"
