@@ -42,16 +42,9 @@ CONTEXT = 64  # cached tokens of the small conversation: one attention chunk a k
 SEED = 7
 
 
-@dataclass(frozen=True)
-class WarmShape:
-    """The small layer beside a layer of this kind and tokens per conversation."""
-
-    kind: str
-    tokens_each: int
-
-    @property
-    def slots(self) -> int:
-        return cache_slots(CFG, self.kind, self.tokens_each, CONTEXT)
+def warm_slots(kind: str, tokens_each: int) -> int:
+    """Cache slots of the small layer beside a layer of this kind and tokens per conversation."""
+    return cache_slots(CFG, kind, tokens_each, CONTEXT)
 
 
 @dataclass(frozen=True)
@@ -63,8 +56,10 @@ class WarmInputs:
 
 @lru_cache(maxsize=8)
 def warm_inputs(kind: str, tokens_each: int, device: str) -> WarmInputs:
-    """Weights, state and input of the small layer (made once per shape and
-    device: a few MB; the state is the caches the small layer writes)."""
+    """Weights, state and input of the small layer, made once per shape and
+    device (a few MB) and bound by every program of that shape there: the
+    caches its attention instance writes are shared, and what it writes is
+    thrown away."""
     state = make_state(CFG, kind, 1, tokens_each, CONTEXT, SEED, device=device)
     return WarmInputs(make_layer_weights(CFG, 1 if kind == "full" else 0, SEED, device=device), state, make_inputs(CFG, state, SEED))
 

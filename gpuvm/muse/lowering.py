@@ -16,8 +16,8 @@ so an expert with no tokens costs no instruction; down waits for all of up.
 from __future__ import annotations
 
 import itertools
-from typing import Callable
 from dataclasses import dataclass, field, replace
+from typing import Callable
 
 import torch
 
@@ -322,7 +322,7 @@ class LayerProgram:
     stream: Stream
     handles: LayerHandles
     prefix: str = "L0."
-    warm: bool = False  # the program holds the code warmer's small layer (Tiles.code_warm)
+    warm: bool = False  # the program starts with the code warmer's lead instances (Tiles.code_warm)
 
     @property
     def tokens(self) -> int:
@@ -673,8 +673,8 @@ def lower_layer(
     tl = tiles or Tiles()
     warm = bool(tl.code_warm) and conversations * tokens_each <= tl.code_warm
     if warm:  # the small layer in a program of its own; one instance of each of its ops into p
-        ws, small = code_warm.WarmShape(kind, tokens_each), Program("code warmer")
-        emit_layer(small, code_warm.CFG, kind, 1, tokens_each, ws.slots, prefix=code_warm.PREFIX,
+        small = Program("code warmer")
+        emit_layer(small, code_warm.CFG, kind, 1, tokens_each, code_warm.warm_slots(kind, tokens_each), prefix=code_warm.PREFIX,
                    s=small.tensor(code_warm.PREFIX + "s", (tokens_each, code_warm.CFG.d), DType.F32),
                    convs=small.tensor(code_warm.PREFIX + "convs", (1, 4), DType.I32, "state"),
                    tiles=tl.for_warm(conversations * tokens_each, tokens_each))
