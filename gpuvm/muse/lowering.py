@@ -216,8 +216,16 @@ class Tiles:
     # steps 16x8 and 32x8 level; every chunk lazy: full-c16-t8 932-935, full-c32-t8
     # 1373-1390 (each hand-off of a full block waits for its claim). Off.
     lazy_attn: int = 0
-    # 1: the expert lists' workers carry GVM_FLAG_LAZY (A/B)
-    lazy_experts: int = 0
+    # 1: the expert lists' workers carry GVM_FLAG_LAZY, so that a block running
+    # two claims no third worker to hold while another block's group idles
+    # through the list (the sliding-c16-t8 trace: the up list 9 us longer than on
+    # the host's lists). H200, 5c6b1b1, two rounds in swapped order, 0 / 1, us:
+    # sliding-c16-t8 847.9, 841.0 / 834.4, 834.2; full-c16-t8 1020.6, 1019.0 /
+    # 1015.4, 1019.0; full-c32-t8 1532.8, 1525.3 / 1513.1, 1517.7; sliding-c32-t8
+    # 1183.8, 1183.9 / 1162.0, 1166.3; full-c1-t8 251.3, 247.6 / 247.9, 247.2;
+    # full-c32-t1 658.6, 657.2 / 656.1, 654.7; step 16x8 49.22, 49.28 / 48.95,
+    # 49.10 ms, 32x8 69.38, 69.29 / 68.65, 68.62.
+    lazy_experts: int = 1
     # Up to code_warm tokens a step (0: never) a one-layer program also holds
     # the code warmer: one lead instance of each op of a small layer on the same
     # paths, which fetch every op's code into L2 at launch, ahead of the real
