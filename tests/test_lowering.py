@@ -562,8 +562,8 @@ def test_lazy_gemm_flags_the_dense_gemm_tiles_only() -> None:
     """Tiles.lazy_gemm sets GVM_FLAG_LAZY on every dense GEMM tile's record and
     on nothing else (1), on the router's and the squeeze's (2, the default), or
     on none (0)."""
-    base = lower_layer(SHARD, "sliding", 16, 8, 4096, tiles=Tiles(lazy_gemm=0))
-    lazy = lower_layer(SHARD, "sliding", 16, 8, 4096, tiles=Tiles(lazy_gemm=1))
+    base = lower_layer(SHARD, "sliding", 16, 8, 4096, tiles=Tiles(lazy_gemm=0, lazy_experts=0))
+    lazy = lower_layer(SHARD, "sliding", 16, 8, 4096, tiles=Tiles(lazy_gemm=1, lazy_experts=0))
     rb, rl = base.stream.records, lazy.stream.records
     assert len(rb) == len(rl) and not rb["flags"].any()
     gemm = rl["opcode"] == int(Op.GEMM)
@@ -571,7 +571,7 @@ def test_lazy_gemm_flags_the_dense_gemm_tiles_only() -> None:
     for f in ("opcode", "signal", "arg", "tensor", "wait_counter"):  # otherwise the same program
         assert np.array_equal(rb[f], rl[f])
     # 2: the router's and the squeeze's tiles only
-    sq = lower_layer(SHARD, "sliding", 16, 8, 4096)
+    sq = lower_layer(SHARD, "sliding", 16, 8, 4096, tiles=Tiles(lazy_experts=0))
     flagged = {o.label.split("[")[0] for o, r in zip(sq.stream.ops, sq.stream.records) if r["flags"] == FLAG_LAZY}
     assert flagged == {"L0.Wr", "L0.Wsq"}
     with pytest.raises(ProgramError, match="lazy_gemm"):
@@ -581,12 +581,27 @@ def test_lazy_gemm_flags_the_dense_gemm_tiles_only() -> None:
 def test_lazy_attn_flags_the_last_attention_chunks() -> None:
     """Tiles.lazy_attn sets GVM_FLAG_LAZY on the layer's last lazy_attn
     ATTN_CHUNK ops in emission order (their last wave) and on no other op."""
-    base = lower_layer(SHARD, "full", 16, 8, 81_984, tiles=Tiles(lazy_gemm=0))
-    lazy = lower_layer(SHARD, "full", 16, 8, 81_984, tiles=Tiles(lazy_gemm=0, lazy_attn=132))
+    base = lower_layer(SHARD, "full", 16, 8, 81_984, tiles=Tiles(lazy_gemm=0, lazy_experts=0))
+    lazy = lower_layer(SHARD, "full", 16, 8, 81_984, tiles=Tiles(lazy_gemm=0, lazy_experts=0, lazy_attn=132))
     chunks = [o.label for o in base.stream.ops if o.label.startswith("L0.attn[")]
     flagged = [o.label for o, r in zip(lazy.stream.ops, lazy.stream.records) if r["flags"] == FLAG_LAZY]
     assert len(chunks) > 264 and sorted(flagged) == sorted(chunks[-132:])  # chunks[-132:]: the last emitted
-    every = lower_layer(SHARD, "full", 16, 8, 81_984, tiles=Tiles(lazy_gemm=0, lazy_attn=10**6))
+    every = lower_layer(SHARD, "full", 16, 8, 81_984, tiles=Tiles(lazy_gemm=0, lazy_experts=0, lazy_attn=10**6))
     assert sum(r["flags"] == FLAG_LAZY for r in every.stream.records) == len(chunks)
     with pytest.raises(ProgramError, match="lazy_attn"):
         Tiles(lazy_attn=-1)
+
+
+def test_lazy_experts_flags_the_list_workers_only() -> None:
+    """Tiles.lazy_experts (1, the default) sets GVM_FLAG_LAZY on every
+    EXPERT_UP and EXPERT_DOWN worker and on no other op; 0 on none."""
+    eager = lower_layer(SHARD, "sliding", 16, 8, 4096, tiles=Tiles(lazy_gemm=0, lazy_experts=0))
+    lazy = lower_layer(SHARD, "sliding", 16, 8, 4096, tiles=Tiles(lazy_gemm=0))
+    re_, rl = eager.stream.records, lazy.stream.records
+    assert not re_["flags"].any()
+    workers = np.isin(rl["opcode"], [int(Op.EXPERT_UP), int(Op.EXPERT_DOWN)])
+    assert workers.sum() == 2 * 264 and (rl["flags"][workers] == FLAG_LAZY).all() and not rl["flags"][~workers].any()
+    for f in ("opcode", "signal", "arg", "tensor", "wait_counter"):
+        assert np.array_equal(re_[f], rl[f])
+    with pytest.raises(ProgramError, match="lazy_experts"):
+        Tiles(lazy_experts=2)

@@ -219,7 +219,7 @@ class Tiles:
     # 1: the expert lists' workers carry GVM_FLAG_LAZY, so that a block running
     # two claims no third worker to hold while another block's group idles
     # through the list (the sliding-c16-t8 trace: the up list 9 us longer than on
-    # the host's lists). H200, 5c6b1b1, two rounds in swapped order, 0 / 1, us:
+    # the host's lists). H200, 7a34871, two rounds in swapped order, 0 / 1, us:
     # sliding-c16-t8 847.9, 841.0 / 834.4, 834.2; full-c16-t8 1020.6, 1019.0 /
     # 1015.4, 1019.0; full-c32-t8 1532.8, 1525.3 / 1513.1, 1517.7; sliding-c32-t8
     # 1183.8, 1183.9 / 1162.0, 1166.3; full-c1-t8 251.3, 247.6 / 247.9, 247.2;
@@ -243,11 +243,13 @@ class Tiles:
             raise ProgramError(f"Tiles.gemm_fill must be an int >= 0, not {self.gemm_fill!r}")
         if self.gemm_min_bytes > self.gemm_max_bytes:
             raise ProgramError(f"Tiles.gemm_min_bytes {self.gemm_min_bytes} exceeds gemm_max_bytes {self.gemm_max_bytes}")
+        if self.lazy_experts not in (0, 1):
+            raise ProgramError(f"Tiles.lazy_experts must be 0 or 1, not {self.lazy_experts!r}")
         if self.expert_fixed not in (0, 1):
             raise ProgramError(f"Tiles.expert_fixed must be 0 or 1, not {self.expert_fixed!r}")
         if self.lazy_gemm not in (0, 1, 2):
             raise ProgramError(f"Tiles.lazy_gemm must be 0, 1 or 2, not {self.lazy_gemm!r}")
-        for name in ("router_span", "topk_span", "expert_cap_tokens", "g_late", "attn_tail", "qk_tokens", "lazy_attn", "code_warm", "lazy_experts"):
+        for name in ("router_span", "topk_span", "expert_cap_tokens", "g_late", "attn_tail", "qk_tokens", "lazy_attn", "code_warm"):
             v = getattr(self, name)
             if not isinstance(v, int) or v < 0:
                 raise ProgramError(f"Tiles.{name} must be an int >= 0, not {v!r}")
