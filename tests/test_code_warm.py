@@ -17,6 +17,7 @@ from gpuvm.muse.lowering import LayerProgram, Tiles, bind_layer, lower_layer
 from gpuvm.muse.state import make_inputs, make_state
 from gpuvm.muse.weights import make_layer_weights
 from gpuvm.opspec import ProgramError
+from gpuvm.trace.timeline import op_name
 
 
 def _split(lp: LayerProgram) -> tuple[list[int], list[int]]:
@@ -42,7 +43,7 @@ def test_warm_layer_is_apart_and_on_the_real_paths(name: str) -> None:
         assert [c.name for c, _ in ops[i].waits] == ([code_warm.PREFIX + "topk"] if lists else [])
         assert ops[i].signal is not None and ops[i].signal.name.startswith(code_warm.PREFIX)
     # one instance of each op (a GEMM cut over K: every part of one tile)
-    names = [lp.stream.labels[i].split("[")[0] for i in warm if not (ops[i].opcode == Op.GEMM and ops[i].args[5] > 1)]
+    names = [op_name(lp.stream.labels[i]) for i in warm if not (ops[i].opcode == Op.GEMM and ops[i].args[5] > 1)]
     assert len(names) == len(set(names))
     for i in real:
         assert not any(t.name.startswith(code_warm.PREFIX) for t in ops[i].tensors if t is not None)

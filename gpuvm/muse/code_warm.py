@@ -32,6 +32,7 @@ import torch
 
 from ..isa import Op
 from ..program import Counter, Instr, Program
+from ..trace.timeline import op_name
 from .config import SMALL, MuseConfig
 from .state import DecodeState, cache_slots, make_inputs, make_state
 from .weights import LayerWeights, make_layer_weights
@@ -75,7 +76,7 @@ def _picks(small: Program) -> list[Instr]:
     out: list[Instr] = []
     tile: tuple[str, int] | None = None
     for ins in small.instrs:
-        name = ins.label.split("[")[0]
+        name = op_name(ins.label)
         parts = ins.opcode == Op.GEMM and ins.args[5] > 1
         if name in seen:
             if parts and tile == (name, ins.args[7]):
@@ -88,15 +89,14 @@ def _picks(small: Program) -> list[Instr]:
     return out
 
 
-def emit_lead_instances(p: Program, small: Program) -> int:
+def emit_lead_instances(p: Program, small: Program) -> None:
     """Copy _picks(small), a small layer emitted under PREFIX into a program of
     its own, into p as lead ops: tensors under their names, one counter per op,
-    no waits but the lists' on the top-k. Returns how many ops."""
+    no waits but the lists' on the top-k."""
     tensors = {t.name: t for t in p.tensors}
     counters: dict[str, Counter] = {}
     topk: Counter | None = None
-    picks = _picks(small)
-    for ins in picks:
+    for ins in _picks(small):
         ts = []
         for t in ins.tensors:
             if t is not None and t.name not in tensors:
@@ -105,8 +105,10 @@ def emit_lead_instances(p: Program, small: Program) -> int:
         args = list(ins.args)
         if ins.opcode in (Op.EXPERT_UP, Op.EXPERT_DOWN):  # a list of one worker (fixed: worker 1 of 1)
             args[1], args[4] = 1, 1 if args[4] else 0
-        name = ins.label.split("[")[0]
-        sig = counters.setdefault(name, p.counter(name))
+        name = op_name(ins.label)
+        if name not in counters:  # the K parts of a GEMM tile share their op's counter
+            counters[name] = p.counter(name)
+        sig = counters[name]
         waits = []
         if ins.opcode in _LISTS:
             if topk is None:
@@ -115,4 +117,3 @@ def emit_lead_instances(p: Program, small: Program) -> int:
         p.op(ins.opcode, ts, args, waits=waits, signal=sig, label=ins.label, lead=True)
         if ins.opcode == Op.TOPK:
             topk = sig
-    return len(picks)

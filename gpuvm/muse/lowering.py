@@ -722,9 +722,9 @@ def bind_layer(lp: LayerProgram, weights: LayerWeights, state: DecodeState, s: t
         wi = code_warm.warm_inputs(lp.kind, lp.tokens_each, str(torch.device(device)))
         warm = _bind_prefix(lp.stream, code_warm.PREFIX, code_warm.CFG, wi.weights, wi.state, device, scratch=torch.zeros)
         specs = {t.name: t for t in lp.stream.tensors}
-        for role in ("s", "convs"):
-            if code_warm.PREFIX + role in specs:
-                warm[code_warm.PREFIX + role] = check_binding(specs[code_warm.PREFIX + role], (wi.s if role == "s" else wi.state.convs).clone())
+        for name, buf in ((code_warm.PREFIX + "s", wi.s), (code_warm.PREFIX + "convs", wi.state.convs)):
+            if name in specs:
+                warm[name] = check_binding(specs[name], buf.clone())
         out.update(warm)
     return out
 
