@@ -162,7 +162,7 @@ class GpuStepSweep:
         # expert items in a fixed round robin, run on static lists.
         outs = {}
         sp_fixed, _ = _build(cfg, shape, state.context_capacity, Tiles(expert_fixed=1))
-        loaded, hit = {}, []
+        loaded, hit, dyn_bufs = {}, [], {}
         for how in ("static", "dynamic", "fixed", "chain"):
             st, tok = (state, tokens0.clone()) if how == "chain" else (state.clone(), tokens0.clone())
             prog = sp_fixed if how == "fixed" else sp
@@ -178,7 +178,8 @@ class GpuStepSweep:
             torch.cuda.synchronize()
             outs[how] = (tok.clone(), bufs["s"].clone())
             if how == "dynamic":
-                hit = [int((bufs[f"L{i}.route_meta"][0] > 0).sum()) for i in range(sp.n_layers)]
+                hit = _experts_hit(bufs, sp.n_layers)
+                dyn_bufs = bufs  # the loaded program's: its timed steps' routing is read from them
             if how in ("dynamic", "fixed"):
                 loaded[how] = ld  # kept, with its state copy, for the timed steps
             del bufs, st
@@ -190,7 +191,9 @@ class GpuStepSweep:
         for how, ld, mode in (("dynamic", loaded["dynamic"], "dynamic"), ("static", loaded["dynamic"], "static"), ("fixed", loaded["fixed"], "static")):
             row[f"{how}_us"] = self._median_us(lambda: ld.run(ld.next_step, mode, check=False, stream=ts), ts)
             ld.check(ts)
-        del loaded, ld
+            if how == "dynamic":  # each timed step decodes the last one's argmax: its routing is not the checked step's
+                hit_timed = _experts_hit(dyn_bufs, sp.n_layers)
+        del loaded, ld, dyn_bufs
         g = chain.graph(1)
         row["chain_us"] = self._median_us(g.replay, ts)
         chain.check(ts)
@@ -198,6 +201,10 @@ class GpuStepSweep:
         row["floor_bytes"] = fb
         row["floor_us"] = fb / self.bw * 1e6
         row["dyn_over_floor"] = row["dynamic_us"] / row["floor_us"]
+        # the floor of the last timed step's routing (the median step's is not known)
+        row["experts_hit_mean_timed"] = sum(hit_timed) / len(hit_timed)
+        row["floor_us_timed"] = step_floor_bytes(cfg, shape, hit_timed) / self.bw * 1e6
+        row["dyn_over_floor_timed"] = row["dynamic_us"] / row["floor_us_timed"]
         row["chain_over_dyn"] = row["chain_us"] / row["dynamic_us"]
         row["static_over_dyn"] = row["static_us"] / row["dynamic_us"]
         row["fixed_over_dyn"] = row["fixed_us"] / row["dynamic_us"]
@@ -206,6 +213,11 @@ class GpuStepSweep:
         del outs, g, chain
         torch.cuda.empty_cache()
         return row
+
+
+def _experts_hit(bufs: dict, n_layers: int) -> list[int]:
+    """Experts each layer's last TOPK routed tokens to (its routing table's counts)."""
+    return [int((bufs[f"L{i}.route_meta"][0] > 0).sum()) for i in range(n_layers)]
 
 
 CPU_COLUMNS = [
@@ -228,6 +240,8 @@ GPU_COLUMNS = [
     ("fixed_us", "fully static µs", "{:.0f}"),
     ("chain_us", "per-op launches µs", "{:.0f}"),
     ("dyn_over_floor", "dyn/floor", "{:.2f}"),
+    ("experts_hit_mean", "hit/layer", "{:.1f}"),
+    ("experts_hit_mean_timed", "hit/layer timed", "{:.1f}"),
     ("chain_over_dyn", "chain/dyn", "{:.2f}"),
     ("static_over_dyn", "static/dyn", "{:.2f}"),
     ("fixed_over_dyn", "fully static/dyn", "{:.2f}"),

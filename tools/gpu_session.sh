@@ -237,6 +237,9 @@ PY
            (cd "$OUT" && tar czf lazy.tgz lazy_r* && rm -f lazy_r*.json) ;;
     codewarm) # what cold code costs the sweep's layers and what the code warmer wins back (tools/code_warm_probe.py: cold / code / hot / warmer, two rounds)
            timeout ${T_CODEWARM:-300} python3 tools/code_warm_probe.py --out "$OUT/code_warm.json" > "$OUT/code_warm.log" 2>&1; echo "code_warm rc=$?"; tail -10 "$OUT/code_warm.log" ;;
+    lazyone) # every attention chunk of a one-wave layer (1 conversation) with GVM_FLAG_LAZY (Tiles.lazy_attn all) against none (the default):
+             # the block of the code warmer's attention instance (~30 us cold) otherwise holds a chunk claimed behind it (full-c1-t1 trace, session 45); two dynamic rounds
+           AB_TAIL=12 ab_rounds lazyone tiles "base:,aall:lazy_attn=100000" 200 --cases full-c1-t1,sliding-c1-t1,full-c1-t8,sliding-c1-t8 --step 1x1,1x8 ;;
     lazyexperts) # the expert lists' workers with GVM_FLAG_LAZY (Tiles.lazy_experts 1) against eager (0), two dynamic rounds in swapped order
            AB_TAIL=24 ab_rounds lazyexp tiles "base:,lazy:lazy_experts=1" 250 --cases sliding-c16-t8,full-c16-t8,full-c32-t8,sliding-c32-t8,full-c1-t8,full-c32-t1 --step 16x8,32x8 ;;
     lazyattn) # the last Tiles.lazy_attn attention chunks with GVM_FLAG_LAZY (0: none, the default) against 132 / 264 / all, and 264 without attn_tail's half chunks;
