@@ -592,6 +592,26 @@ def test_lazy_attn_flags_the_last_attention_chunks() -> None:
         Tiles(lazy_attn=-1)
 
 
+def test_lazy_attn_wave_flags_every_chunk_of_a_one_wave_layer() -> None:
+    """Tiles.lazy_attn_wave (1, the default) flags every ATTN_CHUNK op of a
+    layer whose chunks fit one wave of the groups (expert_workers), and none of
+    a layer with more; 0 flags none."""
+    def flagged(conversations: int, **kw: int) -> tuple[int, int]:
+        lp = lower_layer(SHARD, "full", conversations, 1, 81_984, tiles=Tiles(lazy_gemm=0, lazy_experts=0, **kw))
+        chunks = [r["flags"] for o, r in zip(lp.stream.ops, lp.stream.records) if o.label.startswith("L0.attn[")]
+        assert sum(r["flags"] == FLAG_LAZY for r in lp.stream.records) == sum(f == FLAG_LAZY for f in chunks)  # chunks only
+        return sum(f == FLAG_LAZY for f in chunks), len(chunks)
+
+    lazy, n = flagged(1)
+    assert 0 < n <= 264 and lazy == n
+    assert flagged(1, lazy_attn_wave=0) == (0, n)
+    assert flagged(1, expert_workers=n - 1)[0] == 0  # one group short of a wave
+    lazy16, n16 = flagged(16)
+    assert n16 > 264 and lazy16 == 0
+    with pytest.raises(ProgramError, match="lazy_attn_wave"):
+        Tiles(lazy_attn_wave=2)
+
+
 def test_lazy_experts_flags_the_list_workers_only() -> None:
     """Tiles.lazy_experts (1, the default) sets GVM_FLAG_LAZY on every
     EXPERT_UP and EXPERT_DOWN worker and on no other op; 0 on none."""

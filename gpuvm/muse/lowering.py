@@ -216,6 +216,15 @@ class Tiles:
     # steps 16x8 and 32x8 level; every chunk lazy: full-c16-t8 932-935, full-c32-t8
     # 1373-1390 (each hand-off of a full block waits for its claim). Off.
     lazy_attn: int = 0
+    # 1: a layer whose ATTN_CHUNK ops are one wave (at most expert_workers, one
+    # per group: one conversation) has every chunk lazy, so that no block holds
+    # a chunk claimed behind two busy groups: the code warmer's attention
+    # instance runs ~30 us cold, and a chunk its block claimed ran 14 us after
+    # the others (full-c1-t1 trace, session 45). H200, 591f88c, two rounds,
+    # none / all, us: full-c1-t1 181.3, 180.5 / 180.5, 178.5; full-c1-t8 253.0,
+    # 248.4 / 247.1, 245.3; sliding-c1-t1 and -c1-t8 level; step 1x1 8389, 8426
+    # / 8356, 8338; 1x8 13852, 13683 / 13894, 13744.
+    lazy_attn_wave: int = 1
     # 1: the expert lists' workers carry GVM_FLAG_LAZY, so that a block running
     # two claims no third worker to hold while another block's group idles
     # through the list (the sliding-c16-t8 trace: the up list 9 us longer than on
@@ -243,8 +252,9 @@ class Tiles:
             raise ProgramError(f"Tiles.gemm_fill must be an int >= 0, not {self.gemm_fill!r}")
         if self.gemm_min_bytes > self.gemm_max_bytes:
             raise ProgramError(f"Tiles.gemm_min_bytes {self.gemm_min_bytes} exceeds gemm_max_bytes {self.gemm_max_bytes}")
-        if self.lazy_experts not in (0, 1):
-            raise ProgramError(f"Tiles.lazy_experts must be 0 or 1, not {self.lazy_experts!r}")
+        for name in ("lazy_experts", "lazy_attn_wave"):
+            if getattr(self, name) not in (0, 1):
+                raise ProgramError(f"Tiles.{name} must be 0 or 1, not {getattr(self, name)!r}")
         if self.expert_fixed not in (0, 1):
             raise ProgramError(f"Tiles.expert_fixed must be 0 or 1, not {self.expert_fixed!r}")
         if self.lazy_gemm not in (0, 1, 2):
@@ -583,7 +593,8 @@ def emit_layer(
     # instruction, spread over SMs (two heads keep a one-token merge to one batch)
     merge_heads = 2 if tokens_each == 1 and hq % 2 == 0 else 1
     window = cfg.window if sliding else 0
-    lazy_from = n_chunk_ops - tl.lazy_attn  # the first chunk (in emission order) that is lazy
+    one_wave = tl.lazy_attn_wave and n_chunk_ops <= tl.expert_workers
+    lazy_from = 0 if one_wave else n_chunk_ops - tl.lazy_attn  # the first chunk (in emission order) that is lazy
     k = 0
     for c, (clen, cn) in enumerate(conv_chunks):
         attn_c = ctr(f"attn{c}")
