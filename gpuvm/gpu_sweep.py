@@ -85,18 +85,11 @@ class GpuSweep:
         self.stream = timing_stream(self.vm)
         self.bw = StreamRead(self.vm).measure(reps=self.runs)["tb_s"] * 1e12
 
-    def median_us(self, launch, reset: Callable[[], None]) -> float:
-        """Median device time of launch() in µs. Before each run, untimed:
-        reset() puts back the layer's input (a run updates the residual stream
-        in place, and over a sweep's launches the stream drifted, and its
-        routing with it: sliding-c16-t8 ran 6% faster every 23 launches), then
-        the L2 is flushed. So every timed run is the checked run's workload."""
-
-        def before() -> None:
-            reset()
-            self.flush()
-
-        return statistics.median(time_ms(lambda r: launch(), self.stream, self.runs, before=before)) * 1e3
+    def median_us(self, launch: Callable[[], None], s_in: torch.Tensor, s0: torch.Tensor) -> float:
+        """Median device time of launch() in µs, each run from input s0 (copied
+        into s_in) with the L2 flushed, untimed (L2Flush.restoring): every timed
+        run is the checked run's workload."""
+        return statistics.median(time_ms(lambda r: launch(), self.stream, self.runs, before=self.flush.restoring(s_in, s0))) * 1e3
 
     def meta(self) -> dict:
         return {"read_bw_TBps": self.bw / 1e12, "groups": self.groups, "runs": self.runs, "l2_flush_MB": 256}
@@ -148,14 +141,13 @@ class GpuSweep:
         for how in ("dynamic", "static", "fixed"):
             ld = loaded[how]
             s_in = bufs[how]["s"]
-            row[f"{how}_us"] = self.median_us(lambda: ld.run(ld.next_step, mode=_MODE[how], stream=self.stream, check=False),
-                                              lambda: s_in.copy_(s0, non_blocking=True))
+            row[f"{how}_us"] = self.median_us(lambda: ld.run(ld.next_step, mode=_MODE[how], stream=self.stream, check=False), s_in, s0)
             ld.check(self.stream)  # a device error in any timed run raises here
         del bufs, loaded
 
         peer = PeerLayer.create(cfg, w, state.clone(), s0.clone(), kind)
         g = peer.graph()
-        row["peer_us"] = self.median_us(g.replay, lambda: peer.s.copy_(s0, non_blocking=True))
+        row["peer_us"] = self.median_us(g.replay, peer.s, s0)
         del peer, g
 
         fb = floor_bytes(cfg, case, hit)
@@ -172,8 +164,7 @@ class GpuSweep:
                 b = bind_layer(lp, w, st, s0, device="cuda")
                 ld = self.traced_vm.load(lp.stream, b)
                 ld.run(step=0, mode=mode)
-                b["s"].copy_(s0)  # the checked run's input again
-                self.flush()
+                self.flush.restoring(b["s"], s0)()  # the checked run's input again, the L2 flushed
                 ld.run(step=1, mode=mode)  # the second step, weights from HBM, is the one kept
                 torch.cuda.synchronize()
                 tr = ld.trace()

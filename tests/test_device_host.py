@@ -220,3 +220,18 @@ def test_rope_step_table_is_the_models_base() -> None:
     for i, t in enumerate(tab):
         want = SHARD.rope_base ** (-2 * i / SHARD.head_dim) / math.pi
         assert abs(t - want) <= 1e-14 * want, (i, t, want)
+
+
+def test_flush_restoring_puts_the_input_back_then_flushes() -> None:
+    """L2Flush.restoring (what the sweeps run before each timed launch): the
+    input copied back from its source, then the flush buffer rewritten."""
+    from gpuvm.device.bench import L2Flush
+
+    flush = L2Flush(torch.device("cpu"), nbytes=1024)
+    src, dst = torch.arange(8, dtype=torch.float32), torch.zeros(8)
+    before = flush.restoring(dst, src)
+    before()
+    assert torch.equal(dst, src) and (flush.buf == 1).all()
+    dst.add_(1.0)  # a run updating its input in place
+    before()
+    assert torch.equal(dst, src) and (flush.buf == 2).all()

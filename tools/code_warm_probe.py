@@ -72,18 +72,13 @@ def main() -> int:
         for ld in (*lds.values(), small_ld):
             ld.run(ld.next_step)
 
-        def reset(t: Tiles) -> None:
-            bufs[t]["s"].copy_(s0, non_blocking=True)
-
-        def cold(t: Tiles) -> None:
-            reset(t)
-            flush()
+        cold = {t: flush.restoring(bufs[t]["s"], s0) for t in (BASE, WARM)}
 
         def code() -> None:
-            cold(BASE)
+            cold[BASE]()
             small_ld.run(small_ld.next_step, stream=stream, check=False)
 
-        ways = (("cold", BASE, lambda: cold(BASE)), ("code", BASE, code), ("hot", BASE, lambda: reset(BASE)), ("warmer", WARM, lambda: cold(WARM)))
+        ways = (("cold", BASE, cold[BASE]), ("code", BASE, code), ("hot", BASE, lambda: bufs[BASE]["s"].copy_(s0, non_blocking=True)), ("warmer", WARM, cold[WARM]))
         row: dict = {"case": name, "instructions": len(lps[BASE].stream), "warm_instructions": len(lps[WARM].stream) - len(lps[BASE].stream)}
         for _ in range(a.rounds):
             for how, t, before in ways:
@@ -98,8 +93,7 @@ def main() -> int:
             b = bind_layer(lps[WARM], w, state.clone(), s0, device="cuda")
             tl = tvm.load(lps[WARM].stream, b)
             tl.run(step=0)
-            b["s"].copy_(s0)
-            flush()
+            flush.restoring(b["s"], s0)()
             tl.run(step=1)
             tr = tl.trace()
             Path(a.trace_dir).mkdir(parents=True, exist_ok=True)

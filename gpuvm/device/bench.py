@@ -91,6 +91,19 @@ class L2Flush:
         self.k += 1
         self.buf.fill_(self.k)
 
+    def restoring(self, dst: torch.Tensor, src: torch.Tensor) -> Callable[[], None]:
+        """A `before` for time_ms: dst = src, then this flush. For a program
+        that updates its input in place (a layer, its residual stream): every
+        timed run then starts from the checked run's input with its weights in
+        HBM. Timed on one copy, a layer's stream drifted, and its routing with
+        it: sliding-c16-t8 ran 6% faster every 23 launches (session 44)."""
+
+        def before() -> None:
+            dst.copy_(src, non_blocking=True)
+            self()
+
+        return before
+
 
 STREAM_BYTES = 2 << 30  # what the streaming read and the GEMM stream each read (far more than L2)
 
