@@ -240,6 +240,11 @@ PY
     lazyone) # every attention chunk of a one-wave layer (1 conversation) with GVM_FLAG_LAZY (Tiles.lazy_attn all) against none (the default):
              # the block of the code warmer's attention instance (~30 us cold) otherwise holds a chunk claimed behind it (full-c1-t1 trace, session 45); two dynamic rounds
            AB_TAIL=12 ab_rounds lazyone tiles "base:,aall:lazy_attn=100000" 200 --cases full-c1-t1,sliding-c1-t1,full-c1-t8,sliding-c1-t8 --step 1x1,1x8 ;;
+    lazyall) # every dense GEMM tile lazy (Tiles.lazy_gemm 1) against the router's and squeeze's only (2, the default) at one conversation, with the code warmer and one-wave lazy attention; two dynamic rounds
+           AB_TAIL=12 ab_rounds lazyall tiles "base:,g1:lazy_gemm=1" 200 --cases full-c1-t1,sliding-c1-t1,full-c1-t8 --step 1x1,1x8 ;;
+    toolcheck) # the probes on L2Flush.restoring: sched_probe (one case, base) and code_warm_probe (one case, one round)
+           timeout 120 python3 tools/sched_probe.py --out "$OUT/toolcheck_sched.json" --modes dynamic --depths 1 --variants base: --cases sliding-c1-t1 --step '' > "$OUT/toolcheck.log" 2>&1; echo "sched_probe rc=$?"
+           timeout 150 python3 tools/code_warm_probe.py --out "$OUT/toolcheck_warm.json" --cases sliding-c1-t1 --rounds 1 >> "$OUT/toolcheck.log" 2>&1; echo "code_warm_probe rc=$?"; tail -4 "$OUT/toolcheck.log" ;;
     lazyexperts) # the expert lists' workers with GVM_FLAG_LAZY (Tiles.lazy_experts 1) against eager (0), two dynamic rounds in swapped order
            AB_TAIL=24 ab_rounds lazyexp tiles "base:,lazy:lazy_experts=1" 250 --cases sliding-c16-t8,full-c16-t8,full-c32-t8,sliding-c32-t8,full-c1-t8,full-c32-t1 --step 16x8,32x8 ;;
     lazyattn) # the last Tiles.lazy_attn attention chunks with GVM_FLAG_LAZY (0: none, the default) against 132 / 264 / all, and 264 without attn_tail's half chunks;
