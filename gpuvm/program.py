@@ -72,6 +72,7 @@ class Instr:
     cost: Cost
     flags: int = 0  # GVM_FLAG_* bits of the record
     lead: bool = False  # ordered before every other op its waits allow (Program.op)
+    order_with: int | None = None  # id of an op whose place in the order this one takes at least (Program.op)
 
     def wait_count(self, i: int) -> int:
         c, n = self.waits[i]
@@ -132,12 +133,17 @@ class Program:
         label: str | None = None,
         lazy: bool = False,
         lead: bool = False,
+        order_with: Instr | None = None,
     ) -> Instr:
         """Add an op. waits: counters (wait for all their signallers) or (counter, count).
         lazy: once it is handed out, its block claims the next instruction only
         while one of its groups is free (GVM_FLAG_LAZY; dynamic mode only).
         lead: in the 'priority' and 'depth' orders, before every op that is not
-        lead, as soon as its waits allow (the code warmer's instances)."""
+        lead, as soon as its waits allow (the code warmer's instances).
+        order_with: an op of this program; in those orders this one ranks at
+        least as early as it (its path to the end counted as the longer of the
+        two), e.g. a GEMM's column tiles that only a late op reads, kept beside
+        the tiles that the next op reads instead of behind that op."""
         opcode = Op(opcode)
         spec = SPECS[opcode]
 
@@ -169,6 +175,8 @@ class Program:
             raise ProgramError(f"{where()}: at most {MAX_WAITS} waits")
         if signal is not None and (signal.id >= len(self.counters) or self.counters[signal.id] is not signal):
             raise ProgramError(f"{where()}: signals a counter not declared in this program")
+        if order_with is not None and (order_with.id >= len(self.instrs) or self.instrs[order_with.id] is not order_with):
+            raise ProgramError(f"{where()}: order_with is not an op of this program")
         pf = None
         if prefetch is not None:
             pt, off, nb = prefetch
@@ -178,7 +186,7 @@ class Program:
                 raise ProgramError(f"{where()}: prefetch [{off}, {off + nb}) outside '{pt.name}' ({pt.nbytes} bytes)")
             pf = (list(tensors).index(pt), int(off), int(nb))
         ins = Instr(len(self.instrs), opcode, tuple(tensors), args_t, tuple(norm_waits), signal, pf, label or opcode.name.lower(), spec.cost(tensors, args_t),
-                    FLAG_LAZY if lazy else 0, lead)
+                    FLAG_LAZY if lazy else 0, lead, None if order_with is None else order_with.id)
         self.instrs.append(ins)
         if signal is not None:
             signal.signallers.append(ins)
@@ -358,6 +366,9 @@ def _priority_order(instrs: list[Instr], graph: _Graph, by_depth: bool = False) 
             tail = max(tail, gp)
         step = 1.0 + (c.weight_bytes + c.act_bytes) / 4096.0
         path[i] = (tail[0] + 1.0, tail[1] + step) if by_depth else (0.0, tail[1] + step)
+    for i, ins in enumerate(instrs):  # after every path: an op's own place does not move its ancestors'
+        if ins.order_with is not None:
+            path[i] = max(path[i], path[ins.order_with])
     return _kahn(n, graph, member_of, users, key=lambda i: (not instrs[i].lead, -path[i][0], -path[i][1]))
 
 

@@ -281,6 +281,27 @@ def test_depth_order_puts_the_longer_chain_first() -> None:
     assert all(pos[sig.id] < k for k, ins in enumerate(s.ops) for i, (c, _) in enumerate(ins.waits) for sig in c.signallers[: ins.wait_count(i)])
 
 
+def test_order_with_ranks_an_op_beside_another() -> None:
+    """order_with: in the depth order an op with a short path to the end ranks
+    with the op it names (a Wqkvg g tile beside the q|k|v tiles, ahead of the
+    QK_ROPE_KV ops that wait for those); not an op of the program: refused."""
+    p, x, y = _copy_prog(1 << 16)
+    h, qkv, kv, done = p.counter("h"), p.counter("qkv"), p.counter("kv"), p.counter("done")
+    p.op(Op.COPY, [x, y], [0, 8], signal=h, label="norm")
+    first = p.op(Op.COPY, [y, x], [0, 8], waits=[h], signal=qkv, label="qkv")
+    p.op(Op.COPY, [y, x], [8, 8], waits=[qkv], signal=kv, label="rope")
+    p.op(Op.COPY, [y, x], [16, 8], waits=[kv], signal=done, label="attn")
+    p.op(Op.COPY, [y, x], [24, 8], waits=[h], signal=done, label="g", order_with=first)
+    p.op(Op.NOP, waits=[done], label="end")
+    assert p.build(order="depth").labels == ["norm", "qkv", "g", "rope", "attn", "end"]
+    p.instrs[4].order_with = None  # without it, g's path (one op to the end) ranks it after rope's
+    labels = p.build(order="depth").labels
+    assert labels.index("g") > labels.index("rope")
+    other, _, _ = _copy_prog(1 << 16)
+    with pytest.raises(ProgramError, match="order_with"):
+        p.op(Op.NOP, order_with=other.op(Op.NOP))
+
+
 def test_given_order_keeps_creation_order() -> None:
     prog = random_program(random.Random(7), 40)
     s = prog.build(order="given")
