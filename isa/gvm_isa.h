@@ -100,13 +100,15 @@ enum gvm_opcode {
      * of the range, stats[t, p] = (sum a^2, sum alpha*beta*s*a, sum beta^2*a^2,
      * sum alpha^2*s^2) over n in [n0, n0+a1), a = out[t, n] as stored (the
      * sums RESIDUAL needs for s = alpha*s + beta*rms(a) and rms of the new s).
-     * K parts (f32 only, instead of statistics): a5 P > 1, a power of two,
-     * cuts K into P equal parts (multiples of 8), a6 j < P the instruction's,
+     * K parts (instead of statistics; f32, or bf16 from GVM_GEMM_XS_MIN tokens
+     * an instruction, the staged path, with K/P a multiple of 64): a5 P > 1, a
+     * power of two, cuts K into P equal parts (multiples of 8), a6 j < P the instruction's,
      * t3 parts [T,P*N] f32, t4 tickets [M] i32, a7 m < M. The instruction
      * writes part j's sums to parts[t, j*N + n], then adds one to tickets[m];
      * the one that brings it to a multiple of P (the last of the P parts of
      * its tile: tickets start at 0, and every step adds P) writes out[t, n] =
-     * parts[t, n] + parts[t, N + n] + ... in part order. Without parts a5 is
+     * parts[t, n] + parts[t, N + n] + ... in part order (rounded to out's
+     * dtype once). Without parts a5 is
      * 0 or 1, a6 and a7 0. */
     GVM_OP_RMSNORM = 17,
     /* t0 out [T,D] bf16|f32, t1 in [T,D] f32, t2 w [D] f32; a0 row0, a1 rows.

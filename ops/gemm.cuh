@@ -549,12 +549,16 @@ __device__ __forceinline__ void gvm_gemm_xs_pass(const gvm_ctx& c, const gvm_ten
     }
 }
 
+// K part j of P (a5 P > 1: the sums go to the parts tensor t3 [T, P*N] f32,
+// its block of columns j*N + n, instead of out): K/P of the k's from j*K/P on.
+// P, j and the parts tensor are read from the instruction at each pass, not
+// held through the loops (the GVM_GEMM_TT=2 build and the one-op kernel
+// spilled them).
 __device__ __forceinline__ int gvm_gemm_xs(const gvm_ctx& c, const gvm_tensor& out, const gvm_tensor& x,
                                            const gvm_tensor& w, int n0, int cnt, int t0, int tn) {
     // normal, not evict-first: the token spans of a row tile read W at about the same time
     const unsigned long long pol = gvm_policy_evict_normal();
     const long long x_row = x.stride[0] * 2, w_row = w.stride[0] * 2;
-    const int K = x.shape[1];
     if (gvm_smem_addr(c.smem) & 1023u) return GVM_ERR_BAD_ARGS;  // wgmma's swizzle needs 1024-byte stages
 #pragma unroll 1
     for (int r0 = n0; r0 < n0 + cnt; r0 += GVM_GEMM_XS_TILE) {
@@ -562,9 +566,13 @@ __device__ __forceinline__ int gvm_gemm_xs(const gvm_ctx& c, const gvm_tensor& o
 #pragma unroll 1
         for (int tp = t0; tp < t0 + tn; tp += GVM_GEMM_XS_TILE) {
             const int nt = t0 + tn - tp < GVM_GEMM_XS_TILE ? t0 + tn - tp : GVM_GEMM_XS_TILE;
-            gvm_gemm_xs_pass(c, out, (long long)tp * out.stride[0] + r0,
-                             reinterpret_cast<const char*>(w.ptr) + r0 * w_row, w_row, nr,
-                             reinterpret_cast<const char*>(x.ptr) + tp * x_row, x_row, nt, K, pol);
+            const volatile int* a = c.ins->arg;
+            const int P = a[5] > 1 ? a[5] : 1, j = P > 1 ? a[6] : 0, K = x.shape[1] / P;
+            const gvm_tensor& o = P > 1 ? gvm_t(c, 3) : out;
+            const long long kb = 2ll * j * K;
+            gvm_gemm_xs_pass(c, o, (long long)tp * o.stride[0] + (long long)j * w.shape[0] + r0,
+                             reinterpret_cast<const char*>(w.ptr) + r0 * w_row + kb, w_row, nr,
+                             reinterpret_cast<const char*>(x.ptr) + tp * x_row + kb, x_row, nt, K, pol);
         }
     }
     return GVM_ERR_NONE;
@@ -577,6 +585,7 @@ __device__ __forceinline__ bool gvm_gemm_bf16_staged(const gvm_ctx& c, const gvm
            c.smem_bytes >= GVM_GEMM_XS_STAGES * GVM_GEMM_XS_STAGE_BYTES;
 }
 
+// K parts only staged (gvm_op_gemm checks).
 __device__ __forceinline__ int gvm_gemm_bf16(const gvm_ctx& c, const gvm_tensor& out, const gvm_tensor& x,
                                              const gvm_tensor& w, int n0, int cnt, int ta, int tn) {
     if (gvm_gemm_bf16_staged(c, x, tn)) return gvm_gemm_xs(c, out, x, w, n0, cnt, ta, tn);
@@ -1024,7 +1033,6 @@ __device__ __forceinline__ void gvm_gemm_parts_sum(const gvm_ctx& c) {
     const int N = out.shape[1];
     const long long p_row = pt.stride[0], o_row = out.stride[0];
     const float* pb = reinterpret_cast<const float*>(pt.ptr);
-    float* ob = reinterpret_cast<float*>(out.ptr);
 #pragma unroll 1
     for (int i = (int)gvm_opaque(c.tid); i < tn * cnt; i += GVM_GROUP_THREADS) {
         const int t = t0 + i / cnt, n = n0 + i % cnt;
@@ -1036,7 +1044,7 @@ __device__ __forceinline__ void gvm_gemm_parts_sum(const gvm_ctx& c) {
 #pragma unroll
         for (int p = 1; p < GVM_GEMM_MAX_PARTS; ++p)
             if (p < P) sum += v[p];
-        ob[t * o_row + n] = sum;
+        gvm_gemm_store(out, t * o_row + n, sum);  // f32, or bf16 (a staged bf16 GEMM's parts)
     }
 }
 
@@ -1064,8 +1072,10 @@ __device__ __forceinline__ int gvm_op_gemm(const gvm_ctx& c) {
     const int es = bf ? 2 : 4;
     const bool parts = P > 1;
     const bool stats_ok = parts || (GVM_GEMM_STATS_PROBE & 4) || gvm_gemm_stats_ok(c);
+    // bf16 K parts only on the staged path, each part's K a whole number of its 64-k stages
     const bool parts_ok = (in.arg[5] >= 0) &&
-                          (parts ? f32 && gvm_gemm_parts_ok(c, P, j, x.shape[0], w.shape[0], x.shape[1])
+                          (parts ? (f32 || (bf && gvm_gemm_bf16_staged(c, x, tn) && (x.shape[1] / P) % 64 == 0)) &&
+                                       gvm_gemm_parts_ok(c, P, j, x.shape[0], w.shape[0], x.shape[1])
                                  : (in.arg[6] == 0) & (in.arg[7] == 0));
     if (!(bf | f32) | !stats_ok | !parts_ok | !gvm_gemm_operand_ok(x, es) | !gvm_gemm_operand_ok(w, es) |
         out.ndim != 2 | out.stride[1] != 1 | x.shape[1] % 8 != 0 | w.shape[1] != x.shape[1] |

@@ -89,11 +89,13 @@ def check_step(lp: LayerProgram, bufs: dict[str, torch.Tensor], ref: RefOut, k_c
 
 
 def run_case(case: Case, weights: dict[str, LayerWeights], steps: int = STEPS, orders: tuple[str, ...] = ("stream", "random", "random"),
-             fuse_qk: bool = False, router_parts: bool = False, attn_tail: bool = False) -> None:
+             fuse_qk: bool = False, router_parts: bool = False, attn_tail: bool = False, wqkvg_parts: bool = False) -> None:
     w = weights[case.kind]
     state = make_state(CFG, case.kind, case.conversations, case.tokens_each, case.context, seed=3, steps=steps)
     tiles = dataclasses.replace(_tiles(case.kind, case.tokens_each, state.slots), fuse_qk=1 << 20 if fuse_qk else 0,
                                 router_span=1 if router_parts else 0)
+    if wqkvg_parts:  # the groups' fill on: Wqkvg's staged 64 x 64 tiles, cut over K (Tiles.gemm_parts)
+        tiles = dataclasses.replace(tiles, gemm_fill=264, gemm_parts=4)
     if attn_tail:  # "two waves" of 8 groups; the last conversations' chunks (about a third of them) halved
         tiles = dataclasses.replace(tiles, expert_workers=8, attn_tail=case.conversations * CFG.heads_kv)
     lp = lower_layer(CFG, case.kind, case.conversations, case.tokens_each, state.slots, tiles=tiles)
@@ -102,7 +104,8 @@ def run_case(case: Case, weights: dict[str, LayerWeights], steps: int = STEPS, o
     if attn_tail:
         assert any(o.args[4] != o.tensors[1].shape[2] for o in lp.stream.ops if o.opcode == Op.ATTN_MERGE)
     assert any(o.opcode == Op.QK_ROPE_KV for o in lp.stream.ops) != fuse_qk
-    assert any(o.opcode == Op.GEMM and o.args[5] > 1 for o in lp.stream.ops) == router_parts
+    assert any(o.opcode == Op.GEMM and o.args[5] > 1 and o.label.startswith(lp.prefix + "Wr[") for o in lp.stream.ops) == router_parts
+    assert any(o.opcode == Op.GEMM and o.args[5] > 1 and o.label.startswith(lp.prefix + "Wqkvg[") for o in lp.stream.ops) == wqkvg_parts
     counters = None
     tickets = [t.name for t in lp.stream.tensors if t.role == "ticket"]
     carried: dict[str, torch.Tensor] = {}
@@ -139,6 +142,13 @@ def test_router_in_k_parts_matches_reference(case: Case, weights: dict[str, Laye
     (whichever it is in a random order) adding the parts up, tickets counted
     on across steps."""
     run_case(case, weights, router_parts=True)
+
+
+@pytest.mark.parametrize("case", [small_case(c, CFG) for c in DECODE_CASES if c.name.endswith(("c16-t8", "c32-t8"))], ids=lambda c: f"{c.name}-ctx{c.context}")
+def test_wqkvg_in_k_parts_matches_reference(case: Case, weights: dict[str, LayerWeights]) -> None:
+    """Tiles.gemm_parts: Wqkvg's staged bf16 tiles cut over K, each tile's last
+    part (in a random order) adding the parts and rounding to bf16 once."""
+    run_case(case, weights, wqkvg_parts=True)
 
 
 @pytest.mark.parametrize("case", [small_case(c, CFG) for c in DECODE_CASES if c.name.endswith(("c16-t8", "c32-t1"))], ids=lambda c: f"{c.name}-ctx{c.context}")

@@ -77,11 +77,12 @@ def test_full_size_op_counts_and_tiles(kind: str) -> None:
     assert [o.args[4] for o in _ops(s, Op.ATTN_MERGE)] == [nch] * (C - tail) * 16 + [tail_nch] * tail * 16
     # one wave of 264 groups (Tiles.gemm_fill); at 256 tokens the GEMMs go in
     # 4 spans of 64 tokens (Tiles.gemm_span) x tiles of 64+ bf16 rows: Wqkvg's
-    # q|k|v 64 rows (80 tiles), its g beside them 64 rows (64), Wo 128 rows
+    # q|k|v 64 rows (80 tiles, each in 2 K parts: Tiles.gemm_parts, 160 + the
+    # g tiles' 64 fill 224 groups), its g beside them 64 rows (64), Wo 128 rows
     # (256), Wsq beside the router's 128 instructions 128 rows (128), Wex 128
     # rows (256); the f32 router in tiles of 32 rows, each cut into 4 K parts
     # (Tiles.router_ops 128); experts: 264 workers each for up and down
-    gemm_tiles = 4 * (1280 // 64 + 1024 // 64 + 8192 // 128 + 4 * 256 // 32 + 4096 // 128 + 8192 // 128)
+    gemm_tiles = 4 * (2 * 1280 // 64 + 1024 // 64 + 8192 // 128 + 4 * 256 // 32 + 4096 // 128 + 8192 // 128)
     assert count == {
         Op.RMSNORM: C * n, Op.GEMM: gemm_tiles, Op.QK_ROPE_KV: C * n, Op.ATTN_CHUNK: chunks, Op.ATTN_MERGE: C * 16,
         Op.RESIDUAL: 2 * C * n, Op.TOPK: 8, Op.EXPERT_UP: 264, Op.EXPERT_DOWN: 264, Op.EXPERT_COMBINE: C * n,  # a row each
@@ -91,17 +92,21 @@ def test_full_size_op_counts_and_tiles(kind: str) -> None:
     topk = _ops(s, Op.TOPK)
     assert [o.args[2:5] for o in topk] == [(1, t0, min(40, 256 - t0)) for t0 in range(0, 256, 40)] + [(2, 0, 0)]
     assert [len(o.tensors) for o in topk] == [3] * 7 + [4]  # the table resets the work lists
-    tickets: dict[int, list[int]] = {}
+    tickets: dict[tuple[str, int], list[int]] = {}
     for o in _ops(s, Op.GEMM):
         w = o.tensors[2]
         assert o.args[1] in ((64, 128) if w.dtype == DType.BF16 else (32,)) and o.args[2] % 64 == 0 and o.args[3] == 64
-        if w.dtype == DType.BF16:
+        if w.dtype == DType.BF16 and o.args[5] == 0:
             assert o.prefetch == (2, o.args[0] * w.row_bytes, o.args[1] * w.row_bytes) and o.args[5:8] == (0, 0, 0)
-        else:  # K part j of 4 of its tile (ticket m): the part's bytes of the tile's first row
-            (n_parts, j, m), kp = o.args[5:8], SHARD.d // 4
-            assert n_parts == 4 and o.prefetch == (2, o.args[0] * w.row_bytes + j * kp * 4, kp * 4)
-            tickets.setdefault(m, []).append(j)
-    assert sorted(tickets) == list(range(32)) and all(sorted(js) == [0, 1, 2, 3] for js in tickets.values())
+        else:  # K part j of its tile (ticket m): the part's bytes of the tile's first row
+            (n_parts, j, m), es = o.args[5:8], w.row_bytes // SHARD.d
+            kp = SHARD.d // n_parts
+            assert (n_parts, es) == ((2, 2) if w.dtype == DType.BF16 else (4, 4))
+            assert o.prefetch == (2, o.args[0] * w.row_bytes + j * kp * es, kp * es)
+            tickets.setdefault((w.name, m), []).append(j)
+    assert sorted(m for name, m in tickets if name.endswith("Wr")) == list(range(32))
+    assert sorted(m for name, m in tickets if name.endswith("Wqkvg")) == list(range(80))
+    assert all(sorted(js) == list(range(len(js))) and len(js) in (2, 4) for js in tickets.values())
     assert all(o.prefetch is None for o in s.ops if o.opcode in (Op.EXPERT_UP, Op.EXPERT_DOWN))
     # item rows in multiples of a tiled block of 16 rows (sized on the GPU), at most 64
     assert {o.args[2:4] for o in _ops(s, Op.EXPERT_UP)} == {(16, 64)} and {o.args[2:4] for o in _ops(s, Op.EXPERT_DOWN)} == {(16, 64)}
@@ -610,6 +615,72 @@ def test_lazy_attn_wave_flags_every_chunk_of_a_one_wave_layer() -> None:
     assert n16 > 264 and lazy16 == 0
     with pytest.raises(ProgramError, match="lazy_attn_wave"):
         Tiles(lazy_attn_wave=2)
+
+
+def test_g_early_orders_the_g_tiles_before_qk_rope_kv() -> None:
+    """Tiles.g_early (1, the default): above g_late tokens Wqkvg's g tiles
+    (columns from the q|k|v width on) come right after its q|k|v tiles in the
+    stream, before the QK_ROPE_KV ops; 0: after them (the depth order alone).
+    At one token (the g tiles an op of their own, Wg) nothing moves."""
+    qkv_cols = (SHARD.heads_q + 2 * SHARD.heads_kv) * 64
+
+    def places(conversations: int, tokens_each: int, g_early: int) -> tuple[list[int], list[int], list[str]]:
+        lp = lower_layer(SHARD, "sliding", conversations, tokens_each, 4096, tiles=Tiles(g_early=g_early))
+        labels = [o.label for o in lp.stream.ops]
+        g = [k for k, lab in enumerate(labels) if lab.startswith("L0.Wqkvg[") and int(lab[9:].split(":")[0]) >= qkv_cols]
+        qk = [k for k, lab in enumerate(labels) if lab.startswith("L0.qk_rope_kv")]
+        return g, qk, labels
+
+    g, qk, _ = places(32, 8, 1)
+    assert len(g) == 64 and max(g) < min(qk)
+    g0, qk0, _ = places(32, 8, 0)
+    assert len(g0) == 64 and min(g0) > max(qk0)
+    one, _, labels1 = places(1, 1, 1)
+    assert one == [] and labels1 == places(1, 1, 0)[2]
+    with pytest.raises(ProgramError, match="g_early"):
+        Tiles(g_early=2)
+
+
+def test_gemm_parts_cut_wqkvg_over_k_to_fill_the_groups() -> None:
+    """Tiles.gemm_parts (4, the default): Wqkvg's staged tiles (from 64 tokens)
+    cut into the most K parts that fit the groups beside its other tiles: at
+    128 tokens q|k|v 40 tiles x 4 and g 32 x 2, at 256 tokens q|k|v 80 x 2 and
+    g 64 whole; every tile's parts share a ticket; 1: no parts; no other GEMM
+    (the squeeze's tiles fill what the router leaves) and nothing below 64 tokens."""
+    def parts(conversations: int, tokens_each: int, gemm_parts: int = 4) -> dict[tuple[str, int], int]:
+        lp = lower_layer(SHARD, "sliding", conversations, tokens_each, 4096, tiles=Tiles(gemm_parts=gemm_parts))
+        out: dict[tuple[str, int], int] = {}
+        for o in lp.stream.ops:
+            if o.opcode == Op.GEMM and o.args[5] > 1 and not o.label.startswith("L0.Wr["):
+                assert o.label.startswith("L0.Wqkvg[") and o.tensors[0].dtype == DType.BF16
+                g = "g" if o.args[0] >= (SHARD.heads_q + 2 * SHARD.heads_kv) * 64 else "qkv"
+                out[(g, o.args[5])] = out.get((g, o.args[5]), 0) + 1
+                assert o.tensors[4].role == "ticket" and 0 <= o.args[7] < o.tensors[4].shape[0]
+        return out
+
+    assert parts(16, 8) == {("qkv", 4): 160, ("g", 2): 64}
+    assert parts(32, 8) == {("qkv", 2): 160}
+    assert parts(16, 8, 1) == {} and parts(32, 1) == {} and parts(1, 8) == {}
+    with pytest.raises(ProgramError, match="gemm_parts"):
+        Tiles(gemm_parts=3)
+
+
+def test_bf16_k_parts_only_on_the_staged_path() -> None:
+    """A bf16 GEMM in K parts needs 64 tokens an instruction and K / parts a
+    multiple of 64 (the device's staged path): refused before launch otherwise."""
+    def gemm(tokens: int, t_count: int, k: int, n_parts: int) -> None:
+        p = Program("parts")
+        out, x = p.tensor("out", (tokens, 16), DType.BF16), p.tensor("x", (tokens, k), DType.BF16)
+        w, parts = p.tensor("w", (16, k), DType.BF16, "weight"), p.tensor("parts", (tokens, 16 * n_parts), DType.F32)
+        tickets = p.tensor("tickets", (1,), DType.I32, "ticket")
+        p.op(Op.GEMM, [out, x, w, parts, tickets], [0, 16, 0, t_count, 0, n_parts, 0, 0])
+
+    gemm(64, 0, 256, 4)
+    gemm(130, 66, 256, 2)
+    with pytest.raises(ProgramError, match="staged path"):
+        gemm(64, 32, 256, 4)
+    with pytest.raises(ProgramError, match="staged path"):
+        gemm(64, 0, 128, 4)
 
 
 def test_lazy_experts_flags_the_list_workers_only() -> None:

@@ -799,6 +799,27 @@ def cases_gemm(sz: Sizes, gen: torch.Generator) -> list[Case]:
             for m, (c0, c, t0, tn) in enumerate(tiles):
                 b.op_([o, x, w, parts, tickets], [c0, c, t0, tn, 0, n_parts, j, m])
         out.append(b.case())
+    # bf16 K parts, on the staged path only (64 tokens and more an instruction,
+    # K / P a multiple of 64): Wqkvg's few 64 x 64 tiles spread over the groups;
+    # bf16 and f32 out (the last part rounds the sum once)
+    for t, n_parts, spans, dt in ((130, 4, ((0, 64), (64, 66)), DType.BF16), (64, 2, ((0, 0),), DType.F32)):
+        b = _Build(f"gemm bf16 T={t} K={4 * d} {n_parts} K parts {dt.name.lower()} out", Op.GEMM, gen)
+        o = b.out("out", dt, (t, 2 * n), GEMM_BF16)
+        x = b.add("x", DType.BF16, b.randn(t, 4 * d, scale=2.0).bfloat16())
+        w = b.add("w", DType.BF16, b.randn(2 * n, 4 * d, scale=0.05).bfloat16())
+        tiles = [(c0, c, t0, tn) for c0, c in _gemm_cols(2 * n, (64, 13, 40, 128)) for t0, tn in spans]
+        parts = b.out("parts", DType.F32, (t, n_parts * 2 * n), GEMM_BF16)
+        tickets = b.add("tickets", DType.I32, torch.zeros(len(tiles), dtype=torch.int32), EXACT)
+        for j in reversed(range(n_parts)):  # the last part first: whichever finishes last adds them up
+            for m, (c0, c, t0, tn) in enumerate(tiles):
+                b.op_([o, x, w, parts, tickets], [c0, c, t0, tn, 0, n_parts, j, m])
+        out.append(b.case())
+    for what, i, bad in (("under 64 tokens", 3, 32),):  # the register tiles have no K parts
+        b = _Build(f"gemm bf16 K parts, {what} -> BAD_ARGS", Op.GEMM, gen)
+        b.op_([b.out("out", DType.BF16, (64, 16), EXACT), b.add("x", DType.BF16, b.randn(64, 256).bfloat16()),
+               b.add("w", DType.BF16, b.randn(16, 256).bfloat16()), b.out("parts", DType.F32, (64, 64), EXACT),
+               b.add("tickets", DType.I32, torch.zeros(1, dtype=torch.int32))], [0, 16, 0, 64, 0, 4, 0, 0])
+        out.append(b.case(int(ErrorCode.BAD_ARGS), _set_arg(i, bad)))
     for what, i, bad in (("3 parts", 5, 3), ("part past P", 6, 4), ("ticket past the tickets", 7, 1)):
         b = _Build(f"gemm f32 K parts, {what} -> BAD_ARGS", Op.GEMM, gen)
         b.op_([b.out("out", DType.F32, (2, 16), EXACT), b.add("x", DType.F32, b.randn(2, 96)), b.add("w", DType.F32, b.randn(16, 96)),

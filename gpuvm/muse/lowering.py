@@ -22,8 +22,8 @@ from typing import Callable
 import torch
 
 from ..isa import GEMM_MAX_PARTS, HEAD_DIM, NVFP4_TILE_ROWS, DType, Op, f2i
-from ..opspec import ProgramError, TensorSpec
-from ..program import Counter, Program, Stream
+from ..opspec import GEMM_STAGED_TOKENS, ProgramError, TensorSpec
+from ..program import Counter, Instr, Program, Stream
 from ..tensors import check_binding, torch_dtype
 from . import code_warm
 from .config import MuseConfig
@@ -187,6 +187,21 @@ class Tiles:
     # us, sliding-c1-t1 175.6, 176.0 / 178.0, 175.4, full-c1-t8 234.7, 236.3 /
     # 237.0, 238.3; step 1x1 8360, 8386 / 8457, 8400, 1x8 13776, 13839 / 13843, 13852.
     g_late: int = 8
+    # 1: above g_late tokens, where Wqkvg's g tiles wait only for h, they are
+    # ordered with its q|k|v tiles ("depth" order ranks ops by their path to the
+    # layer's end, and g's, to the merges only, is two ops shorter than
+    # QK_ROPE_KV's): at 256 tokens the 256 QK_ROPE_KV ops came first, were
+    # claimed and parked, and the 64 g tiles started ~55 us late, in attention's
+    # phase, ending just before the merges that wait for them (H200 traces of
+    # sliding-c32-t8 and full-c32-t8, session 45). 0: depth order alone.
+    g_early: int = 1
+    # A staged bf16 GEMM without statistics (Wqkvg from gemm_span tokens: its
+    # 64-row x 64-token tiles are few, 72 at 128 tokens, each ~49 us at ~21 GB/s
+    # a group while the other groups idle) is cut over K into the most parts,
+    # up to gemm_parts (a power of two), whose instructions fit the groups it
+    # has beside the GEMMs running with it; the last part of a tile adds the
+    # parts (isa/gvm_isa.h GEMM, K parts). 1: never.
+    gemm_parts: int = 4
     # 1: the dense GEMM tiles carry GVM_FLAG_LAZY (a block that hands one out
     # claims its next instruction only while one of its groups is free); 2: the
     # router's and the squeeze's only (the phase the traces show late). A GEMM
@@ -252,7 +267,7 @@ class Tiles:
             raise ProgramError(f"Tiles.gemm_fill must be an int >= 0, not {self.gemm_fill!r}")
         if self.gemm_min_bytes > self.gemm_max_bytes:
             raise ProgramError(f"Tiles.gemm_min_bytes {self.gemm_min_bytes} exceeds gemm_max_bytes {self.gemm_max_bytes}")
-        for name in ("lazy_experts", "lazy_attn_wave"):
+        for name in ("lazy_experts", "lazy_attn_wave", "g_early"):
             if getattr(self, name) not in (0, 1):
                 raise ProgramError(f"Tiles.{name} must be 0 or 1, not {getattr(self, name)!r}")
         if self.expert_fixed not in (0, 1):
@@ -265,6 +280,8 @@ class Tiles:
                 raise ProgramError(f"Tiles.{name} must be an int >= 0, not {v!r}")
         if not isinstance(self.fuse_qk, int) or self.fuse_qk < 0:
             raise ProgramError(f"Tiles.fuse_qk must be an int >= 0, not {self.fuse_qk!r}")
+        if self.gemm_parts < 1 or self.gemm_parts > GEMM_MAX_PARTS or self.gemm_parts & (self.gemm_parts - 1):
+            raise ProgramError(f"Tiles.gemm_parts must be a power of two from 1 to {GEMM_MAX_PARTS}, not {self.gemm_parts!r}")
         for name in ("gemm_bytes", "gemm_min_bytes", "gemm_max_bytes", "gemm_tail", "gemm_span", "router_ops", "router_bytes", "topk_tokens", "router_splits", "expert_workers", "expert_cap", "rows", "residual_slices", "residual_max_ops", "chunk", "sliding_chunk", "sliding_ops", "full_ops"):
             v = getattr(self, name)
             if not isinstance(v, int) or v <= 0:
@@ -358,6 +375,7 @@ def n_chunks(cfg: MuseConfig, kind: str, tokens_each: int, cache_slots: int, chu
 
 F32_SPAN_ROWS = 32  # rows of an f32 GEMM tile cut over tokens: one pass of the device's staged f32 path
 F32_PART_K = 32  # a K part of the staged f32 path: whole stages of 32 k
+BF16_PART_K = 64  # a K part of the staged bf16 path: whole stages of 64 k
 
 
 def _pow2_rows(n_rows: int, row_bytes: int, target: int) -> int:
@@ -531,27 +549,38 @@ def emit_layer(
 
     def gemm(out: TensorSpec, xin: TensorSpec, wt: TensorSpec, n0: int, n1: int, waits: list[Counter], sig: Counter, tag: str,
              tile_bytes: int = 0, token_splits: int = 1, beside: int = 0, stats: list[TensorSpec] | None = None,
-             parts: tuple[TensorSpec, TensorSpec, int] | None = None) -> int:
+             parts: tuple[TensorSpec, TensorSpec, int] | None = None, order_with: Instr | None = None, parts_beside: int = 0) -> int:
         """Column tiles of wt over [n0, n1) (see gemm_plan), each over all T
         tokens (args t0 = t = 0) or over token ranges; with stats ([stats, s,
         alpha, beta]) column tile i also leaves its residual statistics in
         slot i; with parts ((parts, tickets, P): f32 only) tile m is cut into
-        P K parts, counted on ticket m. Returns how many instructions."""
+        P K parts, counted on ticket m (a staged bf16 GEMM without stats gets
+        its own, Tiles.gemm_parts: fitted to the groups less beside and
+        parts_beside); order_with: Program.op's, for every tile. Returns how
+        many instructions."""
         rows, spans = gemm_plan(wt, n0, n1, tile_bytes, token_splits, beside)
+        tiles = _tiles(n0, n1, rows)
+        if (parts is None and not stats and wt.dtype == DType.BF16 and spans != [(0, 0)] and tl.gemm_parts > 1
+                and min(tn for _, tn in spans) >= GEMM_STAGED_TOKENS):
+            n_tiles, k, P = len(tiles) * len(spans), wt.shape[1], 1
+            while P * 2 <= tl.gemm_parts and n_tiles * P * 2 <= tl.gemm_fill - beside - parts_beside and k % (P * 2 * BF16_PART_K) == 0:
+                P *= 2
+            if P > 1:
+                parts = (act(f"{tag}_parts_{n0}", (T, P * wt.shape[0]), DType.F32), act(f"{tag}_tickets_{n0}", (n_tiles,), DType.I32, "ticket"), P)
         n_parts = parts[2] if parts else 1
         kp = wt.shape[1] // n_parts
-        tiles = _tiles(n0, n1, rows)
+        es = wt.row_bytes // wt.shape[1]
         if tl.gemm_fill and not tile_bytes and spans == [(0, 0)] and not stats and not parts:
             tiles = _split_tail(tiles, max(1, tl.gemm_fill - beside), tl.gemm_tail)
         for m, ((c0, n), (t0, tn)) in enumerate(itertools.product(tiles, spans)):
             for j in range(n_parts):
                 where = f"{c0}:{c0 + n}" + (f"|t{t0}:{t0 + tn}" if tn else "") + (f"|k{j * kp}:{(j + 1) * kp}" if parts else "")
                 if parts:  # the part's bytes of the tile's first row (its rows are not contiguous)
-                    tensors, args, fetch = [out, xin, wt, *parts[:2]], [c0, n, t0, tn, 0, n_parts, j, m], (wt, c0 * wt.row_bytes + j * kp * 4, kp * 4)
+                    tensors, args, fetch = [out, xin, wt, *parts[:2]], [c0, n, t0, tn, 0, n_parts, j, m], (wt, c0 * wt.row_bytes + j * kp * es, kp * es)
                 else:
                     tensors, args, fetch = [out, xin, wt, *(stats or [])], [c0, n, t0, tn] + ([m // len(spans)] if stats else []), (wt, c0 * wt.row_bytes, n * wt.row_bytes)
                 p.op(Op.GEMM, tensors, args, waits=waits, signal=sig, prefetch=fetch, label=f"{prefix}{tag}[{where}]",
-                     lazy=tl.lazy_gemm == 1 or (tl.lazy_gemm == 2 and tag in ("Wr", "Wsq")))
+                     lazy=tl.lazy_gemm == 1 or (tl.lazy_gemm == 2 and tag in ("Wr", "Wsq")), order_with=order_with)
         return len(tiles) * len(spans) * n_parts
 
     row_blocks = _tiles(0, T, tl.rows)
@@ -583,11 +612,14 @@ def emit_layer(
         h_ready = start
     qkv_done, g_done = ctr("qkv"), ctr("g")
     qkv_cols = (hq + 2 * hkv) * HEAD_DIM
-    n_qkv = gemm(qkvg, h, w["Wqkvg"], 0, qkv_cols, h_ready, qkv_done, "Wqkvg")
-    n_chunk_ops = hkv * sum(n for _, n in conv_chunks)  # the layer's ATTN_CHUNK ops
     late = T <= tl.g_late  # g after the q|k|v tiles, beside the attention chunks (an op of its own: it waits on Wqkvg's)
+    g_rows, g_spans = gemm_plan(w["Wqkvg"], qkv_cols, cfg.qkvg_width)
+    n_g = 0 if late else len(_tiles(qkv_cols, cfg.qkvg_width, g_rows)) * len(g_spans)  # g's tiles beside q|k|v's, before K parts
+    n_qkv = gemm(qkvg, h, w["Wqkvg"], 0, qkv_cols, h_ready, qkv_done, "Wqkvg", parts_beside=n_g)
+    n_chunk_ops = hkv * sum(n for _, n in conv_chunks)  # the layer's ATTN_CHUNK ops
+    first_qkv = p.instrs[-n_qkv]
     gemm(qkvg, h, w["Wqkvg"], qkv_cols, cfg.qkvg_width, h_ready + [qkv_done] if late else h_ready, g_done, "Wg" if late else "Wqkvg",
-         beside=n_chunk_ops if late else n_qkv)
+         beside=n_chunk_ops if late else n_qkv, order_with=first_qkv if tl.g_early and not late else None)
     merged = ctr("o")
     # a merge is latency bound, one warp per (token, head): few pairs per
     # instruction, spread over SMs (two heads keep a one-token merge to one batch)
