@@ -553,9 +553,9 @@ def emit_layer(
         """Column tiles of wt over [n0, n1) (see gemm_plan), each over all T
         tokens (args t0 = t = 0) or over token ranges; with stats ([stats, s,
         alpha, beta]) column tile i also leaves its residual statistics in
-        slot i; with parts ((parts, tickets, P): f32 only) tile m is cut into
-        P K parts, counted on ticket m (a staged bf16 GEMM without stats gets
-        its own, Tiles.gemm_parts: fitted to the groups less beside and
+        slot i; with parts ((parts, tickets, P): the router's) tile m is cut
+        into P K parts, counted on ticket m (a staged bf16 GEMM without stats
+        gets its own, Tiles.gemm_parts: fitted to the groups less beside and
         parts_beside); order_with: Program.op's, for every tile. Returns how
         many instructions."""
         rows, spans = gemm_plan(wt, n0, n1, tile_bytes, token_splits, beside)
