@@ -249,10 +249,10 @@ PY
            AB_TAIL=20 ab_rounds gearly tiles "base:,g0:g_early=0" 250 --cases sliding-c32-t8,full-c32-t8,sliding-c16-t8,full-c16-t8,full-c32-t1,sliding-c32-t1 --step 32x8 ;;
     kparts) # Wqkvg's staged tiles in K parts (Tiles.gemm_parts 4, the default) and its g tiles ordered early (g_early 1) against neither (p1g0) and parts alone off (p1):
             # GEMM on the GPU (ops_check: the bf16 K-part cases), then two dynamic rounds on the 128/256-token layers and step 16 x 8
-           timeout 200 python3 tools/ops_check.py --only gemm > "$OUT/ops_gemm.log" 2>&1; echo "ops_check gemm rc=$?"; grep -i "parts\|fail\|passed\|ok " "$OUT/ops_gemm.log" | tail -8
+           timeout 200 python3 tools/ops_check.py --only gemm > "$OUT/ops_gemm.log" 2>&1; echo "ops_check gemm rc=$?"; grep -i "parts\|fail\|all ok" "$OUT/ops_gemm.log" | tail -10
            AB_TAIL=16 ab_rounds kparts tiles "base:,p1:gemm_parts=1,p1g0:gemm_parts=1+g_early=0" 250 --cases sliding-c16-t8,full-c16-t8,sliding-c32-t8,full-c32-t8 --step 16x8 ;;
     kpartslayers) # kparts without the step (device time short): ops_check gemm, then the three variants on the four 128/256-token layers, two rounds
-           timeout 200 python3 tools/ops_check.py --only gemm > "$OUT/ops_gemm.log" 2>&1; echo "ops_check gemm rc=$?"; grep -i "parts\|fail\|passed\|ok " "$OUT/ops_gemm.log" | tail -8
+           timeout 200 python3 tools/ops_check.py --only gemm > "$OUT/ops_gemm.log" 2>&1; echo "ops_check gemm rc=$?"; grep -i "parts\|fail\|all ok" "$OUT/ops_gemm.log" | tail -10
            AB_TAIL=12 ab_rounds kparts tiles "base:,p1:gemm_parts=1,p1g0:gemm_parts=1+g_early=0" 200 --cases sliding-c16-t8,full-c16-t8,sliding-c32-t8,full-c32-t8 --step '' ;;
     lazyexperts) # the expert lists' workers with GVM_FLAG_LAZY (Tiles.lazy_experts 1) against eager (0), two dynamic rounds in swapped order
            AB_TAIL=24 ab_rounds lazyexp tiles "base:,lazy:lazy_experts=1" 250 --cases sliding-c16-t8,full-c16-t8,full-c32-t8,sliding-c32-t8,full-c1-t8,full-c32-t1 --step 16x8,32x8 ;;
