@@ -124,8 +124,10 @@ def _cost_elementwise(n_tensors: int) -> Callable[[Slots, Args], Cost]:
 
 # ---- Muse ops ------------------------------------------------------------------
 #: tokens from which a bf16 GEMM instruction stages W and x on the 2-group
-#: kernel (ops/gemm.cuh GVM_GEMM_XS_MIN): bf16 K parts run only there
+#: kernel (ops/gemm.cuh GVM_GEMM_XS_MIN): bf16 K parts run only there, each
+#: a whole number of the staged path's 64-k stages (GEMM_BF16_PART_K)
 GEMM_STAGED_TOKENS = 64
+GEMM_BF16_PART_K = 64
 
 
 def _check_gemm(ts: Slots, a: Args) -> None:
@@ -150,9 +152,9 @@ def _check_gemm(ts: Slots, a: Args) -> None:
         n_parts, k = a[5], x.shape[1]
         if not (n_parts <= GEMM_MAX_PARTS and n_parts & (n_parts - 1) == 0 and k % (8 * n_parts) == 0):
             raise ProgramError(f"GEMM K parts: {n_parts} must be a power of two <= {GEMM_MAX_PARTS} that cuts K = {k} into multiples of 8")
-        if x.dtype == DType.BF16 and not (gemm_tokens(x.shape[0], a) >= GEMM_STAGED_TOKENS and k % (64 * n_parts) == 0):
+        if x.dtype == DType.BF16 and not (gemm_tokens(x.shape[0], a) >= GEMM_STAGED_TOKENS and k % (GEMM_BF16_PART_K * n_parts) == 0):
             raise ProgramError(f"GEMM bf16 K parts run on the staged path only: at least {GEMM_STAGED_TOKENS} tokens an instruction "
-                               f"(not {gemm_tokens(x.shape[0], a)}) and K / parts a multiple of 64 (K = {k}, {n_parts} parts)")
+                               f"(not {gemm_tokens(x.shape[0], a)}) and K / parts a multiple of {GEMM_BF16_PART_K} (K = {k}, {n_parts} parts)")
         parts = _t(ts, 3, "parts", F, 2)
         tickets = _t(ts, 4, "tickets", I32, 1)
         if not (parts.shape == (out.shape[0], n_parts * out.shape[1])):

@@ -22,7 +22,7 @@ from typing import Callable
 import torch
 
 from ..isa import GEMM_MAX_PARTS, HEAD_DIM, NVFP4_TILE_ROWS, DType, Op, f2i
-from ..opspec import GEMM_STAGED_TOKENS, ProgramError, TensorSpec
+from ..opspec import GEMM_BF16_PART_K, GEMM_STAGED_TOKENS, ProgramError, TensorSpec
 from ..program import Counter, Instr, Program, Stream
 from ..tensors import check_binding, torch_dtype
 from . import code_warm
@@ -375,7 +375,6 @@ def n_chunks(cfg: MuseConfig, kind: str, tokens_each: int, cache_slots: int, chu
 
 F32_SPAN_ROWS = 32  # rows of an f32 GEMM tile cut over tokens: one pass of the device's staged f32 path
 F32_PART_K = 32  # a K part of the staged f32 path: whole stages of 32 k
-BF16_PART_K = 64  # a K part of the staged bf16 path: whole stages of 64 k
 
 
 def _pow2_rows(n_rows: int, row_bytes: int, target: int) -> int:
@@ -563,7 +562,7 @@ def emit_layer(
         if (parts is None and not stats and wt.dtype == DType.BF16 and spans != [(0, 0)] and tl.gemm_parts > 1
                 and min(tn for _, tn in spans) >= GEMM_STAGED_TOKENS):
             n_tiles, k, P = len(tiles) * len(spans), wt.shape[1], 1
-            while P * 2 <= tl.gemm_parts and n_tiles * P * 2 <= tl.gemm_fill - beside - parts_beside and k % (P * 2 * BF16_PART_K) == 0:
+            while P * 2 <= tl.gemm_parts and n_tiles * P * 2 <= tl.gemm_fill - beside - parts_beside and k % (P * 2 * GEMM_BF16_PART_K) == 0:
                 P *= 2
             if P > 1:
                 parts = (act(f"{tag}_parts_{n0}", (T, P * wt.shape[0]), DType.F32), act(f"{tag}_tickets_{n0}", (n_tiles,), DType.I32, "ticket"), P)
