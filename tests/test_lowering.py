@@ -563,6 +563,20 @@ def test_late_g_tiles_wait_for_the_qkv_tiles(kind: str, small_weights) -> None: 
     assert torch.equal(outs[0], outs[1])
 
 
+def test_late_g_tiles_fill_at_most_g_late_groups() -> None:
+    """Tiles.g_late_groups: the late g tiles are cut to fill that many groups
+    (a sliding one-token layer's 1,024 g rows: 64 tiles of 16 rows, not the
+    128 of 8 that fill the groups its 32 chunks leave); 0 takes those."""
+    def g_rows(tl: Tiles) -> list[int]:
+        lp = lower_layer(SHARD, "sliding", 1, 1, 4096, tiles=tl)
+        return [o.args[1] for o in lp.stream.ops if o.opcode == Op.GEMM and o.signal.name == "L0.g"]
+
+    assert g_rows(Tiles()) == [16] * 64
+    assert g_rows(Tiles(g_late_groups=0)) == [8] * 128
+    with pytest.raises(ProgramError, match="g_late_groups"):
+        Tiles(g_late_groups=-1)
+
+
 def test_lazy_gemm_flags_the_dense_gemm_tiles_only() -> None:
     """Tiles.lazy_gemm sets GVM_FLAG_LAZY on every dense GEMM tile's record and
     on nothing else (1), on the router's and the squeeze's (2, the default), or

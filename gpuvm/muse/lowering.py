@@ -187,6 +187,19 @@ class Tiles:
     # us, sliding-c1-t1 175.6, 176.0 / 178.0, 175.4, full-c1-t8 234.7, 236.3 /
     # 237.0, 238.3; step 1x1 8360, 8386 / 8457, 8400, 1x8 13776, 13839 / 13843, 13852.
     g_late: int = 8
+    # Late g tiles fill at most g_late_groups groups (0: every group the
+    # attention chunks leave). They stream while the chunks run, and the
+    # chunks' round trips slow down as HBM fills (a sliding one-token chunk
+    # runs ~6 us alone, 13-15 in a step beside 128 g tiles: H200 step trace,
+    # session 36): fewer, longer g tiles leave HBM less loaded. At sliding
+    # one-conversation layers 64 groups (64 tiles of 256 KB) against the 232
+    # the chunks leave (128 of 128 KB); full layers had 64 already. H200,
+    # 583fe6b + this, four rounds, 64 / 0, us: sliding-c1-t8 273.2, 271.8,
+    # 273.6, 274.4 / 279.3, 281.5, 279.6, 278.9; two rounds: sliding-c1-t1
+    # 149.4, 151.2 / 152.0, 152.8; step 1x1 8322, 8409, 8228, 8208 / 8468,
+    # 8402, 8288, 8322; 1x8 level (13.70 / 13.68 ms mean); g with q|k|v
+    # (g_late 0) in between: sliding-c1-t8 274.9 mean, 1x1 8287, 1x8 13.70.
+    g_late_groups: int = 64
     # 1: above g_late tokens, where Wqkvg's g tiles wait only for h, they are
     # ordered with its q|k|v tiles ("depth" order ranks ops by their path to the
     # layer's end, and g's, to the merges only, is two ops shorter than
@@ -274,7 +287,7 @@ class Tiles:
             raise ProgramError(f"Tiles.expert_fixed must be 0 or 1, not {self.expert_fixed!r}")
         if self.lazy_gemm not in (0, 1, 2):
             raise ProgramError(f"Tiles.lazy_gemm must be 0, 1 or 2, not {self.lazy_gemm!r}")
-        for name in ("router_span", "topk_span", "expert_cap_tokens", "g_late", "attn_tail", "qk_tokens", "lazy_attn", "code_warm"):
+        for name in ("router_span", "topk_span", "expert_cap_tokens", "g_late", "g_late_groups", "attn_tail", "qk_tokens", "lazy_attn", "code_warm"):
             v = getattr(self, name)
             if not isinstance(v, int) or v < 0:
                 raise ProgramError(f"Tiles.{name} must be an int >= 0, not {v!r}")
@@ -618,7 +631,7 @@ def emit_layer(
     n_chunk_ops = hkv * sum(n for _, n in conv_chunks)  # the layer's ATTN_CHUNK ops
     first_qkv = p.instrs[-n_qkv]
     gemm(qkvg, h, w["Wqkvg"], qkv_cols, cfg.qkvg_width, h_ready + [qkv_done] if late else h_ready, g_done, "Wg" if late else "Wqkvg",
-         beside=n_chunk_ops if late else n_qkv, order_with=first_qkv if tl.g_early and not late else None)
+         beside=max(n_chunk_ops, tl.gemm_fill - (tl.g_late_groups or tl.gemm_fill)) if late else n_qkv, order_with=first_qkv if tl.g_early and not late else None)
     merged = ctr("o")
     # a merge is latency bound, one warp per (token, head): few pairs per
     # instruction, spread over SMs (two heads keep a one-token merge to one batch)
