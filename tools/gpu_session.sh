@@ -2,7 +2,7 @@
 # One call on the H200 (the device tool): the VM proofs and timings, the Muse
 # ops standalone, and the decode-case sweep, each under its own time limit,
 # logs and results under $OUT (at most 8 files come back: traces are tarred).
-#   GPUVM_COMMIT=<sha> bash tools/gpu_session.sh [check|fold|ops|opstime|sweep|step|stepsweep|probe|experts|router|park|ring|lists|steptrace|tiles|rowpf|fill|fill2|xstage|trace62|xprobe|smem|tiles2|xbench|against|slots|naps|icache|workers|slices|statsprobe|topkprobe|layertrace|oneop|fusedqk|ringbench|ringprobe|opsgemm|tail|attstop|gputests|vmtest|next|attntail|qksplit|lazygemm|lazyattn|lazyctl|ncuattn|clocks|codewarm|lazyexperts|lazyone|lazyall|toolcheck|gearly|kparts|kpartslayers|glate|ncu ...]
+#   GPUVM_COMMIT=<sha> bash tools/gpu_session.sh [check|fold|ops|opstime|sweep|step|stepsweep|probe|experts|router|park|ring|lists|steptrace|tiles|rowpf|fill|fill2|xstage|trace62|xprobe|smem|tiles2|xbench|against|slots|naps|icache|workers|slices|statsprobe|topkprobe|layertrace|oneop|fusedqk|ringbench|ringprobe|opsgemm|tail|attstop|gputests|vmtest|next|attntail|qksplit|lazygemm|lazyattn|lazyctl|ncuattn|clocks|codewarm|lazyexperts|lazyone|lazyall|toolcheck|gearly|kparts|kpartslayers|glate|glate16|ncu ...]
 # (set GPUVM_COMMIT when running a snapshot without .git: else the results name the enclosing checkout)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -249,6 +249,8 @@ PY
            AB_TAIL=20 ab_rounds gearly tiles "base:,g0:g_early=0" 250 --cases sliding-c32-t8,full-c32-t8,sliding-c16-t8,full-c16-t8,full-c32-t1,sliding-c32-t1 --step 32x8 ;;
     glate) # the late g tiles (one-token layers: g beside the attention chunks) on at most 64 groups (Tiles.g_late_groups 64: 64 tiles of 256 KB) against every group the chunks leave (0, the default: 128 of 128 KB at sliding) and g with q|k|v (g_late 0); two dynamic rounds
            AB_TAIL=16 ab_rounds glate tiles "base:,g64:g_late_groups=64,g0:g_late=0" 220 --cases sliding-c1-t1,sliding-c1-t8,full-c1-t1 --step 1x1,1x8 ;;
+    glate16) # g late (after q|k|v, beside the chunks, on 64 groups) up to 16 tokens (Tiles.g_late 16) against up to 8 (the default): the 16-token layers and step; two dynamic rounds
+           AB_TAIL=12 ab_rounds glate16 tiles "base:,gl16:g_late=16" 200 --cases full-c16-t1,sliding-c16-t1 --step 16x1 ;;
     kparts) # Wqkvg's staged tiles in K parts (Tiles.gemm_parts 4, the default) and its g tiles ordered early (g_early 1) against neither (p1g0) and parts alone off (p1):
             # GEMM on the GPU (ops_check: the bf16 K-part cases), then two dynamic rounds on the 128/256-token layers and step 16 x 8
            timeout 200 python3 tools/ops_check.py --only gemm > "$OUT/ops_gemm.log" 2>&1; echo "ops_check gemm rc=$?"; grep -i "parts\|fail\|all ok" "$OUT/ops_gemm.log" | tail -10

@@ -199,6 +199,9 @@ class Tiles:
     # 149.4, 151.2 / 152.0, 152.8; step 1x1 8322, 8409, 8228, 8208 / 8468,
     # 8402, 8288, 8322; 1x8 level (13.70 / 13.68 ms mean); g with q|k|v
     # (g_late 0) in between: sliding-c1-t8 274.9 mean, 1x1 8287, 1x8 13.70.
+    # In a 16-layer 1x1 step trace (f6f3cff) the sliding chunks run 9.9-10.4
+    # us (13.2-14.5 beside 128 tiles) and the g tiles now end ~2 us after
+    # them; g not waiting for q|k|v (on the groups q|k|v leave) was level.
     g_late_groups: int = 64
     # 1: above g_late tokens, where Wqkvg's g tiles wait only for h, they are
     # ordered with its q|k|v tiles ("depth" order ranks ops by their path to the
