@@ -247,8 +247,8 @@ PY
            timeout 150 python3 tools/code_warm_probe.py --out "$OUT/toolcheck_warm.json" --cases sliding-c1-t1 --rounds 1 >> "$OUT/toolcheck.log" 2>&1; echo "code_warm_probe rc=$?"; tail -4 "$OUT/toolcheck.log" ;;
     gearly) # Wqkvg's g tiles ordered with its q|k|v tiles above 8 tokens (Tiles.g_early 1, the default) against the depth order alone (0): two dynamic rounds, then static once
            AB_TAIL=20 ab_rounds gearly tiles "base:,g0:g_early=0" 250 --cases sliding-c32-t8,full-c32-t8,sliding-c16-t8,full-c16-t8,full-c32-t1,sliding-c32-t1 --step 32x8 ;;
-    glate) # the late g tiles (one-token layers: g beside the attention chunks) on at most 64 groups (Tiles.g_late_groups 64: 64 tiles of 256 KB) against every group the chunks leave (0, the default: 128 of 128 KB at sliding) and g with q|k|v (g_late 0); two dynamic rounds
-           AB_TAIL=16 ab_rounds glate tiles "base:,g64:g_late_groups=64,g0:g_late=0" 220 --cases sliding-c1-t1,sliding-c1-t8,full-c1-t1 --step 1x1,1x8 ;;
+    glate) # the late g tiles (one-token layers: g beside the attention chunks) on at most 64 groups (Tiles.g_late_groups 64, the default since f6f3cff: 64 tiles of 256 KB) against every group the chunks leave (all: 0, 128 of 128 KB at sliding) and g with q|k|v (g_late 0); two dynamic rounds
+           AB_TAIL=16 ab_rounds glate tiles "base:,all:g_late_groups=0,g0:g_late=0" 220 --cases sliding-c1-t1,sliding-c1-t8,full-c1-t1 --step 1x1,1x8 ;;
     glate16) # g late (after q|k|v, beside the chunks, on 64 groups) up to 16 tokens (Tiles.g_late 16) against up to 8 (the default): the 16-token layers and step; two dynamic rounds
            AB_TAIL=12 ab_rounds glate16 tiles "base:,gl16:g_late=16" 200 --cases full-c16-t1,sliding-c16-t1 --step 16x1 ;;
     kparts) # Wqkvg's staged tiles in K parts (Tiles.gemm_parts 4, the default) and its g tiles ordered early (g_early 1) against neither (p1g0) and parts alone off (p1):
