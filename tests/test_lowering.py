@@ -540,18 +540,20 @@ def test_fixed_expert_workers_compute_what_claimed_ones_do(small_weights) -> Non
         Tiles(expert_fixed=2)
 
 
+def _g_tiles(lp: LayerProgram) -> list:  # type: ignore[type-arg]
+    """Wqkvg's g tiles: the GEMM ops that signal the layer's g counter."""
+    return [o for o in lp.stream.ops if o.opcode == Op.GEMM and o.signal.name == "L0.g"]
+
+
 @pytest.mark.parametrize("kind", ["full", "sliding"])
 def test_late_g_tiles_wait_for_the_qkv_tiles(kind: str, small_weights) -> None:  # type: ignore[no-untyped-def]
     """Tiles.g_late: up to that many tokens Wqkvg's g tiles wait for the q|k|v
     tiles too; at small dims the layer computes what the other tiling does."""
-    def g_tiles(lp: LayerProgram) -> list:  # type: ignore[type-arg]
-        return [o for o in lp.stream.ops if o.opcode == Op.GEMM and o.signal.name == "L0.g"]
-
     lp = lower_layer(SHARD, kind, 1, 8, 4096)
-    assert g_tiles(lp) and all(any(c.name == "L0.qkv" for c, _ in o.waits) for o in g_tiles(lp))
-    assert all(o.label.startswith("L0.Wg[") for o in g_tiles(lp))  # its own op (gpuvm.device.chain: one launch each)
+    assert _g_tiles(lp) and all(any(c.name == "L0.qkv" for c, _ in o.waits) for o in _g_tiles(lp))
+    assert all(o.label.startswith("L0.Wg[") for o in _g_tiles(lp))  # its own op (gpuvm.device.chain: one launch each)
     lp = lower_layer(SHARD, kind, 2, 8, 4096)  # 16 tokens: beside them
-    assert not any(any(c.name == "L0.qkv" for c, _ in o.waits) for o in g_tiles(lp))
+    assert not any(any(c.name == "L0.qkv" for c, _ in o.waits) for o in _g_tiles(lp))
     state = make_state(SMALL, kind, 1, 2, 70, seed=4)
     outs = []
     for tl in (Tiles(), Tiles(g_late=0)):
@@ -568,8 +570,7 @@ def test_late_g_tiles_fill_at_most_g_late_groups() -> None:
     (a sliding one-token layer's 1,024 g rows: 64 tiles of 16 rows, not the
     128 of 8 that fill the groups its 32 chunks leave); 0 takes those."""
     def g_rows(tl: Tiles) -> list[int]:
-        lp = lower_layer(SHARD, "sliding", 1, 1, 4096, tiles=tl)
-        return [o.args[1] for o in lp.stream.ops if o.opcode == Op.GEMM and o.signal.name == "L0.g"]
+        return [o.args[1] for o in _g_tiles(lower_layer(SHARD, "sliding", 1, 1, 4096, tiles=tl))]
 
     assert g_rows(Tiles()) == [16] * 64
     assert g_rows(Tiles(g_late_groups=0)) == [8] * 128

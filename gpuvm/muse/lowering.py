@@ -633,8 +633,10 @@ def emit_layer(
     n_qkv = gemm(qkvg, h, w["Wqkvg"], 0, qkv_cols, h_ready, qkv_done, "Wqkvg", parts_beside=n_g)
     n_chunk_ops = hkv * sum(n for _, n in conv_chunks)  # the layer's ATTN_CHUNK ops
     first_qkv = p.instrs[-n_qkv]
+    # late g fills the groups the chunks leave, at most g_late_groups of them
+    g_groups = min(tl.gemm_fill - n_chunk_ops, tl.g_late_groups or tl.gemm_fill)
     gemm(qkvg, h, w["Wqkvg"], qkv_cols, cfg.qkvg_width, h_ready + [qkv_done] if late else h_ready, g_done, "Wg" if late else "Wqkvg",
-         beside=max(n_chunk_ops, tl.gemm_fill - (tl.g_late_groups or tl.gemm_fill)) if late else n_qkv, order_with=first_qkv if tl.g_early and not late else None)
+         beside=tl.gemm_fill - g_groups if late else n_qkv, order_with=first_qkv if tl.g_early and not late else None)
     merged = ctr("o")
     # a merge is latency bound, one warp per (token, head): few pairs per
     # instruction, spread over SMs (two heads keep a one-token merge to one batch)
