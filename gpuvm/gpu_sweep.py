@@ -159,17 +159,19 @@ class GpuSweep:
         row["fixed_over_dyn"] = row["fixed_us"] / row["dynamic_us"]
         if self.traced_vm is not None and self.trace_dir is not None:
             self.trace_dir.mkdir(parents=True, exist_ok=True)
-            for mode, suffix in (("dynamic", ""), ("static", "-static")):  # static's too: where the two differ, op by op
+            # static's and fully static's too: where the three differ, op by op
+            for how, suffix in (("dynamic", ""), ("static", "-static"), ("fixed", "-fixed")):
+                mode, prog = _MODE[how], lps[how]
                 st = state.clone()
-                b = bind_layer(lp, w, st, s0, device="cuda")
-                ld = self.traced_vm.load(lp.stream, b)
+                b = bind_layer(prog, w, st, s0, device="cuda")
+                ld = self.traced_vm.load(prog.stream, b)
                 ld.run(step=0, mode=mode)
                 self.flush.restoring(b["s"], s0)()  # the checked run's input again, the L2 flushed
                 ld.run(step=1, mode=mode)  # the second step, weights from HBM, is the one kept
                 torch.cuda.synchronize()
                 tr = ld.trace()
                 tr.meta["read_bw_TBps"] = self.bw / 1e12  # the per-op floors of the summary
-                with_routed_bytes(tr, lp.stream, b["L0.route_meta"][0].tolist())
+                with_routed_bytes(tr, prog.stream, b["L0.route_meta"][0].tolist())
                 tr.save(self.trace_dir / f"trace-{case.name}{suffix}.npz")
                 del b, st, ld
         torch.cuda.empty_cache()

@@ -66,7 +66,7 @@ def parse_args(argv: Sequence[str]) -> SweepArgs:
     ap.add_argument("--runs", type=int, default=20, help="timed runs per figure, median taken (>= 20 on a GPU)")
     ap.add_argument("--out", default="out/sweep", help="folder for sweep.json, sweep.csv, sweep.png (default ./out/sweep; results/ holds the committed runs)")
     ap.add_argument("--no-plot", action="store_true")
-    ap.add_argument("--trace", action="store_true", help="also record one traced run per case, dynamic and static (GPU): trace-<case>.npz, trace-<case>-static.npz")
+    ap.add_argument("--trace", action="store_true", help="also record one traced run per case, dynamic, static and fully static (GPU): trace-<case>.npz, trace-<case>-static.npz, trace-<case>-fixed.npz")
     ap.add_argument("--step", action="store_true", help="whole decode steps (62 layers, LM head, argmax) for the --conversations x --tokens grid")
     try:
         a = ap.parse_args(list(argv))

@@ -2,7 +2,7 @@
 # One call on the H200 (the device tool): the VM proofs and timings, the Muse
 # ops standalone, and the decode-case sweep, each under its own time limit,
 # logs and results under $OUT (at most 8 files come back: traces are tarred).
-#   GPUVM_COMMIT=<sha> bash tools/gpu_session.sh [check|fold|ops|opstime|sweep|step|stepsweep|probe|experts|router|park|ring|lists|steptrace|tiles|rowpf|fill|fill2|xstage|trace62|xprobe|smem|tiles2|xbench|against|slots|naps|icache|workers|slices|statsprobe|topkprobe|layertrace|oneop|fusedqk|ringbench|ringprobe|opsgemm|tail|attstop|gputests|vmtest|next|attntail|qksplit|lazygemm|lazyattn|lazyctl|ncuattn|clocks|codewarm|lazyexperts|lazyone|lazyall|toolcheck|gearly|kparts|kpartslayers|glate|glate16|ncu ...]
+#   GPUVM_COMMIT=<sha> bash tools/gpu_session.sh [check|fold|ops|opstime|sweep|step|stepsweep|probe|experts|router|park|ring|lists|steptrace|tiles|rowpf|fill|fill2|xstage|trace62|xprobe|smem|tiles2|xbench|against|slots|naps|icache|workers|slices|statsprobe|topkprobe|layertrace|oneop|fusedqk|ringbench|ringprobe|opsgemm|tail|attstop|gputests|vmtest|next|attntail|qksplit|lazygemm|lazyattn|lazyctl|ncuattn|clocks|codewarm|lazyexperts|lazyone|lazyall|toolcheck|gearly|kparts|kpartslayers|glate|glate16|fixed16|dispdepth|ncu ...]
 # (set GPUVM_COMMIT when running a snapshot without .git: else the results name the enclosing checkout)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -251,6 +251,23 @@ PY
            AB_TAIL=16 ab_rounds glate tiles "base:,all:g_late_groups=0,g0:g_late=0" 220 --cases sliding-c1-t1,sliding-c1-t8,full-c1-t1 --step 1x1,1x8 ;;
     glate16) # g late (after q|k|v, beside the chunks, on 64 groups) up to 16 tokens (Tiles.g_late 16) against up to 8 (the default): the 16-token layers and step; two dynamic rounds
            AB_TAIL=12 ab_rounds glate16 tiles "base:,gl16:g_late=16" 200 --cases full-c16-t1,sliding-c16-t1 --step 16x1 ;;
+    fixed16) # why fully static leads dynamic by ~2% at 16 tokens (session 46's table): the expert items dealt round robin (Tiles.expert_fixed 1) against claimed,
+             # each in both modes (dynamic + fixed isolates the dealing from the host's lists), two rounds in swapped order; then the two layers traced three ways
+           for r in 1 2; do l="base:,fx:expert_fixed=1"; [ "$r" = 2 ] && l="fx:expert_fixed=1,base:"
+             timeout 200 python3 tools/sched_probe.py --out "$OUT/fixed16_r$r.json" --modes dynamic,static --depths 1 --variants base: --tiles "$l" --cases full-c16-t1,sliding-c16-t1,full-c32-t1 --step 16x1 > "$OUT/fixed16_r$r.log" 2>&1
+             echo "fixed16 probe $r rc=$?"; grep -v "^$" "$OUT/fixed16_r$r.log" | tail -16; done
+           timeout 200 python3 -m gpuvm sweep --cases full-c16-t1,sliding-c16-t1 --out "$OUT/sweep16" --trace > "$OUT/sweep16.log" 2>&1; echo "sweep16 rc=$?"; tail -8 "$OUT/sweep16.log"
+           (cd "$OUT/sweep16" && tar czf ../traces16.tgz trace-*.npz sweep.json && cd .. && rm -rf sweep16) ;;
+    dispdepth) # test_dispatch_overhead's figure at the VM's claim depth (1) and at every slot held (the test's), dynamic and static, three times each
+           timeout 150 python3 -c "
+from gpuvm.device import VM
+from gpuvm.device.bench import dispatch_overhead
+vm = VM(0, groups=2, trace=False, warm=True)
+for rep in range(3):
+    for d in (1, 2, 3):
+        for m in ('dynamic', 'static'):
+            print(rep, 'depth', d, m, round(dispatch_overhead(vm, m, claim_depth=d)['us_per_instr_per_block'], 4), flush=True)
+" > "$OUT/dispdepth.log" 2>&1; echo "dispdepth rc=$?"; cat "$OUT/dispdepth.log" | tail -20 ;;
     kparts) # Wqkvg's staged tiles in K parts (Tiles.gemm_parts 4, the default) and its g tiles ordered early (g_early 1) against neither (p1g0) and parts alone off (p1):
             # GEMM on the GPU (ops_check: the bf16 K-part cases), then two dynamic rounds on the 128/256-token layers and step 16 x 8
            timeout 200 python3 tools/ops_check.py --only gemm > "$OUT/ops_gemm.log" 2>&1; echo "ops_check gemm rc=$?"; grep -i "parts\|fail\|all ok" "$OUT/ops_gemm.log" | tail -10

@@ -13,7 +13,7 @@ from gpuvm.trace.summary import compare, op_diff
 from gpuvm.trace.timeline import build
 
 
-def test_sweep_case_times_three_ways_and_traces_two(tmp_path: Path) -> None:
+def test_sweep_case_times_three_ways_and_traces_them(tmp_path: Path) -> None:
     case = next(c for c in DECODE_CASES if c.name == "sliding-c1-t1")
     row = GpuSweep(runs=3, trace_dir=tmp_path).case(case)
     assert row["ok"], {k: v for k, v in row.items() if k.startswith(("err", "routing"))}
@@ -26,3 +26,6 @@ def test_sweep_case_times_three_ways_and_traces_two(tmp_path: Path) -> None:
     diffs = op_diff(build(dyn), build(st))
     assert all(d.count[0] == d.count[1] > 0 for d in diffs)  # every instruction ran in both
     assert "static mode, span" in compare(dyn, st)
+    fx = Trace.load(tmp_path / f"trace-{case.name}-fixed.npz")  # its own program: items dealt on the host
+    assert fx.meta["mode"] == "static" and len(fx) == row["instructions"]
+    assert {o for o in fx.labels if "expert_up" in o} == {o for o in dyn.labels if "expert_up" in o}
