@@ -460,17 +460,33 @@ def _check_expert(ts: Slots, a: Args, up: bool) -> None:
         raise ProgramError(f"a fixed worker's number a4 must be 1..{a[1]} (0: items claimed), not {a[4]}")
 
 
-def expert_item_rows(n_out: int, hit: int, workers: int, grain: int, cap: int) -> int:
-    """Rows of an expert work item (ops/experts.cuh): the list's workers
-    split among the `hit` experts with tokens, each expert's n_out rows cut
-    into at most that many tiles, rounded up to a multiple of grain, and at
-    most cap. With few experts hit every worker then takes at most one item
-    (a second round of items doubled the list's time); with many, the cap
-    keeps items small enough for the workers to even out the experts'
+def expert_weight(tokens: int) -> int:
+    """An expert's share of a work list's workers, in quarters, by its token
+    count (ops/experts.cuh gvm_exp_weight): an item's time for the same rows
+    grows with its tokens (the ring has fewer slots from 4 tokens at 4,096
+    wide, none from 5, and 8 and more take the shared tile)."""
+    return 0 if tokens <= 0 else 4 if tokens <= 3 else 5 if tokens <= 5 else 7
+
+
+def expert_items(tokens: Sequence[int], n_out: int, workers: int, grain: int, cap: int) -> list[tuple[int, int, int]]:
+    """The items (expert, first row, rows) of an expert work list, in the order
+    ops/experts.cuh numbers them: expert by expert, each expert with tokens
+    cut into at most q tiles, q its weighted share of the workers
+    (expert_weight), rows rounded up to a multiple of grain and at most cap.
+    With few experts hit every worker then takes at most one item (a second
+    round doubled the list's time), and the items of an expert with many
+    tokens are shorter, so that they end with the others; with many hit, the
+    cap keeps items small enough for the workers to even out the experts'
     unequal token counts."""
-    q = max(1, workers // max(1, hit))  # tiles per expert, at most
-    rows = -(-n_out // q)
-    return min(cap, -(-rows // grain) * grain)
+    wsum = max(1, sum(expert_weight(t) for t in tokens))
+    items: list[tuple[int, int, int]] = []
+    for e, t in enumerate(tokens):
+        w = expert_weight(t)
+        if w:
+            q = max(1, workers * w // wsum)
+            rows = min(cap, -(-(-(-n_out // q)) // grain) * grain)
+            items += [(e, r0, min(rows, n_out - r0)) for r0 in range(0, n_out, rows)]
+    return items
 
 
 def _cost_expert(ts: Slots, a: Args, mats: int) -> Cost:
@@ -479,8 +495,8 @@ def _cost_expert(ts: Slots, a: Args, mats: int) -> Cost:
     out, x, meta = ts[0], ts[1], ts[5]
     assert out and x and meta
     k, n_out = x.shape[1], out.shape[1]
-    item = min(n_out, expert_item_rows(n_out, meta.shape[1], a[1], a[2], a[3]))
-    rows = -(-meta.shape[1] * -(-n_out // item) // a[1]) * item
+    items = expert_items([1] * meta.shape[1], n_out, a[1], a[2], a[3])
+    rows = -(-len(items) // a[1]) * items[0][2]
     return Cost(weight_bytes=mats * rows * (k // 2 + k // 16), act_bytes=rows * 8, flops=2 * mats * k * rows)
 
 

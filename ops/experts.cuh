@@ -86,7 +86,7 @@
 #define GVM_EXP_TS 64.0f  // the tensor scale's factor: the 2^6 the decode leaves out (gvm_exp_scales)
 #define GVM_TK_CODES 1024    // code bytes of a tiled block's K step: 16 rows x 64
 #define GVM_TK_SCALES 128    // scale bytes of it: 16 rows x 8
-#define GVM_EXP_STATE (272 + GVM_EXP_TL)  // smem at the end of the scratch: the work list's walk (gvm_expert_matmul)
+#define GVM_EXP_STATE (528 + GVM_EXP_TL)  // smem at the end of the scratch: the work list's walk (gvm_expert_matmul)
 
 // The walk's state: the scratch's last GVM_EXP_STATE bytes (gvm_expert_matmul).
 __device__ __forceinline__ unsigned gvm_exp_state(const gvm_ctx& c) { return gvm_smem_addr(c.smem) + c.smem_bytes - GVM_EXP_STATE; }
@@ -947,20 +947,35 @@ __device__ int gvm_expert_tile(const gvm_ctx& c, int e, int n0, int nn) {
     return GVM_ERR_NONE;
 }
 
-// Bit r (counting from 0) of the set bits of m, as a bit index.
-__device__ __forceinline__ int gvm_nth_bit(unsigned m, int r) {
-    for (; r > 0; --r) m &= m - 1;
-    return __ffs(m) - 1;
+// An expert's share of a list's workers, in quarters, by its token count: an
+// item's time for the same rows grows with its tokens (at 4,096 wide the
+// register path's ring has two slots at 4 tokens and none from 5, and 8 and
+// more take the shared tile). H200 traces of full- and sliding-c16-t1 (f6f3cff,
+// items in a fixed round robin), us an item of equal rows by tokens: up 1-3:
+// 85-90, 4-5: 110-113, 7-13: 118-130; down 1-3: 51, 4-5: 61.5, 7-13: 89-100.
+// With equal shares the heaviest expert's items set the list's end (~1.5-2x
+// the others'). gpuvm/opspec.py expert_weight.
+#ifndef GVM_EXP_WEIGHTED
+#define GVM_EXP_WEIGHTED 1  // 0: every expert hit an equal share (for A/B runs; the CPU backend then sizes other items)
+#endif
+__device__ __forceinline__ unsigned gvm_exp_weight(int count) {
+    if (!GVM_EXP_WEIGHTED) return count > 0 ? 4u : 0u;
+    return count <= 0 ? 0u : count <= 3 ? 4u : count <= 5 ? 5u : 7u;
 }
 
-// One item per call (GVM_AGAIN for the next): item i is tile i % per of the
-// (i / per)-th expert with tokens. Thread 0 takes i from the list's counter
-// work[a0][0] and passes it through the scratch's last GVM_EXP_STATE bytes:
-// two slots used in turn (call k writes and reads slot k & 1, whose last
-// readers, of call k - 2, are behind the barriers of call k - 1), the experts
-// hit, the items done before this worker's last one, then each expert's token
-// count and first slot (route_meta, read once by the first call while its
-// claim is in flight, so that an item starts without a round trip for them).
+// One item per call (GVM_AGAIN for the next). The items are each expert's
+// rows in tiles, expert by expert: an expert with tokens gets q tiles at most,
+// its weighted share of the a1 workers (gvm_exp_weight), of rows rounded up to
+// the grain a2 and at most a3 (gpuvm/opspec.py expert_items): with few
+// experts hit the list is one round of the workers and its items take about
+// the same time. Thread 0 takes item i from the list's counter work[a0][0]
+// and passes it through the scratch's last GVM_EXP_STATE bytes: two slots used
+// in turn (call k writes and reads slot k & 1, whose last readers, of call
+// k - 2, are behind the barriers of call k - 1), the items done before this
+// worker's last one, then each expert's token count and first slot
+// (route_meta, read once by the first call while its claim is in flight, so
+// that an item starts without a round trip for them), the end of its run of
+// items and its tiles' rows.
 // With a4 > 0 the worker takes items a4 - 1, a4 - 1 + W, ... instead (a
 // fixed round robin, the static schedule that the claims are measured against)
 // and counts them the same way.
@@ -995,15 +1010,24 @@ __device__ int gvm_expert_matmul(const gvm_ctx& c) {
             const bool live = (int)lane < tm.shape[1];
             const int count = live ? gvm_ptr<const int>(tm, lane, 4)[0] : 0;
             const int first = live ? gvm_ptr<const int>(tm, tm.stride[0] + lane, 4)[0] : 0;
-            unsigned hit = count != 0 ? 1u << lane : 0u;  // experts with tokens: the warp ORs the bits
+            const unsigned wt = gvm_exp_weight(count);
+            unsigned wsum = wt;
 #pragma unroll
-            for (int o = 16; o > 0; o >>= 1) hit |= __shfl_xor_sync(0xffffffffu, hit, o);
+            for (int o = 16; o > 0; o >>= 1) wsum += __shfl_xor_sync(0xffffffffu, wsum, o);
+            const int nout = gvm_t(c, 0).shape[1], grain = c.ins->arg[2];
+            const int q = max(1, c.ins->arg[1] * (int)wt / max(1, (int)wsum));
+            const int rows = wt ? min(c.ins->arg[3], ((nout + q - 1) / q + grain - 1) / grain * grain) : 0;
+            int end = wt ? (nout + rows - 1) / rows : 0;  // this expert's items, then the end of its run
+#pragma unroll
+            for (int o = 1; o < 32; o <<= 1) {
+                const int v = __shfl_up_sync(0xffffffffu, end, o);
+                if ((int)lane >= o) end += v;
+            }
             gvm_sts(st + 16 + 4 * lane, (unsigned)count);
             gvm_sts(st + 144 + 4 * lane, (unsigned)first);
-            if (lane == 0) {
-                gvm_sts(st + 8, hit);
-                gvm_sts(st, claim);
-            }
+            gvm_sts(st + 272 + 4 * lane, (unsigned)end);
+            gvm_sts(st + 400 + 4 * lane, (unsigned)rows);
+            if (lane == 0) gvm_sts(st, claim);
         }
     } else {
         gvm_group_sync(c);  // the last item's stores, before thread 0 counts it done
@@ -1018,15 +1042,12 @@ __device__ int gvm_expert_matmul(const gvm_ctx& c) {
     }
     gvm_group_sync(c);
     const int i = (int)gvm_lds_u(st + 4 * (c.again & 1));
-    const unsigned hit = gvm_lds_u(st + 8);
+    // item i's expert: the runs that end at or before i come before it (each warp finds it itself)
+    const int end = (int)gvm_lds_u(st + 272 + 4 * (c.tid & 31));
+    const int items = __shfl_sync(0xffffffffu, end, 31), e = __popc(__ballot_sync(0xffffffffu, end <= i));
+    const int start = __shfl_sync(0xffffffffu, end, max(e - 1, 0));
     GVM_EXPR_MARK(c, 2);
     GVM_EXPR_MARK(c, 9);
-    // rows of an item: the workers split among the experts hit, rounded up to
-    // the grain a2, at most a3 (gpuvm/opspec.py expert_item_rows)
-    const int nout = gvm_t(c, 0).shape[1], nhit = __popc(hit), grain = c.ins->arg[2];
-    const int q = max(1, c.ins->arg[1] / max(1, nhit));
-    const int rows = min(c.ins->arg[3], ((nout + q - 1) / q + grain - 1) / grain * grain), per = (nout + rows - 1) / rows;
-    const int items = nhit * per;
 #if GVM_EXPR_PROBE & 2048
     if (c.tid == 0 && c.again == 0) GVM_EXPR_MARKS(c)[13] = (unsigned)i;
     if (c.again == 1) {
@@ -1043,8 +1064,8 @@ __device__ int gvm_expert_matmul(const gvm_ctx& c) {
     if (c.again != 0 && (int)gvm_lds_u(st + 12) + 1 == items) return GVM_SIGNAL_N(c.ins->arg[1]);
     if (i >= items) return GVM_SIGNAL_N(items == 0 && i == 0 ? c.ins->arg[1] : 0);
     if (GVM_EXPR_PROBE & 16) return GVM_AGAIN;  // probe: items taken, none computed (times the list's walk)
-    const int r = i / per, t = i - r * per;
-    const int rc = gvm_expert_tile<UP>(c, gvm_nth_bit(hit, r), t * rows, min(rows, nout - t * rows));
+    const int rows = (int)gvm_lds_u(st + 400 + 4 * e), row0 = (i - (e > 0 ? start : 0)) * rows;
+    const int rc = gvm_expert_tile<UP>(c, e, row0, min(rows, gvm_t(c, 0).shape[1] - row0));
     return rc != GVM_ERR_NONE ? rc : GVM_AGAIN;
 }
 

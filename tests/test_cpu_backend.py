@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from gpuvm.cpu import CpuOpError, StuckError, run_stream
 from gpuvm.cpu import ops
+from gpuvm.opspec import expert_items, expert_weight
 from gpuvm.isa import DType, Op, f2i
 from gpuvm.muse.formats import E2M1_VALUES, tile_nvfp4
 from gpuvm.program import Program, ProgramError
@@ -386,6 +387,18 @@ def test_expert_with_no_tokens_touches_nothing() -> None:
     assert ops.list_items(meta, 64, 3, 16, 64) == [(0, slice(0, 32)), (0, slice(32, 64))]
     assert ops.list_items(meta, 64, 3, 16, 16) == [(0, slice(r, r + 16)) for r in (0, 16, 32, 48)]
     assert not hbuf[:2].isnan().any() and hbuf[2:].isnan().all() and work.tolist() == [[2 + 3, 2]]
+
+
+def test_expert_items_share_the_workers_by_tokens() -> None:
+    """An expert's tiles are its share of the workers weighted by its tokens
+    (quarters: 4 up to 3 tokens, 5 up to 5, 7 above): one of 13 tokens beside
+    one of 1 gets 10 of 16 workers' tiles, half the rows each, so that its
+    slower items end with the other's; equal weights split evenly."""
+    assert [expert_weight(t) for t in (0, 1, 3, 4, 5, 6, 13)] == [0, 4, 4, 5, 5, 7, 7]
+    items = expert_items([1, 0, 13], 160, 16, 16, 1 << 20)
+    assert items == [(0, r, 32) for r in range(0, 160, 32)] + [(2, r, 16) for r in range(0, 160, 16)]
+    assert expert_items([2, 3, 1], 96, 6, 16, 1 << 20) == [(e, r, 48) for e in range(3) for r in (0, 48)]
+    assert expert_items([2, 13], 96, 6, 16, 32) == [(0, 0, 32), (0, 32, 32), (0, 64, 32), (1, 0, 32), (1, 32, 32), (1, 64, 32)]  # the cap rules
 
 
 def test_empty_work_list_is_signalled_by_its_first_worker() -> None:

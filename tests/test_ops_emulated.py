@@ -118,3 +118,13 @@ def test_a_wrong_wgmma_descriptor_fails(tmp_path: Path) -> None:
     staged GEMM multiplies the wrong k and its answers are off."""
     broken = _mutant(tmp_path, "ops/gemm.cuh", "da + 2 * s, db + 2 * s", "da + s, db + s")
     assert any("staged" in f or "token ranges" in f for f in _failures(broken, {Op.GEMM}))
+
+
+def test_the_item_walk_agrees_with_opspec(tmp_path: Path) -> None:
+    """The device sizes an expert's items by its share of the workers weighted
+    by its tokens (gvm_exp_weight), as opspec.expert_items does for the CPU
+    backend: with the shares equal again, the cases' lists (experts of 2 to 44
+    tokens) count other items than the CPU's in `work`, and some rows go
+    unwritten."""
+    broken = _mutant(tmp_path, "ops/experts.cuh", "count <= 3 ? 4u : count <= 5 ? 5u : 7u", "4u")
+    assert any("work" in f for f in _failures(broken, {Op.EXPERT_UP}))

@@ -2,7 +2,7 @@
 # One call on the H200 (the device tool): the VM proofs and timings, the Muse
 # ops standalone, and the decode-case sweep, each under its own time limit,
 # logs and results under $OUT (at most 8 files come back: traces are tarred).
-#   GPUVM_COMMIT=<sha> bash tools/gpu_session.sh [check|fold|ops|opstime|sweep|step|stepsweep|probe|experts|router|park|ring|lists|steptrace|tiles|rowpf|fill|fill2|xstage|trace62|xprobe|smem|tiles2|xbench|against|slots|naps|icache|workers|slices|statsprobe|topkprobe|layertrace|oneop|fusedqk|ringbench|ringprobe|opsgemm|tail|attstop|gputests|vmtest|next|attntail|qksplit|lazygemm|lazyattn|lazyctl|ncuattn|clocks|codewarm|lazyexperts|lazyone|lazyall|toolcheck|gearly|kparts|kpartslayers|glate|glate16|fixed16|dispdepth|ncu ...]
+#   GPUVM_COMMIT=<sha> bash tools/gpu_session.sh [check|fold|ops|opstime|sweep|step|stepsweep|probe|experts|router|park|ring|lists|steptrace|tiles|rowpf|fill|fill2|xstage|trace62|xprobe|smem|tiles2|xbench|against|slots|naps|icache|workers|slices|statsprobe|topkprobe|layertrace|oneop|fusedqk|ringbench|ringprobe|opsgemm|tail|attstop|gputests|vmtest|next|attntail|qksplit|lazygemm|lazyattn|lazyctl|ncuattn|clocks|codewarm|lazyexperts|lazyone|lazyall|toolcheck|gearly|kparts|kpartslayers|glate|glate16|fixed16|dispdepth|shares|cap33|ncu ...]
 # (set GPUVM_COMMIT when running a snapshot without .git: else the results name the enclosing checkout)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -268,6 +268,10 @@ for rep in range(3):
         for m in ('dynamic', 'static'):
             print(rep, 'depth', d, m, round(dispatch_overhead(vm, m, claim_depth=d)['us_per_instr_per_block'], 4), flush=True)
 " > "$OUT/dispdepth.log" 2>&1; echo "dispdepth rc=$?"; cat "$OUT/dispdepth.log" | tail -20 ;;
+    shares) # the expert lists' items sized by each expert's token-weighted share of the workers (GVM_EXP_WEIGHTED 1, the default) against equal shares (0): the layers and steps whose lists are one round; two dynamic rounds
+           AB_TAIL=16 ab_rounds shares variants "w:,eq:GVM_EXP_WEIGHTED=0" 280 --cases full-c16-t1,sliding-c16-t1,full-c32-t1,full-c1-t8,sliding-c1-t8 --step 16x1,1x8 ;;
+    cap33) # one round of weighted items up to 32 tokens (Tiles.expert_cap_tokens 33) against items capped at 64 rows from 17 (the default); two dynamic rounds
+           AB_TAIL=8 ab_rounds cap33 tiles "base:,c33:expert_cap_tokens=33" 150 --cases full-c32-t1,sliding-c32-t1 --step 32x1 ;;
     kparts) # Wqkvg's staged tiles in K parts (Tiles.gemm_parts 4, the default) and its g tiles ordered early (g_early 1) against neither (p1g0) and parts alone off (p1):
             # GEMM on the GPU (ops_check: the bf16 K-part cases), then two dynamic rounds on the 128/256-token layers and step 16 x 8
            timeout 200 python3 tools/ops_check.py --only gemm > "$OUT/ops_gemm.log" 2>&1; echo "ops_check gemm rc=$?"; grep -i "parts\|fail\|all ok" "$OUT/ops_gemm.log" | tail -10

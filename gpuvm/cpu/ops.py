@@ -21,7 +21,7 @@ import torch
 
 from ..isa import HEAD_DIM, NVFP4_TILE_ROWS, RMS_EPS, TOPK, Op, i2f
 from ..muse.formats import dequantize_nvfp4, from_e4m3, to_e4m3, untile_nvfp4
-from ..opspec import expert_item_rows
+from ..opspec import expert_items
 
 Slots = Sequence["torch.Tensor | None"]
 Args = Sequence[int]
@@ -318,11 +318,9 @@ def _expert_slots(meta: torch.Tensor, route: torch.Tensor, e: int, tokens: int) 
 
 def list_items(meta: torch.Tensor, n_out: int, workers: int, grain: int, cap: int) -> list[tuple[int, slice]]:
     """A step's work list: (expert, rows) of item i = the experts with tokens,
-    in expert order, times their row tiles (opspec.expert_item_rows)."""
-    hit = [e for e in range(meta.shape[1]) if int(meta[0, e]) != 0]
-    rows = expert_item_rows(n_out, len(hit), workers, grain, cap)
-    per = -(-n_out // rows)
-    return [(hit[i // per], slice((i % per) * rows, min(n_out, (i % per + 1) * rows))) for i in range(len(hit) * per)]
+    in expert order, times their row tiles (opspec.expert_items)."""
+    items = expert_items([int(c) for c in meta[0].tolist()], n_out, workers, grain, cap)
+    return [(e, slice(r0, r0 + n)) for e, r0, n in items]
 
 
 def take_items(work: torch.Tensor, k: int, items: list[tuple[int, slice]], workers: int, do: Callable[[int, slice], None], fixed: int = 0) -> int:

@@ -34,7 +34,7 @@ __all__ = ["Tiles", "LayerHandles", "LayerProgram", "emit_layer", "lower_layer",
 
 #: what an int32 scratch buffer holds before a run, so an unwritten element shows
 POISON_INT = -7
-#: expert work items (sized on the GPU, opspec.expert_item_rows): rows in
+#: expert work items (sized on the GPU, opspec.expert_items): rows in
 #: multiples of a tiled NVFP4 block of 16 rows (a warp's unit of the register
 #: path; the shared tile's is 8 gate|up rows or 16 down rows), and at most
 #: Tiles.expert_cap (EXPERT_CAP) rows from Tiles.expert_cap_tokens tokens a step on
@@ -111,7 +111,7 @@ class Tiles:
     # From expert_cap_tokens tokens a step (0: always) expert work items are at
     # most expert_cap rows, so that the workers even out experts' unequal token
     # counts; below, items are sized so that the list is one round of the
-    # workers (opspec.expert_item_rows): capped, 5 experts hit made 320 items of
+    # workers (opspec.expert_items): capped, 5 experts hit made 320 items of
     # 64 rows for 264 workers, two rounds. H200, b898d7d, one run, capped / not:
     # expert_bench 5 hits x 1 token up 75.3 / 60.1 us, down 45.2 / 33.8; step
     # 1 x 8 16.65 / 15.64 ms, 16 x 1 26.09 / 25.48; but 32 x 1 34.48 / 35.55

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Sequence
 
 from ..isa import Op
 from ..muse.config import MuseConfig
-from ..opspec import Cost, ProgramError, expert_item_rows
+from ..opspec import Cost, ProgramError, expert_items
 from ..program import Stream
 from .hardware import Hardware
 from .model import simulate
@@ -65,7 +65,6 @@ def layer_costs(stream: Stream, expert_tokens: Sequence[int]) -> list[Cost]:
     and activations, plus one input row per token. The code warmer's lead
     instances (gpuvm/muse/code_warm.py) keep their static costs: their lists
     route a small layer's tokens, not these."""
-    hit = [e for e, t in enumerate(expert_tokens) if t > 0]
     out: list[Cost] = []
     seen: dict[tuple[str, int], int] = {}  # workers of each list so far: the model deals items round-robin
     for ins in stream.ops:
@@ -80,11 +79,10 @@ def layer_costs(stream: Stream, expert_tokens: Sequence[int]) -> list[Cost]:
             seen[key] = wk + 1
             k, n_out = x.shape[1], dst.shape[1]
             mats = 2 if ins.opcode == Op.EXPERT_UP else 1
-            rows = expert_item_rows(n_out, len(hit), n_w, ins.args[2], ins.args[3])
-            per = -(-n_out // rows)
+            items = expert_items(expert_tokens, n_out, n_w, ins.args[2], ins.args[3])
             wb = ab = fl = 0
-            for i in range(wk, len(hit) * per, n_w):
-                n, t = min(rows, n_out - (i % per) * rows), int(expert_tokens[hit[i // per]])
+            for e, _, n in items[wk::n_w]:
+                t = int(expert_tokens[e])
                 wb += mats * n * (k // 2 + k // 16)
                 ab += t * (n * 8 + x.row_bytes)
                 fl += t * 2 * mats * k * n

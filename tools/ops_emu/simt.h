@@ -201,6 +201,15 @@ template <class T> inline T __shfl_up_sync(unsigned mask, T v, unsigned d) {
     const int src = emu::lane() - (int)d;
     return gvm_emu_shfl(v, src < 0 ? emu::lane() : src);
 }
+inline unsigned __ballot_sync(unsigned mask, int pred) {
+    emu::check_mask(mask);
+    const unsigned v = pred != 0;
+    return emu::exchange(&v, 1, [](unsigned (*x)[12]) {
+        unsigned r = 0;
+        for (int i = 0; i < 32; ++i) r |= x[i][0] << i;
+        return r;
+    });
+}
 inline unsigned __reduce_max_sync(unsigned mask, unsigned v) {
     emu::check_mask(mask);
     return emu::exchange(&v, 1, [](unsigned (*x)[12]) {
