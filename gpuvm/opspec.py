@@ -483,10 +483,14 @@ def expert_items(tokens: Sequence[int], n_out: int, workers: int, grain: int, ca
     for e, t in enumerate(tokens):
         w = expert_weight(t)
         if w:
-            q = max(1, workers * w // wsum)
-            rows = min(cap, -(-(-(-n_out // q)) // grain) * grain)
+            rows = _tile_rows(n_out, max(1, workers * w // wsum), grain, cap)
             items += [(e, r0, min(rows, n_out - r0)) for r0 in range(0, n_out, rows)]
     return items
+
+
+def _tile_rows(n_out: int, tiles: int, grain: int, cap: int) -> int:
+    """Rows of an expert's items cut into at most `tiles` (expert_items)."""
+    return min(cap, -(-(-(-n_out // tiles)) // grain) * grain)
 
 
 def _cost_expert(ts: Slots, a: Args, mats: int) -> Cost:
@@ -495,8 +499,9 @@ def _cost_expert(ts: Slots, a: Args, mats: int) -> Cost:
     out, x, meta = ts[0], ts[1], ts[5]
     assert out and x and meta
     k, n_out = x.shape[1], out.shape[1]
-    items = expert_items([1] * meta.shape[1], n_out, a[1], a[2], a[3])
-    rows = -(-len(items) // a[1]) * items[0][2]
+    e = meta.shape[1]  # equal weights: each expert's share is a1 // e (expert_items, without building the list)
+    item = min(n_out, _tile_rows(n_out, max(1, a[1] // e), a[2], a[3]))
+    rows = -(-e * -(-n_out // item) // a[1]) * item
     return Cost(weight_bytes=mats * rows * (k // 2 + k // 16), act_bytes=rows * 8, flops=2 * mats * k * rows)
 
 

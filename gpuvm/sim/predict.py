@@ -67,6 +67,7 @@ def layer_costs(stream: Stream, expert_tokens: Sequence[int]) -> list[Cost]:
     route a small layer's tokens, not these."""
     out: list[Cost] = []
     seen: dict[tuple[str, int], int] = {}  # workers of each list so far: the model deals items round-robin
+    lists: dict[tuple, list[tuple[int, int, int]]] = {}  # each list's items, made once
     for ins in stream.ops:
         c = ins.cost
         if ins.opcode in EXPERT_OPS and not ins.lead:
@@ -79,7 +80,10 @@ def layer_costs(stream: Stream, expert_tokens: Sequence[int]) -> list[Cost]:
             seen[key] = wk + 1
             k, n_out = x.shape[1], dst.shape[1]
             mats = 2 if ins.opcode == Op.EXPERT_UP else 1
-            items = expert_items(expert_tokens, n_out, n_w, ins.args[2], ins.args[3])
+            lk = (key, n_out, n_w, ins.args[2], ins.args[3])
+            if lk not in lists:
+                lists[lk] = expert_items(expert_tokens, n_out, n_w, ins.args[2], ins.args[3])
+            items = lists[lk]
             wb = ab = fl = 0
             for e, _, n in items[wk::n_w]:
                 t = int(expert_tokens[e])
