@@ -372,6 +372,21 @@ def test_layer_costs_follow_expert_tokens() -> None:
         layer_costs(s, [1, 1])
 
 
+def test_static_expert_cost_is_a_workers_share_of_one_token_each() -> None:
+    """An expert op's static cost (opspec, before any routing) is the rows of
+    the most items a worker gets when every local expert has one token: the
+    share the list of expert_items gives, here reckoned without making it (a
+    list per worker instruction made a 1 x 1 step's lowering twice as slow)."""
+    s, _ = _small_layer()
+    E = SMALL.local_experts
+    for ins in s.ops:
+        if ins.opcode in (Op.EXPERT_UP, Op.EXPERT_DOWN):
+            n_out, k, n_w = ins.tensors[0].shape[1], ins.tensors[1].shape[1], ins.args[1]
+            items = list_items(torch.tensor([[1] * E, [0] * E], dtype=torch.int32), n_out, n_w, ins.args[2], ins.args[3])
+            rows = -(-len(items) // n_w) * (items[0][1].stop - items[0][1].start)
+            assert ins.cost.weight_bytes == (2 if ins.opcode == Op.EXPERT_UP else 1) * rows * (k // 2 + k // 16)
+
+
 def test_more_experts_hit_take_longer() -> None:
     """On two blocks, where experts cannot all run side by side."""
     _, case = _small_layer()
