@@ -177,10 +177,12 @@ enum gvm_opcode {
      * is number F - 1 of the W, numbered 1..W: it takes items F - 1, F - 1 + W,
      * F - 1 + 2W, ... and leaves work[k][0] alone: a fixed round robin, the
      * static schedule the claims are measured against). Work list (E <= GVM_MAX_WORKLIST_EXPERTS):
-     * with h experts with tokens, tiles have
-     * R = min(C, G * ceil(ceil(I / max(1, W / h)) / G)) rows;
-     * item i is row tile i % P (rows [R*(i%P), +R) of I, P = ceil(I/R)) of the
-     * (i/P)-th expert with tokens, in expert order. The W instructions of a list take items
+     * expert e with n_e > 0 tokens has weight w_e (4 up to 3 tokens, 5 up to
+     * 5, 7 above; S their sum) and tiles of
+     * R_e = min(C, G * ceil(ceil(I / max(1, W * w_e / S)) / G)) rows, P_e =
+     * ceil(I / R_e) of them; the items are the experts' tiles, expert by expert
+     * in expert order, each expert's in row order (rows [R_e*j, +R_e) of I).
+     * The W instructions of a list take items
      * i = work[k][0]++ (atomic) until i is past the last item (so work[k][0]
      * ends at items + W) and count each one finished in work[k][1]; the worker
      * that finishes the last item (with no items, the first to take one)

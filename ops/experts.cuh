@@ -9,11 +9,12 @@
 // counter that TOPK zeroed (an atomic increment), until the list runs out. An
 // expert with no tokens costs no item; a worker that starts late (queued
 // behind a long op in its block) finds the list taken by the running ones.
-// Tiles are sized on the GPU from the number of experts hit: W / hit tiles
-// per expert (rows rounded up to the grain a2), so that with few experts hit
-// a list is one round of items (a second round doubled the list's time), and
-// at most a3 rows, so that with many hit the workers still even out the
-// experts' unequal token counts.
+// Tiles are sized on the GPU from the experts' token counts: each expert hit
+// gets its share of the W workers, weighted by its tokens (gvm_exp_weight),
+// as tiles (rows rounded up to the grain a2), so that with few experts hit a
+// list is one round of items of about equal time (a second round doubled the
+// list's time), and at most a3 rows, so that with many hit the workers still
+// even out the experts' unequal token counts.
 // Tensor cores (mma m16n8k16, f16 in, f32 accumulate): M = 16 tokens, N = 8 weight
 // rows, K = 16. code * block scale has at most 5 significant bits, so it is exact
 // in f16; the tensor scale is applied to the f32 sums. x goes bf16 -> f16 (exact
