@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, NamedTuple, Sequence
 
-from .isa import DTYPE_BYTES, GEMM_MAX_PARTS, HEAD_DIM, MAX_WORKLIST_EXPERTS, NVFP4_TILE_K, NVFP4_TILE_ROWS, TOPK, DType, Op, i2f
+from .isa import DTYPE_BYTES, EXPERT_SHARE_ABOVE, EXPERT_SHARES, GEMM_MAX_PARTS, HEAD_DIM, MAX_WORKLIST_EXPERTS, NVFP4_TILE_K, NVFP4_TILE_ROWS, TOPK, DType, Op, i2f
 
 
 class ProgramError(ValueError):
@@ -462,10 +462,13 @@ def _check_expert(ts: Slots, a: Args, up: bool) -> None:
 
 def expert_weight(tokens: int) -> int:
     """An expert's share of a work list's workers, in quarters, by its token
-    count (ops/experts.cuh gvm_exp_weight): an item's time for the same rows
-    grows with its tokens (the ring has fewer slots from 4 tokens at 4,096
-    wide, none from 5, and 8 and more take the shared tile)."""
-    return 0 if tokens <= 0 else 4 if tokens <= 3 else 5 if tokens <= 5 else 7
+    count (the ISA's GVM_EXPERT_SHARE_*, as ops/experts.cuh gvm_exp_weight):
+    an item's time for the same rows grows with its tokens (the ring has fewer
+    slots from 4 tokens at 4,096 wide, none from 5, and 8 and more take the
+    shared tile)."""
+    if tokens <= 0:
+        return 0
+    return next((w for t, w in EXPERT_SHARES if tokens <= t), EXPERT_SHARE_ABOVE)
 
 
 def expert_items(tokens: Sequence[int], n_out: int, workers: int, grain: int, cap: int) -> list[tuple[int, int, int]]:

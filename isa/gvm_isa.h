@@ -53,6 +53,25 @@ typedef long long int64_t;
 #define GVM_HEAD_DIM 64
 #define GVM_GQA 8                /* query heads per kv head */
 #define GVM_MAX_WORKLIST_EXPERTS 32 /* local experts an EXPERT_UP/DOWN work list covers */
+/* An expert's weight in its work list's shares of the workers (EXPERT_UP
+ * below), in quarters: up to GVM_EXPERT_SHARE_T1 tokens W1, up to T2 W2, more
+ * W3 (ops/experts.cuh gvm_exp_weight; gpuvm/opspec.py expert_weight reads
+ * these lines, so a -D for an A/B run changes the device's items only). */
+#ifndef GVM_EXPERT_SHARE_T1
+#define GVM_EXPERT_SHARE_T1 3
+#endif
+#ifndef GVM_EXPERT_SHARE_W1
+#define GVM_EXPERT_SHARE_W1 4
+#endif
+#ifndef GVM_EXPERT_SHARE_T2
+#define GVM_EXPERT_SHARE_T2 5
+#endif
+#ifndef GVM_EXPERT_SHARE_W2
+#define GVM_EXPERT_SHARE_W2 5
+#endif
+#ifndef GVM_EXPERT_SHARE_W3
+#define GVM_EXPERT_SHARE_W3 7
+#endif
 #define GVM_GEMM_MAX_PARTS 16    /* K parts of an f32 GEMM tile (a5) */
 /* Tiled NVFP4 (the expert weights): a matrix [N,K] is ceil(N/16) blocks of
  * 16 rows, each K step of 128 values by K step: codes [16 rows][64 B], and
@@ -177,8 +196,8 @@ enum gvm_opcode {
      * is number F - 1 of the W, numbered 1..W: it takes items F - 1, F - 1 + W,
      * F - 1 + 2W, ... and leaves work[k][0] alone: a fixed round robin, the
      * static schedule the claims are measured against). Work list (E <= GVM_MAX_WORKLIST_EXPERTS):
-     * expert e with n_e > 0 tokens has weight w_e (4 up to 3 tokens, 5 up to
-     * 5, 7 above; S their sum) and tiles of
+     * expert e with n_e > 0 tokens has weight w_e (GVM_EXPERT_SHARE_*: 4 up
+     * to 3 tokens, 5 up to 5, 7 above; S their sum) and tiles of
      * R_e = min(C, G * ceil(ceil(I / max(1, W * w_e / S)) / G)) rows, P_e =
      * ceil(I / R_e) of them; the items are the experts' tiles, expert by expert
      * in expert order, each expert's in row order (rows [R_e*j, +R_e) of I).

@@ -955,13 +955,16 @@ __device__ int gvm_expert_tile(const gvm_ctx& c, int e, int n0, int nn) {
 // items in a fixed round robin), us an item of equal rows by tokens: up 1-3:
 // 85-90, 4-5: 110-113, 7-13: 118-130; down 1-3: 51, 4-5: 61.5, 7-13: 89-100.
 // With equal shares the heaviest expert's items set the list's end (~1.5-2x
-// the others'). gpuvm/opspec.py expert_weight.
+// the others'). The weights are the ISA's (GVM_EXPERT_SHARE_*), which
+// gpuvm/opspec.py expert_weight reads too.
 #ifndef GVM_EXP_WEIGHTED
 #define GVM_EXP_WEIGHTED 1  // 0: every expert hit an equal share (for A/B runs; the CPU backend then sizes other items)
 #endif
 __device__ __forceinline__ unsigned gvm_exp_weight(int count) {
     if (!GVM_EXP_WEIGHTED) return count > 0 ? 4u : 0u;
-    return count <= 0 ? 0u : count <= 3 ? 4u : count <= 5 ? 5u : 7u;
+    return count <= 0 ? 0u
+         : count <= GVM_EXPERT_SHARE_T1 ? GVM_EXPERT_SHARE_W1
+         : count <= GVM_EXPERT_SHARE_T2 ? GVM_EXPERT_SHARE_W2 : GVM_EXPERT_SHARE_W3;
 }
 
 // One item per call (GVM_AGAIN for the next). The items are each expert's
