@@ -36,7 +36,7 @@ for s in $steps; do
            (cd "$OUT" && ls trace-*.npz >/dev/null 2>&1 && tar czf traces.tgz trace-*.npz && rm -f trace-*.npz) ;;
     opstime) timeout ${T_OPSTIME:-90} python3 tools/ops_check.py --time 200 > "$OUT/ops_time.log" 2>&1; echo "ops_time rc=$?"; tail -30 "$OUT/ops_time.log" ;;
     step) timeout ${T_STEP:-400} python3 tools/step_check.py --out "$OUT/step.json" ${STEP_ARGS:-} > "$OUT/step.log" 2>&1; echo "step rc=$?"; tail -15 "$OUT/step.log" ;;
-    stepsweep) timeout ${T_STEPSWEEP:-500} python3 -m gpuvm sweep --step --out "$OUT/step" ${STEPSWEEP_ARGS:-} > "$OUT/step_sweep.log" 2>&1; echo "step sweep rc=$?"; tail -14 "$OUT/step_sweep.log"
+    stepsweep) timeout ${T_STEPSWEEP:-580} python3 -m gpuvm sweep --step --out "$OUT/step" ${STEPSWEEP_ARGS:-} > "$OUT/step_sweep.log" 2>&1; echo "step sweep rc=$?"; tail -14 "$OUT/step_sweep.log"
                (cd "$OUT" && [ -d step ] && tar czf step.tgz step && rm -rf step) ;;  # one file back, not three (8 come back a call)
     probe) timeout ${T_PROBE:-270} python3 tools/dispatch_probe.py --out "$OUT/dispatch_probe.json" > "$OUT/dispatch_probe.log" 2>&1; echo "probe rc=$?"; tail -40 "$OUT/dispatch_probe.log" ;;
     experts) # the build switches' defaults against their other settings (GVM_EXPERT_REG, GVM_GEMM_TT, the router's tile): alone, in layers and steps
