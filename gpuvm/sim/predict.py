@@ -67,7 +67,7 @@ def layer_costs(stream: Stream, expert_tokens: Sequence[int]) -> list[Cost]:
     route a small layer's tokens, not these."""
     out: list[Cost] = []
     seen: dict[tuple[str, int], int] = {}  # workers of each list so far: the model deals items round-robin
-    lists: dict[tuple, list[tuple[int, int, int]]] = {}  # each list's items, made once
+    lists: dict[tuple, list[tuple[int, int, int]]] = {}  # the items of each list shape, made once
     for ins in stream.ops:
         c = ins.cost
         if ins.opcode in EXPERT_OPS and not ins.lead:
@@ -80,7 +80,7 @@ def layer_costs(stream: Stream, expert_tokens: Sequence[int]) -> list[Cost]:
             seen[key] = wk + 1
             k, n_out = x.shape[1], dst.shape[1]
             mats = 2 if ins.opcode == Op.EXPERT_UP else 1
-            lk = (key, n_out, n_w, ins.args[2], ins.args[3])
+            lk = (n_out, n_w, ins.args[2], ins.args[3])  # the items depend on these and expert_tokens only
             if lk not in lists:
                 lists[lk] = expert_items(expert_tokens, n_out, n_w, ins.args[2], ins.args[3])
             items = lists[lk]
