@@ -272,8 +272,9 @@ for rep in range(3):
            AB_TAIL=16 ab_rounds shares variants "w:,eq:GVM_EXP_WEIGHTED=0" 280 --cases full-c16-t1,sliding-c16-t1,full-c32-t1,full-c1-t8,sliding-c1-t8 --step 16x1,1x8 ;;
     cap33) # one round of weighted items up to 32 tokens (Tiles.expert_cap_tokens 33) against items capped at 64 rows from 17 (the default); two dynamic rounds
            AB_TAIL=8 ab_rounds cap33 tiles "base:,c33:expert_cap_tokens=33" 150 --cases full-c32-t1,sliding-c32-t1 --step 32x1 ;;
-    weightcal) # the expert lists alone by an expert's tokens (8 experts hit alike, uncapped: one round of equal items), to refit GVM_EXPERT_SHARE_* (the list at T tokens over the list at 1)
-           timeout 300 python3 tools/expert_bench.py --reps 10 --cap 1048576 --shapes 8x1,8x2,8x3,8x4,8x5,8x6,8x7,8x8,8x10,8x12,8x16,8x20,8x24,8x32 --out "$OUT/weightcal.json" > "$OUT/weightcal.log" 2>&1; echo "weightcal rc=$?"; tail -32 "$OUT/weightcal.log" ;;
+    weightcal) # the expert lists alone by an expert's tokens (experts hit alike, uncapped: one round of equal items), to refit GVM_EXPERT_SHARE_*: 8 hit at 1..32 tokens
+               # (the list at T tokens over the list at 1), and 4 and 16 hit at a few, whose items have twice and half the rows (an item's fixed part against its per-row part)
+           timeout ${T_WEIGHTCAL:-360} python3 tools/expert_bench.py --reps 10 --cap 1048576 --shapes 8x1,8x2,8x3,8x4,8x5,8x6,8x7,8x8,8x10,8x12,8x16,8x20,8x24,8x32,4x1,4x4,4x8,4x16,16x1,16x4,16x8,16x16 --out "$OUT/weightcal.json" > "$OUT/weightcal.log" 2>&1; echo "weightcal rc=$?"; tail -50 "$OUT/weightcal.log" ;;
     kparts) # Wqkvg's staged tiles in K parts (Tiles.gemm_parts 4, the default) and its g tiles ordered early (g_early 1) against neither (p1g0) and parts alone off (p1):
             # GEMM on the GPU (ops_check: the bf16 K-part cases), then two dynamic rounds on the 128/256-token layers and step 16 x 8
            timeout 200 python3 tools/ops_check.py --only gemm > "$OUT/ops_gemm.log" 2>&1; echo "ops_check gemm rc=$?"; grep -i "parts\|fail\|all ok" "$OUT/ops_gemm.log" | tail -10
