@@ -39,6 +39,12 @@
 #ifndef GVM_EXPERT_REG
 #define GVM_EXPERT_REG 1  // experts with few tokens stream weights through registers (0: always the shared tile)
 #endif
+#ifndef GVM_EXPR_BARE_CHAINS
+#define GVM_EXPR_BARE_CHAINS 1  // DOWN's MMA chains in the ringless register path (gvm_expr_unit): 1 or 2 (UP has one a set)
+#endif
+#ifndef GVM_EXPR_BARE_DOWN
+#define GVM_EXPR_BARE_DOWN 1  // 0: DOWN takes the shared tile when no weight ring fits (not the ringless register path)
+#endif
 #ifndef GVM_EXPR_PROBE
 #define GVM_EXPR_PROBE 0   // timing probes (tools/expert_bench.py --define), bits: 1 no decode, 2 no MMA, 4 no weight copies (ring),
                            // 8 nothing after staging x, 16 no item (the list's walk alone), 32 no epilogue, 64 nothing at all,
@@ -401,7 +407,9 @@ __device__ __forceinline__ unsigned gvm_expr_pitch(int kdim) { return (unsigned)
 // Can the register path take an expert with `count` tokens? x for all of them,
 // 4 partial tiles per set and a flag must fit beside the work list's state.
 __device__ __forceinline__ bool gvm_expr_fits(const gvm_ctx& c, int count, int kdim, int sets) {
-    return count <= 8 && (unsigned)count * gvm_expr_pitch(kdim) + 4 * sets * GVM_EXPR_PART + 16 + GVM_EXP_STATE <= c.smem_bytes;
+    const unsigned need = (unsigned)count * gvm_expr_pitch(kdim) + 4 * sets * GVM_EXPR_PART + 16 + GVM_EXP_STATE;
+    const unsigned ring = GVM_EXPR_BARE_DOWN || sets == 2 ? 0u : GVM_EXPR_RING_MIN * 4 * GVM_EXPR_SLOT;  // as nsl in gvm_expert_tile_reg
+    return count <= 8 && need + ring <= c.smem_bytes;
 }
 
 // One set's loads of chunk j of this lane (rows a and b, codes and scales): a
@@ -540,11 +548,17 @@ __device__ __forceinline__ void gvm_expr_unit(const gvm_ctx& c, float (&acc)[2][
             const unsigned ch = (unsigned)min(c_beg + (int)q + 4 * j, nch - 1);  // past the lane's end the codes are zeros
 #pragma unroll
             for (int s = 0; s < SETS; ++s) {
-                gvm_expr_chunk(acc[s], acc[s], CA[s][u], CB[s][u], SC[s][u], xrow, ch);
+                if (!UP && GVM_EXPR_BARE_CHAINS == 2)  // DOWN's one set: acc[1] free for a second chain
+                    gvm_expr_chunk(acc[0], acc[1], CA[s][u], CB[s][u], SC[s][u], xrow, ch);
+                else
+                    gvm_expr_chunk(acc[s], acc[s], CA[s][u], CB[s][u], SC[s][u], xrow, ch);
                 gvm_expr_fill(CA[s][u], CB[s][u], SC[s][u], pa[s], pb[s], sa[s], sb[s], jn, jn < mine, pol);
             }
         }
     }
+    if (!UP && GVM_EXPR_BARE_CHAINS == 2)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc[0][i] += acc[1][i];
 }
 
 // Waits until at most n (0..7: a ring of at most 9 slots waits with nsl - 2) commit groups of this thread are pending.

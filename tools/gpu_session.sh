@@ -2,7 +2,7 @@
 # One call on the H200 (the device tool): the VM proofs and timings, the Muse
 # ops standalone, and the decode-case sweep, each under its own time limit,
 # logs and results under $OUT (at most 8 files come back: traces are tarred).
-#   GPUVM_COMMIT=<sha> bash tools/gpu_session.sh [check|fold|ops|opstime|sweep|step|stepsweep|probe|experts|router|park|ring|lists|steptrace|tiles|rowpf|fill|fill2|xstage|trace62|xprobe|smem|tiles2|xbench|against|slots|naps|icache|workers|slices|statsprobe|topkprobe|layertrace|oneop|fusedqk|ringbench|ringprobe|opsgemm|tail|attstop|gputests|vmtest|next|attntail|qksplit|lazygemm|lazyattn|lazyctl|ncuattn|clocks|codewarm|lazyexperts|lazyone|lazyall|toolcheck|gearly|kparts|kpartslayers|glate|glate16|fixed16|dispdepth|shares|cap33|weightcal|ncu ...]
+#   GPUVM_COMMIT=<sha> bash tools/gpu_session.sh [check|fold|ops|opstime|sweep|step|stepsweep|probe|experts|router|park|ring|lists|steptrace|tiles|rowpf|fill|fill2|xstage|trace62|xprobe|smem|tiles2|xbench|against|slots|naps|icache|workers|slices|statsprobe|topkprobe|layertrace|oneop|fusedqk|ringbench|ringprobe|opsgemm|tail|attstop|gputests|vmtest|next|attntail|qksplit|lazygemm|lazyattn|lazyctl|ncuattn|clocks|codewarm|lazyexperts|lazyone|lazyall|toolcheck|gearly|kparts|kpartslayers|glate|glate16|fixed16|dispdepth|shares|cap33|weightcal|bare|ncu ...]
 # (set GPUVM_COMMIT when running a snapshot without .git: else the results name the enclosing checkout)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -275,6 +275,12 @@ for rep in range(3):
     weightcal) # the expert lists alone by an expert's tokens (experts hit alike, uncapped: one round of equal items), to refit GVM_EXPERT_SHARE_*: 8 hit at 1..32 tokens
                # (the list at T tokens over the list at 1), and 4 and 16 hit at a few, whose items have twice and half the rows (an item's fixed part against its per-row part)
            timeout ${T_WEIGHTCAL:-360} python3 tools/expert_bench.py --reps 10 --cap 1048576 --shapes 8x1,8x2,8x3,8x4,8x5,8x6,8x7,8x8,8x10,8x12,8x16,8x20,8x24,8x32,4x1,4x4,4x8,4x16,16x1,16x4,16x8,16x16 --out "$OUT/weightcal.json" > "$OUT/weightcal.log" 2>&1; echo "weightcal rc=$?"; tail -50 "$OUT/weightcal.log" ;;
+    bare) # the register path without a weight ring (5-8 tokens at 4,096 wide): DOWN's two MMA chains (GVM_EXPR_BARE_CHAINS 2), DOWN on the shared tile
+          # instead (GVM_EXPR_BARE_DOWN 0), and a 72 / 80 KB group scratch (rings from 5 / 6 tokens, 8-token UP on registers): the lists alone, then two dynamic rounds
+           for v in base: ch2:GVM_EXPR_BARE_CHAINS=2 tile:GVM_EXPR_BARE_DOWN=0 s72:GVM_GROUP_SMEM=73728+GVM_EXPR_BARE_DOWN=0 s80:GVM_GROUP_SMEM=81920+GVM_EXPR_BARE_DOWN=0; do
+             n=${v%%:*}; d=${v#*:}; args=(); [ -n "$d" ] && for x in ${d//+/ }; do args+=(--define "$x"); done
+             timeout 150 python3 tools/expert_bench.py --reps 10 --cap 1048576 --shapes 8x1,8x4,8x5,8x6,8x7,8x8,8x12,16x8 "${args[@]}" --out "$OUT/bare_$n.json" > "$OUT/bare_$n.log" 2>&1; echo "bare $n rc=$?"; tail -16 "$OUT/bare_$n.log"; done
+           AB_TAIL=40 ab_rounds bare variants "base:,tile:GVM_EXPR_BARE_DOWN=0,s72:GVM_GROUP_SMEM=73728+GVM_EXPR_BARE_DOWN=0,s80:GVM_GROUP_SMEM=81920+GVM_EXPR_BARE_DOWN=0" ${T_BARE:-340} --cases full-c16-t1,sliding-c16-t1,full-c1-t8,sliding-c1-t8,full-c1-t1,sliding-c32-t8 --step 1x1,16x1 ;;
     kparts) # Wqkvg's staged tiles in K parts (Tiles.gemm_parts 4, the default) and its g tiles ordered early (g_early 1) against neither (p1g0) and parts alone off (p1):
             # GEMM on the GPU (ops_check: the bf16 K-part cases), then two dynamic rounds on the 128/256-token layers and step 16 x 8
            timeout 200 python3 tools/ops_check.py --only gemm > "$OUT/ops_gemm.log" 2>&1; echo "ops_check gemm rc=$?"; grep -i "parts\|fail\|all ok" "$OUT/ops_gemm.log" | tail -10
