@@ -463,9 +463,9 @@ def _check_expert(ts: Slots, a: Args, up: bool) -> None:
 def expert_weight(tokens: int) -> int:
     """An expert's share of a work list's workers, in quarters, by its token
     count (the ISA's GVM_EXPERT_SHARE_*, as ops/experts.cuh gvm_exp_weight):
-    an item's time for the same rows grows with its tokens (the ring has fewer
-    slots from 4 tokens at 4,096 wide, none from 5, and 8 and more take the
-    shared tile)."""
+    an item's time for the same rows grows with its tokens (the register
+    path's weight ring gets fewer slots, then none, as x grows; more tokens
+    take the shared tile: ops/experts.cuh gvm_expr_fits)."""
     if tokens <= 0:
         return 0
     return next((w for t, w in EXPERT_SHARES if tokens <= t), EXPERT_SHARE_ABOVE)

@@ -39,11 +39,13 @@
 #ifndef GVM_EXPERT_REG
 #define GVM_EXPERT_REG 1  // experts with few tokens stream weights through registers (0: always the shared tile)
 #endif
-#ifndef GVM_EXPR_BARE_CHAINS
-#define GVM_EXPR_BARE_CHAINS 1  // DOWN's MMA chains in the ringless register path (gvm_expr_unit): 1 or 2 (UP has one a set)
-#endif
+// DOWN without a weight ring (7-8 tokens at 4,096 wide) runs on the shared tile:
+// through registers alone (gvm_expr_unit) its one set streamed at half UP's rate,
+// with a second MMA chain too. H200, f26dc8c, 64 KB scratch (no ring from 6), the
+// list alone, 8 experts hit x 6 / 7 tokens: 60.5 / 61.6 us through registers,
+// 59.2 / 60.4 with two chains, 52.4 / 52.3 on the shared tile.
 #ifndef GVM_EXPR_BARE_DOWN
-#define GVM_EXPR_BARE_DOWN 1  // 0: DOWN takes the shared tile when no weight ring fits (not the ringless register path)
+#define GVM_EXPR_BARE_DOWN 0  // 1: DOWN takes the ringless register path too (for A/B runs)
 #endif
 #ifndef GVM_EXPR_PROBE
 #define GVM_EXPR_PROBE 0   // timing probes (tools/expert_bench.py --define), bits: 1 no decode, 2 no MMA, 4 no weight copies (ring),
@@ -405,7 +407,9 @@ __device__ __forceinline__ unsigned gvm_expr_xoff(unsigned ch, unsigned w) { ret
 __device__ __forceinline__ unsigned gvm_expr_pitch(int kdim) { return (unsigned)kdim * 2 + 16; }
 
 // Can the register path take an expert with `count` tokens? x for all of them,
-// 4 partial tiles per set and a flag must fit beside the work list's state.
+// 4 partial tiles per set and a flag must fit beside the work list's state, and
+// for DOWN a weight ring too (GVM_EXPR_BARE_DOWN). In 72 KB at 4,096 wide: UP
+// has 3 ring slots to 4 tokens, 2 at 5, none at 6-8; DOWN 2 or more to 6 tokens.
 __device__ __forceinline__ bool gvm_expr_fits(const gvm_ctx& c, int count, int kdim, int sets) {
     const unsigned need = (unsigned)count * gvm_expr_pitch(kdim) + 4 * sets * GVM_EXPR_PART + 16 + GVM_EXP_STATE;
     const unsigned ring = GVM_EXPR_BARE_DOWN || sets == 2 ? 0u : GVM_EXPR_RING_MIN * 4 * GVM_EXPR_SLOT;  // as nsl in gvm_expert_tile_reg
@@ -548,17 +552,11 @@ __device__ __forceinline__ void gvm_expr_unit(const gvm_ctx& c, float (&acc)[2][
             const unsigned ch = (unsigned)min(c_beg + (int)q + 4 * j, nch - 1);  // past the lane's end the codes are zeros
 #pragma unroll
             for (int s = 0; s < SETS; ++s) {
-                if (!UP && GVM_EXPR_BARE_CHAINS == 2)  // DOWN's one set: acc[1] free for a second chain
-                    gvm_expr_chunk(acc[0], acc[1], CA[s][u], CB[s][u], SC[s][u], xrow, ch);
-                else
-                    gvm_expr_chunk(acc[s], acc[s], CA[s][u], CB[s][u], SC[s][u], xrow, ch);
+                gvm_expr_chunk(acc[s], acc[s], CA[s][u], CB[s][u], SC[s][u], xrow, ch);
                 gvm_expr_fill(CA[s][u], CB[s][u], SC[s][u], pa[s], pb[s], sa[s], sb[s], jn, jn < mine, pol);
             }
         }
     }
-    if (!UP && GVM_EXPR_BARE_CHAINS == 2)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) acc[0][i] += acc[1][i];
 }
 
 // Waits until at most n (0..7: a ring of at most 9 slots waits with nsl - 2) commit groups of this thread are pending.
@@ -963,9 +961,9 @@ __device__ int gvm_expert_tile(const gvm_ctx& c, int e, int n0, int nn) {
 }
 
 // An expert's share of a list's workers, in quarters, by its token count: an
-// item's time for the same rows grows with its tokens (at 4,096 wide the
-// register path's ring has two slots at 4 tokens and none from 5, and 8 and
-// more take the shared tile). H200 traces of full- and sliding-c16-t1 (f6f3cff,
+// item's time for the same rows grows with its tokens (the register path's
+// weight ring gets fewer slots, then none, as x grows; more tokens take the
+// shared tile: gvm_expr_fits). H200 traces of full- and sliding-c16-t1 (f6f3cff,
 // items in a fixed round robin), us an item of equal rows by tokens: up 1-3:
 // 85-90, 4-5: 110-113, 7-13: 118-130; down 1-3: 51, 4-5: 61.5, 7-13: 89-100.
 // With equal shares the heaviest expert's items set the list's end (~1.5-2x

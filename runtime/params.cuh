@@ -9,14 +9,18 @@
 #ifndef GVM_MAX_GROUPS
 #define GVM_MAX_GROUPS 4          // compute warp groups a block may have (launch picks 1..this)
 #endif
-// Private scratch of each compute group, bytes. 64 KB with up to 2 groups
+// Private scratch of each compute group, bytes. 72 KB with up to 2 groups
 // (the Muse kernel): the staged GEMM's 4th stage (ops/gemm.cuh) and
 // attention's and the experts' buffers grow with it, and what is left of the
 // SM's 256 KB still serves as L1. H200, bdf5c57, 48 / 64 / 96 KB: 256-token
 // layer sliding-c32-t8 1838 / 1760 / 1724 us, step 32x8 140.0 / 136.3 / 135.4
-// ms, but step 1x1 11.40 / 11.46 / 13.19 ms (96 KB leaves L1 ~60 KB).
+// ms, but step 1x1 11.40 / 11.46 / 13.19 ms (96 KB leaves L1 ~60 KB). 72 KB
+// puts an 8-token UP on the register path and gives 5-token UP and 6-token
+// DOWN a weight ring (ops/experts.cuh); f26dc8c, 64 / 72 / 80 KB, two rounds:
+// sliding-c16-t1 387, 386 / 367, 368 / 369, 369 us; step 16x1 21.25, 21.29 /
+// 21.19, 21.05 / 20.99, 21.10 ms; step 1x1 8.30, 8.24 / 8.29, 8.26 / 8.33, 8.36.
 #ifndef GVM_GROUP_SMEM
-#define GVM_GROUP_SMEM (GVM_MAX_GROUPS <= 2 ? 65536 : 49152)
+#define GVM_GROUP_SMEM (GVM_MAX_GROUPS <= 2 ? 73728 : 49152)
 #endif
 #define GVM_CONTROL_THREADS 128   // warps 0-3: controller, loader, warmer, spare
 #define GVM_GROUP_THREADS 128

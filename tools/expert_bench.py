@@ -25,7 +25,7 @@ from gpuvm.isa import DType, Op
 from gpuvm.muse.config import SHARD
 from gpuvm.muse.lowering import EXPERT_CAP, EXPERT_GRAIN, Tiles
 from gpuvm.opspec import tiled_nvfp4_shapes
-from tools.ops_check import SCRATCH, GpuRunner, _Build, encode, place, split_rc
+from tools.ops_check import GpuRunner, _Build, encode, place, split_rc
 
 H, I, E, WORKERS = SHARD.squeeze, SHARD.expert_inter, SHARD.local_experts, Tiles().expert_workers
 GRAIN = {up: EXPERT_GRAIN[Op.EXPERT_UP if up else Op.EXPERT_DOWN] for up in (True, False)}
@@ -148,7 +148,7 @@ def time_list(case: object, runner: GpuRunner, flush: L2Flush, ts: torch.cuda.Ex
             flush()
         ev = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
         ev[0].record(ts)
-        runner._launch(case.op, ins, tab, err, 2, SCRATCH, WORKERS // 2)
+        runner._launch(case.op, ins, tab, err, 2, runner.scratch, WORKERS // 2)
         ev[1].record(ts)
         ev[1].synchronize()
         times.append(ev[0].elapsed_time(ev[1]) * 1e3)

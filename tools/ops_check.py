@@ -69,7 +69,7 @@ OPS: dict[Op, str] = {
     Op.GEMM: "gemm",
 }
 HEADERS = ("ops/norm.cuh", "ops/attention.cuh", "ops/route.cuh", "ops/experts.cuh", "ops/gemm.cuh")
-SCRATCH = 65536  # shared scratch of a group (runtime/params.cuh GVM_GROUP_SMEM of the 2-group Muse kernel)
+SCRATCH = 73728  # shared scratch of a group (runtime/params.cuh GVM_GROUP_SMEM of the 2-group Muse kernel)
 GUARD = 4096     # guard bytes (0xFF: NaN as f32, bf16 and e4m3) on each side of every tensor
 POISON_I32 = 0x5A5A5A5A  # an int32 output before the run
 CUDA_INCLUDE = Path("/usr/local/cuda/include")
@@ -601,17 +601,32 @@ def _nvfp4(b: _Build, *lead: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     return tile_nvfp4(codes, scales)
 
 
+def _top_expert_of(sz: Sizes, seed: int, count: int) -> int:
+    """The fewest tokens whose routing (_routing, first from a generator of this
+    seed) gives the busy expert `count` of them."""
+    for t in range(count, 8 * count):
+        meta, _ = _routing(_Build("", Op.TOPK, torch.Generator().manual_seed(seed)), t, sz)
+        if int(meta[0].max()) == count:
+            return t
+    raise AssertionError(f"no token count gives an expert {count} tokens")
+
+
 def cases_experts(sz: Sizes, gen: torch.Generator) -> list[Case]:
     out = []
-    # (name, tokens, rows out, K): the layer's shapes, then few tokens over a
-    # K of 36 steps and a tiled step (half a step of the shared tile), then the
-    # shard's K with an expert of 7 tokens (more than one staging of x holds on
-    # the register path: the shared tile's); 40 and 24 rows end in a part block
-    shapes = (("", sz.tokens, sz.hidden, sz.hidden), (" long K", 3, 40, 36 * 256 + 128), (" K 4096", 8, 24, 4096))
+    # (name, tokens, rows out, K, own seed): the layer's shapes, then few tokens
+    # over a K of 36 steps and a tiled step (half a step of the shared tile),
+    # then the shard's K with an expert of 7 tokens (more than one staging of x
+    # holds on the register path: the shared tile's) and one of 8 (UP on the
+    # register path without a ring, DOWN on the shared tile: gvm_expr_fits; its
+    # own generator, so that the other cases' inputs stay as they were); 40 and
+    # 24 rows end in a part block
+    seed8 = gen.initial_seed() + 40
+    shapes = (("", sz.tokens, sz.hidden, sz.hidden, None), (" long K", 3, 40, 36 * 256 + 128, None), (" K 4096", 8, 24, 4096, None),
+              (" K 4096, an expert of 8 tokens", _top_expert_of(sz, seed8, 8), 24, 4096, seed8))
     for up in (True, False):
-        for what, t, h, k in shapes:
+        for what, t, h, k, seed in shapes:
             op = Op.EXPERT_UP if up else Op.EXPERT_DOWN
-            b = _Build(op.name.lower() + what, op, gen)
+            b = _Build(op.name.lower() + what, op, gen if seed is None else torch.Generator().manual_seed(seed))
             meta, route = _routing(b, t, sz)
             if up:
                 x = b.add("x", DType.BF16, b.randn(t, k).bfloat16())
@@ -914,11 +929,12 @@ class GpuRunner:
         self.dev = Device()
         self.dev.set_current()
         obj, self.log = compile_ops(arch=arch, defines=defines)
+        self.scratch = scratch_of(defines)  # a group's, as the build sizes the ops' buffers
         self.kernels = {op: obj.get_kernel(f"gvm_check_{name}") for op, name in OPS.items()}
         self.stream = self.dev.create_stream()
         self.sms = self.dev.properties.multiprocessor_count
         for k in self.kernels.values():  # two groups of a full scratch each: past the default 48 KB
-            self._allow_smem(k, 2 * (128 + scratch_of(defines)))
+            self._allow_smem(k, 2 * (128 + self.scratch))
 
     def _allow_smem(self, kernel: object, nbytes: int) -> None:
         from cuda.bindings import driver
