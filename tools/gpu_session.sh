@@ -2,7 +2,7 @@
 # One call on the H200 (the device tool): the VM proofs and timings, the Muse
 # ops standalone, and the decode-case sweep, each under its own time limit,
 # logs and results under $OUT (at most 8 files come back: traces are tarred).
-#   GPUVM_COMMIT=<sha> bash tools/gpu_session.sh [check|fold|ops|opstime|sweep|step|stepsweep|probe|experts|router|park|ring|lists|steptrace|tiles|rowpf|fill|fill2|xstage|trace62|xprobe|smem|tiles2|xbench|against|slots|naps|icache|workers|slices|statsprobe|topkprobe|layertrace|oneop|fusedqk|ringbench|ringprobe|opsgemm|tail|attstop|gputests|vmtest|next|attntail|qksplit|lazygemm|lazyattn|lazyctl|ncuattn|clocks|codewarm|lazyexperts|lazyone|lazyall|toolcheck|gearly|kparts|kpartslayers|glate|glate16|fixed16|dispdepth|shares|cap33|weightcal|bare|ncu ...]
+#   GPUVM_COMMIT=<sha> bash tools/gpu_session.sh [check|fold|ops|opstime|sweep|step|stepsweep|probe|experts|router|park|ring|lists|steptrace|tiles|rowpf|fill|fill2|xstage|trace62|xprobe|smem|tiles2|xbench|against|slots|naps|icache|workers|slices|statsprobe|topkprobe|layertrace|oneop|fusedqk|ringbench|ringprobe|opsgemm|tail|attstop|gputests|vmtest|next|attntail|qksplit|lazygemm|lazyattn|lazyctl|ncuattn|clocks|codewarm|lazyexperts|lazyone|lazyall|toolcheck|gearly|kparts|kpartslayers|glate|glate16|fixed16|dispdepth|shares|cap33|weightcal|bare|refit|ncu ...]
 # (set GPUVM_COMMIT when running a snapshot without .git: else the results name the enclosing checkout)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -281,6 +281,9 @@ for rep in range(3):
              n=${v%%:*}; d=${v#*:}; args=(); [ -n "$d" ] && for x in ${d//+/ }; do args+=(--define "$x"); done
              timeout 150 python3 tools/expert_bench.py --reps 10 --cap 1048576 --shapes 8x1,8x4,8x5,8x6,8x7,8x8,8x12,16x8 "${args[@]}" --out "$OUT/bare_$n.json" > "$OUT/bare_$n.log" 2>&1; echo "bare $n rc=$?"; tail -16 "$OUT/bare_$n.log"; done
            AB_TAIL=40 ab_rounds bare variants "base:,tile:GVM_EXPR_BARE_DOWN=0,s72:GVM_GROUP_SMEM=73728+GVM_EXPR_BARE_DOWN=0,s80:GVM_GROUP_SMEM=81920+GVM_EXPR_BARE_DOWN=0" ${T_BARE:-340} --cases full-c16-t1,sliding-c16-t1,full-c1-t8,sliding-c1-t8,full-c1-t1,sliding-c32-t8 --step 1x1,16x1 ;;
+    refit) # the share weights refit to 0caa460's weightcal (72 KB scratch) against the ISA's: wA 4 quarters to 4 tokens, 7 to 8, 8 above; wC the same from 3 tokens;
+           # the layers and steps whose lists are one round, two dynamic rounds
+           AB_TAIL=24 ab_rounds refit variants "base:,wA:GVM_EXPERT_SHARE_T1=4+GVM_EXPERT_SHARE_T2=8+GVM_EXPERT_SHARE_W2=7+GVM_EXPERT_SHARE_W3=8,wC:GVM_EXPERT_SHARE_T2=8+GVM_EXPERT_SHARE_W2=7+GVM_EXPERT_SHARE_W3=8" ${T_REFIT:-300} --cases full-c16-t1,sliding-c16-t1,full-c1-t8,sliding-c1-t8 --step 16x1,1x8 ;;
     kparts) # Wqkvg's staged tiles in K parts (Tiles.gemm_parts 4, the default) and its g tiles ordered early (g_early 1) against neither (p1g0) and parts alone off (p1):
             # GEMM on the GPU (ops_check: the bf16 K-part cases), then two dynamic rounds on the 128/256-token layers and step 16 x 8
            timeout 200 python3 tools/ops_check.py --only gemm > "$OUT/ops_gemm.log" 2>&1; echo "ops_check gemm rc=$?"; grep -i "parts\|fail\|all ok" "$OUT/ops_gemm.log" | tail -10
