@@ -58,19 +58,19 @@ typedef long long int64_t;
  * W3 (ops/experts.cuh gvm_exp_weight; gpuvm/opspec.py expert_weight reads
  * these lines, so a -D for an A/B run changes the device's items only). */
 #ifndef GVM_EXPERT_SHARE_T1
-#define GVM_EXPERT_SHARE_T1 3
+#define GVM_EXPERT_SHARE_T1 4
 #endif
 #ifndef GVM_EXPERT_SHARE_W1
 #define GVM_EXPERT_SHARE_W1 4
 #endif
 #ifndef GVM_EXPERT_SHARE_T2
-#define GVM_EXPERT_SHARE_T2 5
+#define GVM_EXPERT_SHARE_T2 8
 #endif
 #ifndef GVM_EXPERT_SHARE_W2
-#define GVM_EXPERT_SHARE_W2 5
+#define GVM_EXPERT_SHARE_W2 7
 #endif
 #ifndef GVM_EXPERT_SHARE_W3
-#define GVM_EXPERT_SHARE_W3 7
+#define GVM_EXPERT_SHARE_W3 8
 #endif
 #define GVM_GEMM_MAX_PARTS 16    /* K parts of an f32 GEMM tile (a5) */
 /* Tiled NVFP4 (the expert weights): a matrix [N,K] is ceil(N/16) blocks of
@@ -197,7 +197,7 @@ enum gvm_opcode {
      * F - 1 + 2W, ... and leaves work[k][0] alone: a fixed round robin, the
      * static schedule the claims are measured against). Work list (E <= GVM_MAX_WORKLIST_EXPERTS):
      * expert e with n_e > 0 tokens has weight w_e (GVM_EXPERT_SHARE_*: 4 up
-     * to 3 tokens, 5 up to 5, 7 above; S their sum) and tiles of
+     * to 4 tokens, 7 up to 8, 8 above; S their sum) and tiles of
      * R_e = min(C, G * ceil(ceil(I / max(1, W * w_e / S)) / G)) rows, P_e =
      * ceil(I / R_e) of them; the items are the experts' tiles, expert by expert
      * in expert order, each expert's in row order (rows [R_e*j, +R_e) of I).

@@ -963,12 +963,17 @@ __device__ int gvm_expert_tile(const gvm_ctx& c, int e, int n0, int nn) {
 // An expert's share of a list's workers, in quarters, by its token count: an
 // item's time for the same rows grows with its tokens (the register path's
 // weight ring gets fewer slots, then none, as x grows; more tokens take the
-// shared tile: gvm_expr_fits). H200 traces of full- and sliding-c16-t1 (f6f3cff,
-// items in a fixed round robin), us an item of equal rows by tokens: up 1-3:
-// 85-90, 4-5: 110-113, 7-13: 118-130; down 1-3: 51, 4-5: 61.5, 7-13: 89-100.
-// With equal shares the heaviest expert's items set the list's end (~1.5-2x
-// the others'). The weights are the ISA's (GVM_EXPERT_SHARE_*), which
-// gpuvm/opspec.py expert_weight reads too.
+// shared tile: gvm_expr_fits). With equal shares the heaviest expert's items
+// set the list's end (~1.5-2x the others'). The weights are the ISA's
+// (GVM_EXPERT_SHARE_*), which gpuvm/opspec.py expert_weight reads too. They
+// were fitted to a model of the one-round lists: an item's time a + b * rows by
+// its tokens, from the lists alone (tools/expert_bench.py, 0caa460: b against
+// that at 1-4 tokens, UP 1.1x at 5-8, 1.7x at 9-16; DOWN 1.0x at 5-6, 1.9x at
+// 7-8, 2.1x at 9-16; a 10-26 us),
+// over the sweep's lists; the rounding of rows to whole tiles makes the best
+// ones coarser than those ratios. H200, bac33a3, two rounds against 4 / 5 / 7
+// to 3 / 5 tokens: full-c16-t1 447, 449 against 485, 489 us; sliding-c1-t8
+// 245, 246 against 254, 255; full-c1-t8 233, 234 against 240, 240; steps level.
 #ifndef GVM_EXP_WEIGHTED
 #define GVM_EXP_WEIGHTED 1  // 0: every expert hit an equal share (for A/B runs; the CPU backend then sizes other items)
 #endif

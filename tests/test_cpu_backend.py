@@ -391,10 +391,10 @@ def test_expert_with_no_tokens_touches_nothing() -> None:
 
 def test_expert_items_share_the_workers_by_tokens() -> None:
     """An expert's tiles are its share of the workers weighted by its tokens
-    (quarters: 4 up to 3 tokens, 5 up to 5, 7 above): one of 13 tokens beside
+    (quarters: 4 up to 4 tokens, 7 up to 8, 8 above): one of 13 tokens beside
     one of 1 gets 10 of 16 workers' tiles, half the rows each, so that its
     slower items end with the other's; equal weights split evenly."""
-    assert [expert_weight(t) for t in (0, 1, 3, 4, 5, 6, 13)] == [0, 4, 4, 5, 5, 7, 7]
+    assert [expert_weight(t) for t in (0, 1, 4, 5, 8, 9, 13)] == [0, 4, 4, 7, 7, 8, 8]
     items = expert_items([1, 0, 13], 160, 16, 16, 1 << 20)
     assert items == [(0, r, 32) for r in range(0, 160, 32)] + [(2, r, 16) for r in range(0, 160, 16)]
     assert expert_items([2, 3, 1], 96, 6, 16, 1 << 20) == [(e, r, 48) for e in range(3) for r in (0, 48)]
