@@ -275,13 +275,14 @@ for rep in range(3):
     weightcal) # the expert lists alone by an expert's tokens (experts hit alike, uncapped: one round of equal items), to refit GVM_EXPERT_SHARE_*: 8 hit at 1..32 tokens
                # (the list at T tokens over the list at 1), and 4 and 16 hit at a few, whose items have twice and half the rows (an item's fixed part against its per-row part)
            timeout ${T_WEIGHTCAL:-360} python3 tools/expert_bench.py --reps 10 --cap 1048576 --shapes 8x1,8x2,8x3,8x4,8x5,8x6,8x7,8x8,8x10,8x12,8x16,8x20,8x24,8x32,4x1,4x4,4x8,4x16,16x1,16x4,16x8,16x16 --out "$OUT/weightcal.json" > "$OUT/weightcal.log" 2>&1; echo "weightcal rc=$?"; tail -50 "$OUT/weightcal.log" ;;
-    bare) # the register path without a weight ring (5-8 tokens at 4,096 wide): DOWN's two MMA chains (GVM_EXPR_BARE_CHAINS 2), DOWN on the shared tile
-          # instead (GVM_EXPR_BARE_DOWN 0), and a 72 / 80 KB group scratch (rings from 5 / 6 tokens, 8-token UP on registers): the lists alone, then two dynamic rounds
-           for v in base: ch2:GVM_EXPR_BARE_CHAINS=2 tile:GVM_EXPR_BARE_DOWN=0 s72:GVM_GROUP_SMEM=73728+GVM_EXPR_BARE_DOWN=0 s80:GVM_GROUP_SMEM=81920+GVM_EXPR_BARE_DOWN=0; do
+    bare) # the register path without a weight ring (5-8 tokens at 4,096 wide), run at f26dc8c: DOWN on the shared tile (GVM_EXPR_BARE_DOWN 0, now the default; 1 the
+          # ringless register path) and a 64 / 72 / 80 KB group scratch (72 the default since): the lists alone, then two dynamic rounds
+           for v in base: reg:GVM_EXPR_BARE_DOWN=1 s64:GVM_GROUP_SMEM=65536 s80:GVM_GROUP_SMEM=81920; do
              n=${v%%:*}; d=${v#*:}; args=(); [ -n "$d" ] && for x in ${d//+/ }; do args+=(--define "$x"); done
              timeout 150 python3 tools/expert_bench.py --reps 10 --cap 1048576 --shapes 8x1,8x4,8x5,8x6,8x7,8x8,8x12,16x8 "${args[@]}" --out "$OUT/bare_$n.json" > "$OUT/bare_$n.log" 2>&1; echo "bare $n rc=$?"; tail -16 "$OUT/bare_$n.log"; done
-           AB_TAIL=40 ab_rounds bare variants "base:,tile:GVM_EXPR_BARE_DOWN=0,s72:GVM_GROUP_SMEM=73728+GVM_EXPR_BARE_DOWN=0,s80:GVM_GROUP_SMEM=81920+GVM_EXPR_BARE_DOWN=0" ${T_BARE:-340} --cases full-c16-t1,sliding-c16-t1,full-c1-t8,sliding-c1-t8,full-c1-t1,sliding-c32-t8 --step 1x1,16x1 ;;
-    refit) # the share weights refit to 0caa460's weightcal (72 KB scratch) against the ISA's: wA 4 quarters to 4 tokens, 7 to 8, 8 above; wC the same from 3 tokens;
+           AB_TAIL=40 ab_rounds bare variants "base:,reg:GVM_EXPR_BARE_DOWN=1,s64:GVM_GROUP_SMEM=65536,s80:GVM_GROUP_SMEM=81920" ${T_BARE:-340} --cases full-c16-t1,sliding-c16-t1,full-c1-t8,sliding-c1-t8,full-c1-t1,sliding-c32-t8 --step 1x1,16x1 ;;
+    refit) # the share weights refit to 0caa460's weightcal (72 KB scratch), run at bac33a3 against its ISA weights (4 / 5 / 7 quarters to 3 / 5 tokens): wA 4 quarters
+           # to 4 tokens, 7 to 8, 8 above (the ISA's since 5a84568, so base is wA now); wC the same from 3 tokens;
            # the layers and steps whose lists are one round, two dynamic rounds
            AB_TAIL=24 ab_rounds refit variants "base:,wA:GVM_EXPERT_SHARE_T1=4+GVM_EXPERT_SHARE_T2=8+GVM_EXPERT_SHARE_W2=7+GVM_EXPERT_SHARE_W3=8,wC:GVM_EXPERT_SHARE_T2=8+GVM_EXPERT_SHARE_W2=7+GVM_EXPERT_SHARE_W3=8" ${T_REFIT:-300} --cases full-c16-t1,sliding-c16-t1,full-c1-t8,sliding-c1-t8 --step 16x1,1x8 ;;
     kparts) # Wqkvg's staged tiles in K parts (Tiles.gemm_parts 4, the default) and its g tiles ordered early (g_early 1) against neither (p1g0) and parts alone off (p1):
