@@ -966,12 +966,12 @@ __device__ int gvm_expert_tile(const gvm_ctx& c, int e, int n0, int nn) {
 // shared tile: gvm_expr_fits). With equal shares the heaviest expert's items
 // set the list's end (~1.5-2x the others'). The weights are the ISA's
 // (GVM_EXPERT_SHARE_*), which gpuvm/opspec.py expert_weight reads too. They
-// were fitted to a model of the one-round lists: an item's time a + b * rows by
-// its tokens, from the lists alone (tools/expert_bench.py, 0caa460: b against
-// that at 1-4 tokens, UP 1.1x at 5-8, 1.7x at 9-16; DOWN 1.0x at 5-6, 1.9x at
-// 7-8, 2.1x at 9-16; a 10-26 us),
-// over the sweep's lists; the rounding of rows to whole tiles makes the best
-// ones coarser than those ratios. H200, bac33a3, two rounds against 4 / 5 / 7
+// were fitted to a model of the one-round lists over the sweep's route_meta:
+// an item's time a + b * rows by its tokens, from the lists alone
+// (tools/expert_bench.py, 0caa460: b against that at 1-4 tokens, UP 1.1x at
+// 5-8, 1.7x at 9-16; DOWN 1.0x at 5-6, 1.9x at 7-8, 2.1x at 9-16; a 10-26 us).
+// The rounding of rows to whole tiles makes the best weights coarser than
+// those ratios. H200, bac33a3, two rounds against 4 / 5 / 7
 // to 3 / 5 tokens: full-c16-t1 447, 449 against 485, 489 us; sliding-c1-t8
 // 245, 246 against 254, 255; full-c1-t8 233, 234 against 240, 240; steps level.
 #ifndef GVM_EXP_WEIGHTED

@@ -100,6 +100,15 @@ def test_params_layout_matches_the_host(builds: dict[str, Build]) -> None:
         check_layout(bad)
 
 
+def test_op_checks_run_at_the_kernels_scratch(builds: dict[str, Build]) -> None:
+    """tools/ops_check.py (and expert_bench, the emulator) give each group the
+    Muse kernel's scratch: the ops pick their paths by it (the experts' register
+    path, the GEMM's stages), so a stale figure checks and times other paths."""
+    from tools.ops_check import SCRATCH
+
+    assert SCRATCH == builds["default"].layout.group_smem
+
+
 def test_disk_cache_hits_and_misses(cache: Path, builds: dict[str, Build], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     again = build_mod.build(VARIANTS["core-4-groups"], cache=cache)
     assert again.cached and again.cubin == builds["core-4-groups"].cubin and again.key == builds["core-4-groups"].key
