@@ -493,7 +493,8 @@ def expert_items(tokens: Sequence[int], n_out: int, workers: int, grain: int, ca
 
 def _tile_rows(n_out: int, tiles: int, grain: int, cap: int) -> int:
     """Rows of an expert's items cut into at most `tiles` (expert_items)."""
-    return min(cap, -(-(-(-n_out // tiles)) // grain) * grain)
+    rows = -(-n_out // tiles)  # ceil
+    return min(cap, -(-rows // grain) * grain)  # up to whole grains
 
 
 def _cost_expert(ts: Slots, a: Args, mats: int) -> Cost:
