@@ -278,6 +278,20 @@ __device__ __forceinline__ void gvm_exp_ks(float (&acc)[GVM_EXP_MAXMT][2][4], un
     }
 }
 
+// The items of an expert start their K loops at different steps (koff: the
+// item's first row block, mod the steps; wrapping around), so that its
+// workers do not all read the same x lines from L2 at once: every worker of
+// an expert re-reads its x each K step, and in step they queued on the same
+// lines. H200, the lists alone (tools/expert_bench.py, 72 KB scratch), one
+// run, staggered / not: 8 experts hit x 16 tokens up 92.1 / 100.5 us, x 32
+// 147.9 / 169.8, down 57.5 / 59.3 and 76.8 / 82.7; capped items, 32 hit x
+// 16 up 317.1 / 326.3, down 215.2 / 224.4, the skew of 256 tokens up 403.0 /
+// 412.3, down 243.2 / 246.3. The sums' order over K changes with koff, not
+// from run to run.
+#ifndef GVM_EXP_STAGGER
+#define GVM_EXP_STAGGER 1  // 0: every item from K step 0 (for A/B runs)
+#endif
+
 // One warp's unit, two 8-row weight blocks (set 0 at cpa / cpb / sp, set 1
 // cstep / sstep bytes on: see gvm_exp_fetch), times the staged chunk, K step by K
 // step. Weights stream through shared memory (cp.async, one K step ahead, the
@@ -292,7 +306,7 @@ template <bool DBL>
 __device__ __forceinline__ void gvm_exp_mma(const gvm_ctx& c, float (&acc)[GVM_EXP_MAXMT][2][4],
                                             const unsigned char* cpa, const unsigned char* cpb, const unsigned char* sp,
                                             int cstep, int sstep, int du_c, int du_s, unsigned live, const unsigned char* x,
-                                            unsigned s_rows, unsigned s_tile, unsigned s_wbuf, int tm, int kdim) {
+                                            unsigned s_rows, unsigned s_tile, unsigned s_wbuf, int tm, int kdim, int koff) {
     const unsigned s_raw = s_tile - (DBL ? GVM_EXP_RAW1 : GVM_EXP_RAW), lane = c.tid & 31, g = lane >> 2, t4 = c.tid & 3;
     const int mts = (tm + 15) / 16, steps = (kdim + GVM_EXP_KSTEP - 1) / GVM_EXP_KSTEP;
     const unsigned long long pol = gvm_policy_evict_first();
@@ -306,15 +320,17 @@ __device__ __forceinline__ void gvm_exp_mma(const gvm_ctx& c, float (&acc)[GVM_E
         gvm_cp_async_commit();
     };
     // commit groups in order: W(0), X(0), then per step W(ks + 1), X(ks + 1)
-    if (!(GVM_EXPR_PROBE & 1024)) wfetch(slot0, 0);
-    if (!(GVM_EXPR_PROBE & 256)) gvm_exp_xfetch(c, x, s_rows, s_raw, tm, 0, kdim, gvm_policy_evict_normal());
+    koff = GVM_EXP_STAGGER ? koff % steps : 0;
+    const auto kk = [&](int ks) { return ks + koff < steps ? ks + koff : ks + koff - steps; };  // the ks-th K step taken
+    if (!(GVM_EXPR_PROBE & 1024)) wfetch(slot0, kk(0));
+    if (!(GVM_EXPR_PROBE & 256)) gvm_exp_xfetch(c, x, s_rows, s_raw, tm, kk(0), kdim, gvm_policy_evict_normal());
 #pragma unroll 1
     for (int ks = 0; ks < steps; ++ks) {
         const unsigned slot = ks & 1 ? slot0 + wb : slot0;
         if (ks + 1 < steps && !(GVM_EXPR_PROBE & 1024)) {
             const unsigned next = ks & 1 ? slot0 : slot0 + wb;
             __syncwarp();  // the buffer refilled (the previous step's) was read by every lane of the warp
-            wfetch(next, ks + 1);
+            wfetch(next, kk(ks + 1));
         }
         if (ks + 1 < steps)
             gvm_cp_async_wait<1>();  // this step's weights and x are in; the next step's weights may still fly
@@ -324,7 +340,7 @@ __device__ __forceinline__ void gvm_exp_mma(const gvm_ctx& c, float (&acc)[GVM_E
         if (!(GVM_EXPR_PROBE & 256)) gvm_exp_stage(c, s_raw, s_tile, tm);
         gvm_group_sync(c);  // the tile is whole, the raw buffer free
         if (ks + 1 < steps && !(GVM_EXPR_PROBE & 256))
-            gvm_exp_xfetch(c, x, s_rows, s_raw, tm, ks + 1, kdim, gvm_policy_evict_normal());
+            gvm_exp_xfetch(c, x, s_rows, s_raw, tm, kk(ks + 1), kdim, gvm_policy_evict_normal());
         if (!(live & 0x30000u) || (GVM_EXPR_PROBE & 512)) continue;  // no unit of this warp (warp-uniform bits)
         // one w8 loop per shape: no branch between a w8's MMAs and the next
         // w8's shared loads and decode, which ptxas can then start early
@@ -921,10 +937,10 @@ __device__ int gvm_expert_tile(const gvm_ctx& c, int e, int n0, int nn) {
                 // unit + 4 (dbl, UP) is 32 rows, two blocks, on wherever its rows exist (its lanes' bits)
                 if (dbl)  // one instance a shape: the one-unit pass holds no second unit's offsets
                     gvm_exp_mma<true>(c, acc, cpa, cpb, sp, cstep, sstep, (int)(2 * tcd.stride[r]), (int)(2 * tsc.stride[r]),
-                                      live, x, s_rows, s_tile, s_wbuf, tm, gvm_t(c, 1).shape[1]);
+                                      live, x, s_rows, s_tile, s_wbuf, tm, gvm_t(c, 1).shape[1], n0 >> 4);
                 else
                     gvm_exp_mma<false>(c, acc, cpa, cpb, sp, cstep, sstep, 0, 0, live, x, s_rows, s_tile, s_wbuf, tm,
-                                       gvm_t(c, 1).shape[1]);
+                                       gvm_t(c, 1).shape[1], n0 >> 4);
             }
             if (unit >= units) continue;
             // acc[m][s][i]: token m*16 + g (+8 for i >= 2), weight row 2*t4 + (i & 1) of block s;

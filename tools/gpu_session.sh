@@ -2,7 +2,7 @@
 # One call on the H200 (the device tool): the VM proofs and timings, the Muse
 # ops standalone, and the decode-case sweep, each under its own time limit,
 # logs and results under $OUT (at most 8 files come back: traces are tarred).
-#   GPUVM_COMMIT=<sha> bash tools/gpu_session.sh [check|fold|ops|opstime|sweep|step|stepsweep|probe|experts|router|park|ring|lists|steptrace|tiles|rowpf|fill|fill2|xstage|trace62|xprobe|smem|tiles2|xbench|against|slots|naps|icache|workers|slices|statsprobe|topkprobe|layertrace|oneop|fusedqk|ringbench|ringprobe|opsgemm|tail|attstop|gputests|vmtest|next|attntail|qksplit|lazygemm|lazyattn|lazyctl|ncuattn|clocks|codewarm|lazyexperts|lazyone|lazyall|toolcheck|gearly|kparts|kpartslayers|glate|glate16|fixed16|dispdepth|shares|cap33|weightcal|bare|refit|ncu ...]
+#   GPUVM_COMMIT=<sha> bash tools/gpu_session.sh [check|fold|ops|opstime|sweep|step|stepsweep|probe|experts|router|park|ring|lists|steptrace|tiles|rowpf|fill|fill2|xstage|trace62|xprobe|smem|tiles2|xbench|against|slots|naps|icache|workers|slices|statsprobe|topkprobe|layertrace|oneop|fusedqk|ringbench|ringprobe|opsgemm|tail|attstop|gputests|vmtest|next|attntail|qksplit|lazygemm|lazyattn|lazyctl|ncuattn|clocks|codewarm|lazyexperts|lazyone|lazyall|toolcheck|gearly|kparts|kpartslayers|glate|glate16|fixed16|dispdepth|shares|cap33|weightcal|bare|refit|stagger|ncu ...]
 # (set GPUVM_COMMIT when running a snapshot without .git: else the results name the enclosing checkout)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -281,6 +281,12 @@ for rep in range(3):
              n=${v%%:*}; d=${v#*:}; args=(); [ -n "$d" ] && for x in ${d//+/ }; do args+=(--define "$x"); done
              timeout 150 python3 tools/expert_bench.py --reps 10 --cap 1048576 --shapes 8x1,8x4,8x5,8x6,8x7,8x8,8x12,16x8 "${args[@]}" --out "$OUT/bare_$n.json" > "$OUT/bare_$n.log" 2>&1; echo "bare $n rc=$?"; tail -16 "$OUT/bare_$n.log"; done
            AB_TAIL=40 ab_rounds bare variants "base:,reg:GVM_EXPR_BARE_DOWN=1,s64:GVM_GROUP_SMEM=65536,s80:GVM_GROUP_SMEM=81920" ${T_BARE:-340} --cases full-c16-t1,sliding-c16-t1,full-c1-t8,sliding-c1-t8,full-c1-t1,sliding-c32-t8 --step 1x1,16x1 ;;
+    stagger) # the shared tile's items staggered over K (GVM_EXP_STAGGER 1, the default) against every item from step 0 (st0): the lists alone, then two
+             # dynamic rounds of the layers whose experts reach the shared tile (9+ tokens)
+           for v in st1: st0:GVM_EXP_STAGGER=0; do
+             n=${v%%:*}; d=${v#*:}; args=(); [ -n "$d" ] && args+=(--define "$d")
+             timeout 120 python3 tools/expert_bench.py --reps 10 --shapes 32x16,skew256 "${args[@]}" --out "$OUT/stagger_$n.json" > "$OUT/stagger_$n.log" 2>&1; echo "$n rc=$?"; tail -5 "$OUT/stagger_$n.log"; done
+           AB_TAIL=24 ab_rounds stagger variants "base:,st0:GVM_EXP_STAGGER=0" ${T_STAGGER:-300} --cases full-c32-t8,sliding-c32-t8,full-c16-t8,full-c16-t1 ;;
     refit) # the share weights refit to 0caa460's weightcal (72 KB scratch), run at bac33a3 against its ISA weights (4 / 5 / 7 quarters to 3 / 5 tokens): wA 4 quarters
            # to 4 tokens, 7 to 8, 8 above (the ISA's since 5a84568, so base is wA now); wC the same from 3 tokens;
            # the layers and steps whose lists are one round, two dynamic rounds
