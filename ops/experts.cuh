@@ -279,15 +279,16 @@ __device__ __forceinline__ void gvm_exp_ks(float (&acc)[GVM_EXP_MAXMT][2][4], un
 }
 
 // The items of an expert start their K loops at different steps (koff: the
-// item's first row block, mod the steps; wrapping around), so that its
+// item's index in the expert, n0 / nn, mod the steps; wrapping around), so that its
 // workers do not all read the same x lines from L2 at once: every worker of
 // an expert re-reads its x each K step, and in step they queued on the same
 // lines. H200, the lists alone (tools/expert_bench.py, 72 KB scratch), one
-// run, staggered / not: 8 experts hit x 16 tokens up 92.1 / 100.5 us, x 32
-// 147.9 / 169.8, down 57.5 / 59.3 and 76.8 / 82.7; capped items, 32 hit x
-// 16 up 317.1 / 326.3, down 215.2 / 224.4, the skew of 256 tokens up 403.0 /
-// 412.3, down 243.2 / 246.3. The sums' order over K changes with koff, not
-// from run to run.
+// run, staggered / not: 8 experts hit x 16 tokens up 88.1 / 96.1 us, x 32
+// 141.5 / 169.7, down 59.4 / 58.9 and 76.4 / 82.1; capped items, 32 hit x 16
+// up 321.6 / 327.9, down 218.8 / 225.5, the skew of 256 tokens up 402.7 /
+// 414.5, down 246.1 / 249.6. In the layers, whose workers start the list at
+// different times, level (two rounds of the 16- to 256-token layers: within
+// 0.4%). The sums' order over K changes with koff, not from run to run.
 #ifndef GVM_EXP_STAGGER
 #define GVM_EXP_STAGGER 1  // 0: every item from K step 0 (for A/B runs)
 #endif
@@ -937,10 +938,10 @@ __device__ int gvm_expert_tile(const gvm_ctx& c, int e, int n0, int nn) {
                 // unit + 4 (dbl, UP) is 32 rows, two blocks, on wherever its rows exist (its lanes' bits)
                 if (dbl)  // one instance a shape: the one-unit pass holds no second unit's offsets
                     gvm_exp_mma<true>(c, acc, cpa, cpb, sp, cstep, sstep, (int)(2 * tcd.stride[r]), (int)(2 * tsc.stride[r]),
-                                      live, x, s_rows, s_tile, s_wbuf, tm, gvm_t(c, 1).shape[1], n0 >> 4);
+                                      live, x, s_rows, s_tile, s_wbuf, tm, gvm_t(c, 1).shape[1], n0 / nn);
                 else
                     gvm_exp_mma<false>(c, acc, cpa, cpb, sp, cstep, sstep, 0, 0, live, x, s_rows, s_tile, s_wbuf, tm,
-                                       gvm_t(c, 1).shape[1], n0 >> 4);
+                                       gvm_t(c, 1).shape[1], n0 / nn);
             }
             if (unit >= units) continue;
             // acc[m][s][i]: token m*16 + g (+8 for i >= 2), weight row 2*t4 + (i & 1) of block s;

@@ -285,8 +285,9 @@ for rep in range(3):
              # dynamic rounds of the layers whose experts reach the shared tile (9+ tokens)
            for v in st1: st0:GVM_EXP_STAGGER=0; do
              n=${v%%:*}; d=${v#*:}; args=(); [ -n "$d" ] && args+=(--define "$d")
-             timeout 120 python3 tools/expert_bench.py --reps 10 --shapes 32x16,skew256 "${args[@]}" --out "$OUT/stagger_$n.json" > "$OUT/stagger_$n.log" 2>&1; echo "$n rc=$?"; tail -5 "$OUT/stagger_$n.log"; done
-           AB_TAIL=24 ab_rounds stagger variants "base:,st0:GVM_EXP_STAGGER=0" ${T_STAGGER:-300} --cases full-c32-t8,sliding-c32-t8,full-c16-t8,full-c16-t1 ;;
+             timeout 120 python3 tools/expert_bench.py --reps 10 --shapes 32x16,skew256 "${args[@]}" --out "$OUT/stagger_$n.json" > "$OUT/stagger_$n.log" 2>&1; echo "$n rc=$?"; tail -5 "$OUT/stagger_$n.log"
+             timeout 120 python3 tools/expert_bench.py --reps 10 --cap 1048576 --shapes 8x16,8x32 "${args[@]}" --out "$OUT/stagger1_$n.json" > "$OUT/stagger1_$n.log" 2>&1; echo "$n one round rc=$?"; tail -5 "$OUT/stagger1_$n.log"; done
+           AB_TAIL=24 ab_rounds stagger variants "base:,st0:GVM_EXP_STAGGER=0" ${T_STAGGER:-300} --cases full-c32-t8,sliding-c32-t8,full-c16-t8,sliding-c16-t8,full-c16-t1 ;;
     refit) # the share weights refit to 0caa460's weightcal (72 KB scratch), run at bac33a3 against its ISA weights (4 / 5 / 7 quarters to 3 / 5 tokens): wA 4 quarters
            # to 4 tokens, 7 to 8, 8 above (the ISA's since 5a84568, so base is wA now); wC the same from 3 tokens;
            # the layers and steps whose lists are one round, two dynamic rounds
