@@ -12,6 +12,8 @@ mkdir -p "$OUT"
 steps=${*:-check ops sweep}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
 python3 -c "import torch, cuda.core; print('torch', torch.__version__, 'cuda.core', cuda.core.__version__)"
+# A variant "name:MACRO=v+MACRO=v" of a lists-alone loop: sets n (its name) and args (its --define flags).
+variant() { n=${1%%:*}; local d=${1#*:} x; args=(); for x in ${d//+/ }; do args+=(--define "$x"); done; }
 # Two sched_probe rounds (dynamic, claim depth 1), the second with the list reversed so
 # that a drift over the run shows as a swap: ab_rounds <name> <tiles|variants> <list>
 # <timeout s> <sched_probe args>. Writes $OUT/<name>_r{1,2}.{json,log}.
@@ -278,20 +280,20 @@ for rep in range(3):
     bare) # the register path without a weight ring (5-8 tokens at 4,096 wide), run at f26dc8c: DOWN on the shared tile (GVM_EXPR_BARE_DOWN 0, now the default; 1 the
           # ringless register path) and a 64 / 72 / 80 KB group scratch (72 the default since): the lists alone, then two dynamic rounds
            for v in base: reg:GVM_EXPR_BARE_DOWN=1 s64:GVM_GROUP_SMEM=65536 s80:GVM_GROUP_SMEM=81920; do
-             n=${v%%:*}; d=${v#*:}; args=(); [ -n "$d" ] && for x in ${d//+/ }; do args+=(--define "$x"); done
+             variant "$v"
              timeout 150 python3 tools/expert_bench.py --reps 10 --cap 1048576 --shapes 8x1,8x4,8x5,8x6,8x7,8x8,8x12,16x8 "${args[@]}" --out "$OUT/bare_$n.json" > "$OUT/bare_$n.log" 2>&1; echo "bare $n rc=$?"; tail -16 "$OUT/bare_$n.log"; done
            AB_TAIL=40 ab_rounds bare variants "base:,reg:GVM_EXPR_BARE_DOWN=1,s64:GVM_GROUP_SMEM=65536,s80:GVM_GROUP_SMEM=81920" ${T_BARE:-340} --cases full-c16-t1,sliding-c16-t1,full-c1-t8,sliding-c1-t8,full-c1-t1,sliding-c32-t8 --step 1x1,16x1 ;;
     stagger) # the shared tile's items staggered over K (GVM_EXP_STAGGER 1, the default) against every item from step 0 (st0): the lists alone, then two
              # dynamic rounds of the layers whose experts reach the shared tile (9+ tokens)
            for v in st1: st0:GVM_EXP_STAGGER=0; do
-             n=${v%%:*}; d=${v#*:}; args=(); [ -n "$d" ] && args+=(--define "$d")
+             variant "$v"
              timeout 120 python3 tools/expert_bench.py --reps 10 --shapes 32x16,skew256 "${args[@]}" --out "$OUT/stagger_$n.json" > "$OUT/stagger_$n.log" 2>&1; echo "$n rc=$?"; tail -5 "$OUT/stagger_$n.log"
              timeout 120 python3 tools/expert_bench.py --reps 10 --cap 1048576 --shapes 8x16,8x32 "${args[@]}" --out "$OUT/stagger1_$n.json" > "$OUT/stagger1_$n.log" 2>&1; echo "$n one round rc=$?"; tail -5 "$OUT/stagger1_$n.log"; done
            AB_TAIL=24 ab_rounds stagger variants "base:,st0:GVM_EXP_STAGGER=0" ${T_STAGGER:-300} --cases full-c32-t8,sliding-c32-t8,full-c16-t8,sliding-c16-t8,full-c16-t1 ;;
     tileprobe) # the shared tile's capped lists taken apart (GVM_EXPR_PROBE: 256 no x staging, 1024 no weight copies, 512 no decode nor MMA, 1280 neither
                # copies nor staging): where the 256-token layers' expert time goes
            for v in base: nox:GVM_EXPR_PROBE=256 now:GVM_EXPR_PROBE=1024 nomma:GVM_EXPR_PROBE=512 nocopy:GVM_EXPR_PROBE=1280; do
-             n=${v%%:*}; d=${v#*:}; args=(); [ -n "$d" ] && args+=(--define "$d")
+             variant "$v"
              timeout 100 python3 tools/expert_bench.py --reps 10 --shapes skew256,32x16 "${args[@]}" --out "$OUT/tp_$n.json" > "$OUT/tp_$n.log" 2>&1; echo "$n rc=$?"; tail -5 "$OUT/tp_$n.log"; done ;;
     refit) # the share weights refit to 0caa460's weightcal (72 KB scratch), run at bac33a3 against its ISA weights (4 / 5 / 7 quarters to 3 / 5 tokens): wA 4 quarters
            # to 4 tokens, 7 to 8, 8 above (the ISA's since 5a84568, so base is wA now); wC the same from 3 tokens;
