@@ -86,7 +86,11 @@
 #define GVM_EXP_PROW 1088    // bytes per staged pair of x rows (g, g + 8): 2 x 256 f16 + 64 pad
 #define GVM_EXP_MTILE (8 * GVM_EXP_PROW)  // an m-tile of 16 token rows
 #define GVM_EXP_RAWROW 512   // bytes per raw (bf16) x row of a K step
+#ifndef GVM_EXP_DBL2
+#define GVM_EXP_DBL2 1  // 0: the up list's two-unit passes only up to 16 tokens (for A/B runs)
+#endif
 #define GVM_EXP_MAXMT 2      // m-tiles of 16 tokens per token chunk
+#define GVM_EXP_ACC (GVM_EXP_DBL2 ? 4 : 2)  // MMA tiles a thread accumulates: units x m-tiles
 #define GVM_EXP_RAW (GVM_EXP_MAXMT * 16 * GVM_EXP_RAWROW)  // the raw x rows, just before the tile
 #define GVM_EXP_RAW1 (16 * GVM_EXP_RAWROW)  // the two-unit layout's raw x rows (one m-tile), just before its tile
 #define GVM_EXP_HEAD 144     // smem before the x tile: x row byte offsets [32], bad-row flag
@@ -226,13 +230,13 @@ __device__ __forceinline__ void gvm_exp_fetch(unsigned buf, const unsigned char*
 }
 
 // One K step of a warp's MMAs: U units' weights (buffers uslot bytes apart, see
-// gvm_exp_fetch) times the tile's MT m-tiles, into acc[m + u] (MT * U <= 2).
+// gvm_exp_fetch) times the tile's MT m-tiles, into acc[u * MT + m].
 // Thread (g, t4) multiplies codes 64 t4 .. + 63 of row g of each set: chunks
 // 2 t4 and 2 t4 + 1 of the row.
 template <int MT, int U>
-__device__ __forceinline__ void gvm_exp_ks(float (&acc)[GVM_EXP_MAXMT][2][4], unsigned wbuf, unsigned uslot,
+__device__ __forceinline__ void gvm_exp_ks(float (&acc)[GVM_EXP_ACC][2][4], unsigned wbuf, unsigned uslot,
                                            unsigned s_tile, unsigned g, unsigned t4) {
-    static_assert(MT * U <= GVM_EXP_MAXMT, "acc holds two m-tiles or two units");
+    static_assert(MT * U <= GVM_EXP_ACC, "acc holds two units of two m-tiles");
     unsigned sp[U][2][2];  // the thread's 4 scales of each set, as 2 f16 pairs
 #pragma unroll
     for (int u = 0; u < U; ++u)
@@ -270,8 +274,8 @@ __device__ __forceinline__ void gvm_exp_ks(float (&acc)[GVM_EXP_MAXMT][2][4], un
                 for (int u = 0; u < U; ++u)
 #pragma unroll
                     for (int s = 0; s < 2; ++s) {
-                        gvm_mma_f16(acc[m + u][s], a0.x, a0.y, a0.z, a0.w, p[u][s][0], p[u][s][2]);
-                        gvm_mma_f16(acc[m + u][s], a1.x, a1.y, a1.z, a1.w, p[u][s][1], p[u][s][3]);
+                        gvm_mma_f16(acc[u * MT + m][s], a0.x, a0.y, a0.z, a0.w, p[u][s][0], p[u][s][2]);
+                        gvm_mma_f16(acc[u * MT + m][s], a1.x, a1.y, a1.z, a1.w, p[u][s][1], p[u][s][3]);
                     }
             }
         }
@@ -298,17 +302,18 @@ __device__ __forceinline__ void gvm_exp_ks(float (&acc)[GVM_EXP_MAXMT][2][4], un
 // step. Weights stream through shared memory (cp.async, one K step ahead, the
 // warp's lanes copying its unit together), and so does x (raw, one K step
 // ahead: all four warps fetch it, then turn it into the tile at the step's
-// start). dbl (one m-tile of tokens): a second unit's blocks too (du_c / du_s
+// start; the raw rows at s_raw). DBL: a second unit's blocks too (du_c / du_s
 // bytes on; live bits 8..13), into acc[1], so that the staged x serves twice
-// the rows (the two-unit layout: four weight buffers, 8 KB of raw rows). live:
+// the rows (the two-unit layout: four weight buffers). live:
 // bits 0..5 unit 0's rows of this lane (gvm_exp_fetch), 8..13 unit 1's; bits 16,
 // 17 units 0, 1 (the warp's).
 template <bool DBL>
-__device__ __forceinline__ void gvm_exp_mma(const gvm_ctx& c, float (&acc)[GVM_EXP_MAXMT][2][4],
+__device__ __forceinline__ void gvm_exp_mma(const gvm_ctx& c, float (&acc)[GVM_EXP_ACC][2][4],
                                             const unsigned char* cpa, const unsigned char* cpb, const unsigned char* sp,
                                             int cstep, int sstep, int du_c, int du_s, unsigned live, const unsigned char* x,
-                                            unsigned s_rows, unsigned s_tile, unsigned s_wbuf, int tm, int kdim, int koff) {
-    const unsigned s_raw = s_tile - (DBL ? GVM_EXP_RAW1 : GVM_EXP_RAW), lane = c.tid & 31, g = lane >> 2, t4 = c.tid & 3;
+                                            unsigned s_rows, unsigned s_raw, unsigned s_tile, unsigned s_wbuf, int tm, int kdim,
+                                            int koff) {
+    const unsigned lane = c.tid & 31, g = lane >> 2, t4 = c.tid & 3;
     const int mts = (tm + 15) / 16, steps = (kdim + GVM_EXP_KSTEP - 1) / GVM_EXP_KSTEP;
     const unsigned long long pol = gvm_policy_evict_first();
     // the warp's unit u, buffer b: at slot0 + (2u + b) * wb
@@ -345,7 +350,9 @@ __device__ __forceinline__ void gvm_exp_mma(const gvm_ctx& c, float (&acc)[GVM_E
         if (!(live & 0x30000u) || (GVM_EXPR_PROBE & 512)) continue;  // no unit of this warp (warp-uniform bits)
         // one w8 loop per shape: no branch between a w8's MMAs and the next
         // w8's shared loads and decode, which ptxas can then start early
-        if (DBL)
+        if (DBL && GVM_EXP_DBL2 && mts == 2)
+            gvm_exp_ks<GVM_EXP_DBL2 ? 2 : 1, 2>(acc, slot, 2 * wb, s_tile, g, t4);  // (<1, 2> only to compile)
+        else if (DBL)
             gvm_exp_ks<1, 2>(acc, slot, 2 * wb, s_tile, g, t4);
         else if (mts == 2)
             gvm_exp_ks<2, 1>(acc, slot, 0, s_tile, g, t4);
@@ -860,14 +867,19 @@ __device__ int gvm_expert_tile(const gvm_ctx& c, int e, int n0, int nn) {
 #endif
 
     const unsigned warp = c.tid >> 5, g = (c.tid & 31) >> 2, t4 = c.tid & 3;
-    const int max_tok = 16 * min(GVM_EXP_MAXMT, (int)((c.smem_bytes - GVM_EXP_STATE - GVM_EXP_HEAD - GVM_EXP_WBUF - GVM_EXP_RAW) / GVM_EXP_MTILE));
-    // Up to 16 tokens of the up list: two units a warp a pass (dbl), in the two-unit
-    // layout (the down list ran slower so: H200, expert_bench 32 x 16 277 -> 362 us).
-    const bool dbl = UP && count <= 16 && c.smem_bytes >= GVM_EXP_STATE + GVM_EXP_HEAD + 2 * GVM_EXP_WBUF +
-                                                        GVM_EXP_RAW1 + GVM_EXP_MTILE;
+    const int room = c.smem_bytes - GVM_EXP_STATE - GVM_EXP_HEAD;
+    const int max_tok = 16 * min(GVM_EXP_MAXMT, (room - GVM_EXP_WBUF - GVM_EXP_RAW) / GVM_EXP_MTILE);
+    // The up list: two units a warp a pass (dbl), in the two-unit layout, so that
+    // x staged once serves 64 rows: up to 16 tokens (one m-tile), and in chunks of
+    // 32 where two m-tiles fit (GVM_EXP_DBL2). The down list ran slower so (H200,
+    // expert_bench 32 x 16 277 -> 362 us), and its capped items are one pass anyway.
+    const bool dbl1 = count <= 16 && room >= 2 * GVM_EXP_WBUF + GVM_EXP_RAW1 + GVM_EXP_MTILE;
+    const bool dbl2 = GVM_EXP_DBL2 && max_tok == 32 && room >= 2 * GVM_EXP_WBUF + GVM_EXP_RAW + 2 * GVM_EXP_MTILE;
+    const bool dbl = UP && (dbl1 || dbl2);
+    const int raw = dbl && count <= 16 ? GVM_EXP_RAW1 : GVM_EXP_RAW;
     // smem: x row offsets [32], flag | weight buffers | raw x rows | x tile
     const unsigned s_rows = gvm_smem_addr(c.smem), s_flag = s_rows + 128, s_wbuf = s_rows + GVM_EXP_HEAD;
-    const unsigned s_tile = s_wbuf + (dbl ? 2 * GVM_EXP_WBUF + GVM_EXP_RAW1 : GVM_EXP_WBUF + GVM_EXP_RAW);
+    const unsigned s_tile = s_wbuf + (dbl ? 2 * GVM_EXP_WBUF : GVM_EXP_WBUF) + raw, s_raw = s_tile - raw;
     const int unit_rows = UP ? 8 : 16, units = (nn + unit_rows - 1) / unit_rows, upp = dbl ? 8 : 4;
 
     if (c.tid == 0) gvm_sts(s_flag, 0u);
@@ -914,11 +926,11 @@ __device__ int gvm_expert_tile(const gvm_ctx& c, int e, int n0, int nn) {
             const bool has1 = dbl && unit + 4 < units;
             const unsigned live = (unit < units ? rows_live(r0) : 0u) | (has1 ? rows_live(r0 + 4 * unit_rows) : 0u) << 8 |
                                   (unsigned)(unit < units) << 16 | (unsigned)has1 << 17;
-            float acc[GVM_EXP_MAXMT][2][4];
+            float acc[GVM_EXP_ACC][2][4];  // [unit * m-tiles + m-tile][set] (gvm_exp_ks)
 #pragma unroll
-            for (int m = 0; m < GVM_EXP_MAXMT; ++m)
+            for (int a = 0; a < GVM_EXP_ACC; ++a)
 #pragma unroll
-                for (int s = 0; s < 2; ++s) acc[m][s][0] = acc[m][s][1] = acc[m][s][2] = acc[m][s][3] = 0.0f;
+                for (int s = 0; s < 2; ++s) acc[a][s][0] = acc[a][s][1] = acc[a][s][2] = acc[a][s][3] = 0.0f;
             {
                 const gvm_tensor& tcd = gvm_t(c, 2);
                 const gvm_tensor& tsc = gvm_t(c, 3);
@@ -938,39 +950,41 @@ __device__ int gvm_expert_tile(const gvm_ctx& c, int e, int n0, int nn) {
                 // unit + 4 (dbl, UP) is 32 rows, two blocks, on wherever its rows exist (its lanes' bits)
                 if (dbl)  // one instance a shape: the one-unit pass holds no second unit's offsets
                     gvm_exp_mma<true>(c, acc, cpa, cpb, sp, cstep, sstep, (int)(2 * tcd.stride[r]), (int)(2 * tsc.stride[r]),
-                                      live, x, s_rows, s_tile, s_wbuf, tm, gvm_t(c, 1).shape[1], n0 / nn);
+                                      live, x, s_rows, s_raw, s_tile, s_wbuf, tm, gvm_t(c, 1).shape[1], n0 / nn);
                 else
-                    gvm_exp_mma<false>(c, acc, cpa, cpb, sp, cstep, sstep, 0, 0, live, x, s_rows, s_tile, s_wbuf, tm,
+                    gvm_exp_mma<false>(c, acc, cpa, cpb, sp, cstep, sstep, 0, 0, live, x, s_rows, s_raw, s_tile, s_wbuf, tm,
                                        gvm_t(c, 1).shape[1], n0 / nn);
             }
             if (unit >= units) continue;
-            // acc[m][s][i]: token m*16 + g (+8 for i >= 2), weight row 2*t4 + (i & 1) of block s;
-            // dbl: acc[u] is unit + 4u's, tokens g (+8)
+            // acc[a][s][i]: unit + 4u, token 16m + g (+8 for i >= 2), weight row 2*t4 + (i & 1)
+            // of block s, a = u * (the m-tiles) + m (gvm_exp_ks; u = 1: dbl only)
             const gvm_tensor& to = gvm_t(c, 0);
             const float ts0 = gvm_exp_tscale(c, e, 0), ts1 = gvm_exp_tscale(c, e, UP ? 1 : 0);
+            const int mts = (tm + 15) / 16;
 #pragma unroll
-            for (int m = 0; m < GVM_EXP_MAXMT; ++m) {
-                const int un = dbl ? unit + 4 * m : unit;
+            for (int a = 0; a < GVM_EXP_ACC; ++a) {
+                if (a >= (dbl ? 2 : 1) * mts) continue;
+                const int u = dbl && mts == 2 ? a >> 1 : dbl ? a : 0, m = a - u * mts, un = unit + 4 * u;
                 if (un >= units) continue;
 #pragma unroll
-                for (int i = 0; i < 4; ++i) {
-                    const int tok = (dbl ? 0 : m * 16) + g + 8 * (i >> 1), col = 2 * t4 + (i & 1);
-                    if (tok >= tm) continue;
-                    const long long orow = (long long)(slot0 + tc0 + tok) * to.stride[0] + n0;
-                    if (UP) {
-                        const int lc = un * 8 + col;
-                        if (lc >= nn) continue;
-                        const float gv = acc[m][0][i] * ts0, uv = acc[m][1][i] * ts1;
-                        *gvm_ptr<unsigned short>(to, orow + lc, 2) =
-                            (unsigned short)gvm_pack_bf16x2(gv / (1.0f + expf(-gv)) * uv, 0.0f);
-                    } else {
+                    for (int i = 0; i < 4; ++i) {
+                        const int tok = m * 16 + g + 8 * (i >> 1), col = 2 * t4 + (i & 1);
+                        if (tok >= tm) continue;
+                        const long long orow = (long long)(slot0 + tc0 + tok) * to.stride[0] + n0;
+                        if (UP) {
+                            const int lc = un * 8 + col;
+                            if (lc >= nn) continue;
+                            const float gv = acc[a][0][i] * ts0, uv = acc[a][1][i] * ts1;
+                            *gvm_ptr<unsigned short>(to, orow + lc, 2) =
+                                (unsigned short)gvm_pack_bf16x2(gv / (1.0f + expf(-gv)) * uv, 0.0f);
+                        } else {
 #pragma unroll
-                        for (int s = 0; s < 2; ++s) {
-                            const int lc = un * 16 + 8 * s + col;
-                            if (lc < nn) *gvm_ptr<float>(to, orow + lc, 4) = acc[m][s][i] * ts0;
+                            for (int s = 0; s < 2; ++s) {
+                                const int lc = un * 16 + 8 * s + col;
+                                if (lc < nn) *gvm_ptr<float>(to, orow + lc, 4) = acc[a][s][i] * ts0;
+                            }
                         }
                     }
-                }
             }
         }
     }
