@@ -89,6 +89,9 @@
 #ifndef GVM_EXP_DBL2
 #define GVM_EXP_DBL2 1  // 0: the up list's two-unit passes only up to 16 tokens (for A/B runs)
 #endif
+#ifndef GVM_EXP_DBL_DOWN
+#define GVM_EXP_DBL_DOWN 0  // 1: the down list's passes take two units a warp too (for A/B runs, items of more than 64 rows)
+#endif
 #define GVM_EXP_MAXMT 2      // m-tiles of 16 tokens per token chunk
 #define GVM_EXP_ACC (GVM_EXP_DBL2 ? 4 : 2)  // MMA tiles a thread accumulates: units x m-tiles
 #define GVM_EXP_RAW (GVM_EXP_MAXMT * 16 * GVM_EXP_RAWROW)  // the raw x rows, just before the tile
@@ -875,7 +878,7 @@ __device__ int gvm_expert_tile(const gvm_ctx& c, int e, int n0, int nn) {
     // expert_bench 32 x 16 277 -> 362 us), and its capped items are one pass anyway.
     const bool dbl1 = count <= 16 && room >= 2 * GVM_EXP_WBUF + GVM_EXP_RAW1 + GVM_EXP_MTILE;
     const bool dbl2 = GVM_EXP_DBL2 && max_tok == 32 && room >= 2 * GVM_EXP_WBUF + GVM_EXP_RAW + 2 * GVM_EXP_MTILE;
-    const bool dbl = UP && (dbl1 || dbl2);
+    const bool dbl = (UP || GVM_EXP_DBL_DOWN) && (dbl1 || dbl2);
     const int raw = dbl && count <= 16 ? GVM_EXP_RAW1 : GVM_EXP_RAW;
     // smem: x row offsets [32], flag | weight buffers | raw x rows | x tile
     const unsigned s_rows = gvm_smem_addr(c.smem), s_flag = s_rows + 128, s_wbuf = s_rows + GVM_EXP_HEAD;
@@ -947,9 +950,10 @@ __device__ int gvm_expert_tile(const gvm_ctx& c, int e, int n0, int nn) {
                 const int cstep = (int)(UP ? tcd.stride[1] : 8 * 64);
                 const int sstep = (int)(UP ? tsc.stride[1] : 8 * 8);
                 const unsigned char* x = reinterpret_cast<const unsigned char*>(gvm_t(c, 1).ptr);
-                // unit + 4 (dbl, UP) is 32 rows, two blocks, on wherever its rows exist (its lanes' bits)
+                // unit + 4 (dbl) is 4 units (UP 2, DOWN 4 blocks) on wherever its rows exist (its lanes' bits)
+                const int dub = UP ? 2 : 4;
                 if (dbl)  // one instance a shape: the one-unit pass holds no second unit's offsets
-                    gvm_exp_mma<true>(c, acc, cpa, cpb, sp, cstep, sstep, (int)(2 * tcd.stride[r]), (int)(2 * tsc.stride[r]),
+                    gvm_exp_mma<true>(c, acc, cpa, cpb, sp, cstep, sstep, (int)(dub * tcd.stride[r]), (int)(dub * tsc.stride[r]),
                                       live, x, s_rows, s_raw, s_tile, s_wbuf, tm, gvm_t(c, 1).shape[1], n0 / nn);
                 else
                     gvm_exp_mma<false>(c, acc, cpa, cpb, sp, cstep, sstep, 0, 0, live, x, s_rows, s_raw, s_tile, s_wbuf, tm,
@@ -1039,6 +1043,9 @@ __device__ __forceinline__ unsigned gvm_exp_weight(int count) {
 // slowest worker, which may still be queued behind another op of its block
 // (H200 trace at 18420e1: 31 us of a one-token layer). The others signal
 // nothing; an empty list is completed by its first worker.
+#ifndef GVM_EXP_DOWN_CAP
+#define GVM_EXP_DOWN_CAP 0  // probe: > 0, the down list's row cap where the lowering capped it (for A/B runs)
+#endif
 #ifndef GVM_LIST_SIGNAL
 #define GVM_LIST_SIGNAL 1  // 0: every worker signals one when it finds the list taken (for A/B runs)
 #endif
@@ -1068,7 +1075,8 @@ __device__ int gvm_expert_matmul(const gvm_ctx& c) {
             for (int o = 16; o > 0; o >>= 1) wsum += __shfl_xor_sync(0xffffffffu, wsum, o);
             const int nout = gvm_t(c, 0).shape[1], grain = c.ins->arg[2];
             const int q = max(1, c.ins->arg[1] * (int)wt / max(1, (int)wsum));
-            const int rows = wt ? min(c.ins->arg[3], ((nout + q - 1) / q + grain - 1) / grain * grain) : 0;
+            const int cap = !UP && GVM_EXP_DOWN_CAP && c.ins->arg[3] < nout ? GVM_EXP_DOWN_CAP : c.ins->arg[3];
+            const int rows = wt ? min(cap, ((nout + q - 1) / q + grain - 1) / grain * grain) : 0;
             int end = wt ? (nout + rows - 1) / rows : 0;  // this expert's items, then the end of its run
 #pragma unroll
             for (int o = 1; o < 32; o <<= 1) {
