@@ -86,14 +86,8 @@
 #define GVM_EXP_PROW 1088    // bytes per staged pair of x rows (g, g + 8): 2 x 256 f16 + 64 pad
 #define GVM_EXP_MTILE (8 * GVM_EXP_PROW)  // an m-tile of 16 token rows
 #define GVM_EXP_RAWROW 512   // bytes per raw (bf16) x row of a K step
-#ifndef GVM_EXP_DBL2
-#define GVM_EXP_DBL2 1  // 0: the up list's two-unit passes only up to 16 tokens (for A/B runs)
-#endif
-#ifndef GVM_EXP_DBL_DOWN
-#define GVM_EXP_DBL_DOWN 0  // 1: the down list's passes take two units a warp too (for A/B runs, items of more than 64 rows)
-#endif
 #define GVM_EXP_MAXMT 2      // m-tiles of 16 tokens per token chunk
-#define GVM_EXP_ACC (GVM_EXP_DBL2 ? 4 : 2)  // MMA tiles a thread accumulates: units x m-tiles
+#define GVM_EXP_ACC 4        // MMA tiles a thread accumulates: units x m-tiles
 #define GVM_EXP_RAW (GVM_EXP_MAXMT * 16 * GVM_EXP_RAWROW)  // the raw x rows, just before the tile
 #define GVM_EXP_RAW1 (16 * GVM_EXP_RAWROW)  // the two-unit layout's raw x rows (one m-tile), just before its tile
 #define GVM_EXP_HEAD 144     // smem before the x tile: x row byte offsets [32], bad-row flag
@@ -236,10 +230,10 @@ __device__ __forceinline__ void gvm_exp_fetch(unsigned buf, const unsigned char*
 // gvm_exp_fetch) times the tile's MT m-tiles, into acc[u * MT + m].
 // Thread (g, t4) multiplies codes 64 t4 .. + 63 of row g of each set: chunks
 // 2 t4 and 2 t4 + 1 of the row.
-template <int MT, int U>
+template <int MT, int U, int A0 = 0>
 __device__ __forceinline__ void gvm_exp_ks(float (&acc)[GVM_EXP_ACC][2][4], unsigned wbuf, unsigned uslot,
                                            unsigned s_tile, unsigned g, unsigned t4) {
-    static_assert(MT * U <= GVM_EXP_ACC, "acc holds two units of two m-tiles");
+    static_assert(A0 + MT * U <= GVM_EXP_ACC, "acc holds two units of two m-tiles");
     unsigned sp[U][2][2];  // the thread's 4 scales of each set, as 2 f16 pairs
 #pragma unroll
     for (int u = 0; u < U; ++u)
@@ -277,8 +271,8 @@ __device__ __forceinline__ void gvm_exp_ks(float (&acc)[GVM_EXP_ACC][2][4], unsi
                 for (int u = 0; u < U; ++u)
 #pragma unroll
                     for (int s = 0; s < 2; ++s) {
-                        gvm_mma_f16(acc[u * MT + m][s], a0.x, a0.y, a0.z, a0.w, p[u][s][0], p[u][s][2]);
-                        gvm_mma_f16(acc[u * MT + m][s], a1.x, a1.y, a1.z, a1.w, p[u][s][1], p[u][s][3]);
+                        gvm_mma_f16(acc[A0 + u * MT + m][s], a0.x, a0.y, a0.z, a0.w, p[u][s][0], p[u][s][2]);
+                        gvm_mma_f16(acc[A0 + u * MT + m][s], a1.x, a1.y, a1.z, a1.w, p[u][s][1], p[u][s][3]);
                     }
             }
         }
@@ -353,9 +347,10 @@ __device__ __forceinline__ void gvm_exp_mma(const gvm_ctx& c, float (&acc)[GVM_E
         if (!(live & 0x30000u) || (GVM_EXPR_PROBE & 512)) continue;  // no unit of this warp (warp-uniform bits)
         // one w8 loop per shape: no branch between a w8's MMAs and the next
         // w8's shared loads and decode, which ptxas can then start early
-        if (DBL && GVM_EXP_DBL2 && mts == 2)
-            gvm_exp_ks<GVM_EXP_DBL2 ? 2 : 1, 2>(acc, slot, 2 * wb, s_tile, g, t4);  // (<1, 2> only to compile)
-        else if (DBL)
+        if (DBL && mts == 2) {  // a unit at a time (x's fragments loaded twice): both at once spilled
+            gvm_exp_ks<2, 1, 0>(acc, slot, 0, s_tile, g, t4);
+            gvm_exp_ks<2, 1, 2>(acc, slot + 2 * wb, 0, s_tile, g, t4);
+        } else if (DBL)
             gvm_exp_ks<1, 2>(acc, slot, 2 * wb, s_tile, g, t4);
         else if (mts == 2)
             gvm_exp_ks<2, 1>(acc, slot, 0, s_tile, g, t4);
@@ -872,13 +867,16 @@ __device__ int gvm_expert_tile(const gvm_ctx& c, int e, int n0, int nn) {
     const unsigned warp = c.tid >> 5, g = (c.tid & 31) >> 2, t4 = c.tid & 3;
     const int room = c.smem_bytes - GVM_EXP_STATE - GVM_EXP_HEAD;
     const int max_tok = 16 * min(GVM_EXP_MAXMT, (room - GVM_EXP_WBUF - GVM_EXP_RAW) / GVM_EXP_MTILE);
-    // The up list: two units a warp a pass (dbl), in the two-unit layout, so that
-    // x staged once serves 64 rows: up to 16 tokens (one m-tile), and in chunks of
-    // 32 where two m-tiles fit (GVM_EXP_DBL2). The down list ran slower so (H200,
-    // expert_bench 32 x 16 277 -> 362 us), and its capped items are one pass anyway.
+    // Two units a warp a pass (dbl), in the two-unit layout, so that x staged once
+    // serves twice the rows (up 64, down 128): up to 16 tokens in one m-tile, and
+    // in chunks of 32 where two m-tiles fit (72 KB). H200, the lists alone
+    // (tools/expert_bench.py), two units / one for chunks of 17-32 tokens: up 32
+    // experts hit x 24 tokens 441 / 502 us, x 32 454 / 531, skew256 379 / 406, one
+    // round 8 x 32 119 / 142; down (items of 128 rows, Tiles.expert_cap_down,
+    // against one unit on 64) 32 x 16 170 / 218, x 32 219 / 286, skew256 244 / 247.
     const bool dbl1 = count <= 16 && room >= 2 * GVM_EXP_WBUF + GVM_EXP_RAW1 + GVM_EXP_MTILE;
-    const bool dbl2 = GVM_EXP_DBL2 && max_tok == 32 && room >= 2 * GVM_EXP_WBUF + GVM_EXP_RAW + 2 * GVM_EXP_MTILE;
-    const bool dbl = (UP || GVM_EXP_DBL_DOWN) && (dbl1 || dbl2);
+    const bool dbl2 = max_tok == 32 && room >= 2 * GVM_EXP_WBUF + GVM_EXP_RAW + 2 * GVM_EXP_MTILE;
+    const bool dbl = dbl1 || dbl2;
     const int raw = dbl && count <= 16 ? GVM_EXP_RAW1 : GVM_EXP_RAW;
     // smem: x row offsets [32], flag | weight buffers | raw x rows | x tile
     const unsigned s_rows = gvm_smem_addr(c.smem), s_flag = s_rows + 128, s_wbuf = s_rows + GVM_EXP_HEAD;
@@ -1043,9 +1041,6 @@ __device__ __forceinline__ unsigned gvm_exp_weight(int count) {
 // slowest worker, which may still be queued behind another op of its block
 // (H200 trace at 18420e1: 31 us of a one-token layer). The others signal
 // nothing; an empty list is completed by its first worker.
-#ifndef GVM_EXP_DOWN_CAP
-#define GVM_EXP_DOWN_CAP 0  // probe: > 0, the down list's row cap where the lowering capped it (for A/B runs)
-#endif
 #ifndef GVM_LIST_SIGNAL
 #define GVM_LIST_SIGNAL 1  // 0: every worker signals one when it finds the list taken (for A/B runs)
 #endif
@@ -1075,8 +1070,7 @@ __device__ int gvm_expert_matmul(const gvm_ctx& c) {
             for (int o = 16; o > 0; o >>= 1) wsum += __shfl_xor_sync(0xffffffffu, wsum, o);
             const int nout = gvm_t(c, 0).shape[1], grain = c.ins->arg[2];
             const int q = max(1, c.ins->arg[1] * (int)wt / max(1, (int)wsum));
-            const int cap = !UP && GVM_EXP_DOWN_CAP && c.ins->arg[3] < nout ? GVM_EXP_DOWN_CAP : c.ins->arg[3];
-            const int rows = wt ? min(cap, ((nout + q - 1) / q + grain - 1) / grain * grain) : 0;
+            const int rows = wt ? min(c.ins->arg[3], ((nout + q - 1) / q + grain - 1) / grain * grain) : 0;
             int end = wt ? (nout + rows - 1) / rows : 0;  // this expert's items, then the end of its run
 #pragma unroll
             for (int o = 1; o < 32; o <<= 1) {

@@ -69,9 +69,11 @@ def list_tables(counts: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor, in
 
 
 def build_list(up: bool, grain: int, counts: tuple[int, ...], w: tuple[torch.Tensor, torch.Tensor], gen: torch.Generator,
-               cap: int = EXPERT_CAP) -> tuple[object, int]:
-    """A work list over experts with `counts` tokens each; the weight bytes it reads."""
+               cap: int | None = None) -> tuple[object, int]:
+    """A work list over experts with `counts` tokens each, items of at most cap
+    rows (default: the lowering's EXPERT_CAP); the weight bytes it reads."""
     op = Op.EXPERT_UP if up else Op.EXPERT_DOWN
+    cap = EXPERT_CAP[op] if cap is None else cap
     b = _Build(op.name.lower(), op, gen)
     meta, route, t = list_tables(counts)
     hit = len(counts)
@@ -173,7 +175,8 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="1 and 3 experts hit only")
     ap.add_argument("--shapes", default="", help="experts hit x tokens each, or skew256, e.g. 32x16,skew256 (default: 1x1,3x1,8x1,32x8)")
     ap.add_argument("--bw", type=float, default=4.3, help="streaming-read TB/s for the floor column")
-    ap.add_argument("--cap", type=int, default=EXPERT_CAP, help="rows an item at most (the lowering's EXPERT_CAP, or none: Tiles.expert_cap_tokens)")
+    ap.add_argument("--cap", type=int, default=None, help="rows an item at most (default: the lowering's EXPERT_CAP of each list; 1048576: "
+                    "none, as below Tiles.expert_cap_tokens)")
     ap.add_argument("--timeline", action="store_true", help="the probe build that stamps each item's steps (GVM_EXPR_PROBE=2048): "
                     "median ns of each, per list (the last local expert must not be hit)")
     ap.add_argument("--block-pads", default="0", help="bytes of padding after each tiled block of 16 rows' codes (scales: an eighth), "
@@ -205,7 +208,7 @@ def main() -> int:
             for pad in pads:
                 marks: dict[str, float] | None = {} if a.timeline else None
                 us = time_list(case, runner, flush, ts, a.reps, pad, marks)
-                r = dict(op="up" if up else "down", grain=GRAIN[up], cap=a.cap, hit=hit, tokens=tokens, counts=list(counts), us=us,
+                r = dict(op="up" if up else "down", grain=GRAIN[up], cap=EXPERT_CAP[Op.EXPERT_UP if up else Op.EXPERT_DOWN] if a.cap is None else a.cap, hit=hit, tokens=tokens, counts=list(counts), us=us,
                          bytes=nbytes, block_pad=pad)
                 if marks is not None:
                     r["timeline_ns"] = marks

@@ -2,7 +2,7 @@
 # One call on the H200 (the device tool): the VM proofs and timings, the Muse
 # ops standalone, and the decode-case sweep, each under its own time limit,
 # logs and results under $OUT (at most 8 files come back: traces are tarred).
-#   GPUVM_COMMIT=<sha> bash tools/gpu_session.sh [check|fold|ops|opstime|sweep|step|stepsweep|probe|experts|router|park|ring|lists|steptrace|tiles|rowpf|fill|fill2|xstage|trace62|xprobe|smem|tiles2|xbench|against|slots|naps|icache|workers|slices|statsprobe|topkprobe|layertrace|oneop|fusedqk|ringbench|ringprobe|opsgemm|tail|attstop|gputests|vmtest|next|attntail|qksplit|lazygemm|lazyattn|lazyctl|ncuattn|clocks|codewarm|lazyexperts|lazyone|lazyall|toolcheck|gearly|kparts|kpartslayers|glate|glate16|fixed16|dispdepth|shares|cap33|weightcal|bare|refit|stagger|tileprobe|dbl2|dbldown|ncu ...]
+#   GPUVM_COMMIT=<sha> bash tools/gpu_session.sh [check|fold|ops|opstime|sweep|step|stepsweep|probe|experts|router|park|ring|lists|steptrace|tiles|rowpf|fill|fill2|xstage|trace62|xprobe|smem|tiles2|xbench|against|slots|naps|icache|workers|slices|statsprobe|topkprobe|layertrace|oneop|fusedqk|ringbench|ringprobe|opsgemm|tail|attstop|gputests|vmtest|next|attntail|qksplit|lazygemm|lazyattn|lazyctl|ncuattn|clocks|codewarm|lazyexperts|lazyone|lazyall|toolcheck|gearly|kparts|kpartslayers|glate|glate16|fixed16|dispdepth|shares|cap33|weightcal|bare|refit|stagger|tileprobe|dbl2|ncu ...]
 # (set GPUVM_COMMIT when running a snapshot without .git: else the results name the enclosing checkout)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -295,19 +295,12 @@ for rep in range(3):
            for v in base: nox:GVM_EXPR_PROBE=256 now:GVM_EXPR_PROBE=1024 nomma:GVM_EXPR_PROBE=512 nocopy:GVM_EXPR_PROBE=1280; do
              variant "$v"
              timeout 100 python3 tools/expert_bench.py --reps 10 --shapes skew256,32x16 "${args[@]}" --out "$OUT/tp_$n.json" > "$OUT/tp_$n.log" 2>&1; echo "$n rc=$?"; tail -5 "$OUT/tp_$n.log"; done ;;
-    dbl2) # the up list's two-unit passes for 17-32 token chunks too (GVM_EXP_DBL2 1, the default) against up to 16 tokens only (d0): the lists
-          # alone (capped, then one round), then two dynamic rounds of the 128- and 256-token layers
-           for v in base: d0:GVM_EXP_DBL2=0; do
-             variant "$v"
-             timeout 120 python3 tools/expert_bench.py --reps 10 --shapes 32x24,32x32,skew256 "${args[@]}" --out "$OUT/dbl2_$n.json" > "$OUT/dbl2_$n.log" 2>&1; echo "$n rc=$?"; tail -7 "$OUT/dbl2_$n.log"
-             timeout 120 python3 tools/expert_bench.py --reps 10 --cap 1048576 --shapes 8x24,8x32,4x64 "${args[@]}" --out "$OUT/dbl2one_$n.json" > "$OUT/dbl2one_$n.log" 2>&1; echo "$n one round rc=$?"; tail -7 "$OUT/dbl2one_$n.log"; done
-           AB_TAIL=24 ab_rounds dbl2 variants "base:,d0:GVM_EXP_DBL2=0" ${T_DBL2:-320} --cases full-c32-t8,sliding-c32-t8,full-c16-t8,sliding-c16-t8 ;;
-    dbldown) # the down list with two units a warp (GVM_EXP_DBL_DOWN 1) on items of 128 rows: the lists alone at caps of 64 and 128 rows (both lists),
-             # then two dynamic rounds of the 128- and 256-token layers with the down list's cap at 128 (GVM_EXP_DOWN_CAP), with and without
-           for v in 64/c64: 128/c128: 128/dd128:GVM_EXP_DBL_DOWN=1; do
-             cap=${v%%/*}; variant "${v#*/}"
-             timeout 120 python3 tools/expert_bench.py --reps 10 --cap $cap --shapes 32x16,32x24,32x32,skew256 "${args[@]}" --out "$OUT/dd_$n.json" > "$OUT/dd_$n.log" 2>&1; echo "$n rc=$?"; tail -9 "$OUT/dd_$n.log"; done
-           AB_TAIL=24 ab_rounds dd variants "base:,c128:GVM_EXP_DOWN_CAP=128,dd128:GVM_EXP_DBL_DOWN=1+GVM_EXP_DOWN_CAP=128" ${T_DD:-420} --cases full-c32-t8,sliding-c32-t8,full-c16-t8,sliding-c16-t8 ;;
+    dbl2) # run at a2bb128 and 57b00e9 (their switches GVM_EXP_DBL2 / GVM_EXP_DBL_DOWN since removed: two units a warp on both lists): the lists
+          # alone, then two dynamic rounds of the 128- and 256-token layers (results/h200-s50/dbl2, dd); now the down list's cap
+          # (Tiles.expert_cap_down, 128) against 64: the lists alone at both, then two rounds of every capped layer (17+ tokens) and step 32 x 1
+           for cap in 64 128; do
+             timeout 120 python3 tools/expert_bench.py --reps 10 --cap $cap --shapes 32x16,32x24,32x32,skew256,32x2 --out "$OUT/caps_$cap.json" > "$OUT/caps_$cap.log" 2>&1; echo "cap $cap rc=$?"; tail -11 "$OUT/caps_$cap.log"; done
+           AB_TAIL=40 ab_rounds caps tiles "base:,d64:expert_cap_down=64" ${T_CAPS:-420} --cases full-c32-t1,sliding-c32-t1,full-c32-t8,sliding-c32-t8,full-c16-t8,sliding-c16-t8 --step 32x1 ;;
     refit) # the share weights refit to 0caa460's weightcal (72 KB scratch), run at bac33a3 against its ISA weights (4 / 5 / 7 quarters to 3 / 5 tokens): wA 4 quarters
            # to 4 tokens, 7 to 8, 8 above (the ISA's since 5a84568, so base is wA now); wC the same from 3 tokens;
            # the layers and steps whose lists are one round, two dynamic rounds

@@ -106,6 +106,7 @@ gvm_check_{name}(const gvm_instr* ins, const gvm_tensor* tab, int n, int* err, u
         gvm_group_sync(c);
         int e;
         for (c.again = 0;; ++c.again) {{  // GVM_AGAIN: call again, scratch kept
+            if (GVM_MAX_GROUPS <= 2) c.tid = gvm_opaque(c.tid);  // as the VM's loop (runtime/group.cuh): derived in the op, not held
             e = gvm_op_{name}(c);
             if (e != GVM_AGAIN) break;
         }}

@@ -37,9 +37,10 @@ POISON_INT = -7
 #: expert work items (sized on the GPU, opspec.expert_items): rows in
 #: multiples of a tiled NVFP4 block of 16 rows (a warp's unit of the register
 #: path; the shared tile's is 8 gate|up rows or 16 down rows), and at most
-#: Tiles.expert_cap (EXPERT_CAP) rows from Tiles.expert_cap_tokens tokens a step on
+#: Tiles.expert_cap_up / expert_cap_down (EXPERT_CAP) rows from Tiles.expert_cap_tokens
+#: tokens a step on: a pass of the shared tile's (ops/experts.cuh) at 17-32 tokens
 EXPERT_GRAIN = {Op.EXPERT_UP: NVFP4_TILE_ROWS, Op.EXPERT_DOWN: NVFP4_TILE_ROWS}
-EXPERT_CAP = 64
+EXPERT_CAP = {Op.EXPERT_UP: 64, Op.EXPERT_DOWN: 128}
 KINDS = ("full", "sliding")
 
 
@@ -109,19 +110,26 @@ class Tiles:
     router_splits: int = 1  # token ranges per router tile at T > 1 (2 measured no faster on the H200: NOTES.md session 5)
     expert_workers: int = 264  # EXPERT_UP / EXPERT_DOWN instructions per layer (H200: 132 SMs x 2 groups)
     # From expert_cap_tokens tokens a step (0: always) expert work items are at
-    # most expert_cap rows, so that the workers even out experts' unequal token
+    # most expert_cap_up / _down rows, so that the workers even out experts' unequal token
     # counts; below, items are sized so that the list is one round of the
     # workers (opspec.expert_items): capped, 5 experts hit made 320 items of
     # 64 rows for 264 workers, two rounds. H200, b898d7d, one run, capped / not:
     # expert_bench 5 hits x 1 token up 75.3 / 60.1 us, down 45.2 / 33.8; step
     # 1 x 8 16.65 / 15.64 ms, 16 x 1 26.09 / 25.48; but 32 x 1 34.48 / 35.55
     # (more experts a token's picks share: their unequal counts matter again).
+    # The down list's cap is a pass of its shared tile, whose 128 rows take x
+    # once (the up list's pass is 64 rows: two sets). H200, 57b00e9, two dynamic
+    # rounds, down items of 128 / 64 rows: full-c32-t8 1422, 1430 / 1444, 1441
+    # us; sliding-c32-t8 1020, 1023 / 1056, 1056; full-c16-t8 947, 957 / 970,
+    # 959; sliding-c16-t8 751, 751 / 771, 771 (128 rows taken as two passes of
+    # 64: full-c32-t8 1466, 1462, the others level with 64).
     # Expert work items in a fixed round robin (worker w takes items w, w + W,
     # ...) when 1, instead of claimed from the list's counter: the static
     # schedule that the run-time claims are measured against (issue 6).
     expert_fixed: int = 0
     expert_cap_tokens: int = 17
-    expert_cap: int = EXPERT_CAP
+    expert_cap_up: int = EXPERT_CAP[Op.EXPERT_UP]
+    expert_cap_down: int = EXPERT_CAP[Op.EXPERT_DOWN]
     rows: int = 1  # token rows per RMSNORM / RESIDUAL / EXPERT_COMBINE op (latency bound: one row each ran fastest)
     # A RESIDUAL row block is cut into residual_slices column ranges when all
     # the cuts of a layer point fit in residual_max_ops ops (else whole rows),
@@ -298,14 +306,15 @@ class Tiles:
             raise ProgramError(f"Tiles.fuse_qk must be an int >= 0, not {self.fuse_qk!r}")
         if self.gemm_parts < 1 or self.gemm_parts > GEMM_MAX_PARTS or self.gemm_parts & (self.gemm_parts - 1):
             raise ProgramError(f"Tiles.gemm_parts must be a power of two from 1 to {GEMM_MAX_PARTS}, not {self.gemm_parts!r}")
-        for name in ("gemm_bytes", "gemm_min_bytes", "gemm_max_bytes", "gemm_tail", "gemm_span", "router_ops", "router_bytes", "topk_tokens", "router_splits", "expert_workers", "expert_cap", "rows", "residual_slices", "residual_max_ops", "chunk", "sliding_chunk", "sliding_ops", "full_ops"):
+        for name in ("gemm_bytes", "gemm_min_bytes", "gemm_max_bytes", "gemm_tail", "gemm_span", "router_ops", "router_bytes", "topk_tokens", "router_splits", "expert_workers", "expert_cap_up", "expert_cap_down", "rows", "residual_slices", "residual_max_ops", "chunk", "sliding_chunk", "sliding_ops", "full_ops"):
             v = getattr(self, name)
             if not isinstance(v, int) or v <= 0:
                 raise ProgramError(f"Tiles.{name} must be a positive int, not {v!r}")
         if self.code_warm >= self.gemm_span:
             raise ProgramError(f"Tiles.code_warm ({self.code_warm}) must be under gemm_span ({self.gemm_span}): the small layer takes the real one's GEMM paths only below it")
-        if self.expert_cap % NVFP4_TILE_ROWS:
-            raise ProgramError(f"Tiles.expert_cap must be a multiple of {NVFP4_TILE_ROWS} (items start on a tiled block), not {self.expert_cap}")
+        for name in ("expert_cap_up", "expert_cap_down"):
+            if getattr(self, name) % NVFP4_TILE_ROWS:
+                raise ProgramError(f"Tiles.{name} must be a multiple of {NVFP4_TILE_ROWS} (items start on a tiled block), not {getattr(self, name)}")
 
     def for_warm(self, tokens: int, warm_tokens: int) -> "Tiles":
         """The small warm layer's tiling (code_warm.py): every token threshold set
@@ -702,14 +711,15 @@ def emit_layer(
     # work lists: which experts have tokens is known only on the GPU; workers
     # take items from a counter (ops/experts.cuh)
     up_grain, down_grain = EXPERT_GRAIN[Op.EXPERT_UP], EXPERT_GRAIN[Op.EXPERT_DOWN]
-    cap = tl.expert_cap if not tl.expert_cap_tokens or T >= tl.expert_cap_tokens else max(I, H)
+    capped = not tl.expert_cap_tokens or T >= tl.expert_cap_tokens
+    up_cap, down_cap = (tl.expert_cap_up, tl.expert_cap_down) if capped else (I, H)
     up_done, down_done = ctr("hbuf"), ctr("y")
     up_workers = min(tl.expert_workers, E * -(-I // up_grain))
     for wk in range(up_workers):
-        p.op(Op.EXPERT_UP, [hbuf, x, w["gu_codes"], w["gu_scales"], w["gu_ts"], meta, route, work], [0, up_workers, up_grain, cap, wk + 1 if tl.expert_fixed else 0], waits=[routed, squeezed], signal=up_done, label=f"{prefix}expert_up[{wk}/{up_workers}]", lazy=bool(tl.lazy_experts))
+        p.op(Op.EXPERT_UP, [hbuf, x, w["gu_codes"], w["gu_scales"], w["gu_ts"], meta, route, work], [0, up_workers, up_grain, up_cap, wk + 1 if tl.expert_fixed else 0], waits=[routed, squeezed], signal=up_done, label=f"{prefix}expert_up[{wk}/{up_workers}]", lazy=bool(tl.lazy_experts))
     down_workers = min(tl.expert_workers, E * -(-H // down_grain))
     for wk in range(down_workers):
-        p.op(Op.EXPERT_DOWN, [y, hbuf, w["d_codes"], w["d_scales"], w["d_ts"], meta, route, work], [1, down_workers, down_grain, cap, wk + 1 if tl.expert_fixed else 0], waits=[up_done], signal=down_done, label=f"{prefix}expert_down[{wk}/{down_workers}]", lazy=bool(tl.lazy_experts))
+        p.op(Op.EXPERT_DOWN, [y, hbuf, w["d_codes"], w["d_scales"], w["d_ts"], meta, route, work], [1, down_workers, down_grain, down_cap, wk + 1 if tl.expert_fixed else 0], waits=[up_done], signal=down_done, label=f"{prefix}expert_down[{wk}/{down_workers}]", lazy=bool(tl.lazy_experts))
     combined = ctr("fsq")
     for r0, n in _tiles(0, T, tl.rows):
         p.op(Op.EXPERT_COMBINE, [fsq, y, route], [r0, n], waits=[down_done], signal=combined, label=f"{prefix}expert_combine[{r0}:{r0 + n}]")
