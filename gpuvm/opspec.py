@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, NamedTuple, Sequence
 
-from .isa import DTYPE_BYTES, EXPERT_SHARE_ABOVE, EXPERT_SHARES, GEMM_MAX_PARTS, HEAD_DIM, MAX_WORKLIST_EXPERTS, NVFP4_TILE_K, NVFP4_TILE_ROWS, TOPK, DType, Op, i2f
+from .isa import DTYPE_BYTES, EXPERT_HEAVY_TOKENS, EXPERT_SHARE_ABOVE, EXPERT_SHARES, GEMM_MAX_PARTS, HEAD_DIM, MAX_WORKLIST_EXPERTS, NVFP4_TILE_K, NVFP4_TILE_ROWS, TOPK, DType, Op, i2f
 
 
 class ProgramError(ValueError):
@@ -475,7 +475,9 @@ def expert_items(tokens: Sequence[int], n_out: int, workers: int, grain: int, ca
     """The items (expert, first row, rows) of an expert work list, in the order
     ops/experts.cuh numbers them: expert by expert, each expert with tokens
     cut into at most q tiles, q its weighted share of the workers
-    (expert_weight), rows rounded up to a multiple of grain and at most cap.
+    (expert_weight), rows rounded up to a multiple of grain and at most cap
+    (half of it, in whole grains, for an expert of more than
+    EXPERT_HEAVY_TOKENS: its items take a pass of the shared tile per 32 tokens).
     With few experts hit every worker then takes at most one item (a second
     round doubled the list's time), and the items of an expert with many
     tokens are shorter, so that they end with the others; with many hit, the
@@ -486,7 +488,8 @@ def expert_items(tokens: Sequence[int], n_out: int, workers: int, grain: int, ca
     for e, t in enumerate(tokens):
         w = expert_weight(t)
         if w:
-            rows = _tile_rows(n_out, max(1, workers * w // wsum), grain, cap)
+            heavy = EXPERT_HEAVY_TOKENS and t > EXPERT_HEAVY_TOKENS
+            rows = _tile_rows(n_out, max(1, workers * w // wsum), grain, max(grain, cap // (2 * grain) * grain) if heavy else cap)
             items += [(e, r0, min(rows, n_out - r0)) for r0 in range(0, n_out, rows)]
     return items
 

@@ -72,6 +72,13 @@ typedef long long int64_t;
 #ifndef GVM_EXPERT_SHARE_W3
 #define GVM_EXPERT_SHARE_W3 8
 #endif
+/* An expert of more than GVM_EXPERT_HEAVY_T tokens (two token chunks or more
+ * of the shared tile, ops/experts.cuh) has tiles of half the cap C (EXPERT_UP
+ * below), so that its items, each a pass per chunk, end with the others' (0:
+ * no such halving; gpuvm/opspec.py expert_items reads this line too). */
+#ifndef GVM_EXPERT_HEAVY_T
+#define GVM_EXPERT_HEAVY_T 32
+#endif
 #define GVM_GEMM_MAX_PARTS 16    /* K parts of an f32 GEMM tile (a5) */
 /* Tiled NVFP4 (the expert weights): a matrix [N,K] is ceil(N/16) blocks of
  * 16 rows, each K step of 128 values by K step: codes [16 rows][64 B], and
@@ -198,7 +205,8 @@ enum gvm_opcode {
      * static schedule the claims are measured against). Work list (E <= GVM_MAX_WORKLIST_EXPERTS):
      * expert e with n_e > 0 tokens has weight w_e (GVM_EXPERT_SHARE_*: 4 up
      * to 4 tokens, 7 up to 8, 8 above; S their sum) and tiles of
-     * R_e = min(C, G * ceil(ceil(I / max(1, W * w_e / S)) / G)) rows, P_e =
+     * R_e = min(C_e, G * ceil(ceil(I / max(1, W * w_e / S)) / G)) rows (C_e = C,
+     * or max(G, G * floor(C / 2G)) for n_e > GVM_EXPERT_HEAVY_T > 0), P_e =
      * ceil(I / R_e) of them; the items are the experts' tiles, expert by expert
      * in expert order, each expert's in row order (rows [R_e*j, +R_e) of I).
      * The W instructions of a list take items

@@ -318,7 +318,7 @@ __device__ __forceinline__ void gvm_exp_mma(const gvm_ctx& c, float (&acc)[GVM_E
     // K step ks's weights of the warp's units into buffer buf (unit 1's 2 wb on), one commit group
     const auto wfetch = [&](unsigned buf, int ks) {
         gvm_exp_fetch(buf, cpa, cpb, sp, cpa, sp, cstep, sstep, live, lane, ks, kdim, pol);
-        if (DBL)
+        if (DBL)  // (zeros where the warp has no second unit: skipping them spilled the VM kernel)
             gvm_exp_fetch(buf + 2 * wb, cpa + du_c, cpb + du_c, sp + du_s, cpa, sp, cstep, sstep, live >> 8, lane, ks, kdim, pol);
         gvm_cp_async_commit();
     };
@@ -347,10 +347,10 @@ __device__ __forceinline__ void gvm_exp_mma(const gvm_ctx& c, float (&acc)[GVM_E
         if (!(live & 0x30000u) || (GVM_EXPR_PROBE & 512)) continue;  // no unit of this warp (warp-uniform bits)
         // one w8 loop per shape: no branch between a w8's MMAs and the next
         // w8's shared loads and decode, which ptxas can then start early
-        if (DBL && mts == 2) {  // a unit at a time (x's fragments loaded twice): both at once spilled
+        if (DBL && (live & 0x20000u) && mts == 2) {  // a unit at a time (x's fragments loaded twice): both at once spilled
             gvm_exp_ks<2, 1, 0>(acc, slot, 0, s_tile, g, t4);
             gvm_exp_ks<2, 1, 2>(acc, slot + 2 * wb, 0, s_tile, g, t4);
-        } else if (DBL)
+        } else if (DBL && (live & 0x20000u))
             gvm_exp_ks<1, 2>(acc, slot, 2 * wb, s_tile, g, t4);
         else if (mts == 2)
             gvm_exp_ks<2, 1>(acc, slot, 0, s_tile, g, t4);
@@ -874,14 +874,16 @@ __device__ int gvm_expert_tile(const gvm_ctx& c, int e, int n0, int nn) {
     // experts hit x 24 tokens 441 / 502 us, x 32 454 / 531, skew256 379 / 406, one
     // round 8 x 32 119 / 142; down (items of 128 rows, Tiles.expert_cap_down,
     // against one unit on 64) 32 x 16 170 / 218, x 32 219 / 286, skew256 244 / 247.
+    // (Only where a warp has a second unit: a warp without one takes one unit's MMAs.)
+    const int unit_rows = UP ? 8 : 16, units = (nn + unit_rows - 1) / unit_rows;
     const bool dbl1 = count <= 16 && room >= 2 * GVM_EXP_WBUF + GVM_EXP_RAW1 + GVM_EXP_MTILE;
     const bool dbl2 = max_tok == 32 && room >= 2 * GVM_EXP_WBUF + GVM_EXP_RAW + 2 * GVM_EXP_MTILE;
-    const bool dbl = dbl1 || dbl2;
+    const bool dbl = (dbl1 || dbl2) && units > 4;
     const int raw = dbl && count <= 16 ? GVM_EXP_RAW1 : GVM_EXP_RAW;
     // smem: x row offsets [32], flag | weight buffers | raw x rows | x tile
     const unsigned s_rows = gvm_smem_addr(c.smem), s_flag = s_rows + 128, s_wbuf = s_rows + GVM_EXP_HEAD;
     const unsigned s_tile = s_wbuf + (dbl ? 2 * GVM_EXP_WBUF : GVM_EXP_WBUF) + raw, s_raw = s_tile - raw;
-    const int unit_rows = UP ? 8 : 16, units = (nn + unit_rows - 1) / unit_rows, upp = dbl ? 8 : 4;
+    const int upp = dbl ? 8 : 4;
 
     if (c.tid == 0) gvm_sts(s_flag, 0u);
 #if GVM_EXPERT_REG
@@ -1070,7 +1072,9 @@ __device__ int gvm_expert_matmul(const gvm_ctx& c) {
             for (int o = 16; o > 0; o >>= 1) wsum += __shfl_xor_sync(0xffffffffu, wsum, o);
             const int nout = gvm_t(c, 0).shape[1], grain = c.ins->arg[2];
             const int q = max(1, c.ins->arg[1] * (int)wt / max(1, (int)wsum));
-            const int rows = wt ? min(c.ins->arg[3], ((nout + q - 1) / q + grain - 1) / grain * grain) : 0;
+            const bool heavy = GVM_EXPERT_HEAVY_T && count > GVM_EXPERT_HEAVY_T;  // half the cap (isa/gvm_isa.h)
+            const int cap = heavy ? max(grain, c.ins->arg[3] / (2 * grain) * grain) : c.ins->arg[3];
+            const int rows = wt ? min(cap, ((nout + q - 1) / q + grain - 1) / grain * grain) : 0;
             int end = wt ? (nout + rows - 1) / rows : 0;  // this expert's items, then the end of its run
 #pragma unroll
             for (int o = 1; o < 32; o <<= 1) {

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from gpuvm.cpu import CpuOpError, StuckError, run_stream
 from gpuvm.cpu import ops
 from gpuvm.opspec import expert_items, expert_weight
-from gpuvm.isa import DType, Op, f2i
+from gpuvm.isa import EXPERT_HEAVY_TOKENS, DType, Op, f2i
 from gpuvm.muse.formats import E2M1_VALUES, tile_nvfp4
 from gpuvm.program import Program, ProgramError
 from tests.randprog import random_program
@@ -399,6 +399,18 @@ def test_expert_items_share_the_workers_by_tokens() -> None:
     assert items == [(0, r, 32) for r in range(0, 160, 32)] + [(2, r, 16) for r in range(0, 160, 16)]
     assert expert_items([2, 3, 1], 96, 6, 16, 1 << 20) == [(e, r, 48) for e in range(3) for r in (0, 48)]
     assert expert_items([2, 13], 96, 6, 16, 32) == [(0, 0, 32), (0, 32, 32), (0, 64, 32), (1, 0, 32), (1, 32, 32), (1, 64, 32)]  # the cap rules
+
+
+def test_heavy_experts_items_are_half_the_cap() -> None:
+    """An expert of more than EXPERT_HEAVY_TOKENS tokens (a pass of the shared
+    tile for each 32) has items of half the cap, in whole grains and at least
+    one; the others keep the cap; the one-round sizing is unchanged below it."""
+    assert EXPERT_HEAVY_TOKENS == 32
+    items = expert_items([33, 32], 512, 2, 16, 128)
+    assert items == [(0, r, 64) for r in range(0, 512, 64)] + [(1, r, 128) for r in range(0, 512, 128)]
+    assert expert_items([100], 64, 1, 16, 16) == [(0, r, 16) for r in range(0, 64, 16)]  # half of one grain: a grain
+    assert expert_items([100], 96, 1, 16, 96) == [(0, 0, 48), (0, 48, 48)]
+    assert expert_items([40, 40], 256, 16, 16, 128) == [(e, r, 32) for e in range(2) for r in range(0, 256, 32)]  # 8 tiles each: 32 rows
 
 
 def test_empty_work_list_is_signalled_by_its_first_worker() -> None:

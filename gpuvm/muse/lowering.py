@@ -38,9 +38,9 @@ POISON_INT = -7
 #: multiples of a tiled NVFP4 block of 16 rows (a warp's unit of the register
 #: path; the shared tile's is 8 gate|up rows or 16 down rows), and at most
 #: Tiles.expert_cap_up / expert_cap_down (EXPERT_CAP) rows from Tiles.expert_cap_tokens
-#: tokens a step on: a pass of the shared tile's (ops/experts.cuh) at 17-32 tokens
+#: tokens a step on (half for an expert of more tokens than the ISA's GVM_EXPERT_HEAVY_T)
 EXPERT_GRAIN = {Op.EXPERT_UP: NVFP4_TILE_ROWS, Op.EXPERT_DOWN: NVFP4_TILE_ROWS}
-EXPERT_CAP = {Op.EXPERT_UP: 64, Op.EXPERT_DOWN: 128}
+EXPERT_CAP = {Op.EXPERT_UP: 128, Op.EXPERT_DOWN: 128}
 KINDS = ("full", "sliding")
 
 
