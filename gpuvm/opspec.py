@@ -471,13 +471,14 @@ def expert_weight(tokens: int) -> int:
     return next((w for t, w in EXPERT_SHARES if tokens <= t), EXPERT_SHARE_ABOVE)
 
 
-def expert_items(tokens: Sequence[int], n_out: int, workers: int, grain: int, cap: int) -> list[tuple[int, int, int]]:
+def expert_items(tokens: Sequence[int], n_out: int, workers: int, grain: int, cap: int,
+                 heavy: int = EXPERT_HEAVY_TOKENS) -> list[tuple[int, int, int]]:
     """The items (expert, first row, rows) of an expert work list, in the order
     ops/experts.cuh numbers them: expert by expert, each expert with tokens
     cut into at most q tiles, q its weighted share of the workers
     (expert_weight), rows rounded up to a multiple of grain and at most cap
-    (half of it, in whole grains, for an expert of more than
-    EXPERT_HEAVY_TOKENS: its items take a pass of the shared tile per 32 tokens).
+    (half of it, in whole grains, for an expert of more than heavy tokens, the
+    ISA's GVM_EXPERT_HEAVY_T: its items take a pass of the shared tile per 32).
     With few experts hit every worker then takes at most one item (a second
     round doubled the list's time), and the items of an expert with many
     tokens are shorter, so that they end with the others; with many hit, the
@@ -488,8 +489,8 @@ def expert_items(tokens: Sequence[int], n_out: int, workers: int, grain: int, ca
     for e, t in enumerate(tokens):
         w = expert_weight(t)
         if w:
-            heavy = EXPERT_HEAVY_TOKENS and t > EXPERT_HEAVY_TOKENS
-            rows = _tile_rows(n_out, max(1, workers * w // wsum), grain, max(grain, cap // (2 * grain) * grain) if heavy else cap)
+            halve = heavy and t > heavy
+            rows = _tile_rows(n_out, max(1, workers * w // wsum), grain, max(grain, cap // (2 * grain) * grain) if halve else cap)
             items += [(e, r0, min(rows, n_out - r0)) for r0 in range(0, n_out, rows)]
     return items
 

@@ -74,10 +74,14 @@ typedef long long int64_t;
 #endif
 /* An expert of more than GVM_EXPERT_HEAVY_T tokens (two token chunks or more
  * of the shared tile, ops/experts.cuh) has tiles of half the cap C (EXPERT_UP
- * below), so that its items, each a pass per chunk, end with the others' (0:
- * no such halving; gpuvm/opspec.py expert_items reads this line too). */
+ * below), so that its items, each a pass per chunk, end with the others'; 0:
+ * none (gpuvm/opspec.py expert_items reads this line too). Off: at 32 the lists
+ * alone gained (H200, 3403ea3, the skew of 256 tokens: up 368 against 501 us,
+ * down 219 against 265) but the layers did not (two dynamic rounds of the six
+ * 32- to 256-token layers and step 32 x 1: level, full-c16-t8 956, 961 against
+ * 945, 942 us). */
 #ifndef GVM_EXPERT_HEAVY_T
-#define GVM_EXPERT_HEAVY_T 32
+#define GVM_EXPERT_HEAVY_T 0
 #endif
 #define GVM_GEMM_MAX_PARTS 16    /* K parts of an f32 GEMM tile (a5) */
 /* Tiled NVFP4 (the expert weights): a matrix [N,K] is ceil(N/16) blocks of

@@ -318,7 +318,7 @@ __device__ __forceinline__ void gvm_exp_mma(const gvm_ctx& c, float (&acc)[GVM_E
     // K step ks's weights of the warp's units into buffer buf (unit 1's 2 wb on), one commit group
     const auto wfetch = [&](unsigned buf, int ks) {
         gvm_exp_fetch(buf, cpa, cpb, sp, cpa, sp, cstep, sstep, live, lane, ks, kdim, pol);
-        if (DBL)  // (zeros where the warp has no second unit: skipping them spilled the VM kernel)
+        if (DBL)
             gvm_exp_fetch(buf + 2 * wb, cpa + du_c, cpb + du_c, sp + du_s, cpa, sp, cstep, sstep, live >> 8, lane, ks, kdim, pol);
         gvm_cp_async_commit();
     };
@@ -347,10 +347,10 @@ __device__ __forceinline__ void gvm_exp_mma(const gvm_ctx& c, float (&acc)[GVM_E
         if (!(live & 0x30000u) || (GVM_EXPR_PROBE & 512)) continue;  // no unit of this warp (warp-uniform bits)
         // one w8 loop per shape: no branch between a w8's MMAs and the next
         // w8's shared loads and decode, which ptxas can then start early
-        if (DBL && (live & 0x20000u) && mts == 2) {  // a unit at a time (x's fragments loaded twice): both at once spilled
+        if (DBL && mts == 2) {  // a unit at a time (x's fragments loaded twice): both at once spilled
             gvm_exp_ks<2, 1, 0>(acc, slot, 0, s_tile, g, t4);
             gvm_exp_ks<2, 1, 2>(acc, slot + 2 * wb, 0, s_tile, g, t4);
-        } else if (DBL && (live & 0x20000u))
+        } else if (DBL)
             gvm_exp_ks<1, 2>(acc, slot, 2 * wb, s_tile, g, t4);
         else if (mts == 2)
             gvm_exp_ks<2, 1>(acc, slot, 0, s_tile, g, t4);
@@ -874,16 +874,18 @@ __device__ int gvm_expert_tile(const gvm_ctx& c, int e, int n0, int nn) {
     // experts hit x 24 tokens 441 / 502 us, x 32 454 / 531, skew256 379 / 406, one
     // round 8 x 32 119 / 142; down (items of 128 rows, Tiles.expert_cap_down,
     // against one unit on 64) 32 x 16 170 / 218, x 32 219 / 286, skew256 244 / 247.
-    // (Only where a warp has a second unit: a warp without one takes one unit's MMAs.)
-    const int unit_rows = UP ? 8 : 16, units = (nn + unit_rows - 1) / unit_rows;
+    // A warp without a second unit (an expert's last item) runs its MMAs on
+    // zeros: 3403ea3 skipped them with a branch a K step and ran the lists and
+    // layers 3-6% slower (down 32 x 32 232.5 against 217.5 us, full-c32-t8 1475
+    // against 1421; it also took one unit a warp for items of four units).
     const bool dbl1 = count <= 16 && room >= 2 * GVM_EXP_WBUF + GVM_EXP_RAW1 + GVM_EXP_MTILE;
     const bool dbl2 = max_tok == 32 && room >= 2 * GVM_EXP_WBUF + GVM_EXP_RAW + 2 * GVM_EXP_MTILE;
-    const bool dbl = (dbl1 || dbl2) && units > 4;
+    const bool dbl = dbl1 || dbl2;
     const int raw = dbl && count <= 16 ? GVM_EXP_RAW1 : GVM_EXP_RAW;
     // smem: x row offsets [32], flag | weight buffers | raw x rows | x tile
     const unsigned s_rows = gvm_smem_addr(c.smem), s_flag = s_rows + 128, s_wbuf = s_rows + GVM_EXP_HEAD;
     const unsigned s_tile = s_wbuf + (dbl ? 2 * GVM_EXP_WBUF : GVM_EXP_WBUF) + raw, s_raw = s_tile - raw;
-    const int upp = dbl ? 8 : 4;
+    const int unit_rows = UP ? 8 : 16, units = (nn + unit_rows - 1) / unit_rows, upp = dbl ? 8 : 4;
 
     if (c.tid == 0) gvm_sts(s_flag, 0u);
 #if GVM_EXPERT_REG

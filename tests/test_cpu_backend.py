@@ -402,15 +402,16 @@ def test_expert_items_share_the_workers_by_tokens() -> None:
 
 
 def test_heavy_experts_items_are_half_the_cap() -> None:
-    """An expert of more than EXPERT_HEAVY_TOKENS tokens (a pass of the shared
-    tile for each 32) has items of half the cap, in whole grains and at least
-    one; the others keep the cap; the one-round sizing is unchanged below it."""
-    assert EXPERT_HEAVY_TOKENS == 32
-    items = expert_items([33, 32], 512, 2, 16, 128)
+    """With the ISA's GVM_EXPERT_HEAVY_T at 32 an expert of more than 32 tokens
+    (a pass of the shared tile for each 32) has items of half the cap, in whole
+    grains and at least one; the others keep the cap; the one-round sizing is
+    unchanged below it. The default is 0: no halving."""
+    assert EXPERT_HEAVY_TOKENS == 0 and expert_items([33], 512, 2, 16, 128) == [(0, r, 128) for r in range(0, 512, 128)]
+    items = expert_items([33, 32], 512, 2, 16, 128, heavy=32)
     assert items == [(0, r, 64) for r in range(0, 512, 64)] + [(1, r, 128) for r in range(0, 512, 128)]
-    assert expert_items([100], 64, 1, 16, 16) == [(0, r, 16) for r in range(0, 64, 16)]  # half of one grain: a grain
-    assert expert_items([100], 96, 1, 16, 96) == [(0, 0, 48), (0, 48, 48)]
-    assert expert_items([40, 40], 256, 16, 16, 128) == [(e, r, 32) for e in range(2) for r in range(0, 256, 32)]  # 8 tiles each: 32 rows
+    assert expert_items([100], 64, 1, 16, 16, heavy=32) == [(0, r, 16) for r in range(0, 64, 16)]  # half of one grain: a grain
+    assert expert_items([100], 96, 1, 16, 96, heavy=32) == [(0, 0, 48), (0, 48, 48)]
+    assert expert_items([40, 40], 256, 16, 16, 128, heavy=32) == [(e, r, 32) for e in range(2) for r in range(0, 256, 32)]  # 8 tiles each
 
 
 def test_empty_work_list_is_signalled_by_its_first_worker() -> None:
