@@ -108,8 +108,8 @@ def test_full_size_op_counts_and_tiles(kind: str) -> None:
     assert sorted(m for name, m in tickets if name.endswith("Wqkvg")) == list(range(80))
     assert all(sorted(js) == list(range(len(js))) and len(js) in (2, 4) for js in tickets.values())
     assert all(o.prefetch is None for o in s.ops if o.opcode in (Op.EXPERT_UP, Op.EXPERT_DOWN))
-    # item rows in multiples of a tiled block of 16 rows (sized on the GPU), at most 128
-    assert {o.args[2:4] for o in _ops(s, Op.EXPERT_UP)} == {(16, 128)} and {o.args[2:4] for o in _ops(s, Op.EXPERT_DOWN)} == {(16, 128)}
+    # item rows in multiples of a tiled block of 16 rows (sized on the GPU), at most 64 (up) and 128 (down)
+    assert {o.args[2:4] for o in _ops(s, Op.EXPERT_UP)} == {(16, 64)} and {o.args[2:4] for o in _ops(s, Op.EXPERT_DOWN)} == {(16, 128)}
     assert len(s.counters) < 200 and len(s.tensors) < 50
 
 
@@ -386,7 +386,8 @@ def test_gemm_fill_sizes_tiles_to_one_wave() -> None:
 def test_expert_items_are_capped_only_from_expert_cap_tokens() -> None:
     """Below Tiles.expert_cap_tokens tokens a step the lists' items are sized
     for one round of the workers whatever the experts hit; from it on they are
-    at most EXPERT_CAP rows (two or more rounds once 9 of the 32 are hit)."""
+    at most EXPERT_CAP rows (two or more rounds once 5 of the 32 are hit, the
+    up list's; the down list's items are twice as big)."""
     tl = Tiles(expert_cap_tokens=9)
     for (C, n), capped in (((1, 8), False), ((16, 1), True), ((1, 1), False), ((32, 1), True)):
         s = lower_layer(SHARD, "sliding", C, n, 4096, tiles=tl).stream
@@ -401,7 +402,7 @@ def test_expert_items_are_capped_only_from_expert_cap_tokens() -> None:
                 rounds.append(-(-len(items) // n_w))
                 for e in range(hit):
                     _cover([(c.start, c.stop - c.start) for x, c in items if x == e], n_out)
-            most, five = (4, 1) if capped else (1, 1)
+            most, five = {Op.EXPERT_UP: (8, 2), Op.EXPERT_DOWN: (4, 1)}[opcode] if capped else (1, 1)
             assert max(rounds) == most and rounds[4] == five
     for opcode, n_out in ((Op.EXPERT_UP, SHARD.expert_inter), (Op.EXPERT_DOWN, SHARD.squeeze)):
         default = {(C, n): _ops(lower_layer(SHARD, "sliding", C, n, 4096).stream, opcode)[0].args[3] for C, n in ((16, 1), (32, 1))}

@@ -40,7 +40,7 @@ POISON_INT = -7
 #: Tiles.expert_cap_up / expert_cap_down (EXPERT_CAP) rows from Tiles.expert_cap_tokens
 #: tokens a step on (half for an expert of more tokens than the ISA's GVM_EXPERT_HEAVY_T)
 EXPERT_GRAIN = {Op.EXPERT_UP: NVFP4_TILE_ROWS, Op.EXPERT_DOWN: NVFP4_TILE_ROWS}
-EXPERT_CAP = {Op.EXPERT_UP: 128, Op.EXPERT_DOWN: 128}
+EXPERT_CAP = {Op.EXPERT_UP: 64, Op.EXPERT_DOWN: 128}
 KINDS = ("full", "sliding")
 
 
@@ -122,7 +122,11 @@ class Tiles:
     # rounds, down items of 128 / 64 rows: full-c32-t8 1422, 1430 / 1444, 1441
     # us; sliding-c32-t8 1020, 1023 / 1056, 1056; full-c16-t8 947, 957 / 970,
     # 959; sliding-c16-t8 751, 751 / 771, 771 (128 rows taken as two passes of
-    # 64: full-c32-t8 1466, 1462, the others level with 64).
+    # 64: full-c32-t8 1466, 1462, the others level with 64). The up list's at
+    # 128 (de3ce21, two rounds, against 64): full-c32-t8 1481, 1476 / 1426,
+    # 1425; sliding-c32-t8 1067, 1061 / 1030, 1038; sliding-c16-t8 767, 766 /
+    # 756, 754; but full-c16-t8 949, 947 / 956, 962 and full-c32-t1 621, 621 /
+    # 631, 631 (sliding-c32-t1 level).
     # Expert work items in a fixed round robin (worker w takes items w, w + W,
     # ...) when 1, instead of claimed from the list's counter: the static
     # schedule that the run-time claims are measured against (issue 6).
