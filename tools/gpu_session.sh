@@ -2,7 +2,7 @@
 # One call on the H200 (the device tool): the VM proofs and timings, the Muse
 # ops standalone, and the decode-case sweep, each under its own time limit,
 # logs and results under $OUT (at most 8 files come back: traces are tarred).
-#   GPUVM_COMMIT=<sha> bash tools/gpu_session.sh [check|fold|ops|opstime|sweep|step|stepsweep|probe|experts|router|park|ring|lists|steptrace|tiles|rowpf|fill|fill2|xstage|trace62|xprobe|smem|tiles2|xbench|against|slots|naps|icache|workers|slices|statsprobe|topkprobe|layertrace|oneop|fusedqk|ringbench|ringprobe|opsgemm|tail|attstop|gputests|vmtest|next|attntail|qksplit|lazygemm|lazyattn|lazyctl|ncuattn|clocks|codewarm|lazyexperts|lazyone|lazyall|toolcheck|gearly|kparts|kpartslayers|glate|glate16|fixed16|dispdepth|shares|cap33|weightcal|bare|refit|stagger|tileprobe|dbl2|heavy|capup|ncu ...]
+#   GPUVM_COMMIT=<sha> bash tools/gpu_session.sh [check|fold|ops|opstime|sweep|step|stepsweep|probe|experts|router|park|ring|lists|steptrace|tiles|rowpf|fill|fill2|xstage|trace62|xprobe|smem|tiles2|xbench|against|slots|naps|icache|workers|slices|statsprobe|topkprobe|layertrace|oneop|fusedqk|ringbench|ringprobe|opsgemm|tail|attstop|gputests|vmtest|next|attntail|qksplit|lazygemm|lazyattn|lazyctl|ncuattn|clocks|codewarm|lazyexperts|lazyone|lazyall|toolcheck|gearly|kparts|kpartslayers|glate|glate16|fixed16|dispdepth|shares|cap33|weightcal|bare|refit|stagger|tileprobe|dbl2|heavy|capup|c16t1|ncu ...]
 # (set GPUVM_COMMIT when running a snapshot without .git: else the results name the enclosing checkout)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -310,6 +310,9 @@ for rep in range(3):
            AB_TAIL=60 ab_rounds heavy variants "base:,nh:GVM_EXPERT_HEAVY_T=0+tiles=base" ${T_HEAVY:-420} --tiles "base:,u64:expert_cap_up=64" --cases full-c32-t1,sliding-c32-t1,full-c32-t8,sliding-c32-t8,full-c16-t8,sliding-c16-t8 --step 32x1 ;;
     capup) # the up list's items at 128 rows (Tiles.expert_cap_up, the default since 3403ea3) against 64: two dynamic rounds of the capped layers
            AB_TAIL=30 ab_rounds capup tiles "base:,u64:expert_cap_up=64" ${T_CAPUP:-300} --cases full-c32-t8,sliding-c32-t8,full-c16-t8,sliding-c16-t8,full-c32-t1,sliding-c32-t1 --step "" ;;
+    c16t1) # sliding-c16-t1 and full-c16-t1, dynamic against the expert items in a fixed round robin (Tiles.expert_fixed, the sweep's fully static
+           # lists run dynamically here): two rounds, static mode too
+           AB_TAIL=30 ab_rounds c16t1 tiles "base:,fx:expert_fixed=1" ${T_C16T1:-200} --modes dynamic,static --cases sliding-c16-t1,full-c16-t1 --step "" ;;
     refit) # the share weights refit to 0caa460's weightcal (72 KB scratch), run at bac33a3 against its ISA weights (4 / 5 / 7 quarters to 3 / 5 tokens): wA 4 quarters
            # to 4 tokens, 7 to 8, 8 above (the ISA's since 5a84568, so base is wA now); wC the same from 3 tokens;
            # the layers and steps whose lists are one round, two dynamic rounds
