@@ -312,7 +312,7 @@ for rep in range(3):
            AB_TAIL=30 ab_rounds capup tiles "base:,u64:expert_cap_up=64" ${T_CAPUP:-300} --cases full-c32-t8,sliding-c32-t8,full-c16-t8,sliding-c16-t8,full-c32-t1,sliding-c32-t1 --step "" ;;
     c16t1) # sliding-c16-t1 and full-c16-t1, dynamic against the expert items in a fixed round robin (Tiles.expert_fixed, the sweep's fully static
            # lists run dynamically here): two rounds, static mode too
-           AB_TAIL=30 ab_rounds c16t1 tiles "base:,fx:expert_fixed=1" ${T_C16T1:-200} --modes dynamic,static --cases sliding-c16-t1,full-c16-t1 --step "" ;;
+           AB_TAIL=30 ab_rounds c16t1 tiles "base:,fx:expert_fixed=1" ${T_C16T1:-200} --modes dynamic,static --cases ${C16T1_CASES:-sliding-c16-t1,full-c16-t1} --step "${C16T1_STEPS:-}" ;;
     refit) # the share weights refit to 0caa460's weightcal (72 KB scratch), run at bac33a3 against its ISA weights (4 / 5 / 7 quarters to 3 / 5 tokens): wA 4 quarters
            # to 4 tokens, 7 to 8, 8 above (the ISA's since 5a84568, so base is wA now); wC the same from 3 tokens;
            # the layers and steps whose lists are one round, two dynamic rounds
