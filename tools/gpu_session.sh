@@ -296,7 +296,7 @@ for rep in range(3):
              variant "$v"
              timeout 100 python3 tools/expert_bench.py --reps 10 --shapes skew256,32x16 "${args[@]}" --out "$OUT/tp_$n.json" > "$OUT/tp_$n.log" 2>&1; echo "$n rc=$?"; tail -5 "$OUT/tp_$n.log"; done ;;
     dbl2) # run at a2bb128 and 57b00e9 (their switches GVM_EXP_DBL2 / GVM_EXP_DBL_DOWN since removed: two units a warp on both lists): the lists
-          # alone, then two dynamic rounds of the 128- and 256-token layers (results/h200-s50/dbl2, dd); now the down list's cap
+          # alone, then two dynamic rounds of the 128- and 256-token layers (results/h200-s50/dbl2-a2bb128, dbldown-57b00e9); now the down list's cap
           # (Tiles.expert_cap_down, 128) against 64: the lists alone at both, then two rounds of every capped layer (17+ tokens) and step 32 x 1
            for cap in 64 128; do
              timeout 120 python3 tools/expert_bench.py --reps 10 --cap $cap --shapes 32x16,32x24,32x32,skew256,32x2 --out "$OUT/caps_$cap.json" > "$OUT/caps_$cap.log" 2>&1; echo "cap $cap rc=$?"; tail -11 "$OUT/caps_$cap.log"; done
