@@ -300,8 +300,8 @@ __device__ __forceinline__ void gvm_exp_ks(float (&acc)[GVM_EXP_ACC][2][4], unsi
 // warp's lanes copying its unit together), and so does x (raw, one K step
 // ahead: all four warps fetch it, then turn it into the tile at the step's
 // start; the raw rows at s_raw). DBL: a second unit's blocks too (du_c / du_s
-// bytes on; live bits 8..13), into acc[1], so that the staged x serves twice
-// the rows (the two-unit layout: four weight buffers). live:
+// bytes on; live bits 8..13), into the acc tiles after unit 0's, so that the
+// staged x serves twice the rows (the two-unit layout: four weight buffers). live:
 // bits 0..5 unit 0's rows of this lane (gvm_exp_fetch), 8..13 unit 1's; bits 16,
 // 17 units 0, 1 (the warp's).
 template <bool DBL>
@@ -973,24 +973,24 @@ __device__ int gvm_expert_tile(const gvm_ctx& c, int e, int n0, int nn) {
                 const int u = dbl && mts == 2 ? a >> 1 : dbl ? a : 0, m = a - u * mts, un = unit + 4 * u;
                 if (un >= units) continue;
 #pragma unroll
-                    for (int i = 0; i < 4; ++i) {
-                        const int tok = m * 16 + g + 8 * (i >> 1), col = 2 * t4 + (i & 1);
-                        if (tok >= tm) continue;
-                        const long long orow = (long long)(slot0 + tc0 + tok) * to.stride[0] + n0;
-                        if (UP) {
-                            const int lc = un * 8 + col;
-                            if (lc >= nn) continue;
-                            const float gv = acc[a][0][i] * ts0, uv = acc[a][1][i] * ts1;
-                            *gvm_ptr<unsigned short>(to, orow + lc, 2) =
-                                (unsigned short)gvm_pack_bf16x2(gv / (1.0f + expf(-gv)) * uv, 0.0f);
-                        } else {
+                for (int i = 0; i < 4; ++i) {
+                    const int tok = m * 16 + g + 8 * (i >> 1), col = 2 * t4 + (i & 1);
+                    if (tok >= tm) continue;
+                    const long long orow = (long long)(slot0 + tc0 + tok) * to.stride[0] + n0;
+                    if (UP) {
+                        const int lc = un * 8 + col;
+                        if (lc >= nn) continue;
+                        const float gv = acc[a][0][i] * ts0, uv = acc[a][1][i] * ts1;
+                        *gvm_ptr<unsigned short>(to, orow + lc, 2) =
+                            (unsigned short)gvm_pack_bf16x2(gv / (1.0f + expf(-gv)) * uv, 0.0f);
+                    } else {
 #pragma unroll
-                            for (int s = 0; s < 2; ++s) {
-                                const int lc = un * 16 + 8 * s + col;
-                                if (lc < nn) *gvm_ptr<float>(to, orow + lc, 4) = acc[a][s][i] * ts0;
-                            }
+                        for (int s = 0; s < 2; ++s) {
+                            const int lc = un * 16 + 8 * s + col;
+                            if (lc < nn) *gvm_ptr<float>(to, orow + lc, 4) = acc[a][s][i] * ts0;
                         }
                     }
+                }
             }
         }
     }
