@@ -11,12 +11,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gpuvm.isa import TRACE_DTYPE
+from gpuvm.isa import TRACE_DTYPE, Op
 from gpuvm.trace.cli import trace_main
 from gpuvm.trace.format import Trace, TraceError
 from gpuvm.trace.html import rows, timeline_html
 from gpuvm.trace.perfetto import perfetto_json, write_perfetto
-from gpuvm.trace.summary import NO_DEP, PathHops, WakeUps, block_idle, compare, counter_waits, critical_path, held_claims, op_diff, op_kind, op_stats, path_hops, summarize, wake_ups
+from gpuvm.trace.summary import NO_DEP, ListTail, PathHops, WakeUps, block_idle, compare, counter_waits, critical_path, held_claims, list_tails, op_diff, op_kind, op_stats, path_hops, summarize, wake_ups
 from gpuvm.trace.timeline import CLAIM, DONE, LOAD, READY, SIGNAL, build, op_name, op_order
 
 from trace_synth import make_trace
@@ -212,6 +212,24 @@ def test_held_claims_count_instructions_claimed_after_their_signal():
     held = text[text.index(next(l for l in text if l.startswith("held claims by op"))) + 3 :]
     assert [h.split() for h in held] == [["C", "1", "3.840", "3.840", "3.840", "1"], ["A", "2", "0.100", "0.100", "0.100", "0"],
                                          ["B", "1", "0.100", "0.100", "0.100", "0"]]
+
+
+def test_list_tails_find_the_last_workers_sharing_an_sm():
+    """A work list's last workers to finish and the SMs they ran on: two of
+    them side by side on one SM count as a doubled SM; other ops are left out."""
+    stamps = [(0, 100, 5), (0, 110, 5), (0, 50, 6), (0, 60, 7), (0, 30, 7)]  # ready, done, sm; the last a GEMM
+    rec = np.zeros(len(stamps), dtype=TRACE_DTYPE)
+    for i, (r, d, sm) in enumerate(stamps):
+        rec[i]["globaltimer"] = (0, 0, r, d, d + 5)
+        rec[i]["sm"], rec[i]["block"], rec[i]["group"], rec[i]["instr"] = sm, sm - 5, i % 2, i
+    down, gemm = int(Op.EXPERT_DOWN), int(Op.GEMM)
+    t = Trace(records=rec, labels=[f"L0.expert_down[{i}/4]" for i in range(4)] + ["L0.Wo[0]"],
+              opcodes=np.array([down] * 4 + [gemm], np.uint16), deps=[()] * 5, weight_bytes=np.zeros(5, np.int64),
+              act_bytes=np.zeros(5, np.int64), meta={"source": "model"})
+    tl = build(t)
+    assert list_tails(tl, last=2) == [ListTail("L0.expert_down", 4, 80.0, 105.0, 1, 1)]
+    assert list_tails(tl, last=3) == [ListTail("L0.expert_down", 4, 80.0, 100.0, 2, 1)]
+    assert "work list tails" in summarize(t) and "work list tails" not in summarize(hand_trace())
 
 
 def test_waits_fall_back_to_the_producing_op():

@@ -35,6 +35,11 @@ Definitions (times from the Timeline, ns):
   group of that block (a claim taken ahead while both were busy), totalled
   by op kind, with how many took more than HELD_SLOW_NS (a claim that finds a
   group free starts in ~1-2 us: the claim's atomic, its record, the hand-off).
+- a work list's tail = the LIST_TAIL workers of an expert list (EXPERT_UP /
+  EXPERT_DOWN instructions of one op) that finished last: their median run,
+  and on how many SMs they ran, how many of those SMs ran two of them (an SM's
+  two groups that took the list's two slowest items side by side: NOTES.md
+  session 50, sliding-c16-t1).
 - an op's floor = its bytes over the streaming-read bandwidth (the trace's
   meta "read_bw_TBps", measured in the run that wrote it, else MUSE.md's
   nominal 4.42 TB/s, or what the caller gives); "span / floor" is how far the
@@ -47,6 +52,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..isa import Op
 from .format import Trace
 from .timeline import CLAIM, DONE, READY, SIGNAL, Timeline, build, members, op_order
 
@@ -54,6 +60,8 @@ NO_DEP = "(no pending dependency)"
 WAKE_SLOW_NS = 1500.0
 HELD_SLOW_NS = 3000.0
 NOMINAL_BW_TBPS = 4.42  # MUSE.md: streaming read on the H200
+LIST_TAIL = 8  # the last workers of a work list that list_tails looks at
+LIST_OPCODES = (int(Op.EXPERT_UP), int(Op.EXPERT_DOWN))
 
 
 @dataclass(frozen=True)
@@ -110,6 +118,16 @@ class PathHops:
     p90: float
     total: float
     claimed_late: int  # consumers claimed after their producer's signal
+
+
+@dataclass(frozen=True)
+class ListTail:
+    op: str
+    workers: int  # that ran
+    run_median: float  # ns, of all its workers
+    tail_run_median: float  # ns, of the LIST_TAIL that finished last
+    tail_sms: int  # SMs those ran on
+    tail_doubled: int  # of those SMs, how many ran two or more of them
 
 
 @dataclass(frozen=True)
@@ -304,6 +322,21 @@ def _by_total(acc: dict[str, list[float]], slow_ns: float) -> list[WakeUps]:
     return [x for _, x in sorted(out, key=lambda x: (-x[0], x[1].op))]
 
 
+def list_tails(tl: Timeline, last: int = LIST_TAIL) -> list[ListTail]:
+    """The work lists' last workers (see the module notes), in op order."""
+    groups = members(tl)
+    out = []
+    for name in op_order(tl):
+        idx = groups[name]
+        if int(tl.trace.opcodes[idx[0]]) not in LIST_OPCODES:
+            continue
+        run = tl.t[idx, DONE] - tl.t[idx, READY]
+        tail = np.argsort(-tl.t[idx, DONE], kind="stable")[:last]
+        _, per_sm = np.unique(tl.sm[idx[tail]], return_counts=True)
+        out.append(ListTail(name, len(idx), float(np.median(run)), float(np.median(run[tail])), len(per_sm), int((per_sm >= 2).sum())))
+    return out
+
+
 def _table(headers: list[str], rows: list[list[str]]) -> str:
     w = [max(len(h), *(len(r[k]) for r in rows)) if rows else len(h) for k, h in enumerate(headers)]
     line = lambda cells: "  ".join(c.ljust(w[0]) if k == 0 else c.rjust(w[k]) for k, c in enumerate(cells)).rstrip()
@@ -374,6 +407,9 @@ def summarize(trace: Trace, read_bw_tbps: float | None = None) -> str:
                         [[w.op, str(w.count), _us(w.median), _us(w.p90), _us(w.longest), str(w.slow)] for w in wake_ups(tl)])
     held_table = _table(["op", "held", "median us", "p90 us", "longest us", f"over {_us(HELD_SLOW_NS)} us"],
                         [[w.op, str(w.count), _us(w.median), _us(w.p90), _us(w.longest), str(w.slow)] for w in held_claims(tl)])
+    tails = list_tails(tl)
+    tail_table = _table(["op", "workers", "run med us", "tail run med us", "tail SMs", "SMs with two"],
+                        [[x.op, str(x.workers), _us(x.run_median), _us(x.tail_run_median), str(x.tail_sms), str(x.tail_doubled)] for x in tails])
 
     return "\n".join(
         head
@@ -395,4 +431,6 @@ def summarize(trace: Trace, read_bw_tbps: float | None = None) -> str:
             "held claims by op (claim to ready, of every instruction claimed after its releasing signal):",
             held_table,
         ]
+        + (["", f"work list tails (the {LIST_TAIL} workers of each expert list to finish last, and the SMs they ran on):", tail_table]
+           if tails else [])
     ) + "\n"
