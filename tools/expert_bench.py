@@ -69,11 +69,10 @@ def list_tables(counts: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor, in
 
 
 def build_list(up: bool, grain: int, counts: tuple[int, ...], w: tuple[torch.Tensor, torch.Tensor], gen: torch.Generator,
-               cap: int | None = None) -> tuple[object, int]:
+               cap: int) -> tuple[object, int]:
     """A work list over experts with `counts` tokens each, items of at most cap
-    rows (default: the lowering's EXPERT_CAP); the weight bytes it reads."""
+    rows; the weight bytes it reads."""
     op = Op.EXPERT_UP if up else Op.EXPERT_DOWN
-    cap = EXPERT_CAP[op] if cap is None else cap
     b = _Build(op.name.lower(), op, gen)
     meta, route, t = list_tables(counts)
     hit = len(counts)
@@ -200,15 +199,16 @@ def main() -> int:
         parse_shape(sh) for sh in (("1x1", "3x1") if a.quick else ("1x1", "3x1", "8x1", "32x8"))]
     for up in (True, False):
         w = weights(up, gen)
+        cap = EXPERT_CAP[Op.EXPERT_UP if up else Op.EXPERT_DOWN] if a.cap is None else a.cap
         for counts in shapes:
             hit, tokens = len(counts), max(counts)  # (tok: the largest count)
             if a.timeline and hit >= E:
                 raise SystemExit(f"--timeline writes over the last expert's weights: at most {E - 1} experts hit, not {hit}")
-            case, nbytes = build_list(up, GRAIN[up], counts, w, gen, a.cap)
+            case, nbytes = build_list(up, GRAIN[up], counts, w, gen, cap)
             for pad in pads:
                 marks: dict[str, float] | None = {} if a.timeline else None
                 us = time_list(case, runner, flush, ts, a.reps, pad, marks)
-                r = dict(op="up" if up else "down", grain=GRAIN[up], cap=EXPERT_CAP[Op.EXPERT_UP if up else Op.EXPERT_DOWN] if a.cap is None else a.cap, hit=hit, tokens=tokens, counts=list(counts), us=us,
+                r = dict(op="up" if up else "down", grain=GRAIN[up], cap=cap, hit=hit, tokens=tokens, counts=list(counts), us=us,
                          bytes=nbytes, block_pad=pad)
                 if marks is not None:
                     r["timeline_ns"] = marks
