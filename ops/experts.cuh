@@ -874,10 +874,14 @@ __device__ int gvm_expert_tile(const gvm_ctx& c, int e, int n0, int nn) {
     // experts hit x 24 tokens 441 / 502 us, x 32 454 / 531, skew256 379 / 406, one
     // round 8 x 32 119 / 142; down (items of 128 rows, Tiles.expert_cap_down,
     // against one unit on 64) 32 x 16 170 / 218, x 32 219 / 286, skew256 244 / 247.
-    // A warp without a second unit (an expert's last item) runs its MMAs on
-    // zeros: 3403ea3 skipped them with a branch a K step and ran the lists and
-    // layers 3-6% slower (down 32 x 32 232.5 against 217.5 us, full-c32-t8 1475
-    // against 1421; it also took one unit a warp for items of four units).
+    // A warp without a second unit runs its MMAs on zeros: the warps past an
+    // item's units (an item of 5-7 units), and every warp of an item of four
+    // units or fewer (a down item of 64 rows, an up one of 32). 3403ea3 skipped
+    // them with a branch a K step and took one unit a warp for items of four
+    // units: the lists and layers ran 3-6% slower (down 32 x 32 232.5 against
+    // 217.5 us, full-c32-t8 1475 against 1421); keeping the one-unit condition
+    // without the branch spilled the VM kernel (8 B, the heavy cap then on). The
+    // default caps (64 up, 128 down rows) make whole passes of 8 units.
     const bool dbl1 = count <= 16 && room >= 2 * GVM_EXP_WBUF + GVM_EXP_RAW1 + GVM_EXP_MTILE;
     const bool dbl2 = max_tok == 32 && room >= 2 * GVM_EXP_WBUF + GVM_EXP_RAW + 2 * GVM_EXP_MTILE;
     const bool dbl = dbl1 || dbl2;

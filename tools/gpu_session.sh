@@ -298,18 +298,21 @@ for rep in range(3):
     dbl2) # run at a2bb128 and 57b00e9 (their switches GVM_EXP_DBL2 / GVM_EXP_DBL_DOWN since removed: two units a warp on both lists): the lists
           # alone, then two dynamic rounds of the 128- and 256-token layers (results/h200-s50/dbl2-a2bb128, dbldown-57b00e9); now the down list's cap
           # (Tiles.expert_cap_down, 128) against 64: the lists alone at both, then two rounds of every capped layer (17+ tokens) and step 32 x 1
+          # (at 64 rows a down item has four units, one a warp, yet takes the two-unit pass, whose second unit's MMAs run on zeros: d64 is not
+          # the down list as it ran at 64 before; see ops/experts.cuh gvm_expert_tile)
            for cap in 64 128; do
              timeout 120 python3 tools/expert_bench.py --reps 10 --cap $cap --shapes 32x16,32x24,32x32,skew256,32x2 --out "$OUT/caps_$cap.json" > "$OUT/caps_$cap.log" 2>&1; echo "cap $cap rc=$?"; tail -11 "$OUT/caps_$cap.log"; done
            AB_TAIL=40 ab_rounds caps tiles "base:,d64:expert_cap_down=64" ${T_CAPS:-420} --cases full-c32-t1,sliding-c32-t1,full-c32-t8,sliding-c32-t8,full-c16-t8,sliding-c16-t8 --step 32x1 ;;
-    heavy) # items of 128 rows on both lists (Tiles.expert_cap_up / _down), half for an expert of more than 32 tokens (GVM_EXPERT_HEAVY_T): the
-           # lists alone at the default caps, without the halving (nh), and at 64 rows; then two dynamic rounds of the capped layers (17+
-           # tokens) and step 32 x 1: the defaults, without the halving, and the up list at 64 rows
-           for v in base: nh:GVM_EXPERT_HEAVY_T=0 c64:; do
-             variant "$v"; cap=(); [ "$n" = c64 ] && cap=(--cap 64)
+    heavy) # half the cap for an expert of more than 32 tokens (hv: GVM_EXPERT_HEAVY_T=32; off by default) and the up list's items at 128 rows
+           # (u128, Tiles.expert_cap_up; 64 by default); run at 3403ea3 with both on by default (results/h200-s50/heavy-3403ea3): the lists
+           # alone (c128: both lists' items at 128 rows), then two dynamic rounds of the capped layers (17+ tokens) and step 32 x 1
+           for v in base: hv:GVM_EXPERT_HEAVY_T=32 c128:; do
+             variant "$v"; cap=(); [ "$n" = c128 ] && cap=(--cap 128)
              timeout 120 python3 tools/expert_bench.py --reps 10 "${cap[@]}" --shapes 32x16,32x24,32x32,skew256,32x2 "${args[@]}" --out "$OUT/heavy_$n.json" > "$OUT/heavy_$n.log" 2>&1; echo "$n rc=$?"; tail -11 "$OUT/heavy_$n.log"; done
-           AB_TAIL=60 ab_rounds heavy variants "base:,nh:GVM_EXPERT_HEAVY_T=0+tiles=base" ${T_HEAVY:-420} --tiles "base:,u64:expert_cap_up=64" --cases full-c32-t1,sliding-c32-t1,full-c32-t8,sliding-c32-t8,full-c16-t8,sliding-c16-t8 --step 32x1 ;;
-    capup) # the up list's items at 128 rows (Tiles.expert_cap_up, the default since 3403ea3) against 64: two dynamic rounds of the capped layers
-           AB_TAIL=30 ab_rounds capup tiles "base:,u64:expert_cap_up=64" ${T_CAPUP:-300} --cases full-c32-t8,sliding-c32-t8,full-c16-t8,sliding-c16-t8,full-c32-t1,sliding-c32-t1 --step "" ;;
+           AB_TAIL=60 ab_rounds heavy variants "base:,hv:GVM_EXPERT_HEAVY_T=32+tiles=base" ${T_HEAVY:-420} --tiles "base:,u128:expert_cap_up=128" --cases full-c32-t1,sliding-c32-t1,full-c32-t8,sliding-c32-t8,full-c16-t8,sliding-c16-t8 --step 32x1 ;;
+    capup) # the up list's items at 64 rows (Tiles.expert_cap_up, the default; 128 at de3ce21, where this ran as base against u64) against 128:
+           # two dynamic rounds of the capped layers
+           AB_TAIL=30 ab_rounds capup tiles "base:,u128:expert_cap_up=128" ${T_CAPUP:-300} --cases full-c32-t8,sliding-c32-t8,full-c16-t8,sliding-c16-t8,full-c32-t1,sliding-c32-t1 --step "" ;;
     c16t1) # sliding-c16-t1 and full-c16-t1, dynamic against the expert items in a fixed round robin (Tiles.expert_fixed, the sweep's fully static
            # lists run dynamically here): two rounds, static mode too
            AB_TAIL=30 ab_rounds c16t1 tiles "base:,fx:expert_fixed=1" ${T_C16T1:-200} --modes dynamic,static --cases ${C16T1_CASES:-sliding-c16-t1,full-c16-t1} --step "${C16T1_STEPS:-}" ;;
