@@ -430,8 +430,9 @@ __device__ __forceinline__ unsigned gvm_expr_pitch(int kdim) { return (unsigned)
 
 // Can the register path take an expert with `count` tokens? x for all of them,
 // 4 partial tiles per set and a flag must fit beside the work list's state, and
-// for DOWN a weight ring too (GVM_EXPR_BARE_DOWN). In 72 KB at 4,096 wide: UP
-// has 3 ring slots to 4 tokens, 2 at 5, none at 6-8; DOWN 2 or more to 6 tokens.
+// for DOWN a weight ring too (GVM_EXPR_BARE_DOWN). In 96 KB at 4,096 wide, UP and
+// DOWN have 3 ring slots to 7 tokens and 2 at 8 (in 72 KB, until session 51: UP 3
+// to 4 tokens, 2 at 5, none at 6-8; DOWN 2 or more to 6, the shared tile at 7-8).
 __device__ __forceinline__ bool gvm_expr_fits(const gvm_ctx& c, int count, int kdim, int sets) {
     const unsigned need = (unsigned)count * gvm_expr_pitch(kdim) + 4 * sets * GVM_EXPR_PART + 16 + GVM_EXP_STATE;
     const unsigned ring = GVM_EXPR_BARE_DOWN || sets == 2 ? 0u : GVM_EXPR_RING_MIN * 4 * GVM_EXPR_SLOT;  // as nsl in gvm_expert_tile_reg
@@ -869,7 +870,7 @@ __device__ int gvm_expert_tile(const gvm_ctx& c, int e, int n0, int nn) {
     const int max_tok = 16 * min(GVM_EXP_MAXMT, (room - GVM_EXP_WBUF - GVM_EXP_RAW) / GVM_EXP_MTILE);
     // Two units a warp a pass (dbl), in the two-unit layout, so that x staged once
     // serves twice the rows (up 64, down 128): up to 16 tokens in one m-tile, and
-    // in chunks of 32 where two m-tiles fit (72 KB). H200, the lists alone
+    // in chunks of 32 where two m-tiles fit (72 KB or more). H200, the lists alone
     // (tools/expert_bench.py), two units / one for chunks of 17-32 tokens: up 32
     // experts hit x 24 tokens 441 / 502 us, x 32 454 / 531, skew256 379 / 406, one
     // round 8 x 32 119 / 142; down (items of 128 rows, Tiles.expert_cap_down,

@@ -9,18 +9,21 @@
 #ifndef GVM_MAX_GROUPS
 #define GVM_MAX_GROUPS 4          // compute warp groups a block may have (launch picks 1..this)
 #endif
-// Private scratch of each compute group, bytes. 72 KB with up to 2 groups
-// (the Muse kernel): the staged GEMM's 4th stage (ops/gemm.cuh) and
-// attention's and the experts' buffers grow with it, and what is left of the
-// SM's 256 KB still serves as L1. H200, bdf5c57, 48 / 64 / 96 KB: 256-token
-// layer sliding-c32-t8 1838 / 1760 / 1724 us, step 32x8 140.0 / 136.3 / 135.4
-// ms, but step 1x1 11.40 / 11.46 / 13.19 ms (96 KB leaves L1 ~60 KB). 72 KB
-// puts an 8-token UP on the register path and gives 5-token UP and 6-token
-// DOWN a weight ring (ops/experts.cuh); f26dc8c, 64 / 72 / 80 KB, two rounds:
-// sliding-c16-t1 387, 386 / 367, 368 / 369, 369 us; step 16x1 21.25, 21.29 /
-// 21.19, 21.05 / 20.99, 21.10 ms; step 1x1 8.30, 8.24 / 8.29, 8.26 / 8.33, 8.36.
+// Private scratch of each compute group, bytes. 96 KB with up to 2 groups
+// (the Muse kernel): the staged GEMM's stages (6 of 16 KB, ops/gemm.cuh),
+// attention's and the experts' buffers grow with it (a weight ring for every
+// register-path expert, ops/experts.cuh), and what is left of the SM's 256 KB
+// still serves as L1. H200, 9b8f102, 72 / 88 / 96 / 104 / 112 KB, two rounds,
+// us: full-c16-t8 956, 954 / 925, 930 / 922, 928 / 925, 929 / 925, 929;
+// sliding-c32-t8 1026, 1032 / 1013, 1017 / 1005, 1010 / 1004, 1012 / 1007, 1013;
+// sliding-c16-t1 374, 375 / 346, 347 / 345, 345 / 358, 357 / 357, 357;
+// full-c1-t1 179, 180 / 179, 179 / 180, 180 / 197, 197 / 197, 198; step 1x1
+// 8.32, 8.19 / 8.27, 8.27 / 8.28, 8.28 / 9.52, 9.50 / 9.49, 9.47 ms; step
+// 32x8 64.0, 63.9 / 62.8, 62.9 / 62.7, 62.5 / 62.5, 62.5 / 62.6, 62.7. From
+// 104 KB the one-token layers lose 10-15% (L1 too small). bdf5c57 (session 7)
+// had measured step 1x1 13.19 ms at 96 KB against 11.40 at 48.
 #ifndef GVM_GROUP_SMEM
-#define GVM_GROUP_SMEM (GVM_MAX_GROUPS <= 2 ? 73728 : 49152)
+#define GVM_GROUP_SMEM (GVM_MAX_GROUPS <= 2 ? 98304 : 49152)
 #endif
 #define GVM_CONTROL_THREADS 128   // warps 0-3: controller, loader, warmer, spare
 #define GVM_GROUP_THREADS 128

@@ -69,7 +69,7 @@ OPS: dict[Op, str] = {
     Op.GEMM: "gemm",
 }
 HEADERS = ("ops/norm.cuh", "ops/attention.cuh", "ops/route.cuh", "ops/experts.cuh", "ops/gemm.cuh")
-SCRATCH = 73728  # shared scratch of a group (runtime/params.cuh GVM_GROUP_SMEM of the 2-group Muse kernel)
+SCRATCH = 98304  # shared scratch of a group (runtime/params.cuh GVM_GROUP_SMEM of the 2-group Muse kernel)
 GUARD = 4096     # guard bytes (0xFF: NaN as f32, bf16 and e4m3) on each side of every tensor
 POISON_I32 = 0x5A5A5A5A  # an int32 output before the run
 CUDA_INCLUDE = Path("/usr/local/cuda/include")
