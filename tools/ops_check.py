@@ -619,11 +619,13 @@ def cases_experts(sz: Sizes, gen: torch.Generator) -> list[Case]:
     # then the shard's K with an expert of 7 tokens (more than one staging of x
     # holds on the register path: the shared tile's) and one of 8 (UP on the
     # register path without a ring, DOWN on the shared tile: gvm_expr_fits; its
-    # own generator, so that the other cases' inputs stay as they were); 40 and
-    # 24 rows end in a part block
-    seed8 = gen.initial_seed() + 40
+    # own generator, so that the other cases' inputs stay as they were) and one
+    # of 12 (the shared tile's one-m-tile chunk over 16 K steps, both lists); 40
+    # and 24 rows end in a part block
+    seed8, seed12 = gen.initial_seed() + 40, gen.initial_seed() + 41
     shapes = (("", sz.tokens, sz.hidden, sz.hidden, None), (" long K", 3, 40, 36 * 256 + 128, None), (" K 4096", 8, 24, 4096, None),
-              (" K 4096, an expert of 8 tokens", _top_expert_of(sz, seed8, 8), 24, 4096, seed8))
+              (" K 4096, an expert of 8 tokens", _top_expert_of(sz, seed8, 8), 24, 4096, seed8),
+              (" K 4096, an expert of 12 tokens", _top_expert_of(sz, seed12, 12), 24, 4096, seed12))
     for up in (True, False):
         for what, t, h, k, seed in shapes:
             op = Op.EXPERT_UP if up else Op.EXPERT_DOWN
