@@ -350,6 +350,8 @@ for r in range(3):
 PY
            echo "dispatch rc=$?"; cat "$OUT/lazyctl_dispatch.log" | tail -12
            timeout 200 python3 tools/sched_probe.py --out "$OUT/lazyctl_probe.json" --modes dynamic --depths 1 --variants "lazy:,nolazy:GVM_LAZY_CLAIMS=0" --cases full-c1-t1,sliding-c1-t1 --step 1x1,1x8 > "$OUT/lazyctl_probe.log" 2>&1; echo "probe rc=$?"; grep -v "^$" "$OUT/lazyctl_probe.log" | tail -8 ;;
+    pack) # every file under $OUT into one archive (the device tool returns eight files a call): last in the list of steps
+          t=$(mktemp /tmp/gvm_pack.XXXXXX); tar czf "$t" -C "$OUT" . && find "$OUT" -mindepth 1 -delete && mv "$t" "$OUT/all.tgz"; echo "packed: $OUT/all.tgz" ;;
     gputests) timeout ${T_GPUTESTS:-200} python3 -m pytest -q -p no:cacheprovider tests/gpu > "$OUT/tests_gpu.log" 2>&1; echo "tests/gpu rc=$?"; tail -4 "$OUT/tests_gpu.log" ;;
     vmtest) timeout ${T_VMTEST:-150} python3 -m pytest -q -x -p no:cacheprovider tests/gpu/test_vm.py > "$OUT/test_vm.log" 2>&1; echo "test_vm rc=$?"; tail -8 "$OUT/test_vm.log" ;;
     *) echo "unknown step $s"; exit 2 ;;
