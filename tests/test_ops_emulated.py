@@ -25,6 +25,7 @@ from tools.ops_check import (  # noqa: E402
     build_emulator,
     reference,
     run_case,
+    scratch_of,
 )
 
 
@@ -33,11 +34,11 @@ def runner(tmp_path_factory: pytest.TempPathFactory) -> EmuRunner:
     return EmuRunner(build_emulator(tmp_path_factory.mktemp("emu")))
 
 
-def _failures(runner: EmuRunner, ops: set[Op]) -> list[str]:
+def _failures(runner: EmuRunner, ops: set[Op], defines: tuple[tuple[str, str], ...] = ()) -> list[str]:
     bad = []
     for case in build_cases(SMALL, seed=1, only=ops):
         expected = reference(case)
-        for r in run_case(runner, case, expected, groups=1):
+        for r in run_case(runner, case, expected, groups=1, scratch=scratch_of(defines)):
             if not r.ok:
                 bad.append(f"{r.case} / {r.output}: {r.bad} of {r.total} off, max {r.max_abs:.3g}, rel {r.rel:.3g} {r.note}")
     return bad
@@ -49,16 +50,21 @@ def test_op_matches_cpu_backend(runner: EmuRunner, op: Op) -> None:
 
 
 @pytest.mark.parametrize(("op", "define"), [(Op.EXPERT_UP, "GVM_EXPERT_REG=0"), (Op.EXPERT_DOWN, "GVM_EXPERT_REG=0"), (Op.GEMM, "GVM_GEMM_TT=1"),
-                                            (Op.GEMM, "GVM_GEMM_F32_RN=4+GVM_GEMM_F32_TT=4"), (Op.ATTN_CHUNK, "GVM_ATT_WG=0")],
+                                            (Op.GEMM, "GVM_GEMM_F32_RN=4+GVM_GEMM_F32_TT=4"), (Op.ATTN_CHUNK, "GVM_ATT_WG=0"),
+                                            (Op.EXPERT_UP, "GVM_GROUP_SMEM=73728"), (Op.EXPERT_DOWN, "GVM_GROUP_SMEM=73728")],
                          ids=["expert_up-shared-tile-only", "expert_down-shared-tile-only", "gemm-1-token-tile", "gemm-router-4x4",
-                              "attn_chunk-per-warp"])
+                              "attn_chunk-per-warp", "expert_up-72k", "expert_down-72k"])
 def test_switch_alternatives(tmp_path_factory: pytest.TempPathFactory, op: Op, define: str) -> None:
     """The build switches' other settings, kept for A/B runs on the H200:
     GVM_EXPERT_REG=0 (every expert through the shared tile), GVM_GEMM_TT=1
     (each token tile re-reads the weights), the router's old 4 x 4 tile,
-    GVM_ATT_WG=0 (every attention chunk on the per-warp path)."""
-    lib = build_emulator(tmp_path_factory.mktemp("emu_switch"), defines=tuple(tuple(d.split("=")) for d in define.split("+")))
-    assert _failures(EmuRunner(lib), {op}) == []
+    GVM_ATT_WG=0 (every attention chunk on the per-warp path); and the experts
+    in 72 KB of scratch (session 50's default), where the 8-token UP runs on
+    the register path without a weight ring and the 7-8-token DOWN on the
+    shared tile, paths that 96 KB no longer reaches at K 4096."""
+    defines = tuple(tuple(d.split("=")) for d in define.split("+"))
+    lib = build_emulator(tmp_path_factory.mktemp("emu_switch"), defines=defines)
+    assert _failures(EmuRunner(lib), {op}, defines) == []
 
 
 def test_the_4_group_kernels_gemm(tmp_path_factory: pytest.TempPathFactory) -> None:

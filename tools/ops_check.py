@@ -617,10 +617,11 @@ def cases_experts(sz: Sizes, gen: torch.Generator) -> list[Case]:
     # (name, tokens, rows out, K, own seed): the layer's shapes, then few tokens
     # over a K of 36 steps and a tiled step (half a step of the shared tile),
     # then the shard's K with an expert of 7 tokens (more than one staging of x
-    # holds on the register path: the shared tile's) and one of 8 (UP on the
-    # register path without a ring, DOWN on the shared tile: gvm_expr_fits; its
-    # own generator, so that the other cases' inputs stay as they were) and one
-    # of 12 (the shared tile's one-m-tile chunk over 16 K steps, both lists); 40
+    # holds on the register path: the shared tile's) and one of 8 (in 96 KB of
+    # scratch both lists on the register path with a 2-slot ring; in 72 KB UP
+    # without a ring and DOWN on the shared tile: gvm_expr_fits; its own
+    # generator, so that the other cases' inputs stay as they were) and one of
+    # 12 (the shared tile's one-m-tile chunk over 16 K steps, both lists); 40
     # and 24 rows end in a part block
     seed8, seed12 = gen.initial_seed() + 40, gen.initial_seed() + 41
     shapes = (("", sz.tokens, sz.hidden, sz.hidden, None), (" long K", 3, 40, 36 * 256 + 128, None), (" K 4096", 8, 24, 4096, None),
