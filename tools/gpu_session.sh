@@ -2,7 +2,7 @@
 # One call on the H200 (the device tool): the VM proofs and timings, the Muse
 # ops standalone, and the decode-case sweep, each under its own time limit,
 # logs and results under $OUT (at most 8 files come back: traces are tarred).
-#   GPUVM_COMMIT=<sha> bash tools/gpu_session.sh [check|fold|ops|opstime|sweep|step|stepsweep|probe|experts|router|park|ring|lists|steptrace|tiles|rowpf|fill|fill2|xstage|trace62|xprobe|smem|tiles2|xbench|against|slots|naps|icache|workers|slices|statsprobe|topkprobe|layertrace|oneop|fusedqk|ringbench|ringprobe|opsgemm|tail|attstop|gputests|vmtest|next|attntail|qksplit|lazygemm|lazyattn|lazyctl|ncuattn|clocks|codewarm|lazyexperts|lazyone|lazyall|toolcheck|gearly|kparts|kpartslayers|glate|glate16|fixed16|dispdepth|shares|cap33|weightcal|bare|refit|stagger|tileprobe|dbl2|heavy|capup|c16t1|ncu|ncusrc ...]
+#   GPUVM_COMMIT=<sha> bash tools/gpu_session.sh [check|fold|ops|opstime|sweep|step|stepsweep|probe|experts|router|park|ring|lists|steptrace|tiles|rowpf|fill|fill2|xstage|trace62|xprobe|smem|tiles2|xbench|against|slots|naps|icache|workers|slices|statsprobe|topkprobe|layertrace|oneop|fusedqk|ringbench|ringprobe|opsgemm|tail|attstop|gputests|vmtest|next|attntail|qksplit|lazygemm|lazyattn|lazyctl|ncuattn|clocks|codewarm|lazyexperts|lazyone|lazyall|toolcheck|gearly|kparts|kpartslayers|glate|glate16|fixed16|dispdepth|shares|cap33|weightcal|bare|refit|stagger|tileprobe|dbl2|heavy|capup|c16t1|ncu|ncusrc|treeab ...]
 # (set GPUVM_COMMIT when running a snapshot without .git: else the results name the enclosing checkout)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -350,10 +350,22 @@ for r in range(3):
 PY
            echo "dispatch rc=$?"; cat "$OUT/lazyctl_dispatch.log" | tail -12
            timeout 200 python3 tools/sched_probe.py --out "$OUT/lazyctl_probe.json" --modes dynamic --depths 1 --variants "lazy:,nolazy:GVM_LAZY_CLAIMS=0" --cases full-c1-t1,sliding-c1-t1 --step 1x1,1x8 > "$OUT/lazyctl_probe.log" 2>&1; echo "probe rc=$?"; grep -v "^$" "$OUT/lazyctl_probe.log" | tail -8 ;;
-    ncusrc) # Nsight Compute's per-instruction view of the expert up list at 32 experts x 16 tokens (the shared tile):
-            # every SASS line with its warp-stall samples and executed instructions, as CSV (gzipped)
-            timeout ${T_NCUSRC:-150} ncu --kernel-name gvm_check_expert_up --launch-skip 2 --launch-count 1 --section SourceCounters --section WarpStateStats -f -o /tmp/ncusrc python3 tools/expert_bench.py --shapes 32x16 --reps 3 --out /tmp/xb.json > "$OUT/ncusrc.log" 2>&1; echo "ncu rc=$?"; tail -3 "$OUT/ncusrc.log"
-            ncu --import /tmp/ncusrc.ncu-rep --page source --csv --print-source sass 2> "$OUT/ncusrc_import.err" | gzip > "$OUT/ncu_up_source.csv.gz"; echo "source page rc=${PIPESTATUS[0]}"; zcat "$OUT/ncu_up_source.csv.gz" | head -3 | cut -c1-400 ;;
+    ncusrc) # Nsight Compute's per-instruction view of one op's test kernel: every SASS line with its warp-stall samples and
+            # executed instructions, as CSV (gzipped). NCUSRC_OP=expert_up (default: the up list at 32 experts x 16 tokens,
+            # the shared tile) or attn_chunk (its 'full' case as ops_check runs it the second time: every chunk, two groups a block)
+            if [ "${NCUSRC_OP:-expert_up}" = attn_chunk ]; then K=gvm_check_attn_chunk; SKIP=1; CMD=(tools/ops_check.py --only attn_chunk)
+            else K=gvm_check_expert_up; SKIP=2; CMD=(tools/expert_bench.py --shapes 32x16 --reps 3 --out /tmp/xb.json); fi
+            timeout ${T_NCUSRC:-150} ncu --kernel-name $K --launch-skip $SKIP --launch-count 1 --section SourceCounters --section WarpStateStats -f -o /tmp/ncusrc python3 "${CMD[@]}" > "$OUT/ncusrc_$K.log" 2>&1; echo "ncu rc=$?"; tail -3 "$OUT/ncusrc_$K.log"
+            ncu --import /tmp/ncusrc.ncu-rep --page source --csv --print-source sass 2> "$OUT/ncusrc_import.err" | gzip > "$OUT/ncu_source_$K.csv.gz"; echo "source page rc=${PIPESTATUS[0]}"; zcat "$OUT/ncu_source_$K.csv.gz" | head -3 | cut -c1-300 ;;
+    treeab) # this tree against a copy of it with ab/<dir>__<file> put back at <dir>/<file> (e.g. main's ops/experts.cuh:
+            # git show main:ops/experts.cuh > ab/ops__experts.cuh before the call): the expert lists alone, then dynamic
+            # layers and step 32 x 8 in four runs, trees alternated (base, new, new, base); end the steps with pack
+            M=/tmp/gvm_base_tree; rm -rf $M; mkdir -p $M; tar cf - --exclude=./results . | tar xf - -C $M
+            for f in ab/*__*; do cp "$f" "$M/$(basename "$f" | sed 's|__|/|g')"; done
+            for t in new base; do d=$PWD; [ $t = base ] && d=$M
+              (cd $d && PYTHONPATH=$d timeout ${T_AB_BENCH:-100} python3 tools/expert_bench.py --reps 10 --shapes ${AB_SHAPES:-8x16,32x16,32x32,skew256} --out "$OUT/bench_$t.json" > "$OUT/bench_$t.log" 2>&1); echo "expert_bench $t rc=$?"; tail -10 "$OUT/bench_$t.log"; done
+            for r in base1 new1 new2 base2; do d=$PWD; [ ${r%?} = base ] && d=$M
+              (cd $d && PYTHONPATH=$d timeout ${T_AB_PROBE:-170} python3 tools/sched_probe.py --out "$OUT/probe_$r.json" --modes dynamic --depths 1 --variants base: --cases ${AB_CASES:-full-c32-t8,sliding-c32-t8,full-c16-t8,sliding-c16-t8,full-c16-t1} --step ${AB_STEPS:-32x8} > "$OUT/probe_$r.log" 2>&1); echo "probe $r rc=$?"; grep "dynamic" "$OUT/probe_$r.log" | tail -8; done ;;
     pack) # every file under $OUT into one archive (the device tool returns eight files a call): last in the list of steps
           t=$(mktemp /tmp/gvm_pack.XXXXXX); tar czf "$t" -C "$OUT" . && find "$OUT" -mindepth 1 -delete && mv "$t" "$OUT/all.tgz"; echo "packed: $OUT/all.tgz" ;;
     gputests) timeout ${T_GPUTESTS:-200} python3 -m pytest -q -p no:cacheprovider tests/gpu > "$OUT/tests_gpu.log" 2>&1; echo "tests/gpu rc=$?"; tail -4 "$OUT/tests_gpu.log" ;;
