@@ -360,6 +360,7 @@ PY
     treeab) # this tree against a copy of it with ab/<dir>__<file> put back at <dir>/<file> (e.g. main's ops/experts.cuh:
             # git show main:ops/experts.cuh > ab/ops__experts.cuh before the call): the expert lists alone, then dynamic
             # layers and step 32 x 8 in four runs, trees alternated (base, new, new, base); end the steps with pack
+            ls ab/*__* > /dev/null 2>&1 || { echo "treeab: no ab/<dir>__<file> to put back (both trees would be this one)"; exit 2; }
             M=/tmp/gvm_base_tree; rm -rf $M; mkdir -p $M; tar cf - --exclude=./results . | tar xf - -C $M
             for f in ab/*__*; do cp "$f" "$M/$(basename "$f" | sed 's|__|/|g')"; done
             for t in new base; do d=$PWD; [ $t = base ] && d=$M
