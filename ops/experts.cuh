@@ -90,9 +90,21 @@
 #define GVM_EXP_ACC 4        // MMA tiles a thread accumulates: units x m-tiles
 #define GVM_EXP_RAW (GVM_EXP_MAXMT * 16 * GVM_EXP_RAWROW)  // the raw x rows, just before the tile
 #define GVM_EXP_RAW1 (16 * GVM_EXP_RAWROW)  // the two-unit layout's raw x rows (one m-tile), just before its tile
-#define GVM_EXP_HEAD 144     // smem before the x tile: x row byte offsets [32], bad-row flag
-#define GVM_EXP_WUNIT 2304   // a unit's weights of a K step: codes [set][row 0..7][128 B], scales [set][row][16 B]
+#define GVM_EXP_HEAD 240     // smem before the weight buffers: x row byte offsets [32], bad-row flag, mbarriers
+#define GVM_EXP_BARS 144     // the two-unit layout's mbarriers: [warp][GVM_EXP_WST], 8 B each
+// A unit's weights of a K step (one unit a warp, gvm_exp_fetch): for each set
+// 1,152 B, its 8 rows' codes of the two tiled K steps [step][row][64 B], then
+// their scales [step][row][8 B].
+#define GVM_EXP_WUNIT 2304
 #define GVM_EXP_WBUF (2 * 4 * GVM_EXP_WUNIT)  // two K steps of the four warps' units
+// The two-unit layout (gvm_exp_bulk): a warp's weights of a K step are two
+// 16-row blocks' codes and scales as they lie in the tiled layout (one bulk
+// copy each): [block][codes: step][row][64 B], then [scales: step][row][8 B].
+#define GVM_EXP_WPIECE 2304
+#define GVM_EXP_WSTAGE (4 * 2 * GVM_EXP_WPIECE)  // a K step of the four warps
+#ifndef GVM_EXP_WST
+#define GVM_EXP_WST 2        // the two-unit layout's weight buffers (K steps in flight + 1), 2 or 3
+#endif
 #define GVM_EXP_TS 64.0f  // the tensor scale's factor: the 2^6 the decode leaves out (gvm_exp_scales)
 #define GVM_TK_CODES 1024    // code bytes of a tiled block's K step: 16 rows x 64
 #define GVM_TK_SCALES 128    // scale bytes of it: 16 rows x 8
@@ -107,6 +119,10 @@ __device__ __forceinline__ long long gvm_tile_row(long long r, long long block_s
     return (r >> 4) * block_stride + (r & 15) * row_bytes;
 }
 
+// Thread t4's word w8 (= 4 h + w) of a K step is k = 128 h + 32 t4 + 8 w ..
+// + 7: in the tiled layout, 16-byte chunk t4 of a row's tiled step h, so
+// that the 8 lanes of a reading phase (rows g, g + 1 64 B apart, 4 t4) hit
+// distinct bank groups in the blocks as they lie (gvm_exp_ks).
 // The x tile holds each m-tile's rows g and g + 8 together, as the MMA's A
 // fragments: in pair row g, for thread t4's word w8, half 0 is (g: x0x2,
 // g + 8: x0x2, g: x1x3, g + 8: x1x3), the first MMA's four A registers, and
@@ -114,9 +130,9 @@ __device__ __forceinline__ long long gvm_tile_row(long long r, long long block_s
 // register moves (with a row a lds.128, ptxas spent ~12 moves an m-tile and
 // w8 assembling them). Byte offset in a pair row, swizzled so that both the
 // 8 lanes of a reading phase (g, g + 1 x 4 t4; PROW = 64 mod 128) and of a
-// writing one (8 w8) hit distinct 16-byte bank groups.
+// writing one (gvm_exp_stage: t4 = 2j, 2j + 1 x 4 w) hit distinct 16-byte bank groups.
 __device__ __forceinline__ unsigned gvm_exp_chunk(unsigned t4, unsigned w8, unsigned half) {
-    return w8 * 128 + ((half ^ (w8 >> 2)) << 6) + ((t4 ^ (w8 & 3)) << 4);  // = ((4 half + t4) ^ w8) << 4
+    return w8 * 128 + ((((t4 & 1) ^ half ^ (w8 >> 2)) & 1) << 6) + ((t4 ^ (w8 & 3)) << 4);
 }
 
 // 8 bf16 x values x0..x7 as f16 in the decode's pair order: (x0,x2) (x1,x3) (x4,x6) (x5,x7).
@@ -145,8 +161,9 @@ __device__ __forceinline__ void gvm_exp_xfetch(const gvm_ctx& c, const unsigned 
 // tasks at a time.
 __device__ __forceinline__ void gvm_exp_stage(const gvm_ctx& c, unsigned s_raw, unsigned s_tile, int tm) {
     const int n = (tm + 15) / 16 * 8 * 32;  // (pair row, 16-byte word) tasks
-    const int ch = (int)(c.tid & 31);
-    const unsigned o0 = gvm_exp_chunk(ch >> 3, ch & 7, 0), o1 = gvm_exp_chunk(ch >> 3, ch & 7, 1);
+    const int ch = (int)(c.tid & 31);  // the raw row's 16-byte chunk: k = 8 ch = 128 h + 32 t4 + 8 w
+    const unsigned t4 = (ch >> 2) & 3, w8 = 4 * (ch >> 4) + (ch & 3);
+    const unsigned o0 = gvm_exp_chunk(t4, w8, 0), o1 = gvm_exp_chunk(t4, w8, 1);
 #pragma unroll 1
     for (int i0 = c.tid; i0 < n; i0 += 256) {
         uint4 v[4];  // tasks i0 and i0 + 128: rows g, g + 8 of each
@@ -199,14 +216,14 @@ __device__ __forceinline__ float gvm_exp_tscale(const gvm_ctx& c, int e, int s) 
     return gvm_ptr<const float>(tts, e * tts.stride[0], 4)[s] * GVM_EXP_TS;
 }
 
-// A unit's weights of K step ks into its buffer at buf, copied by the warp's lanes
-// together so that each copy reads whole sectors and writes 16 contiguous
-// bytes of a row (a thread copying only the 64 codes it multiplies read each
-// sector half at a time: ncu, H200, session 20): lane l copies 16-byte chunk
-// l & 7 of rows l / 8 and l / 8 + 4 of each set (cpa, cpb; chunk c of row g at
-// c ^ (g & 1), so that the readers' 16-byte loads hit distinct bank groups) and
-// scale word l & 3 of row (l / 4) & 7 (sp). A K step is two tiled ones: the
-// lane's pointers hold its chunk's half of the step (see gvm_expert_tile).
+// A unit's weights of K step ks into its buffer at buf (one unit a warp),
+// copied by the warp's lanes together so that each copy reads whole sectors
+// and writes 16 contiguous bytes of a row (a thread copying only the 64 codes
+// it multiplies read each sector half at a time: ncu, H200, session 20): lane
+// l copies 16-byte chunk l & 7 of rows l / 8 and l / 8 + 4 of each set (cpa,
+// cpb) and scale word l & 3 of row (l / 4) & 7 (sp), each where the tiled
+// layout has it (GVM_EXP_WUNIT). A K step is two tiled ones: the lane's
+// pointers hold its chunk's half of the step (see gvm_expert_tile).
 // live bits (zeros where a row or K ends): 0, 1 row l / 8 of sets 0, 1; 2, 3
 // row l / 8 + 4; 4, 5 the scale row. A zero-fill reads nothing, but still gets
 // an address inside the tensors (zc, zs). The caller commits the group.
@@ -216,41 +233,82 @@ __device__ __forceinline__ void gvm_exp_fetch(unsigned buf, const unsigned char*
                                               unsigned long long pol) {
     const unsigned ga = lane >> 3, c = lane & 7, gs = (lane >> 2) & 7, q = lane & 3;
     const bool ck = ks * GVM_EXP_KSTEP + 32 * (int)c < kdim, sk = ks * GVM_EXP_KSTEP + 64 * (int)q < kdim;
-    const unsigned co = ((c ^ (ga & 1)) << 4) + ga * 128;
+    const unsigned co = (c >> 2) * 512 + ga * 64 + ((c & 3) << 4), so = 1024 + (q >> 1) * 64 + gs * 8 + 4 * (q & 1);
 #pragma unroll
     for (int s = 0; s < 2; ++s) {
         const bool oka = (live >> s & 1) && ck, okb = (live >> (2 + s) & 1) && ck, oks = (live >> (4 + s) & 1) && sk;
-        gvm_cp_async16(buf + s * 1024 + co, oka ? cpa + ks * 2 * GVM_TK_CODES + s * cstep : zc, oka, pol);
-        gvm_cp_async16(buf + s * 1024 + 512 + co, okb ? cpb + ks * 2 * GVM_TK_CODES + s * cstep : zc, okb, pol);
-        gvm_cp_async4(buf + 2048 + s * 128 + gs * 16 + 4 * q, oks ? sp + ks * 2 * GVM_TK_SCALES + s * sstep : zs, oks, pol);
+        gvm_cp_async16(buf + s * 1152 + co, oka ? cpa + ks * 2 * GVM_TK_CODES + s * cstep : zc, oka, pol);
+        gvm_cp_async16(buf + s * 1152 + 256 + co, okb ? cpb + ks * 2 * GVM_TK_CODES + s * cstep : zc, okb, pol);
+        gvm_cp_async4(buf + s * 1152 + so, oks ? sp + ks * 2 * GVM_TK_SCALES + s * sstep : zs, oks, pol);
     }
 }
 
-// One K step of a warp's MMAs: U units' weights (buffers uslot bytes apart, see
-// gvm_exp_fetch) times the tile's MT m-tiles, into acc[u * MT + m].
-// Thread (g, t4) multiplies codes 64 t4 .. + 63 of row g of each set: chunks
-// 2 t4 and 2 t4 + 1 of the row.
-template <int MT, int U, int A0 = 0>
-__device__ __forceinline__ void gvm_exp_ks(float (&acc)[GVM_EXP_ACC][2][4], unsigned wbuf, unsigned uslot,
-                                           unsigned s_tile, unsigned g, unsigned t4) {
+// The two-unit layout's K step ks of a warp's two blocks into its buffer at buf
+// (GVM_EXP_WPIECE each), as 4 bulk copies (lanes 0..3: block l / 2, codes or
+// scales by l & 1) that complete on the mbarrier bar: 2 KB and 256 B runs, where
+// 16 cp.async a lane of the 8-row runs cost issue slots and address registers
+// (ncu, H200, session 52: 16% of the up list's stall samples at 32 x 16), and
+// 16 bulk copies a warp of 512 / 64 B bound the copy engine (session 52,
+// lost/expert-bulk-weights). Block b's codes at wc + b * bc, scales ws + b * bs
+// (K step 0); blocks: bit b, block b is copied. A step whose second tiled half
+// lies past K copies its first and zeroes the second's scales (stale codes
+// times zero stay zero).
+__device__ __forceinline__ void gvm_exp_bulk(unsigned buf, unsigned bar, const unsigned char* wc, const unsigned char* ws,
+                                             int bc, int bs, unsigned blocks, unsigned lane, int ks, int kdim,
+                                             unsigned long long pol) {
+    const unsigned tsteps = ks * GVM_EXP_KSTEP + GVM_NVFP4_TILE_K < kdim ? 2u : 1u;  // kdim % 128 == 0 (args)
+    if (lane == 0) gvm_bar_expect(bar, (unsigned)__popc(blocks) * tsteps * (GVM_TK_CODES + GVM_TK_SCALES));
+    const unsigned b = lane >> 1;
+    if (lane < 4 && (blocks >> b & 1)) {
+        if (lane & 1)
+            gvm_bulk_g2s(buf + b * GVM_EXP_WPIECE + 2 * GVM_TK_CODES, ws + b * bs + ks * 2 * GVM_TK_SCALES,
+                         tsteps * GVM_TK_SCALES, bar, pol);
+        else
+            gvm_bulk_g2s(buf + b * GVM_EXP_WPIECE, wc + b * bc + ks * 2 * GVM_TK_CODES, tsteps * GVM_TK_CODES, bar, pol);
+    }
+    if (tsteps == 1 && lane < 16) {
+        gvm_sts(buf + (lane >> 3) * GVM_EXP_WPIECE + 2 * GVM_TK_CODES + GVM_TK_SCALES + 16 * (lane & 7), make_uint4(0, 0, 0, 0));
+        gvm_fence_proxy_async();  // before a later bulk copy into these bytes
+    }
+}
+
+// Where a warp's weights of a K step lie in its buffer: the byte offsets of
+// unit u, set s, tiled step h (codes: rows of 64 B; scales at SC, rows of 8 B).
+// One unit a warp (gvm_exp_fetch): sets 1,152 B apart. Two (gvm_exp_bulk):
+// UP's blocks are its sets (gate, up) and its units their rows 0-7 and 8-15;
+// DOWN's blocks are its units and its sets their rows 0-7 and 8-15.
+template <int CU, int CS, int CH, int SU, int SS, int SH, int SC>
+struct gvm_exp_layout {
+    static constexpr int cu = CU, cs = CS, ch = CH, su = SU, ss = SS, sh = SH, sc = SC;
+};
+using gvm_exp_one = gvm_exp_layout<0, 1152, 512, 0, 1152, 64, 1024>;
+template <bool UP>
+using gvm_exp_two = gvm_exp_layout<UP ? 512 : GVM_EXP_WPIECE, UP ? GVM_EXP_WPIECE : 512, 1024, UP ? 64 : GVM_EXP_WPIECE,
+                                   UP ? GVM_EXP_WPIECE : 64, 128, 2 * GVM_TK_CODES>;
+
+// One K step of a warp's MMAs: units U0 .. U0 + U - 1's weights (laid out as L)
+// times the tile's MT m-tiles, into acc[u * MT + m]. Thread (g, t4) multiplies
+// codes 32 t4 .. + 31 of each tiled step h of row g of each set (gvm_exp_chunk).
+template <int MT, int U, class L, int U0 = 0>
+__device__ __forceinline__ void gvm_exp_ks(float (&acc)[GVM_EXP_ACC][2][4], unsigned wbuf, unsigned s_tile, unsigned g,
+                                           unsigned t4) {
+    constexpr int A0 = U0 * MT;
     static_assert(A0 + MT * U <= GVM_EXP_ACC, "acc holds two units of two m-tiles");
-    unsigned sp[U][2][2];  // the thread's 4 scales of each set, as 2 f16 pairs
+    unsigned sp[U][2][2];  // the thread's 2 scales of each set and tiled step, as an f16 pair
 #pragma unroll
     for (int u = 0; u < U; ++u)
 #pragma unroll
-        for (int s = 0; s < 2; ++s) {
-            const unsigned sw = gvm_lds_u(wbuf + u * uslot + 2048 + s * 128 + g * 16 + 4 * t4);
-            sp[u][s][0] = gvm_exp_scales(sw, false);
-            sp[u][s][1] = gvm_exp_scales(sw, true);
-        }
+        for (int s = 0; s < 2; ++s)
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+                sp[u][s][h] = gvm_exp_scales(gvm_lds_u16(wbuf + L::sc + (U0 + u) * L::su + s * L::ss + h * L::sh + g * 8 + 2 * t4), false);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-        uint4 cw[U][2];  // chunk 2 t4 + h of row g of each set
+        uint4 cw[U][2];  // chunk t4 of tiled step h of row g of each set
 #pragma unroll
         for (int u = 0; u < U; ++u)
 #pragma unroll
-            for (int s = 0; s < 2; ++s)
-                cw[u][s] = gvm_lds_u4(wbuf + u * uslot + s * 1024 + g * 128 + (((2 * t4 + h) ^ (g & 1)) << 4));
+            for (int s = 0; s < 2; ++s) cw[u][s] = gvm_lds_u4(wbuf + (U0 + u) * L::cu + s * L::cs + h * L::ch + g * 64 + (t4 << 4));
 #pragma unroll
         for (int w = 0; w < 4; ++w) {
             const int w8 = 4 * h + w;
@@ -294,68 +352,106 @@ __device__ __forceinline__ void gvm_exp_ks(float (&acc)[GVM_EXP_ACC][2][4], unsi
 #define GVM_EXP_STAGGER 1  // 0: every item from K step 0 (for A/B runs)
 #endif
 
-// One warp's unit, two 8-row weight blocks (set 0 at cpa / cpb / sp, set 1
-// cstep / sstep bytes on: see gvm_exp_fetch), times the staged chunk, K step by K
-// step. Weights stream through shared memory (cp.async, one K step ahead, the
-// warp's lanes copying its unit together), and so does x (raw, one K step
-// ahead: all four warps fetch it, then turn it into the tile at the step's
-// start; the raw rows at s_raw). DBL: a second unit's blocks too (du_c / du_s
-// bytes on; live bits 8..13), into the acc tiles after unit 0's, so that the
-// staged x serves twice the rows (the two-unit layout: four weight buffers). live:
-// bits 0..5 unit 0's rows of this lane (gvm_exp_fetch), 8..13 unit 1's; bits 16,
-// 17 units 0, 1 (the warp's).
-template <bool DBL>
-__device__ __forceinline__ void gvm_exp_mma(const gvm_ctx& c, float (&acc)[GVM_EXP_ACC][2][4],
-                                            const unsigned char* cpa, const unsigned char* cpb, const unsigned char* sp,
-                                            int cstep, int sstep, int du_c, int du_s, unsigned live, const unsigned char* x,
-                                            unsigned s_rows, unsigned s_raw, unsigned s_tile, unsigned s_wbuf, int tm, int kdim,
-                                            int koff) {
-    const unsigned lane = c.tid & 31, g = lane >> 2, t4 = c.tid & 3;
+// The weights of a warp's units, for gvm_exp_mma. One unit a warp (gvm_exp_fetch):
+// set 0 at a / b / s (this lane's rows and scale row), set 1 cstep / sstep bytes
+// on; live bits 0..5 (zeros where a row or K ends). Two (gvm_exp_bulk): block 0
+// at a (codes) / s (scales), block 1 cstep / sstep bytes on; blocks: bit b,
+// block b is copied.
+struct gvm_exp_src {
+    const unsigned char *a, *b, *s;
+    int cstep, sstep;
+    unsigned live;
+};
+
+// A warp's units times the staged chunk, K step by K step, into acc. Weights
+// stream through shared memory one K step ahead (one unit a warp: cp.async, the
+// warp's lanes copying its unit together) or GVM_EXP_WST - 1 ahead (two units: a
+// warp's two blocks by bulk copies, each buffer with its mbarrier), and so
+// does x (raw, by cp.async one K step ahead: all four warps fetch it, then turn
+// it into the tile at the step's start; the raw rows at s_raw). DBL: the two-unit
+// layout, the second unit into the acc tiles after the first's, so that the
+// staged x serves twice the rows. units: bit u, the warp's unit u has rows
+// (warp-uniform).
+template <bool DBL, bool UP>
+__device__ __forceinline__ void gvm_exp_mma(const gvm_ctx& c, float (&acc)[GVM_EXP_ACC][2][4], const gvm_exp_src& w,
+                                            unsigned units, const unsigned char* x, unsigned s_rows, unsigned s_raw,
+                                            unsigned s_tile, unsigned s_wbuf, int tm, int kdim, int koff) {
+    const unsigned lane = c.tid & 31, warp = c.tid >> 5, g = lane >> 2, t4 = c.tid & 3;
     const int mts = (tm + 15) / 16, steps = (kdim + GVM_EXP_KSTEP - 1) / GVM_EXP_KSTEP;
+    constexpr int NST = DBL ? GVM_EXP_WST : 2;
+    static_assert(NST == 2 || NST == 3, "two or three weight buffers");
     const unsigned long long pol = gvm_policy_evict_first();
-    // the warp's unit u, buffer b: at slot0 + (2u + b) * wb
-    const unsigned slot0 = s_wbuf + (c.tid >> 5) * GVM_EXP_WUNIT, wb = 4 * GVM_EXP_WUNIT;
-    // K step ks's weights of the warp's units into buffer buf (unit 1's 2 wb on), one commit group
-    const auto wfetch = [&](unsigned buf, int ks) {
-        gvm_exp_fetch(buf, cpa, cpb, sp, cpa, sp, cstep, sstep, live, lane, ks, kdim, pol);
+    // the warp's buffer b at slot0 + b * wb; the two-unit layout's mbarrier of buffer b at bar0 + 8 b
+    const unsigned slot0 = s_wbuf + warp * (DBL ? 2 * GVM_EXP_WPIECE : GVM_EXP_WUNIT);
+    const unsigned wb = DBL ? GVM_EXP_WSTAGE : 4 * GVM_EXP_WUNIT;
+    const unsigned bar0 = s_rows + GVM_EXP_BARS + warp * 8 * GVM_EXP_WST;
+    // K step ks's weights of the warp's units into buffer b (one unit a warp: one commit group)
+    const auto wfetch = [&](int b, int ks) {
         if (DBL)
-            gvm_exp_fetch(buf + 2 * wb, cpa + du_c, cpb + du_c, sp + du_s, cpa, sp, cstep, sstep, live >> 8, lane, ks, kdim, pol);
-        gvm_cp_async_commit();
+            gvm_exp_bulk(slot0 + b * wb, bar0 + 8 * b, w.a, w.s, w.cstep, w.sstep, w.live, lane, ks, kdim, pol);
+        else {
+            gvm_exp_fetch(slot0 + b * wb, w.a, w.b, w.s, w.a, w.s, w.cstep, w.sstep, w.live, lane, ks, kdim, pol);
+            gvm_cp_async_commit();
+        }
     };
-    // commit groups in order: W(0), X(0), then per step W(ks + 1), X(ks + 1)
+    constexpr bool WCOPY = !(GVM_EXPR_PROBE & 1024);
+    if (DBL && WCOPY) {
+        if (lane == 0)
+#pragma unroll
+            for (int b = 0; b < NST; ++b) gvm_bar_init(bar0 + 8 * b, 1);
+        gvm_fence_proxy_async();  // the set-up barriers, seen by the copies' async proxy
+        __syncwarp();  // the barriers are set up before any lane's copy counts on them
+    }
     koff = GVM_EXP_STAGGER ? koff % steps : 0;
     const auto kk = [&](int ks) { return ks + koff < steps ? ks + koff : ks + koff - steps; };  // the ks-th K step taken
-    if (!(GVM_EXPR_PROBE & 1024)) wfetch(slot0, kk(0));
+    // commit groups in order: (one unit a warp: W(0)), X(0), then per step (W(ks + 1)), X(ks + 1)
+#pragma unroll
+    for (int b = 0; b + 1 < NST; ++b)
+        if (WCOPY && b < steps) wfetch(b, kk(b));
+    if (DBL) __syncwarp();  // lane 0's arrivals before any lane's wait (the emulator's waits cannot block)
     if (!(GVM_EXPR_PROBE & 256)) gvm_exp_xfetch(c, x, s_rows, s_raw, tm, kk(0), kdim, gvm_policy_evict_normal());
+    int buf = 0;
+    unsigned phase = 0;  // the parity of buffer buf's current use (two-unit layout)
 #pragma unroll 1
     for (int ks = 0; ks < steps; ++ks) {
-        const unsigned slot = ks & 1 ? slot0 + wb : slot0;
-        if (ks + 1 < steps && !(GVM_EXPR_PROBE & 1024)) {
-            const unsigned next = ks & 1 ? slot0 : slot0 + wb;
+        if (ks + NST - 1 < steps && WCOPY) {
             __syncwarp();  // the buffer refilled (the previous step's) was read by every lane of the warp
-            wfetch(next, kk(ks + 1));
+            wfetch(buf == 0 ? NST - 1 : buf - 1, kk(ks + NST - 1));
         }
-        if (ks + 1 < steps)
-            gvm_cp_async_wait<1>();  // this step's weights and x are in; the next step's weights may still fly
+        if (DBL || ks + 1 >= steps)
+            gvm_cp_async_wait<0>();  // this step's x (and weights, one unit a warp)
         else
-            gvm_cp_async_wait<0>();
+            gvm_cp_async_wait<1>();  // this step's weights and x are in; the next step's weights may still fly
+        if (DBL && WCOPY) gvm_bar_wait(bar0 + 8 * buf, phase);
         gvm_group_sync(c);  // every thread's x and weights are in, and every warp is done with the previous tile
         if (!(GVM_EXPR_PROBE & 256)) gvm_exp_stage(c, s_raw, s_tile, tm);
         gvm_group_sync(c);  // the tile is whole, the raw buffer free
         if (ks + 1 < steps && !(GVM_EXPR_PROBE & 256))
             gvm_exp_xfetch(c, x, s_rows, s_raw, tm, kk(ks + 1), kdim, gvm_policy_evict_normal());
-        if (!(live & 0x30000u) || (GVM_EXPR_PROBE & 512)) continue;  // no unit of this warp (warp-uniform bits)
+        const unsigned slot = slot0 + buf * wb;
+        if (++buf == NST) {
+            buf = 0;
+            phase ^= 1u;
+        }
+        if (!units || (GVM_EXPR_PROBE & 512)) continue;  // no unit of this warp (warp-uniform)
         // one w8 loop per shape: no branch between a w8's MMAs and the next
         // w8's shared loads and decode, which ptxas can then start early
+        using L = gvm_exp_two<UP>;
         if (DBL && mts == 2) {  // a unit at a time (x's fragments loaded twice): both at once spilled
-            gvm_exp_ks<2, 1, 0>(acc, slot, 0, s_tile, g, t4);
-            gvm_exp_ks<2, 1, 2>(acc, slot + 2 * wb, 0, s_tile, g, t4);
+            gvm_exp_ks<2, 1, L, 0>(acc, slot, s_tile, g, t4);
+            gvm_exp_ks<2, 1, L, 1>(acc, slot, s_tile, g, t4);
         } else if (DBL)
-            gvm_exp_ks<1, 2>(acc, slot, 2 * wb, s_tile, g, t4);
+            gvm_exp_ks<1, 2, L>(acc, slot, s_tile, g, t4);
         else if (mts == 2)
-            gvm_exp_ks<2, 1>(acc, slot, 0, s_tile, g, t4);
+            gvm_exp_ks<2, 1, gvm_exp_one>(acc, slot, s_tile, g, t4);
         else
-            gvm_exp_ks<1, 1>(acc, slot, 0, s_tile, g, t4);
+            gvm_exp_ks<1, 1, gvm_exp_one>(acc, slot, s_tile, g, t4);
+    }
+    if (DBL && WCOPY) {
+        __syncwarp();  // every lane has waited on every barrier's last phase
+        if (lane == 0)
+#pragma unroll
+            for (int b = 0; b < NST; ++b) gvm_bar_inval(bar0 + 8 * b);
     }
 }
 
@@ -378,7 +474,7 @@ __device__ __noinline__ bool gvm_expert_args_ok(const gvm_ctx& c) {
               gvm_is(tx, GVM_DT_BF16, 2) & gvm_aligned(tx, 2, 16) &
               (long long)tx.shape[0] * tx.stride[0] * 2 < (1ll << 32) &
               gvm_is(tcd, GVM_DT_E2M1X2, wd) & gvm_aligned(tcd, 1, 16) & gvm_is(tsc, GVM_DT_E4M3, wd) &
-              gvm_aligned(tsc, 1, 4) & tcd.shape[0] == n_exp & tsc.shape[0] == n_exp &
+              gvm_aligned(tsc, 1, 16) & tcd.shape[0] == n_exp & tsc.shape[0] == n_exp &
               tcd.shape[wd - 2] == (nout + GVM_NVFP4_TILE_ROWS - 1) / GVM_NVFP4_TILE_ROWS & tsc.shape[wd - 2] == tcd.shape[wd - 2] &
               tcd.shape[wd - 1] == 8 * kdim & tsc.shape[wd - 1] == kdim &
               gvm_is(tts, GVM_DT_F32, UP ? 2 : 1) & tts.shape[0] == n_exp & gvm_is(tmeta, GVM_DT_I32, 2) &
@@ -883,13 +979,13 @@ __device__ int gvm_expert_tile(const gvm_ctx& c, int e, int n0, int nn) {
     // 217.5 us, full-c32-t8 1475 against 1421); keeping the one-unit condition
     // without the branch spilled the VM kernel (8 B, the heavy cap then on). The
     // default caps (64 up, 128 down rows) make whole passes of 8 units.
-    const bool dbl1 = count <= 16 && room >= 2 * GVM_EXP_WBUF + GVM_EXP_RAW1 + GVM_EXP_MTILE;
-    const bool dbl2 = max_tok == 32 && room >= 2 * GVM_EXP_WBUF + GVM_EXP_RAW + 2 * GVM_EXP_MTILE;
+    const bool dbl1 = count <= 16 && room >= GVM_EXP_WST * GVM_EXP_WSTAGE + GVM_EXP_RAW1 + GVM_EXP_MTILE;
+    const bool dbl2 = max_tok == 32 && room >= GVM_EXP_WST * GVM_EXP_WSTAGE + GVM_EXP_RAW + 2 * GVM_EXP_MTILE;
     const bool dbl = dbl1 || dbl2;
     const int raw = dbl && count <= 16 ? GVM_EXP_RAW1 : GVM_EXP_RAW;
-    // smem: x row offsets [32], flag | weight buffers | raw x rows | x tile
+    // smem: x row offsets [32], flag, mbarriers | weight buffers | raw x rows | x tile
     const unsigned s_rows = gvm_smem_addr(c.smem), s_flag = s_rows + 128, s_wbuf = s_rows + GVM_EXP_HEAD;
-    const unsigned s_tile = s_wbuf + (dbl ? 2 * GVM_EXP_WBUF : GVM_EXP_WBUF) + raw, s_raw = s_tile - raw;
+    const unsigned s_tile = s_wbuf + (dbl ? GVM_EXP_WST * GVM_EXP_WSTAGE : GVM_EXP_WBUF) + raw, s_raw = s_tile - raw;
     const int unit_rows = UP ? 8 : 16, units = (nn + unit_rows - 1) / unit_rows, upp = dbl ? 8 : 4;
 
     if (c.tid == 0) gvm_sts(s_flag, 0u);
@@ -917,6 +1013,7 @@ __device__ int gvm_expert_tile(const gvm_ctx& c, int e, int n0, int nn) {
             if (xr < 0 || xr >= tx.shape[0]) atomicOr(reinterpret_cast<unsigned*>(c.smem + 128), 1u);  // = s_flag
             gvm_sts(s_rows + 4 * c.tid, (unsigned)(xr * tx.stride[0] * 2));
         }
+        gvm_fence_proxy_async();  // this thread's earlier writes of the scratch before the bulk copies into it
         gvm_group_sync(c);
         if (gvm_lds_u(s_flag)) return GVM_ERR_BAD_ARGS;
 #if GVM_EXPERT_REG
@@ -926,16 +1023,10 @@ __device__ int gvm_expert_tile(const gvm_ctx& c, int e, int n0, int nn) {
         }
         {
 #endif
-            // this lane's copy rows (gvm_exp_fetch): codes ga, ga + 4, scales gs of each set
-            const int unit = pass * upp + warp, lane = (int)(c.tid & 31), ga = lane >> 3, gs = (lane >> 2) & 7;
-            const int r0 = unit * unit_rows, s1 = UP ? 0 : 8;  // set 1: the up matrix's same rows, or 8 rows on
-            const auto rows_live = [&](int r) {  // unit rows from r (its first) that exist, as gvm_exp_fetch's bits
-                return (unsigned)(r + ga < nn) | (unsigned)(r + ga + s1 < nn) << 1 | (unsigned)(r + ga + 4 < nn) << 2 |
-                       (unsigned)(r + ga + 4 + s1 < nn) << 3 | (unsigned)(r + gs < nn) << 4 | (unsigned)(r + gs + s1 < nn) << 5;
-            };
-            const bool has1 = dbl && unit + 4 < units;
-            const unsigned live = (unit < units ? rows_live(r0) : 0u) | (has1 ? rows_live(r0 + 4 * unit_rows) : 0u) << 8 |
-                                  (unsigned)(unit < units) << 16 | (unsigned)has1 << 17;
+            // the warp's units: unit (and with dbl unit + 1: UP the other half of its
+            // block, DOWN the next block)
+            const int unit = pass * upp + (dbl ? 2 * (int)warp : (int)warp), r0 = unit * unit_rows;
+            const unsigned wunits = (unsigned)(unit < units) | (unsigned)(dbl && unit + 1 < units) << 1;
             float acc[GVM_EXP_ACC][2][4];  // [unit * m-tiles + m-tile][set] (gvm_exp_ks)
 #pragma unroll
             for (int a = 0; a < GVM_EXP_ACC; ++a)
@@ -945,29 +1036,42 @@ __device__ int gvm_expert_tile(const gvm_ctx& c, int e, int n0, int nn) {
                 const gvm_tensor& tcd = gvm_t(c, 2);
                 const gvm_tensor& tsc = gvm_t(c, 3);
                 const int r = UP ? 2 : 1;  // the row dim of codes / scales; UP's dim 1 is gate | up
-                // rows past the instruction point at its last (zero-filled: live)
-                const long long ra = n0 + min(r0 + ga, nn - 1), rb = n0 + min(r0 + ga + 4, nn - 1), rs = n0 + min(r0 + gs, nn - 1);
-                // chunk lane & 7 of a 256-wide K step: tiled step (lane & 7) / 4; scale word lane & 3: step (lane & 3) / 2
-                const long long ce = e * tcd.stride[0] + ((lane & 7) >> 2) * GVM_TK_CODES + 16 * (lane & 3);
-                const long long se = e * tsc.stride[0] + ((lane & 3) >> 1) * GVM_TK_SCALES + 4 * (lane & 1);
-                const unsigned char* cpa = gvm_ptr<const unsigned char>(tcd, ce + gvm_tile_row(ra, tcd.stride[r], 64), 1);
-                const unsigned char* cpb = gvm_ptr<const unsigned char>(tcd, ce + gvm_tile_row(rb, tcd.stride[r], 64), 1);
-                const unsigned char* sp = gvm_ptr<const unsigned char>(tsc, se + gvm_tile_row(rs, tsc.stride[r], 8), 1);
-                // set 1: UP the up matrix, DOWN 8 rows on in the same block (units start on a block)
-                const int cstep = (int)(UP ? tcd.stride[1] : 8 * 64);
-                const int sstep = (int)(UP ? tsc.stride[1] : 8 * 8);
                 const unsigned char* x = reinterpret_cast<const unsigned char*>(gvm_t(c, 1).ptr);
-                // unit + 4 (dbl) is 4 units (UP 2, DOWN 4 blocks) on wherever its rows exist (its lanes' bits)
-                const int dub = UP ? 2 : 4;
-                if (dbl)  // one instance a shape: the one-unit pass holds no second unit's offsets
-                    gvm_exp_mma<true>(c, acc, cpa, cpb, sp, cstep, sstep, (int)(dub * tcd.stride[r]), (int)(dub * tsc.stride[r]),
-                                      live, x, s_rows, s_raw, s_tile, s_wbuf, tm, gvm_t(c, 1).shape[1], n0 / nn);
-                else
-                    gvm_exp_mma<false>(c, acc, cpa, cpb, sp, cstep, sstep, 0, 0, live, x, s_rows, s_raw, s_tile, s_wbuf, tm,
-                                       gvm_t(c, 1).shape[1], n0 / nn);
+                gvm_exp_src w;
+                if (dbl) {
+                    // the warp's blocks: UP the gate and up blocks of its rows, DOWN its units'
+                    // (a warp without a unit copies nothing: any row of the item)
+                    const long long ru = n0 + (unit < units ? r0 : 0);
+                    w.a = gvm_ptr<const unsigned char>(tcd, e * tcd.stride[0] + gvm_tile_row(ru, tcd.stride[r], 64), 1);
+                    w.s = gvm_ptr<const unsigned char>(tsc, e * tsc.stride[0] + gvm_tile_row(ru, tsc.stride[r], 8), 1);
+                    w.b = w.a;
+                    w.cstep = (int)tcd.stride[1];  // UP: the up matrix; DOWN: the next block
+                    w.sstep = (int)tsc.stride[1];
+                    w.live = UP ? (wunits & 1u) * 3u : wunits;
+                    gvm_exp_mma<true, UP>(c, acc, w, wunits, x, s_rows, s_raw, s_tile, s_wbuf, tm, gvm_t(c, 1).shape[1], n0 / nn);
+                } else {
+                    // this lane's copy rows (gvm_exp_fetch): codes ga, ga + 4, scales gs of each set
+                    const int lane = (int)(c.tid & 31), ga = lane >> 3, gs = (lane >> 2) & 7, s1 = UP ? 0 : 8;
+                    // rows past the instruction point at its last (zero-filled: live)
+                    const long long ra = n0 + min(r0 + ga, nn - 1), rb = n0 + min(r0 + ga + 4, nn - 1), rs = n0 + min(r0 + gs, nn - 1);
+                    // chunk lane & 7 of a 256-wide K step: tiled step (lane & 7) / 4; scale word lane & 3: step (lane & 3) / 2
+                    const long long ce = e * tcd.stride[0] + ((lane & 7) >> 2) * GVM_TK_CODES + 16 * (lane & 3);
+                    const long long se = e * tsc.stride[0] + ((lane & 3) >> 1) * GVM_TK_SCALES + 4 * (lane & 1);
+                    w.a = gvm_ptr<const unsigned char>(tcd, ce + gvm_tile_row(ra, tcd.stride[r], 64), 1);
+                    w.b = gvm_ptr<const unsigned char>(tcd, ce + gvm_tile_row(rb, tcd.stride[r], 64), 1);
+                    w.s = gvm_ptr<const unsigned char>(tsc, se + gvm_tile_row(rs, tsc.stride[r], 8), 1);
+                    // set 1: UP the up matrix, DOWN 8 rows on in the same block (units start on a block)
+                    w.cstep = (int)(UP ? tcd.stride[1] : 8 * 64);
+                    w.sstep = (int)(UP ? tsc.stride[1] : 8 * 8);
+                    w.live = unit < units ? (unsigned)(r0 + ga < nn) | (unsigned)(r0 + ga + s1 < nn) << 1 |
+                                                (unsigned)(r0 + ga + 4 < nn) << 2 | (unsigned)(r0 + ga + 4 + s1 < nn) << 3 |
+                                                (unsigned)(r0 + gs < nn) << 4 | (unsigned)(r0 + gs + s1 < nn) << 5
+                                          : 0u;
+                    gvm_exp_mma<false, UP>(c, acc, w, wunits, x, s_rows, s_raw, s_tile, s_wbuf, tm, gvm_t(c, 1).shape[1], n0 / nn);
+                }
             }
             if (unit >= units) continue;
-            // acc[a][s][i]: unit + 4u, token 16m + g (+8 for i >= 2), weight row 2*t4 + (i & 1)
+            // acc[a][s][i]: unit + u, token 16m + g (+8 for i >= 2), weight row 2*t4 + (i & 1)
             // of block s, a = u * (the m-tiles) + m (gvm_exp_ks; u = 1: dbl only)
             const gvm_tensor& to = gvm_t(c, 0);
             const float ts0 = gvm_exp_tscale(c, e, 0), ts1 = gvm_exp_tscale(c, e, UP ? 1 : 0);
@@ -975,7 +1079,7 @@ __device__ int gvm_expert_tile(const gvm_ctx& c, int e, int n0, int nn) {
 #pragma unroll
             for (int a = 0; a < GVM_EXP_ACC; ++a) {
                 if (a >= (dbl ? 2 : 1) * mts) continue;
-                const int u = dbl && mts == 2 ? a >> 1 : dbl ? a : 0, m = a - u * mts, un = unit + 4 * u;
+                const int u = dbl && mts == 2 ? a >> 1 : dbl ? a : 0, m = a - u * mts, un = unit + u;
                 if (un >= units) continue;
 #pragma unroll
                 for (int i = 0; i < 4; ++i) {

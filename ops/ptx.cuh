@@ -103,6 +103,41 @@ __device__ __forceinline__ void gvm_cp_async_wait() {
     asm volatile("cp.async.wait_group %0;" :: "n"(N) : "memory");
 }
 
+// ---- bulk copies global -> shared, completed on an mbarrier (sm_90) --------------
+// One thread's copy of bytes (a multiple of 16, both ends 16-byte aligned) lands
+// through the async proxy and counts its bytes down on the mbarrier at bar (8-byte
+// aligned shared memory). A phase of such a barrier (count 1) completes once its
+// one arrival (gvm_bar_expect) has announced the bytes and they have all landed.
+__device__ __forceinline__ void gvm_bar_init(unsigned bar, unsigned count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void gvm_bar_inval(unsigned bar) {
+    asm volatile("mbarrier.inval.shared::cta.b64 [%0];" ::"r"(bar) : "memory");
+}
+// The arrival of a phase that waits for bytes more bytes to land.
+__device__ __forceinline__ void gvm_bar_expect(unsigned bar, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void gvm_bulk_g2s(unsigned dst, const void* src, unsigned bytes, unsigned bar, unsigned long long pol) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;"
+                 ::"r"(dst), "l"(src), "r"(bytes), "r"(bar), "l"(pol) : "memory");
+}
+// Earlier generic-proxy accesses of shared memory (this thread's, and its warp's
+// after a __syncwarp) are ordered before its later bulk copies into it.
+__device__ __forceinline__ void gvm_fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+// Waits until the phase of this parity has completed (the hardware suspends the
+// thread between tries). A phase that never completes (bytes announced that no
+// copy delivers) traps after ~2^24 tries: the launch fails instead of hanging.
+__device__ __forceinline__ void gvm_bar_wait(unsigned bar, unsigned parity) {
+    for (unsigned n = 0;; ++n) {
+        unsigned ok;
+        asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.b32 %0, 1, 0, p; }"
+                     : "=r"(ok) : "r"(bar), "r"(parity) : "memory");
+        if (ok) return;
+        if (n >> 24) asm volatile("trap;");
+    }
+}
+
 // Starts fetching [p, p + bytes) into L2 (16-byte aligned, bytes a multiple of
 // 16); completes on its own, costs no register.
 __device__ __forceinline__ void gvm_prefetch_l2(const void* p, unsigned bytes) {
@@ -160,6 +195,12 @@ __device__ __forceinline__ float gvm_lds_f(unsigned a) {
 __device__ __forceinline__ unsigned gvm_lds_u(unsigned a) {
     unsigned v;
     asm volatile("ld.shared.u32 %0, [%1];" : "=r"(v) : "r"(a) : "memory");
+    return v;
+}
+// Two bytes, zero-extended (an f16 or e4m3 pair).
+__device__ __forceinline__ unsigned gvm_lds_u16(unsigned a) {
+    unsigned short v;
+    asm volatile("ld.shared.u16 %0, [%1];" : "=h"(v) : "r"(a) : "memory");
     return v;
 }
 __device__ __forceinline__ float4 gvm_lds_f4(unsigned a) {

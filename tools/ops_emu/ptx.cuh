@@ -4,6 +4,7 @@
 // alignment and races between barriers, mma computed from the 32 lanes'
 // fragments in the PTX layout, and wgmma from its shared-memory descriptors.
 #pragma once
+#include <map>
 #include "op_ctx.cuh"
 
 namespace emu {
@@ -124,6 +125,67 @@ template <int N> inline void gvm_cp_async_wait() {}
 inline unsigned gvm_opaque(unsigned v) { return v; }
 inline unsigned gvm_atom_add_acq_rel(unsigned* p, unsigned v) { return atomicAdd(p, v); }
 inline unsigned long long gvm_atom_add_acq_rel_u64(unsigned long long* p, unsigned long long v) { const unsigned long long o = *p; *p = o + v; return o; }
+// Bulk copies land at once here too. Each mbarrier keeps its state beside the
+// scratch (pending arrivals, bytes announced less bytes landed, completed
+// phases), so that a wait on a phase that cannot complete, a copy into a
+// barrier that was never set up, or a barrier left with bytes pending fails.
+namespace emu {
+struct Bar {
+    unsigned count = 0, pending = 0, phases = 0;
+    long long tx = 0;
+};
+inline std::map<unsigned, Bar>& bars() {
+    static std::map<unsigned, Bar> b;
+    return b;
+}
+inline Bar& bar_at(unsigned a, const char* what) {
+    auto it = bars().find(a);
+    if (it == bars().end() || it->second.count == 0) fail(std::string(what) + " on shared byte " + std::to_string(a) + ": no mbarrier set up there");
+    return it->second;
+}
+inline void bar_step(Bar& b) {
+    if (b.pending == 0 && b.tx == 0) {
+        ++b.phases;
+        b.pending = b.count;
+    }
+}
+}  // namespace emu
+inline void gvm_bar_init(unsigned bar, unsigned count) {
+    if (bar % 8) emu::fail("misaligned mbarrier at " + std::to_string(bar));
+    emu::smem_at(bar, 8, true);
+    emu::bars()[bar] = emu::Bar{count, count, 0, 0};
+}
+inline void gvm_bar_inval(unsigned bar) {
+    emu::Bar& b = emu::bar_at(bar, "mbarrier.inval");
+    if (b.tx != 0 || b.pending != b.count) emu::fail("mbarrier at " + std::to_string(bar) + " invalidated with a phase open");
+    emu::bars().erase(bar);
+}
+inline void gvm_bar_expect(unsigned bar, unsigned bytes) {
+    emu::Bar& b = emu::bar_at(bar, "mbarrier.arrive.expect_tx");
+    if (b.pending == 0) emu::fail("mbarrier at " + std::to_string(bar) + ": more arrivals than its count");
+    b.tx += bytes;
+    --b.pending;
+    emu::bar_step(b);
+}
+inline void gvm_bulk_g2s(unsigned dst, const void* src, unsigned bytes, unsigned bar, unsigned long long) {
+    if (bytes == 0 || bytes % 16 || dst % 16 || reinterpret_cast<unsigned long long>(src) % 16)
+        emu::fail("bulk copy of " + std::to_string(bytes) + " bytes: not a nonzero multiple of 16 between 16-byte aligned addresses");
+    const unsigned char* a = static_cast<const unsigned char*>(src);
+    bool inside = false;
+    for (const auto& t : emu::machine()->tensors) inside |= a >= t.first && a + bytes <= t.first + t.second;
+    if (!inside) emu::fail("bulk copy of " + std::to_string(bytes) + " bytes from outside every tensor of the instruction");
+    emu::Bar& b = emu::bar_at(bar, "bulk copy");
+    for (unsigned i = 0; i < bytes; i += 16) std::memcpy(emu::smem_at(dst + i, 16, true), a + i, 16);
+    b.tx -= bytes;
+    emu::bar_step(b);
+}
+inline void gvm_fence_proxy_async() {}
+inline void gvm_bar_wait(unsigned bar, unsigned parity) {
+    const emu::Bar& b = emu::bar_at(bar, "mbarrier wait");
+    // phase k (parity k & 1) is complete once phases > k; the waiter's phase is the newest of its parity
+    if (b.phases == 0 || ((b.phases - 1) & 1u) != parity)
+        emu::fail("wait on mbarrier at " + std::to_string(bar) + " for a phase of parity " + std::to_string(parity) + " that has not completed (every copy here has landed)");
+}
 // A bulk prefetch on the GPU takes 16-byte aligned ranges of a multiple of 16
 // bytes; here it must also lie inside one of the instruction's tensors.
 inline void gvm_prefetch_l2(const void* p, unsigned bytes) {
@@ -152,6 +214,7 @@ inline void gvm_sts(unsigned a, float4 v) { gvm_emu_sts(a, v); }
 inline void gvm_sts(unsigned a, uint4 v) { gvm_emu_sts(a, v); }
 inline float gvm_lds_f(unsigned a) { return gvm_emu_lds<float>(a); }
 inline unsigned gvm_lds_u(unsigned a) { return gvm_emu_lds<unsigned>(a); }
+inline unsigned gvm_lds_u16(unsigned a) { return gvm_emu_lds<unsigned short>(a); }
 inline float4 gvm_lds_f4(unsigned a) { return gvm_emu_lds<float4>(a); }
 inline uint2 gvm_lds_u2(unsigned a) { return gvm_emu_lds<uint2>(a); }
 inline uint4 gvm_lds_u4(unsigned a) { return gvm_emu_lds<uint4>(a); }
