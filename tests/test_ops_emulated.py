@@ -96,6 +96,25 @@ def test_a_wrong_fragment_fails(tmp_path: Path) -> None:
     assert any("hbuf" in f for f in _failures(broken, {Op.EXPERT_UP}))
 
 
+def test_a_wrong_mbarrier_phase_fails(tmp_path: Path) -> None:
+    """The shared tile's weight buffers complete on an mbarrier each, one phase a
+    use: waiting on the other parity reads a buffer whose copies are not known
+    to have landed, which the emulator's mbarrier model reports."""
+    broken = _mutant(tmp_path, "ops/experts.cuh", "gvm_bar_wait(bar0 + 8 * buf, phase);", "gvm_bar_wait(bar0 + 8 * buf, phase ^ 1u);")
+    with pytest.raises(EmuError, match="has not completed"):
+        _failures(broken, {Op.EXPERT_UP})
+
+
+def test_the_x_tile_follows_the_weights_k_order(tmp_path: Path) -> None:
+    """A thread multiplies chunk t4 of each tiled K step of its weight rows
+    (k = 128 h + 32 t4 + 8 w), so the x tile must hold raw chunk ch at t4 =
+    (ch / 4) % 4, w8 = 4 (ch / 16) + ch % 4; the old order (t4 = ch / 8,
+    w8 = ch % 8) pairs the wrong x with every weight."""
+    broken = _mutant(tmp_path, "ops/experts.cuh", "const unsigned t4 = (ch >> 2) & 3, w8 = 4 * (ch >> 4) + (ch & 3);",
+                     "const unsigned t4 = ch >> 3, w8 = ch & 7;")
+    assert any("hbuf" in f for f in _failures(broken, {Op.EXPERT_UP}))
+
+
 def test_a_wrong_fragment_of_the_register_path_fails(tmp_path: Path) -> None:
     broken = _mutant(tmp_path, "ops/experts.cuh", "pa[0], pb[0], pa[2], pb[2], x.x, x.y);", "pa[2], pb[0], pa[0], pb[2], x.x, x.y);")
     assert _failures(broken, {Op.EXPERT_UP}) != []
