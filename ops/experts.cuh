@@ -248,7 +248,7 @@ __device__ __forceinline__ void gvm_exp_fetch(unsigned buf, const unsigned char*
 // The two-unit layout's K step ks of a warp's two blocks into its buffer at buf
 // (GVM_EXP_WPIECE each), as 4 bulk copies (lanes 0..3: block l / 2, codes or
 // scales by l & 1) that complete on the mbarrier bar: 2 KB and 256 B runs, where
-// 16 cp.async a lane of the 8-row runs cost issue slots and address registers
+// 12 cp.async a lane of 16 and 4 bytes cost issue slots and address registers
 // (ncu, H200, session 52: 16% of the up list's stall samples at 32 x 16), and
 // 16 bulk copies a warp of 512 / 64 B bound the copy engine (session 52,
 // lost/expert-bulk-weights). Block b's codes at wc + b * bc, scales ws + b * bs
@@ -357,8 +357,8 @@ __device__ __forceinline__ void gvm_exp_ks(float (&acc)[GVM_EXP_ACC][2][4], unsi
 // The weights of a warp's units, for gvm_exp_mma. One unit a warp (gvm_exp_fetch):
 // set 0 at a / b / s (this lane's rows and scale row), set 1 cstep / sstep bytes
 // on; live bits 0..5 (zeros where a row or K ends). Two (gvm_exp_bulk): block 0
-// at a (codes) / s (scales), block 1 cstep / sstep bytes on; blocks: bit b,
-// block b is copied.
+// at a (codes) / s (scales), block 1 cstep / sstep bytes on; live bit b: block b
+// is copied.
 struct gvm_exp_src {
     const unsigned char *a, *b, *s;
     int cstep, sstep;
