@@ -143,6 +143,12 @@ inline Bar& bar_at(unsigned a, const char* what) {
     if (it == bars().end() || it->second.count == 0) fail(std::string(what) + " on shared byte " + std::to_string(a) + ": no mbarrier set up there");
     return it->second;
 }
+// Does [a, a + bytes) lie inside one of the instruction's tensors?
+inline bool in_tensors(const unsigned char* a, unsigned bytes) {
+    for (const auto& t : machine()->tensors)
+        if (a >= t.first && a + bytes <= t.first + t.second) return true;
+    return false;
+}
 inline void bar_step(Bar& b) {
     if (b.pending == 0 && b.tx == 0) {
         ++b.phases;
@@ -171,9 +177,7 @@ inline void gvm_bulk_g2s(unsigned dst, const void* src, unsigned bytes, unsigned
     if (bytes == 0 || bytes % 16 || dst % 16 || reinterpret_cast<unsigned long long>(src) % 16)
         emu::fail("bulk copy of " + std::to_string(bytes) + " bytes: not a nonzero multiple of 16 between 16-byte aligned addresses");
     const unsigned char* a = static_cast<const unsigned char*>(src);
-    bool inside = false;
-    for (const auto& t : emu::machine()->tensors) inside |= a >= t.first && a + bytes <= t.first + t.second;
-    if (!inside) emu::fail("bulk copy of " + std::to_string(bytes) + " bytes from outside every tensor of the instruction");
+    if (!emu::in_tensors(a, bytes)) emu::fail("bulk copy of " + std::to_string(bytes) + " bytes from outside every tensor of the instruction");
     emu::Bar& b = emu::bar_at(bar, "bulk copy");
     for (unsigned i = 0; i < bytes; i += 16) std::memcpy(emu::smem_at(dst + i, 16, true), a + i, 16);
     b.tx -= bytes;
@@ -192,9 +196,7 @@ inline void gvm_prefetch_l2(const void* p, unsigned bytes) {
     const unsigned char* a = static_cast<const unsigned char*>(p);
     if (bytes == 0 || bytes % 16 != 0 || reinterpret_cast<unsigned long long>(a) % 16 != 0)
         emu::fail("gvm_prefetch_l2 of " + std::to_string(bytes) + " bytes: not a nonzero multiple of 16 at a 16-byte aligned address");
-    for (const auto& t : emu::machine()->tensors)
-        if (a >= t.first && a + bytes <= t.first + t.second) return;
-    emu::fail("gvm_prefetch_l2 of " + std::to_string(bytes) + " bytes outside every tensor of the instruction");
+    if (!emu::in_tensors(a, bytes)) emu::fail("gvm_prefetch_l2 of " + std::to_string(bytes) + " bytes outside every tensor of the instruction");
 }
 
 inline unsigned gvm_smem_addr(const void* p) {
