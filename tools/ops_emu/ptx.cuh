@@ -127,8 +127,8 @@ inline unsigned gvm_atom_add_acq_rel(unsigned* p, unsigned v) { return atomicAdd
 inline unsigned long long gvm_atom_add_acq_rel_u64(unsigned long long* p, unsigned long long v) { const unsigned long long o = *p; *p = o + v; return o; }
 // Bulk copies land at once here too. Each mbarrier keeps its state beside the
 // scratch (pending arrivals, bytes announced less bytes landed, completed
-// phases), so that a wait on a phase that cannot complete, a copy into a
-// barrier that was never set up, or a barrier left with bytes pending fails.
+// phases), so that a wait on a phase that cannot complete (a deadlock), a copy
+// into a barrier that was never set up, or a barrier left with bytes pending fails.
 namespace emu {
 struct Bar {
     unsigned count = 0, pending = 0, phases = 0;
@@ -153,6 +153,7 @@ inline void bar_step(Bar& b) {
     if (b.pending == 0 && b.tx == 0) {
         ++b.phases;
         b.pending = b.count;
+        ++machine()->progress;  // a waiter may go on (run.cpp: a round without progress is a deadlock)
     }
 }
 }  // namespace emu
@@ -184,11 +185,16 @@ inline void gvm_bulk_g2s(unsigned dst, const void* src, unsigned bytes, unsigned
     emu::bar_step(b);
 }
 inline void gvm_fence_proxy_async() {}
+// Phase k (parity k & 1) is complete once phases > k; the waiter's phase is the
+// newest of its parity. A wait yields to the other threads until it completes
+// (the arrival or a copy may be another lane's); one that never does ends the
+// run as a deadlock, where the GPU's wait would time out and trap.
 inline void gvm_bar_wait(unsigned bar, unsigned parity) {
-    const emu::Bar& b = emu::bar_at(bar, "mbarrier wait");
-    // phase k (parity k & 1) is complete once phases > k; the waiter's phase is the newest of its parity
-    if (b.phases == 0 || ((b.phases - 1) & 1u) != parity)
-        emu::fail("wait on mbarrier at " + std::to_string(bar) + " for a phase of parity " + std::to_string(parity) + " that has not completed (every copy here has landed)");
+    for (;;) {
+        const emu::Bar& b = emu::bar_at(bar, "mbarrier wait");
+        if (b.phases > 0 && ((b.phases - 1) & 1u) == parity) return;
+        emu::yield();
+    }
 }
 // A bulk prefetch on the GPU takes 16-byte aligned ranges of a multiple of 16
 // bytes; here it must also lie inside one of the instruction's tensors.
