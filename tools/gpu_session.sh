@@ -2,7 +2,7 @@
 # One call on the H200 (the device tool): the VM proofs and timings, the Muse
 # ops standalone, and the decode-case sweep, each under its own time limit,
 # logs and results under $OUT (at most 8 files come back: traces are tarred).
-#   GPUVM_COMMIT=<sha> bash tools/gpu_session.sh [check|fold|ops|opstime|sweep|step|stepsweep|probe|experts|router|park|ring|lists|steptrace|tiles|rowpf|fill|fill2|xstage|trace62|xprobe|smem|tiles2|xbench|against|slots|naps|icache|workers|slices|statsprobe|topkprobe|layertrace|oneop|fusedqk|ringbench|ringprobe|opsgemm|tail|attstop|gputests|vmtest|next|attntail|qksplit|lazygemm|lazyattn|lazyctl|ncuattn|clocks|codewarm|lazyexperts|lazyone|lazyall|toolcheck|gearly|kparts|kpartslayers|glate|glate16|fixed16|dispdepth|shares|cap33|weightcal|bare|refit|stagger|tileprobe|dbl2|heavy|capup|c16t1|ncu|ncusrc|treeab ...]
+#   GPUVM_COMMIT=<sha> bash tools/gpu_session.sh [check|fold|ops|opstime|sweep|step|stepsweep|probe|experts|router|park|ring|lists|steptrace|tiles|rowpf|fill|fill2|xstage|trace62|xprobe|smem|tiles2|xbench|against|slots|naps|icache|workers|slices|statsprobe|topkprobe|layertrace|oneop|fusedqk|ringbench|ringprobe|opsgemm|tail|attstop|gputests|vmtest|next|attntail|qksplit|lazygemm|lazyattn|lazyctl|ncuattn|clocks|codewarm|lazyexperts|lazyone|lazyall|toolcheck|gearly|kparts|kpartslayers|glate|glate16|fixed16|dispdepth|shares|cap33|weightcal|bare|refit|stagger|tileprobe|dbl2|heavy|capup|c16t1|ncu|ncusrc|treeab|trees ...]
 # (set GPUVM_COMMIT when running a snapshot without .git: else the results name the enclosing checkout)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -367,6 +367,22 @@ PY
               (cd $d && PYTHONPATH=$d timeout ${T_AB_BENCH:-100} python3 tools/expert_bench.py --reps 10 --shapes ${AB_SHAPES:-8x16,32x16,32x32,skew256} --out "$OUT/bench_$t.json" > "$OUT/bench_$t.log" 2>&1); echo "expert_bench $t rc=$?"; tail -10 "$OUT/bench_$t.log"; done
             for r in base1 new1 new2 base2; do d=$PWD; [ ${r%?} = base ] && d=$M
               (cd $d && PYTHONPATH=$d timeout ${T_AB_PROBE:-170} python3 tools/sched_probe.py --out "$OUT/probe_$r.json" --modes dynamic --depths 1 --variants base: --cases ${AB_CASES:-full-c32-t8,sliding-c32-t8,full-c16-t8,sliding-c16-t8,full-c16-t1} --step ${AB_STEPS:-32x8} > "$OUT/probe_$r.log" 2>&1); echo "probe $r rc=$?"; grep "dynamic" "$OUT/probe_$r.log" | tail -8; done ;;
+    trees) # this tree ("new") against the trees ab/<name>/ describe (tools/ab_trees.sh name=ref ...: this one with
+           # <dir>/<file> put back from ab/<name>/<dir>__<file>): their kernels built in parallel, the expert lists
+           # alone (AB_SHAPES), then dynamic layers and steps (AB_CASES, AB_STEPS) in two rounds, the second in
+           # reverse order, so that a drift over the call shows as a swap; end the steps with pack
+           names=(new); for d in ab/*/; do [ -d "$d" ] && names+=("$(basename "$d")"); done
+           [ ${#names[@]} -gt 1 ] || { echo "trees: no ab/<name>/ (run tools/ab_trees.sh first)"; exit 2; }
+           treedir() { [ "$1" = new ] && echo "$PWD" || echo "/tmp/gvm_tree_$1"; }
+           for t in "${names[@]:1}"; do M=$(treedir "$t"); rm -rf "$M"; mkdir -p "$M"; tar cf - --exclude=./results --exclude=./ab . | tar xf - -C "$M"
+             for f in ab/"$t"/*__*; do cp "$f" "$M/$(basename "$f" | sed 's|__|/|g')"; done; done
+           for t in "${names[@]}"; do d=$(treedir "$t"); (cd "$d" && PYTHONPATH=$d python3 tools/prebuild.py base > "$OUT/prebuild_$t.log" 2>&1) & done; wait
+           for t in "${names[@]}"; do echo "prebuild $t: $(tail -1 "$OUT/prebuild_$t.log")"; done
+           for t in "${names[@]}"; do d=$(treedir "$t")
+             (cd "$d" && PYTHONPATH=$d timeout ${T_AB_BENCH:-100} python3 tools/expert_bench.py --reps 10 --shapes ${AB_SHAPES:-8x16,32x16,32x32,skew256} --out "$OUT/bench_$t.json" > "$OUT/bench_$t.log" 2>&1); echo "expert_bench $t rc=$?"; tail -10 "$OUT/bench_$t.log"; done
+           order=("${names[@]}"); for ((i = ${#names[@]} - 1; i >= 0; i--)); do order+=("${names[$i]}"); done
+           r=0; for t in "${order[@]}"; do r=$((r + 1)); d=$(treedir "$t")
+             (cd "$d" && PYTHONPATH=$d timeout ${T_AB_PROBE:-170} python3 tools/sched_probe.py --out "$OUT/probe_${r}_$t.json" --modes dynamic --depths 1 --variants base: --cases ${AB_CASES:-full-c32-t8,sliding-c32-t8,full-c16-t8,sliding-c16-t8,full-c16-t1} --step ${AB_STEPS:-32x8} > "$OUT/probe_${r}_$t.log" 2>&1); echo "probe $r $t rc=$?"; grep "dynamic" "$OUT/probe_${r}_$t.log" | tail -8; done ;;
     pack) # every file under $OUT into one archive (the device tool returns eight files a call): last in the list of steps
           t=$(mktemp /tmp/gvm_pack.XXXXXX); tar czf "$t" -C "$OUT" . && find "$OUT" -mindepth 1 -delete && mv "$t" "$OUT/all.tgz"; echo "packed: $OUT/all.tgz" ;;
     gputests) timeout ${T_GPUTESTS:-200} python3 -m pytest -q -p no:cacheprovider tests/gpu > "$OUT/tests_gpu.log" 2>&1; echo "tests/gpu rc=$?"; tail -4 "$OUT/tests_gpu.log" ;;
