@@ -91,6 +91,19 @@ def test_a_missing_barrier_is_a_race(tmp_path: Path) -> None:
         _failures(broken, {Op.TOPK})
 
 
+@pytest.mark.parametrize(("header", "old", "new", "op"), [
+    ("ops/attention.cuh", "            gvm_cp_async_wait<0>();\n", "", Op.ATTN_MERGE),
+    ("ops/experts.cuh", "gvm_cp_async_wait<(NSL > 2 ? NSL - 2 : 0)>();", "gvm_cp_async_wait<(NSL > 2 ? NSL - 1 : 1)>();", Op.EXPERT_UP)],
+    ids=["attn_merge-no-wait", "expert-ring-one-group-short"])
+def test_a_missing_cp_async_wait_fails(tmp_path: Path, header: str, old: str, new: str, op: Op) -> None:
+    """cp.async copies land only at the cp.async.wait_group that covers their
+    group, so reading their bytes with no wait (the merge's chunk states) or a
+    wait one group too shallow (the experts' weight ring) is caught, even where
+    the GPU would often have the bytes in time."""
+    with pytest.raises(EmuError, match="has not landed"):
+        _failures(_mutant(tmp_path, header, old, new), {op})
+
+
 def test_a_wrong_fragment_fails(tmp_path: Path) -> None:
     broken = _mutant(tmp_path, "ops/experts.cuh", "p[u][s][0], p[u][s][2]);", "p[u][s][2], p[u][s][0]);")
     assert any("hbuf" in f for f in _failures(broken, {Op.EXPERT_UP}))

@@ -58,6 +58,9 @@ inline unsigned char* smem_at(unsigned a, unsigned bytes, bool write) {
     const int wm = m->cur >> 5;
     const unsigned wep = m->wepoch[wm];
     for (unsigned i = a; i < a + bytes; ++i) {
+        if (m->cp_pending[i])
+            fail(std::string(write ? "write of" : "read of") + " shared byte " + std::to_string(i) + " while thread " +
+                 std::to_string(m->cp_pending[i] - 1) + "'s cp.async into it has not landed (no cp.async.wait_group covers it)");
         const bool raw = m->w_epoch[i] == m->epoch && m->writer[i] != me &&
                          !(m->writer[i] >> 5 == wm && m->w_wep[i] < wep);  // a warp barrier of this warp between
         const bool war = write && m->r_epoch[i] == m->epoch && m->reader[i] != me && !(m->r_warp[i] == wm && m->r_wep[i] < wep);
@@ -110,18 +113,38 @@ inline unsigned long long gvm_policy_evict_normal() { return 0; }
 inline uint4 gvm_ld_stream16(const void* p) { return gvm_emu_load<uint4>(p); }
 inline uint2 gvm_ld_stream8(const void* p) { return gvm_emu_load<uint2>(p); }
 
-// cp.async lands at once here; the wait functions have nothing left to wait for.
+// cp.async: a copy counts as this thread's write of its bytes when issued (the
+// race check), and lands when a cp.async.wait_group covers its commit group;
+// until then any access to those bytes fails (a missing or too-shallow wait).
 inline void gvm_emu_cp_async(unsigned dst, const void* src, bool valid, unsigned bytes) {
-    unsigned char* d = emu::smem_at(dst, bytes, true);
-    if (valid)
-        std::memcpy(d, src, bytes);
-    else
-        std::memset(d, 0, bytes);
+    emu::Machine* m = emu::machine();
+    emu::smem_at(dst, bytes, true);
+    for (unsigned i = dst; i < dst + bytes; ++i) m->cp_pending[i] = (short)(m->cur + 1);
+    m->cp_open[m->cur].push_back(emu::AsyncCopy{dst, bytes, valid ? src : nullptr});
 }
 inline void gvm_cp_async16(unsigned dst, const void* src, bool valid, unsigned long long) { gvm_emu_cp_async(dst, src, valid, 16); }
 inline void gvm_cp_async4(unsigned dst, const void* src, bool valid, unsigned long long) { gvm_emu_cp_async(dst, src, valid, 4); }
-inline void gvm_cp_async_commit() {}
-template <int N> inline void gvm_cp_async_wait() {}
+inline void gvm_cp_async_commit() {
+    emu::Machine* m = emu::machine();
+    m->cp_groups[m->cur].push_back(std::move(m->cp_open[m->cur]));
+    m->cp_open[m->cur].clear();
+}
+// Lands this thread's committed groups but the newest n.
+inline void gvm_emu_cp_async_land(unsigned n) {
+    emu::Machine* m = emu::machine();
+    auto& groups = m->cp_groups[m->cur];
+    while (groups.size() > n) {
+        for (const emu::AsyncCopy& cp : groups.front()) {
+            if (cp.src)
+                std::memcpy(m->smem + cp.dst, cp.src, cp.bytes);
+            else
+                std::memset(m->smem + cp.dst, 0, cp.bytes);
+            std::memset(&m->cp_pending[cp.dst], 0, cp.bytes * sizeof(short));
+        }
+        groups.erase(groups.begin());
+    }
+}
+template <int N> inline void gvm_cp_async_wait() { gvm_emu_cp_async_land(N); }
 inline unsigned gvm_opaque(unsigned v) { return v; }
 inline unsigned gvm_atom_add_acq_rel(unsigned* p, unsigned v) { return atomicAdd(p, v); }
 inline unsigned long long gvm_atom_add_acq_rel_u64(unsigned long long* p, unsigned long long v) { const unsigned long long o = *p; *p = o + v; return o; }

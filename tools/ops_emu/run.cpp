@@ -73,6 +73,11 @@ void fiber_main() {
     for (;; ++c.again) {  // an op that returns GVM_AGAIN is called again, scratch kept
         rc = job->fn(c);
         if (!m->wgmma[t].empty()) emu::fail("the op returned with a wgmma not retired by a wait");
+        // copies still in flight would land in the scratch after the op (empty groups are harmless)
+        bool in_flight = !m->cp_open[t].empty();
+        for (const auto& g : m->cp_groups[t]) in_flight |= !g.empty();
+        if (in_flight) emu::fail("the op returned with cp.async copies that no cp.async.wait_group landed");
+        m->cp_groups[t].clear();
         if (rc != GVM_AGAIN) break;
     }
     job->rc[t] = rc;
@@ -105,6 +110,7 @@ std::string run_one(const gvm_instr* ins, const gvm_tensor* tab, unsigned smem_b
     m.w_wep.assign(smem_bytes, 0);
     m.r_wep.assign(smem_bytes, 0);
     m.r_warp.assign(smem_bytes, -1);
+    m.cp_pending.assign(smem_bytes, 0);
     m.group.expected = emu::kThreads;
     for (auto& w : m.warp) w.expected = 32;
     // the fibers' stacks, allocated once and not cleared: a fresh zeroed 32 MB an

@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 #define __device__
@@ -83,6 +84,11 @@ struct WgmmaOp {  // a wgmma issued and not yet retired by a wait (ptx.cuh)
 extern "C" void gvm_emu_switch(void** save_sp, void* load_sp);
 #endif
 
+struct AsyncCopy {
+    unsigned dst, bytes;
+    const void* src;  // nullptr: a zero fill
+};
+
 struct Machine {
 #if defined(__x86_64__)
     void* main_sp = nullptr;
@@ -111,6 +117,13 @@ struct Machine {
     std::vector<short> writer, reader;
     std::vector<signed char> r_warp;
     std::vector<WgmmaOp> wgmma[kThreads];  // each thread's wgmma ops in flight
+    // cp.async in flight: each thread's copies not committed yet, then its
+    // committed groups (oldest first); they land at the cp.async.wait_group that
+    // covers them. cp_pending, per scratch byte: 1 + the thread whose copy into
+    // it has not landed (0: none), so that touching those bytes before fails.
+    std::vector<AsyncCopy> cp_open[kThreads];
+    std::vector<std::vector<AsyncCopy>> cp_groups[kThreads];
+    std::vector<short> cp_pending;
     std::vector<std::pair<const unsigned char*, size_t>> tensors;  // [base, bytes) of the instruction's tensors
     std::string error;                     // first failure seen by a fiber
 };
