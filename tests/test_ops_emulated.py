@@ -104,6 +104,16 @@ def test_a_missing_cp_async_wait_fails(tmp_path: Path, header: str, old: str, ne
         _failures(_mutant(tmp_path, header, old, new), {op})
 
 
+def test_reading_a_bulk_copy_before_its_mbarrier_wait_fails(tmp_path: Path) -> None:
+    """The shared tile's weights arrive by bulk copies that complete on an
+    mbarrier: a thread that reads them without waiting for that phase may read
+    bytes still on their way, which the emulator reports though its copies
+    land at once."""
+    broken = _mutant(tmp_path, "ops/experts.cuh", "        if (DBL && WCOPY) gvm_bar_wait(bar0 + 8 * buf, phase);\n", "")
+    with pytest.raises(EmuError, match="before this thread waited for phase"):
+        _failures(broken, {Op.EXPERT_UP})
+
+
 def test_a_wrong_fragment_fails(tmp_path: Path) -> None:
     broken = _mutant(tmp_path, "ops/experts.cuh", "p[u][s][0], p[u][s][2]);", "p[u][s][2], p[u][s][0]);")
     assert any("hbuf" in f for f in _failures(broken, {Op.EXPERT_UP}))

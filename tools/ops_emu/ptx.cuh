@@ -61,6 +61,14 @@ inline unsigned char* smem_at(unsigned a, unsigned bytes, bool write) {
         if (m->cp_pending[i])
             fail(std::string(write ? "write of" : "read of") + " shared byte " + std::to_string(i) + " while thread " +
                  std::to_string(m->cp_pending[i] - 1) + "'s cp.async into it has not landed (no cp.async.wait_group covers it)");
+        if (m->bulk_bar[i] && !write) {
+            const auto seen = m->bar_seen[m->cur].find(m->bulk_bar[i] - 1);
+            if (seen == m->bar_seen[m->cur].end() || seen->second <= m->bulk_phase[i])
+                fail("read of shared byte " + std::to_string(i) + " before this thread waited for phase " +
+                     std::to_string(m->bulk_phase[i]) + " of the mbarrier at " + std::to_string(m->bulk_bar[i] - 1) +
+                     ", which its bulk copy completes");
+        }
+        if (write) m->bulk_bar[i] = 0;  // a plain store: the byte no longer waits on a copy
         const bool raw = m->w_epoch[i] == m->epoch && m->writer[i] != me &&
                          !(m->writer[i] >> 5 == wm && m->w_wep[i] < wep);  // a warp barrier of this warp between
         const bool war = write && m->r_epoch[i] == m->epoch && m->reader[i] != me && !(m->r_warp[i] == wm && m->r_wep[i] < wep);
@@ -148,10 +156,12 @@ template <int N> inline void gvm_cp_async_wait() { gvm_emu_cp_async_land(N); }
 inline unsigned gvm_opaque(unsigned v) { return v; }
 inline unsigned gvm_atom_add_acq_rel(unsigned* p, unsigned v) { return atomicAdd(p, v); }
 inline unsigned long long gvm_atom_add_acq_rel_u64(unsigned long long* p, unsigned long long v) { const unsigned long long o = *p; *p = o + v; return o; }
-// Bulk copies land at once here too. Each mbarrier keeps its state beside the
-// scratch (pending arrivals, bytes announced less bytes landed, completed
-// phases), so that a wait on a phase that cannot complete (a deadlock), a copy
-// into a barrier that was never set up, or a barrier left with bytes pending fails.
+// Bulk copies land at once here, but a thread may read their bytes only after
+// it has waited for the mbarrier phase they complete. Each mbarrier keeps its
+// state beside the scratch (pending arrivals, bytes announced less bytes landed,
+// completed phases), so that a wait on a phase that cannot complete (a
+// deadlock), a copy into a barrier that was never set up, or a barrier left with
+// bytes pending fails.
 namespace emu {
 struct Bar {
     unsigned count = 0, pending = 0, phases = 0;
@@ -184,11 +194,14 @@ inline void gvm_bar_init(unsigned bar, unsigned count) {
     if (bar % 8) emu::fail("misaligned mbarrier at " + std::to_string(bar));
     emu::smem_at(bar, 8, true);
     emu::bars()[bar] = emu::Bar{count, count, 0, 0};
+    for (auto& seen : emu::machine()->bar_seen) seen.erase(bar);  // its phases count from 0 again
 }
 inline void gvm_bar_inval(unsigned bar) {
     emu::Bar& b = emu::bar_at(bar, "mbarrier.inval");
     if (b.tx != 0 || b.pending != b.count) emu::fail("mbarrier at " + std::to_string(bar) + " invalidated with a phase open");
     emu::bars().erase(bar);
+    for (unsigned& owner : emu::machine()->bulk_bar)  // its copies' bytes stay as they are, readable
+        if (owner == bar + 1) owner = 0;
 }
 inline void gvm_bar_expect(unsigned bar, unsigned bytes) {
     emu::Bar& b = emu::bar_at(bar, "mbarrier.arrive.expect_tx");
@@ -203,7 +216,12 @@ inline void gvm_bulk_g2s(unsigned dst, const void* src, unsigned bytes, unsigned
     const unsigned char* a = static_cast<const unsigned char*>(src);
     if (!emu::in_tensors(a, bytes)) emu::fail("bulk copy of " + std::to_string(bytes) + " bytes from outside every tensor of the instruction");
     emu::Bar& b = emu::bar_at(bar, "bulk copy");
+    emu::Machine* m = emu::machine();
     for (unsigned i = 0; i < bytes; i += 16) std::memcpy(emu::smem_at(dst + i, 16, true), a + i, 16);
+    for (unsigned i = dst; i < dst + bytes; ++i) {  // readable once the reader has waited for the phase it completes
+        m->bulk_bar[i] = bar + 1;
+        m->bulk_phase[i] = b.phases;
+    }
     b.tx -= bytes;
     emu::bar_step(b);
 }
@@ -215,7 +233,11 @@ inline void gvm_fence_proxy_async() {}
 inline void gvm_bar_wait(unsigned bar, unsigned parity) {
     for (;;) {
         const emu::Bar& b = emu::bar_at(bar, "mbarrier wait");
-        if (b.phases > 0 && ((b.phases - 1) & 1u) == parity) return;
+        if (b.phases > 0 && ((b.phases - 1) & 1u) == parity) {
+            unsigned& seen = emu::machine()->bar_seen[emu::machine()->cur][bar];
+            seen = std::max(seen, b.phases);
+            return;
+        }
         emu::yield();
     }
 }

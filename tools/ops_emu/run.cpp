@@ -111,6 +111,8 @@ std::string run_one(const gvm_instr* ins, const gvm_tensor* tab, unsigned smem_b
     m.r_wep.assign(smem_bytes, 0);
     m.r_warp.assign(smem_bytes, -1);
     m.cp_pending.assign(smem_bytes, 0);
+    m.bulk_bar.assign(smem_bytes, 0);
+    m.bulk_phase.assign(smem_bytes, 0);
     m.group.expected = emu::kThreads;
     for (auto& w : m.warp) w.expected = 32;
     // the fibers' stacks, allocated once and not cleared: a fresh zeroed 32 MB an

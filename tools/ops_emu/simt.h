@@ -7,10 +7,12 @@
 #pragma once
 #include <ucontext.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -124,6 +126,12 @@ struct Machine {
     std::vector<AsyncCopy> cp_open[kThreads];
     std::vector<std::vector<AsyncCopy>> cp_groups[kThreads];
     std::vector<short> cp_pending;
+    // Bulk copies: per scratch byte, 1 + the mbarrier its copy completes on (0:
+    // none) and that phase's index; per thread, the phases of each mbarrier it
+    // has waited for. A thread may read a bulk-copied byte only once it has
+    // waited for that phase (the ops' lanes each wait before reading).
+    std::vector<unsigned> bulk_bar, bulk_phase;
+    std::map<unsigned, unsigned> bar_seen[kThreads];
     std::vector<std::pair<const unsigned char*, size_t>> tensors;  // [base, bytes) of the instruction's tensors
     std::string error;                     // first failure seen by a fiber
 };
