@@ -4,7 +4,6 @@
 // alignment and races between barriers, mma computed from the 32 lanes'
 // fragments in the PTX layout, and wgmma from its shared-memory descriptors.
 #pragma once
-#include <map>
 #include "op_ctx.cuh"
 
 namespace emu {
@@ -163,17 +162,10 @@ inline unsigned long long gvm_atom_add_acq_rel_u64(unsigned long long* p, unsign
 // deadlock), a copy into a barrier that was never set up, or a barrier left with
 // bytes pending fails.
 namespace emu {
-struct Bar {
-    unsigned count = 0, pending = 0, phases = 0;
-    long long tx = 0;
-};
-inline std::map<unsigned, Bar>& bars() {
-    static std::map<unsigned, Bar> b;
-    return b;
-}
 inline Bar& bar_at(unsigned a, const char* what) {
-    auto it = bars().find(a);
-    if (it == bars().end() || it->second.count == 0) fail(std::string(what) + " on shared byte " + std::to_string(a) + ": no mbarrier set up there");
+    auto& bars = machine()->bars;
+    auto it = bars.find(a);
+    if (it == bars.end() || it->second.count == 0) fail(std::string(what) + " on shared byte " + std::to_string(a) + ": no mbarrier set up there");
     return it->second;
 }
 // Does [a, a + bytes) lie inside one of the instruction's tensors?
@@ -193,13 +185,13 @@ inline void bar_step(Bar& b) {
 inline void gvm_bar_init(unsigned bar, unsigned count) {
     if (bar % 8) emu::fail("misaligned mbarrier at " + std::to_string(bar));
     emu::smem_at(bar, 8, true);
-    emu::bars()[bar] = emu::Bar{count, count, 0, 0};
+    emu::machine()->bars[bar] = emu::Bar{count, count, 0, 0};
     for (auto& seen : emu::machine()->bar_seen) seen.erase(bar);  // its phases count from 0 again
 }
 inline void gvm_bar_inval(unsigned bar) {
     emu::Bar& b = emu::bar_at(bar, "mbarrier.inval");
     if (b.tx != 0 || b.pending != b.count) emu::fail("mbarrier at " + std::to_string(bar) + " invalidated with a phase open");
-    emu::bars().erase(bar);
+    emu::machine()->bars.erase(bar);
     for (unsigned& owner : emu::machine()->bulk_bar)  // its copies' bytes stay as they are, readable
         if (owner == bar + 1) owner = 0;
 }

@@ -86,6 +86,11 @@ struct WgmmaOp {  // a wgmma issued and not yet retired by a wait (ptx.cuh)
 extern "C" void gvm_emu_switch(void** save_sp, void* load_sp);
 #endif
 
+struct Bar {  // an mbarrier (ptx.cuh): arrivals still due this phase, bytes announced less bytes landed, phases completed
+    unsigned count = 0, pending = 0, phases = 0;
+    long long tx = 0;
+};
+
 struct AsyncCopy {
     unsigned dst, bytes;
     const void* src;  // nullptr: a zero fill
@@ -132,6 +137,7 @@ struct Machine {
     // waited for that phase (the ops' lanes each wait before reading).
     std::vector<unsigned> bulk_bar, bulk_phase;
     std::map<unsigned, unsigned> bar_seen[kThreads];
+    std::map<unsigned, Bar> bars;  // the instruction's mbarriers by shared address
     std::vector<std::pair<const unsigned char*, size_t>> tensors;  // [base, bytes) of the instruction's tensors
     std::string error;                     // first failure seen by a fiber
 };
