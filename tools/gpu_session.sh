@@ -30,6 +30,24 @@ ab_rounds() {
   done
 }
 
+# Tree comparisons (treeab, trees): tree_copy <dir> <file>... makes <dir> this tree with each
+# ab file <x>/<dir>__<file> put back at <dir>/<file>; tree_bench <name> <dir> runs the expert
+# lists alone there (AB_SHAPES); tree_probe <tag> <dir> the dynamic layers and steps (AB_CASES,
+# AB_STEPS). Each writes $OUT/{bench,probe}_<name|tag>.{json,log}.
+tree_copy() {
+  local M=$1 f; shift
+  rm -rf "$M"; mkdir -p "$M"; tar cf - --exclude=./results --exclude=./ab . | tar xf - -C "$M"
+  for f in "$@"; do cp "$f" "$M/$(basename "$f" | sed 's|__|/|g')"; done
+}
+tree_bench() {
+  (cd "$2" && PYTHONPATH=$2 timeout ${T_AB_BENCH:-100} python3 tools/expert_bench.py --reps 10 --shapes ${AB_SHAPES:-8x16,32x16,32x32,skew256} --out "$OUT/bench_$1.json" > "$OUT/bench_$1.log" 2>&1)
+  echo "expert_bench $1 rc=$?"; tail -10 "$OUT/bench_$1.log"
+}
+tree_probe() {
+  (cd "$2" && PYTHONPATH=$2 timeout ${T_AB_PROBE:-170} python3 tools/sched_probe.py --out "$OUT/probe_$1.json" --modes dynamic --depths 1 --variants base: --cases ${AB_CASES:-full-c32-t8,sliding-c32-t8,full-c16-t8,sliding-c16-t8,full-c16-t1} --step ${AB_STEPS:-32x8} > "$OUT/probe_$1.log" 2>&1)
+  echo "probe $1 rc=$?"; grep "dynamic" "$OUT/probe_$1.log" | tail -8
+}
+
 for s in $steps; do
   case $s in
     check) timeout ${T_CHECK:-280} python3 tools/gpu_check.py --out "$OUT/gpu_check.json" > "$OUT/gpu_check.log" 2>&1; echo "gpu_check rc=$?"; tail -25 "$OUT/gpu_check.log" ;;
@@ -361,12 +379,9 @@ PY
             # git show main:ops/experts.cuh > ab/ops__experts.cuh before the call): the expert lists alone, then dynamic
             # layers and step 32 x 8 in four runs, trees alternated (base, new, new, base); end the steps with pack
             ls ab/*__* > /dev/null 2>&1 || { echo "treeab: no ab/<dir>__<file> to put back (both trees would be this one)"; exit 2; }
-            M=/tmp/gvm_base_tree; rm -rf $M; mkdir -p $M; tar cf - --exclude=./results . | tar xf - -C $M
-            for f in ab/*__*; do cp "$f" "$M/$(basename "$f" | sed 's|__|/|g')"; done
-            for t in new base; do d=$PWD; [ $t = base ] && d=$M
-              (cd $d && PYTHONPATH=$d timeout ${T_AB_BENCH:-100} python3 tools/expert_bench.py --reps 10 --shapes ${AB_SHAPES:-8x16,32x16,32x32,skew256} --out "$OUT/bench_$t.json" > "$OUT/bench_$t.log" 2>&1); echo "expert_bench $t rc=$?"; tail -10 "$OUT/bench_$t.log"; done
-            for r in base1 new1 new2 base2; do d=$PWD; [ ${r%?} = base ] && d=$M
-              (cd $d && PYTHONPATH=$d timeout ${T_AB_PROBE:-170} python3 tools/sched_probe.py --out "$OUT/probe_$r.json" --modes dynamic --depths 1 --variants base: --cases ${AB_CASES:-full-c32-t8,sliding-c32-t8,full-c16-t8,sliding-c16-t8,full-c16-t1} --step ${AB_STEPS:-32x8} > "$OUT/probe_$r.log" 2>&1); echo "probe $r rc=$?"; grep "dynamic" "$OUT/probe_$r.log" | tail -8; done ;;
+            M=/tmp/gvm_base_tree; tree_copy $M ab/*__*
+            for t in new base; do d=$PWD; [ $t = base ] && d=$M; tree_bench $t $d; done
+            for r in base1 new1 new2 base2; do d=$PWD; [ ${r%?} = base ] && d=$M; tree_probe $r $d; done ;;
     trees) # this tree ("new") against the trees ab/<name>/ describe (tools/ab_trees.sh name=ref ...: this one with
            # <dir>/<file> put back from ab/<name>/<dir>__<file>): their kernels built in parallel, the expert lists
            # alone (AB_SHAPES), then dynamic layers and steps (AB_CASES, AB_STEPS) in two rounds, the second in
@@ -374,15 +389,12 @@ PY
            names=(new); for d in ab/*/; do [ -d "$d" ] && names+=("$(basename "$d")"); done
            [ ${#names[@]} -gt 1 ] || { echo "trees: no ab/<name>/ (run tools/ab_trees.sh first)"; exit 2; }
            treedir() { [ "$1" = new ] && echo "$PWD" || echo "/tmp/gvm_tree_$1"; }
-           for t in "${names[@]:1}"; do M=$(treedir "$t"); rm -rf "$M"; mkdir -p "$M"; tar cf - --exclude=./results --exclude=./ab . | tar xf - -C "$M"
-             for f in ab/"$t"/*__*; do cp "$f" "$M/$(basename "$f" | sed 's|__|/|g')"; done; done
+           for t in "${names[@]:1}"; do tree_copy "$(treedir "$t")" ab/"$t"/*__*; done
            for t in "${names[@]}"; do d=$(treedir "$t"); (cd "$d" && PYTHONPATH=$d python3 tools/prebuild.py base > "$OUT/prebuild_$t.log" 2>&1) & done; wait
            for t in "${names[@]}"; do echo "prebuild $t: $(tail -1 "$OUT/prebuild_$t.log")"; done
-           for t in "${names[@]}"; do d=$(treedir "$t")
-             (cd "$d" && PYTHONPATH=$d timeout ${T_AB_BENCH:-100} python3 tools/expert_bench.py --reps 10 --shapes ${AB_SHAPES:-8x16,32x16,32x32,skew256} --out "$OUT/bench_$t.json" > "$OUT/bench_$t.log" 2>&1); echo "expert_bench $t rc=$?"; tail -10 "$OUT/bench_$t.log"; done
+           for t in "${names[@]}"; do tree_bench "$t" "$(treedir "$t")"; done
            order=("${names[@]}"); for ((i = ${#names[@]} - 1; i >= 0; i--)); do order+=("${names[$i]}"); done
-           r=0; for t in "${order[@]}"; do r=$((r + 1)); d=$(treedir "$t")
-             (cd "$d" && PYTHONPATH=$d timeout ${T_AB_PROBE:-170} python3 tools/sched_probe.py --out "$OUT/probe_${r}_$t.json" --modes dynamic --depths 1 --variants base: --cases ${AB_CASES:-full-c32-t8,sliding-c32-t8,full-c16-t8,sliding-c16-t8,full-c16-t1} --step ${AB_STEPS:-32x8} > "$OUT/probe_${r}_$t.log" 2>&1); echo "probe $r $t rc=$?"; grep "dynamic" "$OUT/probe_${r}_$t.log" | tail -8; done ;;
+           r=0; for t in "${order[@]}"; do r=$((r + 1)); tree_probe "${r}_$t" "$(treedir "$t")"; done ;;
     pack) # every file under $OUT into one archive (the device tool returns eight files a call): last in the list of steps
           t=$(mktemp /tmp/gvm_pack.XXXXXX); tar czf "$t" -C "$OUT" . && find "$OUT" -mindepth 1 -delete && mv "$t" "$OUT/all.tgz"; echo "packed: $OUT/all.tgz" ;;
     gputests) timeout ${T_GPUTESTS:-200} python3 -m pytest -q -p no:cacheprovider tests/gpu > "$OUT/tests_gpu.log" 2>&1; echo "tests/gpu rc=$?"; tail -4 "$OUT/tests_gpu.log" ;;
