@@ -144,6 +144,8 @@ def cpu_case(case: Case, seed: int = 0) -> dict:
     from .muse.reference import reference_layer
     from .muse.state import make_inputs, make_state
     from .muse.weights import make_layer_weights
+    from .sim.fitted import fitted_hardware
+    from .sim.hardware import Hardware
     from .sim.predict import predict_layer
 
     sc = small_case(case, SMALL) if case.context >= SMALL.window * 4 else replace(case, name=case.name + "@small")
@@ -172,8 +174,9 @@ def cpu_case(case: Case, seed: int = 0) -> dict:
         "cpu_backend_s": cpu_s,
         "instructions_small": len(lp.stream),
     }
+    hw = fitted_hardware(Hardware().hbm_bytes_per_s)  # fitted to H200 traces, at MUSE.md's nominal read
     for mode in ("dynamic", "static"):
-        p = predict_layer(SHARD, case, mode=mode)
+        p = predict_layer(SHARD, case, hw, mode=mode)
         row[f"model_{mode}_us"] = p["time_ns"] / 1e3
         row["model_floor_us"] = p["floor_ns"] / 1e3
         row["instructions_shard"] = p.get("instructions", None)
@@ -355,7 +358,8 @@ def sweep_main(argv: Sequence[str]) -> int:
     if a.backend == "cpu":
         print(
             "gpuvm sweep: no GPU on this machine. Running the CPU backend at small dims (d=256) against the "
-            "reference, and the scheduler model at the shard's size. These times are model predictions, not measurements.",
+            "reference, and the scheduler model at the shard's size (fitted to H200 traces: gpuvm/sim/h200_fit.json). "
+            "These times are model predictions, not measurements.",
             file=sys.stderr,
         )
         columns = CPU_COLUMNS
@@ -369,6 +373,9 @@ def sweep_main(argv: Sequence[str]) -> int:
         rows = run_rows(list(a.cases), gs.case, lambda c: {"case": c.name, "kind": c.kind, "tokens": c.tokens})
     meta["cases"] = [c.name for c in a.cases]
     paths = write_outputs(a.out, meta, rows, columns, a.plot)
-    note = ("* floor at the nominal 4.42 TB/s of MUSE.md; err@small: CPU backend vs reference at d=256" if a.backend == "cpu"
+    from .sim.fitted import fit_source
+
+    note = ("* floor at the nominal 4.42 TB/s of MUSE.md; err@small: CPU backend vs reference at d=256; model: "
+            + fit_source() if a.backend == "cpu"
             else f"floor: MUSE.md bytes / {meta['read_bw_TBps']:.2f} TB/s streaming-read bandwidth measured in this run")
     return report(rows, columns, paths, note, "case(s) out of tolerance")

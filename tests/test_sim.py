@@ -12,13 +12,15 @@ from hypothesis import strategies as st
 
 from gpuvm.cpu.ops import list_items
 from gpuvm.isa import DType, Op, Stamp
-from gpuvm.muse.cases import Case, floor_bytes, get_case, small_case
+from gpuvm.muse.cases import DECODE_CASES, Case, floor_bytes, get_case, small_case
 from gpuvm.muse.config import SHARD, SMALL, MuseConfig
 from gpuvm.muse.lowering import lower_layer
 from gpuvm.muse.state import cache_slots
 from gpuvm.opspec import ProgramError
 from gpuvm.program import Program, Stream
-from gpuvm.sim import DeadlockError, Hardware, SimResult, layer_costs, predict_layer, simulate, skewed_expert_tokens
+from gpuvm.sim import DeadlockError, Hardware, OpTiming, SimResult, layer_costs, predict_layer, simulate, skewed_expert_tokens
+from gpuvm.sim import fitted
+from gpuvm.sim.fitted import fitted_hardware
 from gpuvm.sim.share import Share
 from gpuvm.trace.format import Trace
 from tests.randprog import random_program, streams
@@ -143,25 +145,43 @@ def test_weight_streaming_reaches_the_hbm_floor(mode: str) -> None:
     assert floor <= r.makespan_ns <= 1.03 * floor + slack
 
 
-@pytest.mark.parametrize("prefetch", [True, False])
-def test_prefetch_loads_weights_during_the_wait(prefetch: bool) -> None:
+def _waiting_gemm(prefetch: bool, wait: bool = True) -> tuple[Stream, int]:
     p = Program("pf")
     w = p.tensor("W", (256, 8192), DType.BF16, "weight")  # 4 MB
     x = p.tensor("x", (1, 8192), DType.BF16)
     out = p.tensor("out", (1, 256), DType.BF16)
     c = p.counter("slept")
-    p.op(Op.SLEEP, args=[200_000], signal=c)
-    p.op(Op.GEMM, [out, x, w], [0, 256], waits=[c], prefetch=(w, 0, w.nbytes) if prefetch else None)
-    s = p.build()
-    hw = Hardware(n_blocks=2)
+    p.op(Op.SLEEP, args=[200_000 if wait else 0], signal=c)
+    p.op(Op.GEMM, [out, x, w], [0, 256], waits=[c] if wait else [], prefetch=(w, 0, w.nbytes) if prefetch else None)
+    return p.build(), w.nbytes
+
+
+@pytest.mark.parametrize("prefetch", [True, False])
+def test_prefetch_loads_weights_during_the_wait(prefetch: bool) -> None:
+    s, nbytes = _waiting_gemm(prefetch)
+    hw = Hardware(n_blocks=2, prefetch_max_bytes=nbytes)
     r = simulate(s, hw)
     g = 1 if s.ops[1].opcode == Op.GEMM else 0
-    load_ns = w.nbytes / hw.load_bytes_per_s * 1e9
+    load_ns = nbytes / hw.load_bytes_per_s * 1e9
     assert r.ready[g] > 200_000
     if prefetch:  # weights arrived while the op waited
         assert r.done[g] - r.ready[g] < 0.1 * load_ns
     else:
         assert r.done[g] - r.ready[g] >= load_ns
+
+
+def test_the_loader_prefetches_only_the_first_bytes_of_an_op_that_will_wait() -> None:
+    """As runtime/loader.cuh: GVM_PF_MAX_BYTES of a waiting op, none of a ready one."""
+    s, nbytes = _waiting_gemm(True)
+    hw = Hardware(n_blocks=2)
+    r = simulate(s, hw)
+    g = 1 if s.ops[1].opcode == Op.GEMM else 0
+    load_ns = (nbytes - hw.prefetch_max_bytes) / hw.load_bytes_per_s * 1e9
+    assert r.ready[g] > 200_000 and r.done[g] - r.ready[g] >= load_ns
+    ready, _ = _waiting_gemm(True, wait=False)
+    g = 1 if ready.ops[1].opcode == Op.GEMM else 0
+    sim = simulate(ready, Hardware(n_blocks=1, groups=1, prefetch_max_bytes=nbytes))
+    assert sim.done[g] - sim.ready[g] >= nbytes / hw.load_bytes_per_s * 1e9  # no prefetch: it loads all itself
 
 
 def test_one_block_is_132_times_slower_on_independent_work() -> None:
@@ -356,14 +376,18 @@ def test_layer_costs_follow_expert_tokens() -> None:
     for ins, c in zip(s.ops, costs):
         if ins.opcode in (Op.EXPERT_UP, Op.EXPERT_DOWN) and not ins.lead:  # lead: the code warmer's, static costs
             # the model deals the list round-robin over its workers in stream order:
-            # weights per row, math per row and token
+            # weights per row, math per row and token of the tiles the tokens fill (8 up to 8, then chunks of 32)
             j = seen.get(ins.args[0], 0)
             seen[ins.args[0]] = j + 1
             items = list_items(meta, ins.tensors[0].shape[1], ins.args[1], ins.args[2], ins.args[3])[j :: ins.args[1]]
             mats, k = (2 if ins.opcode == Op.EXPERT_UP else 1), ins.tensors[1].shape[1]
             rows = sum(cols.stop - cols.start for _, cols in items)
             assert c.weight_bytes == mats * rows * (k // 2 + k // 16)
-            assert c.flops == sum(toks[e] * 2 * mats * k * (cols.stop - cols.start) for e, cols in items)
+            assert c.flops == sum(8 * 2 * mats * k * (cols.stop - cols.start) for e, cols in items if toks[e])
+        elif ins.opcode == Op.ATTN_CHUNK and not ins.lead:  # the math of its query rows' tiles
+            rows = case.tokens_each * (ins.tensors[4].shape[1] // ins.tensors[1].shape[2])
+            assert (c.weight_bytes, c.act_bytes) == (ins.cost.weight_bytes, ins.cost.act_bytes)
+            assert c.flops == (16 if rows <= 16 else 64) * 4 * ins.args[3] * 64
         else:
             assert c == ins.cost
     assert any(ins.lead for ins in s.ops)
@@ -421,3 +445,37 @@ def test_deep_claim_queues_hold_work_back_from_idle_blocks() -> None:
     assert set(shallow.block.tolist()) == {0, 1}
     assert set(deep.block.tolist()) == {0}
     assert deep.makespan_ns > 1.5 * shallow.makespan_ns
+
+
+def test_an_opcodes_timing_sets_its_fixed_cost_and_matrix_rate() -> None:
+    s, _ = _streaming(1, rows=64, k=8192, t=4096)  # compute bound
+    fast = dict(load_bytes_per_s=1e14, l2_bytes_per_s=1e14, mem_latency_ns=0.0)
+    base = simulate(s, Hardware(**fast))
+    slow = simulate(s, Hardware(ops={"GEMM": OpTiming(5_000.0, 0.25)}, **fast))
+    math_ns = s.ops[0].cost.flops / Hardware().flops_per_sm * 1e9
+    run = lambda r: float(r.done[0] - r.ready[0])  # noqa: E731
+    assert run(base) == pytest.approx(Hardware().launch_ns + math_ns, rel=0.01)
+    assert run(slow) == pytest.approx(5_000.0 + 4 * math_ns, rel=0.01)
+    assert Hardware().timing(Op.GEMM) == OpTiming(Hardware().launch_ns)
+
+
+@pytest.mark.parametrize("ops", [{"GEMMS": OpTiming(1.0)}, {"GEMM": OpTiming(-1.0)}, {"GEMM": OpTiming(1.0, 0.0)}, {"GEMM": OpTiming(1.0, 1.5)}, {"GEMM": 400.0}])
+def test_a_bad_opcode_timing_is_refused(ops: dict) -> None:
+    with pytest.raises(ProgramError, match="Hardware.ops"):
+        Hardware(ops=ops)
+
+
+def test_the_stored_fit_reproduces_its_traced_layers() -> None:
+    """The fit in gpuvm/sim/h200_fit.json, re-simulated from each traced case's
+    routing: the same spans it stored, and within its stated distance of the
+    H200's (tools/calibrate_model.py)."""
+    fit = fitted.load()
+    hw = fitted_hardware()
+    assert hw.hbm_bytes_per_s == fit["source"]["read_bytes_per_s"]
+    rows = fit["source"]["cases"]
+    assert len(rows) == 12 and {r["case"] for r in rows} == {c.name for c in DECODE_CASES}
+    for r in rows:
+        p = predict_layer(SHARD, get_case(r["case"]), fitted_hardware(r["read_bytes_per_s"]), expert_tokens=r["expert_tokens"])
+        # the stored span starts at the first claim, as a trace's does; predict_layer's at launch
+        assert p["time_ns"] / 1e3 - hw.claim_ns / 1e3 == pytest.approx(r["model_us"], abs=1e-3)
+        assert 0.8 <= p["time_ns"] / 1e3 / r["trace_us"] <= 1.25, r["case"]

@@ -5,9 +5,24 @@ MUSE.md) or an estimate to calibrate against a GPU trace (said so below).
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
+from typing import Mapping
 
+from ..isa import Op
 from ..opspec import ProgramError
+
+
+@dataclass(frozen=True)
+class OpTiming:
+    """How one opcode's instructions run, beyond what their bytes cost: fitted
+    to GPU traces by tools/calibrate_model.py (gpuvm/sim/fitted.py)."""
+
+    #: ready to done, less its loads and math: argument checks, set-up,
+    #: pipeline fill and drain, and the chains of round trips of latency-bound ops
+    fixed_ns: float
+    #: the share of its SM's bf16 tensor rate its flops run at (decode, softmax
+    #: and conversions on the CUDA cores keep most ops well under 1)
+    math_fraction: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -45,6 +60,9 @@ class Hardware:
     #: controller hands a decoded instruction to a free group (shared memory +
     #: mbarrier); estimate
     dispatch_ns: float = 50.0
+    #: the loader's prefetch of an instruction that will wait: its first bytes
+    #: only (runtime/loader.cuh GVM_PF_MAX_BYTES); the group loads the rest
+    prefetch_max_bytes: int = 8192
     #: instructions a block holds claimed and not yet handed to a group
     #: (the VM's default claim depth; up to runtime/params.cuh GVM_CLAIM_SLOTS)
     claim_depth: int = 1
@@ -73,8 +91,13 @@ class Hardware:
     #: until a release increment is seen by pollers on other SMs
     #: ("about 0.5-1 us", DESIGN.md brief of the scheduler)
     signal_latency_ns: float = 750.0
+    #: per opcode name (e.g. "GEMM"): its own fixed cost and matrix rate; an
+    #: opcode not named here costs launch_ns at the full tensor rate
+    ops: Mapping[str, OpTiming] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        if not isinstance(self.prefetch_max_bytes, int) or self.prefetch_max_bytes < 0:
+            raise ProgramError(f"Hardware.prefetch_max_bytes must be an int >= 0, not {self.prefetch_max_bytes!r}")
         for name in ("n_blocks", "groups", "sms", "claim_depth"):
             v = getattr(self, name)
             if not isinstance(v, int) or v < 1:
@@ -87,6 +110,16 @@ class Hardware:
         for name in ("claim_ns", "decode_ns", "dispatch_ns", "launch_ns", "cold_code_ns", "mem_latency_ns", "signal_ns", "signal_latency_ns", "probe_ns"):
             if not getattr(self, name) >= 0:
                 raise ProgramError(f"Hardware.{name} must be >= 0")
+
+        for name, timing in self.ops.items():
+            if name not in Op.__members__:
+                raise ProgramError(f"Hardware.ops names {name!r}, which is no opcode")
+            if not isinstance(timing, OpTiming) or not timing.fixed_ns >= 0 or not 0 < timing.math_fraction <= 1:
+                raise ProgramError(f"Hardware.ops[{name!r}] must be an OpTiming with fixed_ns >= 0 and 0 < math_fraction <= 1, not {timing!r}")
+
+    def timing(self, opcode: Op) -> OpTiming:
+        """The opcode's fixed cost and matrix rate (launch_ns and 1 unless named in ops)."""
+        return self.ops.get(Op(opcode).name) or OpTiming(self.launch_ns)
 
     @property
     def flops_per_sm(self) -> float:

@@ -3,7 +3,9 @@
 Each block has a controller and `groups` compute warp groups. The controller
 claims the next instruction (dynamic: one atomic on the global head, which
 serialises claims; static: the next entry of its own list), reads the record,
-has the loader issue the instruction's prefetch, and hands it to a free group.
+has the loader issue the instruction's prefetch (only if it will wait, and
+only its first prefetch_max_bytes, as runtime/loader.cuh does), and hands it
+to a free group.
 Like the device's controller it keeps up to claim_depth instructions claimed
 and not yet handed out (runtime/controller.cuh). With hw.ready_first (the
 device's default) it hands out the oldest held instruction whose waits were
@@ -138,6 +140,7 @@ class _Sim:
         self.unmet = [0] * n
         self.seen_ready = np.full(n, np.inf)  # ready first: when the controller can see i's waits met
         self.in_group = [False] * n
+        self.prefetched = [False] * n  # the loader fetched i's prefetch_bytes while it waited
         self.left = [0] * n
         self.t = {k: np.full(n, np.nan) for k in ("claim", "load", "dispatch", "ready", "done", "signal")}
         self.block = np.full(n, -1, dtype=np.int64)
@@ -217,9 +220,6 @@ class _Sim:
     def _decoded(self, now: float, b: int, i: int) -> None:
         self.t["load"][i] = now
         w = self.work[i]
-        if w.prefetch_bytes:
-            self.left[i] += 1
-            self._start(self.hbm, now, w.prefetch_bytes, lambda t, i=i: self._loaded(t, i))
         blk = self.blocks[b]
         blk.pending -= 1
         blk.queue.append(i)
@@ -229,6 +229,10 @@ class _Sim:
                 heapq.heappush(self.waiters[c], (target, i))
         if not self.unmet[i]:
             self.seen_ready[i] = now  # the record shows waits already met: no probe needed
+        elif w.prefetch_bytes:  # the loader prefetches only for an instruction that will wait (runtime/loader.cuh)
+            self.prefetched[i] = True
+            self.left[i] += 1
+            self._start(self.hbm, now, w.prefetch_bytes, lambda t, i=i: self._loaded(t, i))
         self._hand(b, now)
 
     def _hand(self, b: int, now: float) -> None:
@@ -286,9 +290,10 @@ class _Sim:
                 self.at(now + self.hw.launch_ns, self._part_done, i)
                 return
             lst.taken += 1
-        self.left[i] += 1 + bool(w.hbm_bytes) + bool(w.l2_bytes)
-        if w.hbm_bytes:
-            self._start(self.hbm, now, w.hbm_bytes, lambda t, i=i: self._loaded(t, i))
+        hbm = w.hbm_bytes + (0 if self.prefetched[i] else w.prefetch_bytes)
+        self.left[i] += 1 + bool(hbm) + bool(w.l2_bytes)
+        if hbm:
+            self._start(self.hbm, now, hbm, lambda t, i=i: self._loaded(t, i))
         if w.l2_bytes:
             self._start(self.l2, now, w.l2_bytes, lambda t, i=i: self._loaded(t, i))
         self.at(now + w.fixed_ns, self._launched, int(self.block[i]), i)

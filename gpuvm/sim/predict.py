@@ -57,12 +57,30 @@ def skewed_expert_tokens(cfg: MuseConfig, tokens: int, load: float = 2.0, zipf: 
     return out
 
 
+def _chunk_tokens(t: int) -> int:
+    """Tokens an expert item's tiles compute for t tokens (ops/experts.cuh):
+    the register path (up to 8) multiplies n8 tiles of tokens; the shared tile
+    decodes its weights once per chunk of 32 and multiplies the whole chunk."""
+    return 0 if t == 0 else 8 if t <= 8 else 32 * -(-t // 32)
+
+
+def _attn_rows(ins) -> int:
+    """Query rows an attention chunk's MMAs compute (ops/attention.cuh): its
+    conversation's tokens times the q heads of a kv head, in m-tiles of 16 a
+    warp, or 64-row warpgroup rounds from three m-tiles."""
+    q, k_cache, convs, part_o = ins.tensors[0], ins.tensors[1], ins.tensors[3], ins.tensors[4]
+    rows = q.shape[0] // convs.shape[0] * (part_o.shape[1] // k_cache.shape[2])
+    return 16 * -(-rows // 16) if rows <= 32 else 64 * -(-rows // 64)
+
+
 def layer_costs(stream: Stream, expert_tokens: Sequence[int]) -> list[Cost]:
     """Each op's Cost, an expert worker's from the items it gets when the
     local experts have these tokens (ops/experts.cuh's work list, dealt
     round-robin over the list's workers in stream order): per item
-    of n rows of an expert with t tokens, n rows of weights, t rows of math
-    and activations, plus one input row per token. The code warmer's lead
+    of n rows of an expert with t tokens, n rows of weights, t rows of
+    activations plus one input row per token, and the math of t's whole
+    token tiles (_chunk_tokens). An attention chunk's math is that of its
+    query rows' tiles (_attn_rows): its static cost counts none. The code warmer's lead
     instances (gpuvm/muse/code_warm.py) keep their static costs: their lists
     route a small layer's tokens, not these."""
     out: list[Cost] = []
@@ -89,8 +107,10 @@ def layer_costs(stream: Stream, expert_tokens: Sequence[int]) -> list[Cost]:
                 t = int(expert_tokens[e])
                 wb += mats * n * (k // 2 + k // 16)
                 ab += t * (n * 8 + x.row_bytes)
-                fl += t * 2 * mats * k * n
+                fl += _chunk_tokens(t) * 2 * mats * k * n
             c = Cost(wb, ab, fl)
+        elif ins.opcode == Op.ATTN_CHUNK and not ins.lead:
+            c = Cost(c.weight_bytes, c.act_bytes, _attn_rows(ins) * 4 * ins.args[3] * ins.tensors[1].shape[-1])
         out.append(c)
     return out
 
@@ -107,6 +127,8 @@ def predict_layer(
     """Model time of one layer step of case against its floor.
 
     expert_tokens: tokens of each local expert (default skewed_expert_tokens).
+    Static mode runs the lists the device's VM would (static_lists with
+    Hardware()'s cost estimates and the stream's own costs), timed with hw.
     The floor is MUSE.md's: bytes / hbm_bytes_per_s, and for prefill also
     flops / flops_per_s, whichever is longer.
     """
@@ -122,7 +144,12 @@ def predict_layer(
     kw = {} if tiles is None else {"tiles": tiles}
     lp = lower_layer(cfg, case.kind, case.conversations, case.tokens_each, slots, **kw)
     costs = layer_costs(lp.stream, toks)
-    r = simulate(lp.stream, hw, mode, costs=costs)
+    lists = None
+    if mode == "static":  # the lists the device's VM makes (gpuvm/device/vm.py): Hardware()'s costs, the stream's own
+        from ..static import static_lists
+
+        lists = static_lists(lp.stream, hw.n_blocks, hw.groups)
+    r = simulate(lp.stream, hw, mode, lists, costs=costs)
     hit = sum(1 for t in toks if t)
     fb = floor_bytes(cfg, case, hit)["total"]
     floor_ns = fb / hw.hbm_bytes_per_s * 1e9

@@ -22,8 +22,8 @@ HBM_ACT_OPS = frozenset({Op.ATTN_CHUNK})
 class OpWork:
     """One instruction's demands on the machine."""
 
-    prefetch_bytes: int  # HBM weight bytes the loader issues at claim time
-    hbm_bytes: int  # HBM bytes read once the waits are met (weights not prefetched, KV cache)
+    prefetch_bytes: int  # HBM weight bytes the loader issues at claim time if the op will wait (else the op loads them)
+    hbm_bytes: int  # HBM bytes read once the waits are met (weights past the prefetch, KV cache)
     l2_bytes: int  # activation bytes read once the waits are met
     flops: float  # matrix work, shared with the other busy groups of the SM
     fixed_ns: float  # launch cost (+ SLEEP time), or the caller's duration
@@ -52,11 +52,12 @@ def op_work(stream: Stream, hw: Hardware, durations: Sequence[float] | None = No
         c = ins.cost if costs is None else costs[i]
         if min(c.weight_bytes, c.act_bytes, c.flops) < 0:
             raise ProgramError(f"instruction {i} '{ins.label}': negative cost {c}")
-        pf = 0 if ins.prefetch is None else min(ins.prefetch[2], c.weight_bytes)
+        pf = 0 if ins.prefetch is None else min(ins.prefetch[2], c.weight_bytes, hw.prefetch_max_bytes)
         hbm_act = c.act_bytes if ins.opcode in HBM_ACT_OPS else 0
         if durations is None:
-            fixed = hw.launch_ns + (ins.args[0] if ins.opcode == Op.SLEEP else 0) + (hw.cold_code_ns if ins.lead else 0.0)
-            flops = float(c.flops)
+            timing = hw.timing(ins.opcode)
+            fixed = timing.fixed_ns + (ins.args[0] if ins.opcode == Op.SLEEP else 0) + (hw.cold_code_ns if ins.lead else 0.0)
+            flops = float(c.flops) / timing.math_fraction  # the tensor-rate flops that take as long
         else:
             fixed = float(durations[i])
             if not fixed >= 0:
