@@ -125,3 +125,19 @@ def test_ties_spread_over_blocks() -> None:
         p.op(Op.SLEEP, args=[10_000])
     lists = static_lists(p.build(), 4, 2)
     assert [len(lst) for lst in lists] == [1, 1, 1, 1]
+
+
+def test_the_lists_rule_counts_whole_prefetch_ranges_whatever_the_loaders_bound() -> None:
+    """The device's static lists are the ones the H200 measured: the model's
+    bound on the loader's prefetch must not move them (gpuvm/static.py)."""
+    from gpuvm.muse.cases import get_case
+    from gpuvm.muse.config import SHARD
+    from gpuvm.muse.lowering import lower_layer
+    from gpuvm.muse.state import cache_slots
+
+    case = get_case("full-c1-t1")
+    s = lower_layer(SHARD, case.kind, case.conversations, case.tokens_each, cache_slots(SHARD, case.kind, case.tokens_each, case.context)).stream
+    assert any(ins.prefetch is not None and ins.prefetch[2] > 8192 for ins in s.ops)
+    lists = static_lists(s, 132, 2)
+    assert static_lists(s, 132, 2, Hardware(prefetch_max_bytes=0)) == lists
+    assert static_lists(s, 132, 2, Hardware(prefetch_max_bytes=1 << 40)) == lists
