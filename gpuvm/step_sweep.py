@@ -91,14 +91,34 @@ def cpu_step(shape: StepShape) -> dict:
         same += int((tokens.long() == ref.tokens)[clear].sum())
         ref_state.write_caches([o.k_cache for o in ref.layers], [o.v_cache for o in ref.layers])
         state.advance()
+        ref_state.advance()  # the reference's positions too: without it its second step re-ran the first's
         tokens.copy_(ref.tokens.to(torch.int32))  # both sides go on from the reference's choice
     big, build_s = _build(SHARD, shape, shape.context + shape.tokens_each)
+    model = model_step(big.stream, shape)
     return {
         "case": shape.name, "conversations": shape.conversations, "tokens_each": shape.tokens_each, "tokens": shape.tokens,
         "context": shape.context, "small_context": ctx, "small_tokens_same": same, "small_tokens_decided": decided,
         "small_tokens": 2 * shape.tokens, "small_ok": same == decided and 2 * decided >= 2 * shape.tokens,
-        "instructions": len(big.stream), "build_s": build_s,
+        "instructions": len(big.stream), "build_s": build_s, **model,
     }
+
+
+def model_step(stream: "object", shape: StepShape) -> dict:
+    """The scheduler model's time of the shard's step (fitted to H200 layer
+    traces, gpuvm/sim/fitted.py) at MUSE.md's nominal read, every layer routed
+    with the benchmarks' skew, against the floor of that routing."""
+    from .sim.fitted import fitted_hardware
+    from .sim.hardware import Hardware
+    from .sim.model import simulate
+    from .sim.predict import layer_costs, skewed_expert_tokens
+
+    hw = fitted_hardware(Hardware().hbm_bytes_per_s)
+    toks = skewed_expert_tokens(SHARD, shape.tokens)
+    r = simulate(stream, hw, "dynamic", costs=layer_costs(stream, toks))  # type: ignore[arg-type]
+    hit = sum(1 for t in toks if t)
+    floor_ms = step_floor_bytes(SHARD, shape, [hit] * SHARD.n_layers) / hw.hbm_bytes_per_s * 1e3
+    return {"model_hit": hit, "model_floor_ms": floor_ms, "model_dynamic_ms": r.makespan_ns / 1e6,
+            "model_dynamic_over_floor": r.makespan_ns / 1e6 / floor_ms}
 
 
 # ---- GPU --------------------------------------------------------------------------
@@ -228,6 +248,10 @@ CPU_COLUMNS = [
     ("small_tokens", "of all", "{}"),
     ("instructions", "instructions (shard)", "{}"),
     ("build_s", "build s", "{:.2f}"),
+    ("model_hit", "model hit/layer", "{}"),
+    ("model_floor_ms", "floor ms*", "{:.2f}"),
+    ("model_dynamic_ms", "model dyn ms", "{:.2f}"),
+    ("model_dynamic_over_floor", "dyn/floor", "{:.2f}"),
 ]
 
 GPU_COLUMNS = [

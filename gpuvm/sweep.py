@@ -318,7 +318,8 @@ def step_sweep_main(a: SweepArgs, meta: dict) -> int:
 
     if a.backend == "cpu":
         print("gpuvm sweep --step: no GPU on this machine. Running the step at small dims (d=256) on the CPU backend against the "
-              "reference, and timing the build of the shard's step program. No GPU figure.", file=sys.stderr)
+              "reference, timing the build of the shard's step program, and the scheduler model's time of that program "
+              "(fitted to H200 layer traces). No GPU figure: model predictions, not measurements.", file=sys.stderr)
         columns = ss.CPU_COLUMNS
         rows = [ss.cpu_step(c) for c in progress(list(a.steps))]
     else:
@@ -330,7 +331,10 @@ def step_sweep_main(a: SweepArgs, meta: dict) -> int:
     paths = write_outputs(a.out, meta, rows, columns, False)
     if a.plot and a.backend == "gpu":
         paths.append(_plot_step(a.out / "sweep.png", meta, rows))
-    note = None if a.backend == "cpu" else f"floor: every layer's bytes (its experts hit) + the LM head / {meta['read_bw_TBps']:.2f} TB/s streaming-read bandwidth measured in this run"
+    from .sim.fitted import fit_source
+
+    note = ("* floor of the model's routing (the benchmarks' skew in every layer) at the nominal 4.42 TB/s of MUSE.md; model: "
+            + fit_source()) if a.backend == "cpu" else f"floor: every layer's bytes (its experts hit) + the LM head / {meta['read_bw_TBps']:.2f} TB/s streaming-read bandwidth measured in this run"
     return report(rows, columns, paths, note, "step(s) failed")
 
 

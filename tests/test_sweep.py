@@ -103,3 +103,17 @@ def test_step_floor_counts_every_layer_and_the_lm_head() -> None:
     layers = sum(floor_bytes(SHARD, Case("x", layer_kind(SHARD, i), 1, 1, 81_920), 2)["total"] for i in range(SHARD.n_layers))
     assert fb == layers + SHARD.vocab_shard * SHARD.d * 2
     assert 16.0e9 < fb < 17.0e9  # issue 7: "about 16.5 GB at one token touching two local experts per layer"
+
+
+def test_cpu_step_checks_both_steps_and_models_the_shards_step() -> None:
+    """`gpuvm sweep --step` without a GPU: each of its two small steps against
+    the reference at the same positions (the second step once judged nothing:
+    the reference stayed at the first step's positions), and the fitted
+    model's time of the shard's program beside its floor."""
+    from gpuvm.step_sweep import StepShape, cpu_step
+
+    row = cpu_step(StepShape(1, 8, 81_920))
+    assert row["small_tokens"] == 16 and row["small_tokens_decided"] >= 12
+    assert row["small_tokens_same"] == row["small_tokens_decided"] and row["small_ok"]
+    assert row["model_hit"] >= 1 and row["model_floor_ms"] > 3.0
+    assert 1.0 < row["model_dynamic_over_floor"] < 10.0
