@@ -479,3 +479,27 @@ def test_the_stored_fit_reproduces_its_traced_layers() -> None:
         # the stored span starts at the first claim, as a trace's does; predict_layer's at launch
         assert p["time_ns"] / 1e3 - hw.claim_ns / 1e3 == pytest.approx(r["model_us"], abs=1e-3)
         assert 0.8 <= p["time_ns"] / 1e3 / r["trace_us"] <= 1.25, r["case"]
+
+
+def test_claimed_items_even_out_a_skew_that_a_fixed_round_robin_does_not() -> None:
+    """With each item its own cost (list_item_costs), a list's workers claim
+    them one at a time, while the fixed round robin (Tiles.expert_fixed) gives
+    each worker its share whenever it starts: on static lists, where the
+    workers start at different times, the claimed lists end first, as on the
+    H200 (README, the fully static column)."""
+    from gpuvm.muse.lowering import Tiles
+    from gpuvm.sim.predict import list_item_costs
+    from gpuvm.static import static_lists
+
+    case = get_case("full-c16-t8")
+    toks = skewed_expert_tokens(SHARD, case.tokens)
+    phase = {}
+    for fixed in (0, 1):
+        s = lower_layer(SHARD, case.kind, case.conversations, case.tokens_each, cache_slots(SHARD, case.kind, case.tokens_each, case.context), tiles=Tiles(expert_fixed=fixed)).stream
+        items = list_item_costs(s, toks)
+        assert sum(c.weight_bytes for v in items.values() for c in v) == sum(c.weight_bytes for ins, c in zip(s.ops, layer_costs(s, toks)) if ins.opcode in (Op.EXPERT_UP, Op.EXPERT_DOWN) and not ins.lead)
+        lists = static_lists(s, 132, 2)  # the device's: its workers start at different times
+        r = simulate(s, fitted_hardware(), "static", lists, costs=layer_costs(s, toks), item_costs=items)
+        up = [i for i, o in enumerate(s.ops) if o.opcode == Op.EXPERT_UP and not o.lead]
+        phase[fixed] = max(r.done[i] for i in up) - min(r.ready[i] for i in up)
+    assert phase[1] > 1.1 * phase[0]

@@ -9,7 +9,7 @@ predicted the layers 2.2-2.4x faster than they ran. This fits what the traces
 can pin down: each opcode's fixed cost and matrix rate (Hardware.ops), and the
 per-load bandwidth cap, memory latency, L2 rate, signal latency and cold-code
 cost. Each dynamic trace (trace-<case>.npz; the -static and -fixed ones are
-kept for --check) gives its case, the expert tokens its run routed and the
+held out, run on the lists their blocks ran) gives its case, the expert tokens its run routed and the
 read bandwidth measured in that run; the layer is lowered again as the sweep
 lowered it (same instruction count, checked) and simulated. The fit minimises,
 summed over the cases, twice the squared log ratio of model to trace for the
@@ -41,12 +41,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from gpuvm.isa import Op  # noqa: E402
 from gpuvm.muse.cases import get_case  # noqa: E402
 from gpuvm.muse.config import SHARD  # noqa: E402
-from gpuvm.muse.lowering import lower_layer  # noqa: E402
+from gpuvm.muse.lowering import Tiles, lower_layer  # noqa: E402
 from gpuvm.muse.state import cache_slots  # noqa: E402
 from gpuvm.sim import fitted  # noqa: E402
 from gpuvm.sim.hardware import Hardware, OpTiming  # noqa: E402
 from gpuvm.sim.model import simulate  # noqa: E402
-from gpuvm.sim.predict import layer_costs  # noqa: E402
+from gpuvm.sim.predict import layer_costs, list_item_costs  # noqa: E402
 from gpuvm.trace.format import Trace  # noqa: E402
 from gpuvm.trace.summary import op_stats  # noqa: E402
 from gpuvm.trace.timeline import build  # noqa: E402
@@ -64,6 +64,7 @@ class Case:
     mode: str
     stream: object
     costs: list
+    items: dict  # the expert lists' items, each its Cost (predict.list_item_costs)
     read_bw: float  # bytes/s, measured in the traced run
     span_ns: float
     ops: dict[str, tuple[float, float]]  # op name -> (phase, median run) ns
@@ -77,7 +78,8 @@ def _targets(trace: Trace) -> tuple[float, dict[str, tuple[float, float]]]:
 
 
 def load_cases(paths: list[Path], modes: tuple[str, ...]) -> list[Case]:
-    """The traces' cases, lowered again; a mode's suffix: '' dynamic, -static."""
+    """The traces' cases, lowered again; a mode's suffix: '' dynamic, -static,
+    -fixed (fully static: the expert items in a fixed round robin, Tiles.expert_fixed)."""
     out = []
     for p in sorted(paths):
         stem = p.stem.removeprefix("trace-")
@@ -88,15 +90,16 @@ def load_cases(paths: list[Path], modes: tuple[str, ...]) -> list[Case]:
         tr = Trace.load(p)
         case = get_case(name)
         slots = cache_slots(SHARD, case.kind, case.tokens_each, case.context)
-        lp = lower_layer(SHARD, case.kind, case.conversations, case.tokens_each, slots)
+        lp = lower_layer(SHARD, case.kind, case.conversations, case.tokens_each, slots, tiles=Tiles(expert_fixed=int(mode == "fixed")))
         if len(lp.stream) != len(tr) or lp.stream.ops[-1].label != tr.labels[-1]:
             raise SystemExit(f"{p}: the lowering gives {len(lp.stream)} instructions, the trace has {len(tr)}: not this code's trace")
         toks = [int(t) for t in tr.meta["expert_tokens"]]
         lists = None
-        if mode == "static":  # the lists the device ran: each block's instructions in stream order
+        if mode != "dynamic":  # the lists the device ran: each block's instructions in stream order
             lists = [sorted(np.flatnonzero(tr.records["block"] == b).tolist()) for b in range(int(tr.meta["n_blocks"]))]
         span, ops = _targets(tr)
-        out.append(Case(name, mode, lp.stream, layer_costs(lp.stream, toks), float(tr.meta["read_bw_TBps"]) * 1e12, span, ops, toks, lists))
+        out.append(Case(name, mode, lp.stream, layer_costs(lp.stream, toks), list_item_costs(lp.stream, toks), float(tr.meta["read_bw_TBps"]) * 1e12,
+                        span, ops, toks, lists))
     if not out:
         raise SystemExit("no traces of the asked modes")
     return out
@@ -109,8 +112,8 @@ def hardware(params: dict[str, float], read_bw: float) -> Hardware:
 
 def model(case: Case, params: dict[str, float]) -> tuple[float, dict[str, tuple[float, float]]]:
     hw = hardware(params, case.read_bw)
-    mode = "static" if case.mode == "static" else "dynamic"
-    r = simulate(case.stream, hw, mode, case.lists, costs=case.costs)
+    mode = "dynamic" if case.mode == "dynamic" else "static"
+    r = simulate(case.stream, hw, mode, case.lists, costs=case.costs, item_costs=case.items)
     return _targets(r.trace)
 
 
@@ -194,7 +197,7 @@ def main() -> None:
         paths = list(folder.glob("trace-*.npz"))
         if args.check:
             stored = fitted.load()
-            print_rows(report(load_cases(paths, ("dynamic", "static")), stored["params"]))
+            print_rows(report(load_cases(paths, ("dynamic", "static", "fixed")), stored["params"]))
             return
         cases = load_cases(paths, ("dynamic",))
         device = Trace.load(paths[0]).meta.get("device", "")
@@ -203,8 +206,8 @@ def main() -> None:
         params, err = fit(cases, start, args.max_evals)
         rows = report(cases, params)
         print_rows(rows)
-        check = report(load_cases(paths, ("static",)), params)
-        print("held out, the static traces (lists as the device ran them):")
+        check = report(load_cases(paths, ("static", "fixed")), params)
+        print("held out, the static and fully static traces (lists as the device ran them):")
         print_rows(check)
         for k in sorted(params):
             print(f"  {k:24s} {params[k]:.4g}")

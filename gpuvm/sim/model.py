@@ -20,7 +20,8 @@ tensor cores among the busy groups. The workers of an expert work list
 worker's work) as the device's do: a ready worker takes the next item and,
 having finished it, the next, until none are left; a worker that finds the
 list taken ends at once; the one that finishes the last item adds the list's
-a1 to the counter, the others add nothing (ops/experts.cuh).
+a1 to the counter, the others add nothing (ops/experts.cuh). A worker of a
+fixed round robin (a4 > 0) runs its own share, whenever it gets to run.
 
 No deadlock for a valid stream: the earliest unfinished instruction m has all
 its dependencies done (they come earlier in the stream). It is claimed or
@@ -37,7 +38,7 @@ from __future__ import annotations
 import heapq
 import math
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -47,7 +48,7 @@ from ..program import Stream, work_lists
 from ..trace.format import Trace
 from .hardware import Hardware
 from .share import Share
-from .work import OpWork, op_work
+from .work import OpWork, list_item_work, op_work
 
 MODES = ("dynamic", "static")
 
@@ -100,13 +101,17 @@ class SimResult:
 
 @dataclass
 class _List:
-    """An expert work list: its items (one per worker: the finisher adds their
-    count, the list's a1, to the counter; Program.build checks the two agree)
-    and what its workers did."""
+    """An expert work list: its workers (the finisher adds their count, the
+    list's a1, to the counter; Program.build checks the two agree), its items
+    (without item costs: one a worker, each costing that worker's work) and
+    what its workers did."""
 
+    workers: int
     items: int
+    work: list[OpWork] | None = None  # each item's, in the list's order
     taken: int = 0
     done: int = 0
+    signalled: bool = False
 
 
 @dataclass
@@ -121,7 +126,8 @@ class _Block:
 
 
 class _Sim:
-    def __init__(self, stream: Stream, hw: Hardware, mode: str, lists: list[list[int]] | None, work: list[OpWork]) -> None:
+    def __init__(self, stream: Stream, hw: Hardware, mode: str, lists: list[list[int]] | None, work: list[OpWork],
+                 item_work: dict[tuple[int, int], list[OpWork]] | None = None) -> None:
         self.s, self.hw, self.mode, self.lists, self.work = stream, hw, mode, lists, work
         ops = stream.ops
         n = self.n = len(ops)
@@ -130,11 +136,15 @@ class _Sim:
         self.sig = [None if ins.signal is None else ins.signal.id for ins in ops]
         self.list_of = [-1] * n  # the work list of a worker, by index into self.lists_run
         self.lists_run: list[_List] = []
-        for members in work_lists(ops).values():
+        for key, members in work_lists(ops).items():
             for i in members:
                 self.list_of[i] = len(self.lists_run)
-            self.lists_run.append(_List(len(members)))
-        self.item = [False] * n  # a worker's current run is an item (else: it found its list taken)
+            iw = None if item_work is None else item_work.get(key)
+            self.lists_run.append(_List(len(members), len(members) if iw is None else len(iw), iw))
+        self.item = [-1] * n  # the item a worker runs (-1: it found its list taken)
+        # a worker of a fixed round robin (a4 > 0, Tiles.expert_fixed) runs items a4 - 1,
+        # a4 - 1 + workers, ... and claims nothing
+        self.fixed = [self.list_of[i] >= 0 and ops[i].args[4] > 0 for i in range(n)]
         self.value = [0] * len(stream.counters)
         self.waiters: list[list[tuple[int, int]]] = [[] for _ in self.value]  # heap of (target, instr)
         self.unmet = [0] * n
@@ -284,23 +294,29 @@ class _Sim:
         k = self.list_of[i]
         if k >= 0:
             lst = self.lists_run[k]
-            self.item[i] = lst.taken < lst.items
-            if not self.item[i]:  # the list is taken: the op's launch cost, no item's
+            if self.fixed[i]:  # its own next item, if any is left
+                j = self.ops[i].args[4] - 1 if self.item[i] < 0 else self.item[i] + lst.workers
+            else:
+                j = lst.taken
+            self.item[i] = j if j < lst.items else -1
+            if self.item[i] < 0:  # nothing left: the op's launch cost, no item's
                 self.left[i] += 1
                 self.at(now + self.hw.launch_ns, self._part_done, i)
                 return
             lst.taken += 1
+            if lst.work is not None:
+                w = lst.work[j]
         hbm = w.hbm_bytes + (0 if self.prefetched[i] else w.prefetch_bytes)
         self.left[i] += 1 + bool(hbm) + bool(w.l2_bytes)
         if hbm:
             self._start(self.hbm, now, hbm, lambda t, i=i: self._loaded(t, i))
         if w.l2_bytes:
             self._start(self.l2, now, w.l2_bytes, lambda t, i=i: self._loaded(t, i))
-        self.at(now + w.fixed_ns, self._launched, int(self.block[i]), i)
+        self.at(now + w.fixed_ns, self._launched, int(self.block[i]), i, w.flops)
 
-    def _launched(self, now: float, b: int, i: int) -> None:
-        if self.work[i].flops:
-            self._start(self.math[b], now, self.work[i].flops, lambda t, i=i: self._part_done(t, i))
+    def _launched(self, now: float, b: int, i: int, flops: float) -> None:
+        if flops:
+            self._start(self.math[b], now, flops, lambda t, i=i: self._part_done(t, i))
         else:
             self._part_done(now, i)
 
@@ -317,12 +333,15 @@ class _Sim:
         k = self.list_of[i]
         if k >= 0:
             lst = self.lists_run[k]
-            if self.item[i]:
+            if self.item[i] >= 0:
                 lst.done += 1
-                if lst.done < lst.items and lst.taken < lst.items:
+                more = self.item[i] + lst.workers < lst.items if self.fixed[i] else lst.taken < lst.items
+                if lst.done < lst.items and more:
                     self._run(now, i)  # the next item, on the same group
                     return
-            amount = lst.items if self.item[i] and lst.done == lst.items else 0
+            # the list's a1 once its items are all done (by the first to see it: an empty list's first worker)
+            amount = lst.workers if lst.done == lst.items and not lst.signalled else 0
+            lst.signalled |= bool(amount)
         self.t["done"][i] = now
         self.order.append(i)
         c = self.sig[i]
@@ -399,12 +418,17 @@ def simulate(
     durations: Sequence[float] | None = None,
     *,
     costs: Sequence[Cost] | None = None,
+    item_costs: Mapping[tuple[int, int], Sequence[Cost]] | None = None,
 ) -> SimResult:
     """Run the model over one step of stream.
 
     mode 'dynamic' claims on the global head; 'static' runs lists (default:
     gpuvm.static.static_lists for hw). durations[i] replaces op i's compute
-    time in ns; costs[i] replaces its Cost (see work.op_work). Raises
+    time in ns; costs[i] replaces its Cost (see work.op_work). item_costs
+    gives the items of expert work lists, by work_lists' key, each its own
+    Cost (predict.list_item_costs): workers then take them one at a time as
+    the device's do (or their own, in a fixed round robin); without them a
+    list has an item a worker, costing that worker's Cost. Raises
     DeadlockError if the run cannot finish (never for a valid stream and
     lists in stream order).
     """
@@ -423,6 +447,6 @@ def simulate(
         # order is not checked: a list out of stream order is allowed to show its deadlock
         check_lists(lists, n, hw.n_blocks, ordered=False)
         lists = [list(map(int, lst)) for lst in lists]
-    sim = _Sim(stream, hw, mode, lists, work)
+    sim = _Sim(stream, hw, mode, lists, work, None if item_costs is None else list_item_work(stream, hw, item_costs))
     sim.run()
     return SimResult(stream, hw, mode, lists, sim.block, sim.group, finish_order=sim.order, **sim.t)

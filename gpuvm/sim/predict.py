@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Sequence
 from ..isa import Op
 from ..muse.config import MuseConfig
 from ..opspec import Cost, ProgramError, expert_items
-from ..program import Stream
+from ..program import Stream, work_lists
 from .hardware import Hardware
 from .model import simulate
 from .work import op_work
@@ -73,46 +73,54 @@ def _attn_rows(ins) -> int:
     return 16 * -(-rows // 16) if rows <= 32 else 64 * -(-rows // 64)
 
 
+def _list_items(ins, expert_tokens: Sequence[int], made: dict) -> list[Cost]:  # type: ignore[no-untyped-def]
+    """The items of the work list of expert worker ins, in the list's order,
+    each its Cost: n rows of weights, t rows of activations plus one input row
+    per token, the math of t's whole token tiles (_chunk_tokens)."""
+    dst, x, meta = ins.tensors[0], ins.tensors[1], ins.tensors[5]
+    assert dst is not None and x is not None and meta is not None
+    if len(expert_tokens) != meta.shape[1]:
+        raise ProgramError(f"'{ins.label}' covers {meta.shape[1]} experts; expert_tokens has {len(expert_tokens)} entries")
+    k, n_out, mats = x.shape[1], dst.shape[1], 2 if ins.opcode == Op.EXPERT_UP else 1
+    key = (ins.opcode, k, n_out, x.row_bytes, ins.args[1], ins.args[2], ins.args[3])  # the items depend on these and the tokens only
+    if key not in made:
+        made[key] = [Cost(mats * n * (k // 2 + k // 16), t * (n * 8 + x.row_bytes), _chunk_tokens(t) * 2 * mats * k * n)
+                     for t, n in ((int(expert_tokens[e]), n) for e, _, n in expert_items(expert_tokens, n_out, ins.args[1], ins.args[2], ins.args[3]))]
+    return made[key]
+
+
 def layer_costs(stream: Stream, expert_tokens: Sequence[int]) -> list[Cost]:
-    """Each op's Cost, an expert worker's from the items it gets when the
-    local experts have these tokens (ops/experts.cuh's work list, dealt
-    round-robin over the list's workers in stream order): per item
-    of n rows of an expert with t tokens, n rows of weights, t rows of
-    activations plus one input row per token, and the math of t's whole
-    token tiles (_chunk_tokens). An attention chunk's math is that of its
-    query rows' tiles (_attn_rows): its static cost counts none. The code warmer's lead
-    instances (gpuvm/muse/code_warm.py) keep their static costs: their lists
-    route a small layer's tokens, not these."""
+    """Each op's Cost, an expert worker's the sum of the items it gets when the
+    local experts have these tokens, dealt round-robin over the list's workers
+    in stream order (the share a worker runs in a fixed round robin; claimed
+    lists need list_item_costs' items too). An attention chunk's math is that
+    of its query rows' tiles (_attn_rows): its static cost counts none. The
+    code warmer's lead instances (gpuvm/muse/code_warm.py) keep their static
+    costs: their lists route a small layer's tokens, not these."""
     out: list[Cost] = []
-    seen: dict[tuple[str, int], int] = {}  # workers of each list so far: the model deals items round-robin
-    lists: dict[tuple, list[tuple[int, int, int]]] = {}  # the items of each list shape, made once
+    seen: dict[tuple[int, int], int] = {}  # workers of each list so far
+    made: dict = {}
     for ins in stream.ops:
         c = ins.cost
         if ins.opcode in EXPERT_OPS and not ins.lead:
-            dst, x, meta, work = ins.tensors[0], ins.tensors[1], ins.tensors[5], ins.tensors[7]
-            assert dst is not None and x is not None and meta is not None and work is not None
-            if len(expert_tokens) != meta.shape[1]:
-                raise ProgramError(f"'{ins.label}' covers {meta.shape[1]} experts; expert_tokens has {len(expert_tokens)} entries")
-            key = (work.name, ins.args[0])
-            wk, n_w = seen.get(key, 0), ins.args[1]
+            key = (ins.tensors[7].index, ins.args[0])  # type: ignore[union-attr]
+            wk = seen.get(key, 0)
             seen[key] = wk + 1
-            k, n_out = x.shape[1], dst.shape[1]
-            mats = 2 if ins.opcode == Op.EXPERT_UP else 1
-            lk = (n_out, n_w, ins.args[2], ins.args[3])  # the items depend on these and expert_tokens only
-            if lk not in lists:
-                lists[lk] = expert_items(expert_tokens, n_out, n_w, ins.args[2], ins.args[3])
-            items = lists[lk]
-            wb = ab = fl = 0
-            for e, _, n in items[wk::n_w]:
-                t = int(expert_tokens[e])
-                wb += mats * n * (k // 2 + k // 16)
-                ab += t * (n * 8 + x.row_bytes)
-                fl += _chunk_tokens(t) * 2 * mats * k * n
-            c = Cost(wb, ab, fl)
+            mine = _list_items(ins, expert_tokens, made)[wk :: ins.args[1]]
+            c = Cost(sum(i.weight_bytes for i in mine), sum(i.act_bytes for i in mine), sum(i.flops for i in mine))
         elif ins.opcode == Op.ATTN_CHUNK and not ins.lead:
             c = Cost(c.weight_bytes, c.act_bytes, _attn_rows(ins) * 4 * ins.args[3] * ins.tensors[1].shape[-1])
         out.append(c)
     return out
+
+
+def list_item_costs(stream: Stream, expert_tokens: Sequence[int]) -> dict[tuple[int, int], list[Cost]]:
+    """The items of every expert work list but the code warmer's, by
+    work_lists' key, each its own Cost (see _list_items), for simulate's
+    item_costs: claimed one at a time by the list's workers, as on the device."""
+    made: dict = {}
+    return {key: _list_items(stream.ops[members[0]], expert_tokens, made)
+            for key, members in work_lists(stream.ops).items() if not stream.ops[members[0]].lead}
 
 
 def predict_layer(
@@ -149,7 +157,7 @@ def predict_layer(
         from ..static import static_lists
 
         lists = static_lists(lp.stream, hw.n_blocks, hw.groups)
-    r = simulate(lp.stream, hw, mode, lists, costs=costs)
+    r = simulate(lp.stream, hw, mode, lists, costs=costs, item_costs=list_item_costs(lp.stream, toks))
     hit = sum(1 for t in toks if t)
     fb = floor_bytes(cfg, case, hit)["total"]
     floor_ns = fb / hw.hbm_bytes_per_s * 1e9

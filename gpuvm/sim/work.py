@@ -6,11 +6,11 @@ that the lists are balanced with the same numbers the simulation uses.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Mapping, Sequence
 
 from ..isa import Op
 from ..opspec import Cost, ProgramError
-from ..program import Stream
+from ..program import Stream, work_lists
 from .hardware import Hardware
 
 #: opcodes whose activation bytes come from HBM rather than L2: attention reads
@@ -64,4 +64,18 @@ def op_work(stream: Stream, hw: Hardware, durations: Sequence[float] | None = No
                 raise ProgramError(f"duration of instruction {i} must be >= 0, not {durations[i]!r}")
             flops = 0.0
         out.append(OpWork(pf, c.weight_bytes - pf + hbm_act, c.act_bytes - hbm_act, flops, fixed))
+    return out
+
+
+def list_item_work(stream: Stream, hw: Hardware, item_costs: Mapping[tuple[int, int], Sequence[Cost]]) -> dict[tuple[int, int], list[OpWork]]:
+    """Each expert work list's items as OpWork (by work_lists' key): its
+    weights and activations loaded once the item starts, its math at the
+    opcode's rate, the opcode's fixed cost for every item."""
+    lists = work_lists(stream.ops)
+    out: dict[tuple[int, int], list[OpWork]] = {}
+    for key, items in item_costs.items():
+        if key not in lists:
+            raise ProgramError(f"item costs for work list {key}, which the stream does not have")
+        timing = hw.timing(stream.ops[lists[key][0]].opcode)
+        out[key] = [OpWork(0, c.weight_bytes, c.act_bytes, float(c.flops) / timing.math_fraction, timing.fixed_ns) for c in items]
     return out
