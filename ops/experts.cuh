@@ -410,7 +410,6 @@ __device__ __forceinline__ void gvm_exp_mma(const gvm_ctx& c, float (&acc)[GVM_E
 #pragma unroll
     for (int b = 0; b + 1 < NST; ++b)
         if (WCOPY && b < steps) wfetch(b, kk(b));
-    if (DBL) __syncwarp();  // lane 0's arrivals before any lane's wait (the emulator's waits cannot block)
     if (!(GVM_EXPR_PROBE & 256)) gvm_exp_xfetch(c, x, s_rows, s_raw, tm, kk(0), kdim, gvm_policy_evict_normal());
     int buf = 0;
     unsigned phase = 0;  // the parity of buffer buf's current use (two-unit layout)

@@ -4,6 +4,7 @@
 // the host for the CPU tests.
 #pragma once
 #include "op_ctx.cuh"
+#include "../runtime/stamps.cuh"
 
 // ---- conversions ---------------------------------------------------------------
 // Round-to-nearest-even bf16 pair; lo lands in the low half.
@@ -125,17 +126,27 @@ __device__ __forceinline__ void gvm_bulk_g2s(unsigned dst, const void* src, unsi
 // Earlier generic-proxy accesses of shared memory (this thread's, and its warp's
 // after a __syncwarp) are ordered before its later bulk copies into it.
 __device__ __forceinline__ void gvm_fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
-// Waits until the phase of this parity has completed (the hardware suspends the
-// thread between tries). A phase that never completes (bytes announced that no
-// copy delivers) traps after ~2^24 tries: the launch fails instead of hanging.
-__device__ __forceinline__ void gvm_bar_wait(unsigned bar, unsigned parity) {
-    for (unsigned n = 0;; ++n) {
+// Blocking (the hardware suspends the thread between tries), but bounded: false
+// once bound_ns have passed with the phase of this parity still open. The
+// scheduler's hand-offs wait here too (scheduler/handoff.cuh).
+__device__ __forceinline__ bool gvm_bar_wait_for(unsigned bar, unsigned parity, unsigned long long bound_ns) {
+    unsigned long long t0 = 0;
+    for (;;) {
         unsigned ok;
-        asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.b32 %0, 1, 0, p; }"
+        asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.acquire.cta.shared::cta.b64 p, [%1], %2; selp.b32 %0, 1, 0, p; }"
                      : "=r"(ok) : "r"(bar), "r"(parity) : "memory");
-        if (ok) return;
-        if (n >> 24) asm volatile("trap;");
+        if (ok) return true;
+        const unsigned long long now = gvm_globaltimer();
+        if (t0 == 0) t0 = now;
+        else if (now - t0 > bound_ns) return false;
     }
+}
+// A bulk copy's phase: its bytes land within microseconds whatever other
+// instructions do, so a phase still open after 1 s never completes (bytes
+// announced that no copy delivers): the launch traps instead of hanging.
+#define GVM_COPY_BOUND_NS 1000000000ull
+__device__ __forceinline__ void gvm_bar_wait(unsigned bar, unsigned parity) {
+    if (!gvm_bar_wait_for(bar, parity, GVM_COPY_BOUND_NS)) asm volatile("trap;");
 }
 
 // Starts fetching [p, p + bytes) into L2 (16-byte aligned, bytes a multiple of

@@ -12,6 +12,7 @@
 #pragma once
 #include "../isa/gvm_isa.h"
 #include "../runtime/stamps.cuh"
+#include "../ops/ptx.cuh"
 
 // How long the controller naps between polls of busy groups (0: it spins).
 #ifndef GVM_HANDOFF_NAP_NS
@@ -32,7 +33,7 @@ __device__ __forceinline__ unsigned gvm_smem_u32(const void* p) {
 }
 
 __device__ __forceinline__ void gvm_mbar_init(unsigned long long* bar, unsigned count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(gvm_smem_u32(bar)), "r"(count) : "memory");
+    gvm_bar_init(gvm_smem_u32(bar), count);
 }
 
 __device__ __forceinline__ void gvm_mbar_arrive(unsigned long long* bar) {
@@ -51,25 +52,13 @@ __device__ __forceinline__ bool gvm_mbar_test(unsigned long long* bar, unsigned 
     return ok != 0;
 }
 
-// Blocking (the hardware suspends the thread between tries), but bounded:
-// false once bound_ns have passed with the phase still open. Neither side of
-// a hand-off ever waits that long in a sound kernel (a group's longest stay
-// is its op plus a watchdog-bounded counter wait), so a timeout means the
-// hand-off itself is broken, and the caller stops the kernel instead of hanging.
+// Bounded (gvm_bar_wait_for): false once bound_ns have passed with the phase
+// still open. Neither side of a hand-off ever waits that long in a sound kernel
+// (a group's longest stay is its op plus a watchdog-bounded counter wait), so a
+// timeout means the hand-off itself is broken, and the caller stops the kernel
+// instead of hanging.
 __device__ __forceinline__ bool gvm_mbar_wait(unsigned long long* bar, unsigned parity, unsigned long long bound_ns) {
-    unsigned long long t0 = 0;
-    for (;;) {
-        unsigned ok;
-        asm volatile(
-            "{ .reg .pred p; mbarrier.try_wait.parity.acquire.cta.shared::cta.b64 p, [%1], %2; selp.b32 %0, 1, 0, p; }"
-            : "=r"(ok)
-            : "r"(gvm_smem_u32(bar)), "r"(parity)
-            : "memory");
-        if (ok) return true;
-        const unsigned long long now = gvm_globaltimer();
-        if (t0 == 0) t0 = now;
-        else if (now - t0 > bound_ns) return false;
-    }
+    return gvm_bar_wait_for(gvm_smem_u32(bar), parity, bound_ns);
 }
 
 // How long a hand-off may take at most: twice the launch's watchdog bound
