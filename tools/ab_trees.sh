@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Before a device call that compares trees (gpu_session.sh trees): for each
-# NAME=REF, write ab/NAME/<dir>__<file> for every file of the code directories
+# NAME=REF, write ab/NAME/<dir>%<file> for every file of the code directories
 # in which REF differs from the checkout, so that the device can rebuild REF's
 # tree from this one without .git (pass carry ["ab"]: ab/ is ignored). The
 # checkout itself is the tree "new".
@@ -15,7 +15,7 @@ for spec in "$@"; do
   rm -rf "ab/$name"; mkdir -p "ab/$name"
   n=0
   while IFS= read -r f; do
-    if git cat-file -e "$ref:$f" 2> /dev/null; then git show "$ref:$f" > "ab/$name/${f//\//__}"; n=$((n + 1))
+    if git cat-file -e "$ref:$f" 2> /dev/null; then git show "$ref:$f" > "ab/$name/${f//\//%}"; n=$((n + 1))
     else echo "$name: $f is not in $ref (the tree keeps this checkout's)" >&2; fi
   done < <(git diff --name-only "$ref" -- isa ops runtime scheduler gpuvm tools tests)
   echo "ab/$name: $n files of $ref ($(git rev-parse --short "$ref"))"

@@ -31,13 +31,13 @@ ab_rounds() {
 }
 
 # Tree comparisons (treeab, trees): tree_copy <dir> <file>... makes <dir> this tree with each
-# ab file <x>/<dir>__<file> put back at <dir>/<file>; tree_bench <name> <dir> runs the expert
+# ab file <x>/<dir>%<file> put back at <dir>/<file>; tree_bench <name> <dir> runs the expert
 # lists alone there (AB_SHAPES); tree_probe <tag> <dir> the dynamic layers and steps (AB_CASES,
 # AB_STEPS). Each writes $OUT/{bench,probe}_<name|tag>.{json,log}.
 tree_copy() {
   local M=$1 f; shift
   rm -rf "$M"; mkdir -p "$M"; tar cf - --exclude=./results --exclude=./ab . | tar xf - -C "$M"
-  for f in "$@"; do cp "$f" "$M/$(basename "$f" | sed 's|__|/|g')"; done
+  for f in "$@"; do cp "$f" "$M/$(basename "$f" | sed 's|%|/|g')"; done
 }
 tree_bench() {
   (cd "$2" && PYTHONPATH=$2 timeout ${T_AB_BENCH:-100} python3 tools/expert_bench.py --reps 10 --shapes ${AB_SHAPES:-8x16,32x16,32x32,skew256} --out "$OUT/bench_$1.json" > "$OUT/bench_$1.log" 2>&1)
@@ -375,21 +375,21 @@ PY
             else K=gvm_check_expert_up; SKIP=2; CMD=(tools/expert_bench.py --shapes 32x16 --reps 3 --out /tmp/xb.json); fi
             timeout ${T_NCUSRC:-150} ncu --kernel-name $K --launch-skip $SKIP --launch-count 1 --section SourceCounters --section WarpStateStats -f -o /tmp/ncusrc python3 "${CMD[@]}" > "$OUT/ncusrc_$K.log" 2>&1; echo "ncu rc=$?"; tail -3 "$OUT/ncusrc_$K.log"
             ncu --import /tmp/ncusrc.ncu-rep --page source --csv --print-source sass 2> "$OUT/ncusrc_import.err" | gzip > "$OUT/ncu_source_$K.csv.gz"; echo "source page rc=${PIPESTATUS[0]}"; zcat "$OUT/ncu_source_$K.csv.gz" | head -3 | cut -c1-300 ;;
-    treeab) # this tree against a copy of it with ab/<dir>__<file> put back at <dir>/<file> (e.g. main's ops/experts.cuh:
-            # git show main:ops/experts.cuh > ab/ops__experts.cuh before the call): the expert lists alone, then dynamic
+    treeab) # this tree against a copy of it with ab/<dir>%<file> put back at <dir>/<file> (e.g. main's ops/experts.cuh:
+            # git show main:ops/experts.cuh > ab/ops%experts.cuh before the call): the expert lists alone, then dynamic
             # layers and step 32 x 8 in four runs, trees alternated (base, new, new, base); end the steps with pack
-            ls ab/*__* > /dev/null 2>&1 || { echo "treeab: no ab/<dir>__<file> to put back (both trees would be this one)"; exit 2; }
-            M=/tmp/gvm_base_tree; tree_copy $M ab/*__*
+            ls ab/*%* > /dev/null 2>&1 || { echo "treeab: no ab/<dir>%<file> to put back (both trees would be this one)"; exit 2; }
+            M=/tmp/gvm_base_tree; tree_copy $M ab/*%*
             for t in new base; do d=$PWD; [ $t = base ] && d=$M; tree_bench $t $d; done
             for r in base1 new1 new2 base2; do d=$PWD; [ ${r%?} = base ] && d=$M; tree_probe $r $d; done ;;
     trees) # this tree ("new") against the trees ab/<name>/ describe (tools/ab_trees.sh name=ref ...: this one with
-           # <dir>/<file> put back from ab/<name>/<dir>__<file>): their kernels built in parallel, the expert lists
+           # <dir>/<file> put back from ab/<name>/<dir>%<file>): their kernels built in parallel, the expert lists
            # alone (AB_SHAPES), then dynamic layers and steps (AB_CASES, AB_STEPS) in two rounds, the second in
            # reverse order, so that a drift over the call shows as a swap; end the steps with pack
            names=(new); for d in ab/*/; do [ -d "$d" ] && names+=("$(basename "$d")"); done
            [ ${#names[@]} -gt 1 ] || { echo "trees: no ab/<name>/ (run tools/ab_trees.sh first)"; exit 2; }
            treedir() { [ "$1" = new ] && echo "$PWD" || echo "/tmp/gvm_tree_$1"; }
-           for t in "${names[@]:1}"; do tree_copy "$(treedir "$t")" ab/"$t"/*__*; done
+           for t in "${names[@]:1}"; do tree_copy "$(treedir "$t")" ab/"$t"/*%*; done
            for t in "${names[@]}"; do d=$(treedir "$t"); (cd "$d" && PYTHONPATH=$d python3 tools/prebuild.py base > "$OUT/prebuild_$t.log" 2>&1) & done; wait
            for t in "${names[@]}"; do echo "prebuild $t: $(tail -1 "$OUT/prebuild_$t.log")"; done
            for t in "${names[@]}"; do tree_bench "$t" "$(treedir "$t")"; done
