@@ -12,6 +12,7 @@ import model_whatif  # noqa: E402
 
 from gpuvm.isa import Op  # noqa: E402
 from gpuvm.sim import Hardware, OpTiming  # noqa: E402
+from gpuvm.sim import fitted  # noqa: E402
 from gpuvm.sim.fitted import fitted_hardware, load  # noqa: E402
 
 
@@ -31,4 +32,4 @@ def test_the_calibrations_parameters_make_the_stored_hardware() -> None:
     sides build the same Hardware from them."""
     params = load()["params"]
     assert set(params) == set(calibrate_model.start_params(fresh=True))
-    assert calibrate_model.hardware(params, 4.0e12) == fitted_hardware(4.0e12)
+    assert fitted.hardware(params, 4.0e12) == fitted_hardware(4.0e12)

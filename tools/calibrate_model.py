@@ -44,7 +44,7 @@ from gpuvm.muse.config import SHARD  # noqa: E402
 from gpuvm.muse.lowering import Tiles, lower_layer  # noqa: E402
 from gpuvm.muse.state import cache_slots  # noqa: E402
 from gpuvm.sim import fitted  # noqa: E402
-from gpuvm.sim.hardware import Hardware, OpTiming  # noqa: E402
+from gpuvm.sim.hardware import Hardware  # noqa: E402
 from gpuvm.sim.model import simulate  # noqa: E402
 from gpuvm.sim.predict import layer_costs, list_item_costs  # noqa: E402
 from gpuvm.trace.format import Trace  # noqa: E402
@@ -105,13 +105,8 @@ def load_cases(paths: list[Path], modes: tuple[str, ...]) -> list[Case]:
     return out
 
 
-def hardware(params: dict[str, float], read_bw: float) -> Hardware:
-    ops = {op: OpTiming(params[f"fixed.{op}"], min(1.0, params.get(f"math.{op}", 1.0))) for op in FIXED_OPS}
-    return Hardware(hbm_bytes_per_s=read_bw, ops=ops, **{k: params[k] for k in GLOBALS})
-
-
 def model(case: Case, params: dict[str, float]) -> tuple[float, dict[str, tuple[float, float]]]:
-    hw = hardware(params, case.read_bw)
+    hw = fitted.hardware(params, case.read_bw)
     mode = "dynamic" if case.mode == "dynamic" else "static"
     r = simulate(case.stream, hw, mode, case.lists, costs=case.costs, item_costs=case.items)
     return _targets(r.trace)

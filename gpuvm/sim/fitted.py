@@ -37,12 +37,15 @@ def fit_source() -> str:
             f"({src['date']}; within {worst:.0%} of each traced layer)")
 
 
+def hardware(params: dict[str, float], hbm_bytes_per_s: float) -> Hardware:
+    """Hardware from a fit's parameters: "fixed.OP" and "math.OP" make OP's
+    OpTiming (a matrix rate at most 1), the others are Hardware fields."""
+    ops = {k.split(".", 1)[1]: OpTiming(v, min(1.0, params.get("math." + k.split(".", 1)[1], 1.0))) for k, v in params.items() if k.startswith("fixed.")}
+    return Hardware(hbm_bytes_per_s=hbm_bytes_per_s, ops=ops, **{k: v for k, v in params.items() if "." not in k})
+
+
 def fitted_hardware(hbm_bytes_per_s: float | None = None) -> Hardware:
     """Hardware with the stored fit; the HBM rate is the traced runs' measured
     read unless given (a sweep on a GPU measures its own)."""
     fit = load()
-    p = fit["params"]
-    ops = {k.split(".", 1)[1]: OpTiming(v, min(1.0, p.get("math." + k.split(".", 1)[1], 1.0))) for k, v in p.items() if k.startswith("fixed.")}
-    glob = {k: v for k, v in p.items() if "." not in k}
-    bw = hbm_bytes_per_s if hbm_bytes_per_s is not None else fit["source"]["read_bytes_per_s"]
-    return Hardware(hbm_bytes_per_s=bw, ops=ops, **glob)
+    return hardware(fit["params"], fit["source"]["read_bytes_per_s"] if hbm_bytes_per_s is None else hbm_bytes_per_s)
