@@ -28,7 +28,7 @@ from gpuvm.isa import Op  # noqa: E402
 from gpuvm.muse.cases import get_case  # noqa: E402
 from gpuvm.muse.config import SHARD  # noqa: E402
 from gpuvm.opspec import ProgramError  # noqa: E402
-from gpuvm.sim.fitted import fitted_hardware, load  # noqa: E402
+from gpuvm.sim.fitted import hardware, load  # noqa: E402
 from gpuvm.sim.hardware import Hardware, OpTiming  # noqa: E402
 from gpuvm.sim.predict import predict_layer  # noqa: E402
 
@@ -64,20 +64,21 @@ def main() -> None:
     ap.add_argument("--set", action="append", default=[], metavar="NAME=VALUE", help="a change (repeatable)")
     ap.add_argument("--cases", default="", help="layer cases, comma-separated (default: the fit's)")
     args = ap.parse_args()
-    rows = {r["case"]: r for r in load()["source"]["cases"]}
+    fit = load()
+    rows = {r["case"]: r for r in fit["source"]["cases"]}
     names = [c for c in args.cases.split(",") if c] or list(rows)
     for n in names:
         if n not in rows:
             raise SystemExit(f"{n!r} is not a case of the fit (its cases: {', '.join(rows)})")
     changes = lambda hw: functools.reduce(apply, args.set, hw)  # noqa: E731
     try:
-        changes(fitted_hardware())
+        changes(hardware(fit["params"], fit["source"]["read_bytes_per_s"]))
     except ProgramError as e:
         raise SystemExit(f"--set: {e}") from None
     print(f"{'case':16s} {'trace us':>9s} {'model us':>9s} {'changed us':>10s} {'change':>7s}")
     for n in names:
         r = rows[n]
-        base = fitted_hardware(r["read_bytes_per_s"])
+        base = hardware(fit["params"], r["read_bytes_per_s"])
         changed = changes(base)
         t0 = predict_layer(SHARD, get_case(n), base, expert_tokens=r["expert_tokens"])["time_ns"] / 1e3
         t1 = predict_layer(SHARD, get_case(n), changed, expert_tokens=r["expert_tokens"])["time_ns"] / 1e3
