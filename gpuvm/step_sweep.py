@@ -110,11 +110,12 @@ def model_step(stream: "object", shape: StepShape) -> dict:
     from .sim.fitted import fitted_hardware
     from .sim.hardware import Hardware
     from .sim.model import simulate
-    from .sim.predict import layer_costs, list_item_costs, skewed_expert_tokens
+    from .sim.predict import model_costs, skewed_expert_tokens
 
     hw = fitted_hardware(Hardware().hbm_bytes_per_s)
     toks = skewed_expert_tokens(SHARD, shape.tokens)
-    r = simulate(stream, hw, "dynamic", costs=layer_costs(stream, toks), item_costs=list_item_costs(stream, toks))  # type: ignore[arg-type]
+    costs, items = model_costs(stream, toks)  # type: ignore[arg-type]
+    r = simulate(stream, hw, "dynamic", costs=costs, item_costs=items)
     hit = sum(1 for t in toks if t)
     floor_ms = step_floor_bytes(SHARD, shape, [hit] * SHARD.n_layers) / hw.hbm_bytes_per_s * 1e3
     return {"model_hit": hit, "model_floor_ms": floor_ms, "model_dynamic_ms": r.makespan_ns / 1e6,

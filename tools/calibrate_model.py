@@ -46,7 +46,7 @@ from gpuvm.muse.state import cache_slots  # noqa: E402
 from gpuvm.sim import fitted  # noqa: E402
 from gpuvm.sim.hardware import Hardware  # noqa: E402
 from gpuvm.sim.model import simulate  # noqa: E402
-from gpuvm.sim.predict import layer_costs, list_item_costs  # noqa: E402
+from gpuvm.sim.predict import model_costs  # noqa: E402
 from gpuvm.trace.format import Trace  # noqa: E402
 from gpuvm.trace.summary import op_stats  # noqa: E402
 from gpuvm.trace.timeline import build  # noqa: E402
@@ -98,7 +98,7 @@ def load_cases(paths: list[Path], modes: tuple[str, ...]) -> list[Case]:
         if mode != "dynamic":  # the lists the device ran: each block's instructions in stream order
             lists = [sorted(np.flatnonzero(tr.records["block"] == b).tolist()) for b in range(int(tr.meta["n_blocks"]))]
         span, ops = _targets(tr)
-        out.append(Case(name, mode, lp.stream, layer_costs(lp.stream, toks), list_item_costs(lp.stream, toks), float(tr.meta["read_bw_TBps"]) * 1e12,
+        out.append(Case(name, mode, lp.stream, *model_costs(lp.stream, toks), float(tr.meta["read_bw_TBps"]) * 1e12,
                         span, ops, toks, lists))
     if not out:
         raise SystemExit("no traces of the asked modes")

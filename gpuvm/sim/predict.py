@@ -89,7 +89,7 @@ def _list_items(ins, expert_tokens: Sequence[int], made: dict) -> list[Cost]:  #
     return made[key]
 
 
-def layer_costs(stream: Stream, expert_tokens: Sequence[int]) -> list[Cost]:
+def layer_costs(stream: Stream, expert_tokens: Sequence[int], made: dict | None = None) -> list[Cost]:
     """Each op's Cost, an expert worker's the sum of the items it gets when the
     local experts have these tokens, dealt round-robin over the list's workers
     in stream order (the share a worker runs in a fixed round robin; claimed
@@ -114,13 +114,19 @@ def layer_costs(stream: Stream, expert_tokens: Sequence[int]) -> list[Cost]:
     return out
 
 
-def list_item_costs(stream: Stream, expert_tokens: Sequence[int]) -> dict[tuple[int, int], list[Cost]]:
+def list_item_costs(stream: Stream, expert_tokens: Sequence[int], made: dict | None = None) -> dict[tuple[int, int], list[Cost]]:
     """The items of every expert work list but the code warmer's, by
     work_lists' key, each its own Cost (see _list_items), for simulate's
     item_costs: claimed one at a time by the list's workers, as on the device."""
-    made: dict = {}
+    made = {} if made is None else made
     return {key: _list_items(stream.ops[members[0]], expert_tokens, made)
             for key, members in work_lists(stream.ops).items() if not stream.ops[members[0]].lead}
+
+
+def model_costs(stream: Stream, expert_tokens: Sequence[int]) -> tuple[list[Cost], dict[tuple[int, int], list[Cost]]]:
+    """layer_costs and list_item_costs of one routing, its lists' items built once."""
+    made: dict = {}
+    return layer_costs(stream, expert_tokens, made), list_item_costs(stream, expert_tokens, made)
 
 
 def predict_layer(
@@ -151,13 +157,13 @@ def predict_layer(
     slots = cache_slots(cfg, case.kind, case.tokens_each, case.context)
     kw = {} if tiles is None else {"tiles": tiles}
     lp = lower_layer(cfg, case.kind, case.conversations, case.tokens_each, slots, **kw)
-    costs = layer_costs(lp.stream, toks)
+    costs, items = model_costs(lp.stream, toks)
     lists = None
     if mode == "static":  # the lists the device's VM makes (gpuvm/device/vm.py): Hardware()'s costs, the stream's own
         from ..static import static_lists
 
         lists = static_lists(lp.stream, hw.n_blocks, hw.groups)
-    r = simulate(lp.stream, hw, mode, lists, costs=costs, item_costs=list_item_costs(lp.stream, toks))
+    r = simulate(lp.stream, hw, mode, lists, costs=costs, item_costs=items)
     hit = sum(1 for t in toks if t)
     fb = floor_bytes(cfg, case, hit)["total"]
     floor_ns = fb / hw.hbm_bytes_per_s * 1e9
