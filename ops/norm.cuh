@@ -188,8 +188,9 @@ __device__ __noinline__ bool gvm_residual_args_ok(const gvm_ctx& c) {
 // (A, C, B, S) summed over the group in a fixed order (every column range
 // gets the same norms), then r_a = rms factor of A, r_s of S + 2 r_a C + r_a^2 B,
 // and s' = alpha s + beta a r_a, n = s' r_s (1 + w_next) column by column. A
-// row's slots and its first batch of columns are loaded before the group sum,
-// so a one-token range of up to 1,024 columns is one round trip.
+// row's first 256 slots and its first batch of columns are loaded before any is
+// used, so a one-token range of up to 1,024 columns is one round trip (the loop
+// as first written added the slots before the batch's loads went out: two).
 #define GVM_RES_COL_BATCH 2  // float4s of each vector per thread and batch
 __device__ int gvm_residual_cols(const gvm_ctx& c) {
     const gvm_tensor& ts = gvm_t(c, 0);
@@ -205,18 +206,10 @@ __device__ int gvm_residual_cols(const gvm_ctx& c) {
     constexpr int B = GVM_RES_COL_BATCH;
     for (int r = row0; r < row0 + rows; ++r) {
         const float4* sl = gvm_ptr<const float4>(st, (long long)r * st.stride[0], 4);
-        float4 part = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        for (int j0 = 0; j0 < np; j0 += 256) {  // uniform trip count; slots past np read slot np - 1, not added
-            const int j = j0 + (int)c.tid;
-            const float4 u = sl[min(j, np - 1)], v = sl[min(j + 128, np - 1)];
-            if (j < np) part = make_float4(part.x + u.x, part.y + u.y, part.z + u.z, part.w + u.w);
-            if (j + 128 < np) part = make_float4(part.x + v.x, part.y + v.y, part.z + v.z, part.w + v.w);
-        }
         float4* s = reinterpret_cast<float4*>(gvm_row_addr(ts, r));
         const float4* a = reinterpret_cast<const float4*>(gvm_row_addr(ta, r));
-        float inv_a = 0.0f, inv_s = 0.0f;
-        for (int b0 = c4; b0 < e4; b0 += 128 * B) {  // uniform: the first batch holds the group sum's barrier
-            float4 sv[B], av[B], al[B], be[B], wv[B];
+        float4 sv[B], av[B], al[B], be[B], wv[B];
+        const auto load = [&](int b0) {
 #pragma unroll
             for (int u = 0; u < B; ++u) {
                 const int j = min(b0 + (int)c.tid + 128 * u, e4 - 1);
@@ -226,11 +219,25 @@ __device__ int gvm_residual_cols(const gvm_ctx& c) {
                 be[u] = beta[j];
                 wv[u] = wn[j];
             }
-            if (b0 == c4) {
-                const float4 sum = gsum(c, part);  // (A, C, B, S)
-                inv_a = gvm_rms_inv(sum.x, d);
-                inv_s = gvm_rms_inv(fmaxf(sum.w + inv_a * (2.0f * sum.y + inv_a * sum.z), 0.0f), d);
-            }
+        };
+        // the first 256 slots and the first batch of columns go out before either
+        // is used (slots past np read slot np - 1, not added; e4 > c4 always)
+        const float4 u0 = sl[min((int)c.tid, np - 1)], v0 = sl[min((int)c.tid + 128, np - 1)];
+        load(c4);
+        float4 part = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if ((int)c.tid < np) part = make_float4(part.x + u0.x, part.y + u0.y, part.z + u0.z, part.w + u0.w);
+        if ((int)c.tid + 128 < np) part = make_float4(part.x + v0.x, part.y + v0.y, part.z + v0.z, part.w + v0.w);
+        for (int j0 = 256; j0 < np; j0 += 256) {  // uniform trip count
+            const int j = j0 + (int)c.tid;
+            const float4 u = sl[min(j, np - 1)], v = sl[min(j + 128, np - 1)];
+            if (j < np) part = make_float4(part.x + u.x, part.y + u.y, part.z + u.z, part.w + u.w);
+            if (j + 128 < np) part = make_float4(part.x + v.x, part.y + v.y, part.z + v.z, part.w + v.w);
+        }
+        const float4 sum = gsum(c, part);  // (A, C, B, S)
+        const float inv_a = gvm_rms_inv(sum.x, d);
+        const float inv_s = gvm_rms_inv(fmaxf(sum.w + inv_a * (2.0f * sum.y + inv_a * sum.z), 0.0f), d);
+        for (int b0 = c4; b0 < e4; b0 += 128 * B) {
+            if (b0 != c4) load(b0);
 #pragma unroll
             for (int u = 0; u < B; ++u) {
                 const int i = b0 + (int)c.tid + 128 * u;
