@@ -1251,6 +1251,24 @@ __device__ int gvm_op_expert_down(const gvm_ctx& c) { return gvm_expert_matmul<f
 #define GVM_COMB_BATCH 8  // float4 loads in flight per thread for the sums of squares
 #define GVM_COMB_ACC 4    // float4 sums per thread in the weighted pass (accumulators + loads fit)
 
+// w / rms of pick k's row, from the four warps' sums of squares at buf.
+__device__ __forceinline__ float gvm_comb_coef(unsigned buf, int k, float w, int hdim) {
+    const float s = (gvm_lds_f(buf + k * 4) + gvm_lds_f(buf + 32 + k * 4)) + (gvm_lds_f(buf + 64 + k * 4) + gvm_lds_f(buf + 96 + k * 4));
+    return w / sqrtf(s / (float)hdim + GVM_RMS_EPS);
+}
+
+// a += coef * v over this thread's float4s i0 + 128 u below n4.
+__device__ __forceinline__ void gvm_comb_add(float4 (&a)[GVM_COMB_ACC], const float4 (&v)[GVM_COMB_ACC], float coef, int i0, int n4) {
+#pragma unroll
+    for (int u = 0; u < GVM_COMB_ACC; ++u) {
+        if (i0 + 128 * u >= n4) continue;
+        a[u].x = fmaf(coef, v[u].x, a[u].x);
+        a[u].y = fmaf(coef, v[u].y, a[u].y);
+        a[u].z = fmaf(coef, v[u].z, a[u].z);
+        a[u].w = fmaf(coef, v[u].w, a[u].w);
+    }
+}
+
 __device__ int gvm_op_expert_combine(const gvm_ctx& c) {
     const gvm_tensor& tf = gvm_t(c, 0);
     const gvm_tensor& ty = gvm_t(c, 1);
@@ -1281,22 +1299,36 @@ __device__ int gvm_op_expert_combine(const gvm_ctx& c) {
             my_row = s >= 0 && s < ny ? s * ystride4 : -1;
         }
         const unsigned buf = red + (t & 1) * 128;  // alternate halves: one barrier per token
+        // the live picks, two at a time in pick order: both rows' loads go out before either is used
+        const unsigned live = __ballot_sync(0xffffffffu, my_row >= 0) & ((1u << GVM_TOPK) - 1u);
 #pragma unroll 1
-        for (int k = 0; k < GVM_TOPK; ++k) {
-            const int row = __shfl_sync(0xffffffffu, my_row, k);
-            if (row < 0) continue;
-            float ss = 0.0f;
+        for (unsigned left = live; left != 0;) {
+            const int ka = __ffs(left) - 1;
+            left &= left - 1;
+            const int kb = left != 0 ? __ffs(left) - 1 : ka;  // ka again: loaded twice, stored once
+            left &= left - 1;
+            const int ra = __shfl_sync(0xffffffffu, my_row, ka), rb = __shfl_sync(0xffffffffu, my_row, kb);
+            float sa = 0.0f, sb = 0.0f;
             for (int i0 = c.tid; i0 < n4; i0 += 128 * GVM_COMB_BATCH) {
-                float4 v[GVM_COMB_BATCH];
+                float4 va[GVM_COMB_BATCH], vb[GVM_COMB_BATCH];
+#pragma unroll
+                for (int u = 0; u < GVM_COMB_BATCH; ++u) {  // clamped: predicated vector loads cost registers
+                    va[u] = y[ra + min(i0 + 128 * u, n4 - 1)];
+                    vb[u] = y[rb + min(i0 + 128 * u, n4 - 1)];
+                }
 #pragma unroll
                 for (int u = 0; u < GVM_COMB_BATCH; ++u)
-                    v[u] = y[row + min(i0 + 128 * u, n4 - 1)];  // clamped: predicated vector loads cost registers
-#pragma unroll
-                for (int u = 0; u < GVM_COMB_BATCH; ++u)
-                    if (i0 + 128 * u < n4) ss = fmaf(v[u].w, v[u].w, fmaf(v[u].z, v[u].z, fmaf(v[u].y, v[u].y, fmaf(v[u].x, v[u].x, ss))));
+                    if (i0 + 128 * u < n4) {
+                        sa = fmaf(va[u].w, va[u].w, fmaf(va[u].z, va[u].z, fmaf(va[u].y, va[u].y, fmaf(va[u].x, va[u].x, sa))));
+                        sb = fmaf(vb[u].w, vb[u].w, fmaf(vb[u].z, vb[u].z, fmaf(vb[u].y, vb[u].y, fmaf(vb[u].x, vb[u].x, sb))));
+                    }
             }
-            ss = gvm_warp_sum(ss);
-            if (lane == 0) gvm_sts(buf + (warp * 8 + k) * 4, ss);
+            sa = gvm_warp_sum(sa);
+            sb = gvm_warp_sum(sb);
+            if (lane == 0) {
+                gvm_sts(buf + (warp * 8 + ka) * 4, sa);
+                gvm_sts(buf + (warp * 8 + kb) * 4, sb);
+            }
         }
         gvm_group_sync(c);
         for (int b0 = 0; b0 < n4; b0 += 128 * GVM_COMB_ACC) {  // uniform: the shuffles need every lane
@@ -1305,25 +1337,20 @@ __device__ int gvm_op_expert_combine(const gvm_ctx& c) {
 #pragma unroll
             for (int u = 0; u < GVM_COMB_ACC; ++u) a[u] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll 1
-            for (int k = 0; k < GVM_TOPK; ++k) {
-                const int row = __shfl_sync(0xffffffffu, my_row, k);
-                const float w = __shfl_sync(0xffffffffu, my_w, k);
-                if (row < 0) continue;
-                float4 v[GVM_COMB_ACC];
+            for (unsigned left = live; left != 0;) {  // pick order, two picks' loads at a time
+                const int ka = __ffs(left) - 1;
+                left &= left - 1;
+                const int kb = left != 0 ? __ffs(left) - 1 : -1;
+                if (kb >= 0) left &= left - 1;
+                const int ra = __shfl_sync(0xffffffffu, my_row, ka), rb = __shfl_sync(0xffffffffu, my_row, max(kb, ka));
+                float4 va[GVM_COMB_ACC], vb[GVM_COMB_ACC];
 #pragma unroll
-                for (int u = 0; u < GVM_COMB_ACC; ++u)
-                    v[u] = y[row + min(i0 + 128 * u, n4 - 1)];  // clamped: predicated vector loads cost registers
-                const float s = (gvm_lds_f(buf + k * 4) + gvm_lds_f(buf + 32 + k * 4)) +
-                                (gvm_lds_f(buf + 64 + k * 4) + gvm_lds_f(buf + 96 + k * 4));
-                const float coef = w / sqrtf(s / (float)hdim + GVM_RMS_EPS);
-#pragma unroll
-                for (int u = 0; u < GVM_COMB_ACC; ++u) {
-                    if (i0 + 128 * u >= n4) continue;
-                    a[u].x = fmaf(coef, v[u].x, a[u].x);
-                    a[u].y = fmaf(coef, v[u].y, a[u].y);
-                    a[u].z = fmaf(coef, v[u].z, a[u].z);
-                    a[u].w = fmaf(coef, v[u].w, a[u].w);
+                for (int u = 0; u < GVM_COMB_ACC; ++u) {  // clamped: predicated vector loads cost registers
+                    va[u] = y[ra + min(i0 + 128 * u, n4 - 1)];
+                    vb[u] = y[rb + min(i0 + 128 * u, n4 - 1)];
                 }
+                gvm_comb_add(a, va, gvm_comb_coef(buf, ka, __shfl_sync(0xffffffffu, my_w, ka), hdim), i0, n4);
+                if (kb >= 0) gvm_comb_add(a, vb, gvm_comb_coef(buf, kb, __shfl_sync(0xffffffffu, my_w, kb), hdim), i0, n4);
             }
 #pragma unroll
             for (int u = 0; u < GVM_COMB_ACC; ++u) {
