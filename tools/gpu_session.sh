@@ -39,7 +39,8 @@ tree_copy() {
   rm -rf "$M"; mkdir -p "$M"; tar cf - --exclude=./results --exclude=./ab . | tar xf - -C "$M"
   for f in "$@"; do cp "$f" "$M/$(basename "$f" | sed 's|%|/|g')"; done
 }
-tree_bench() {
+tree_bench() {  # AB_SHAPES=none: no lists alone (a change outside the expert lists)
+  [ "${AB_SHAPES:-}" = none ] && return
   (cd "$2" && PYTHONPATH=$2 timeout ${T_AB_BENCH:-100} python3 tools/expert_bench.py --reps 10 --shapes ${AB_SHAPES:-8x16,32x16,32x32,skew256} --out "$OUT/bench_$1.json" > "$OUT/bench_$1.log" 2>&1)
   echo "expert_bench $1 rc=$?"; tail -10 "$OUT/bench_$1.log"
 }
