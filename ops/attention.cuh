@@ -154,6 +154,24 @@ __device__ int gvm_op_qk_rope_kv(const gvm_ctx& c) {
 #define GVM_ATT_STOP 0
 #endif
 
+// Placement probe (GVM_CODE_PAD n > 0, for A/B runs; NOTES.md session 56): n shared
+// stores that never run (behind a conversation index the argument check rejects)
+// move the code placed after ATTN_CHUNK's, the expert lists' K loops among it, by 16 n
+// bytes, so that a layer's sensitivity to where its hot loops lie can be measured
+// apart from any change to the ops.
+#ifndef GVM_CODE_PAD
+#define GVM_CODE_PAD 0
+#endif
+template <int N>
+__device__ __forceinline__ void gvm_code_pad(unsigned addr) {
+#ifdef __CUDA_ARCH__  // device code placement only: nothing on the emulator
+#pragma unroll
+    for (int i = 0; i < N; ++i) asm volatile("st.volatile.shared.u32 [%0], %1;" ::"r"(addr), "r"(i) : "memory");
+#else
+    (void)addr;
+#endif
+}
+
 struct gvm_attn_job {
     const unsigned char* kbase;   // k cache bytes of (conv, slot 0, head h)
     const unsigned char* vbase;
@@ -765,6 +783,7 @@ __device__ __noinline__ bool gvm_attn_chunk_args_ok(const gvm_ctx& c) {
 }
 
 __device__ int gvm_op_attn_chunk(const gvm_ctx& c) {
+    if (GVM_CODE_PAD > 0 && c.ins->arg[0] < 0) gvm_code_pad<GVM_CODE_PAD>(gvm_smem_addr(c.smem));
     if (!gvm_attn_chunk_args_ok(c)) return GVM_ERR_BAD_ARGS;
     if (GVM_ATT_STOP == 1) return GVM_ERR_NONE;
     const int conv = c.ins->arg[0], h = c.ins->arg[1], j = c.ins->arg[2], len = c.ins->arg[3];
