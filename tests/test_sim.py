@@ -396,6 +396,29 @@ def test_layer_costs_follow_expert_tokens() -> None:
         layer_costs(s, [1, 1])
 
 
+def test_model_costs_build_each_lists_items_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """model_costs gives layer_costs' and list_item_costs' results, building a
+    list shape's items (opspec.expert_items) once for both."""
+    from gpuvm.sim import predict
+
+    s, _ = _small_layer()
+    toks = [3, 0, 1, 0]
+    calls: list[tuple] = []
+    real = predict.expert_items
+
+    def counted(*a, **kw):  # type: ignore[no-untyped-def]
+        calls.append(a[1:])
+        return real(*a, **kw)
+
+    monkeypatch.setattr(predict, "expert_items", counted)
+    costs, items = predict.model_costs(s, toks)
+    together = len(calls)
+    assert costs == layer_costs(s, toks)
+    alone = len(calls) - together
+    assert items == predict.list_item_costs(s, toks)
+    assert together == alone > 0  # list_item_costs built nothing that layer_costs had built
+
+
 def test_static_expert_cost_is_a_workers_share_of_one_token_each() -> None:
     """An expert op's static cost (opspec, before any routing) is the rows of
     the most items a worker gets when every local expert has one token: the

@@ -96,10 +96,11 @@ def layer_costs(stream: Stream, expert_tokens: Sequence[int], made: dict | None 
     lists need list_item_costs' items too). An attention chunk's math is that
     of its query rows' tiles (_attn_rows): its static cost counts none. The
     code warmer's lead instances (gpuvm/muse/code_warm.py) keep their static
-    costs: their lists route a small layer's tokens, not these."""
+    costs: their lists route a small layer's tokens, not these. made: lists'
+    items already built (_list_items), shared with list_item_costs."""
     out: list[Cost] = []
     seen: dict[tuple[int, int], int] = {}  # workers of each list so far
-    made: dict = {}
+    made = {} if made is None else made
     for ins in stream.ops:
         c = ins.cost
         if ins.opcode in EXPERT_OPS and not ins.lead:
