@@ -32,13 +32,12 @@ F32_PASS_ROWS = 32  # ops/gemm.cuh GVM_F32XS_ROWS
 def staged_ops(path: str, bf16_pass_rows: int) -> list[dict]:
     """One row per GEMM op of the trace with token-span instructions."""
     trace = Trace.load(path)
-    with np.load(path, allow_pickle=True) as z:
-        labels, opcodes, wb, ab = z["labels"], z["opcodes"], z["weight_bytes"], z["act_bytes"]
+    wb, ab = trace.weight_bytes, trace.act_bytes
     ready, done = trace.times(Stamp.READY), trace.times(Stamp.DONE)
     groups: dict[str, list[tuple[int, int]]] = {}
-    for i, label in enumerate(labels):
-        m = _LABEL.match(str(label))
-        if m and opcodes[i] == Op.GEMM:
+    for i, label in enumerate(trace.labels):
+        m = _LABEL.match(label)
+        if m and trace.opcodes[i] == Op.GEMM:
             groups.setdefault(m["tag"], []).append((i, int(m["c1"]) - int(m["c0"])))
     out = []
     for tag, items in groups.items():
