@@ -225,13 +225,14 @@ __device__ int gvm_residual_cols(const gvm_ctx& c) {
         const float4 u0 = sl[min((int)c.tid, np - 1)], v0 = sl[min((int)c.tid + 128, np - 1)];
         load(c4);
         float4 part = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        if ((int)c.tid < np) part = make_float4(part.x + u0.x, part.y + u0.y, part.z + u0.z, part.w + u0.w);
-        if ((int)c.tid + 128 < np) part = make_float4(part.x + v0.x, part.y + v0.y, part.z + v0.z, part.w + v0.w);
-        for (int j0 = 256; j0 < np; j0 += 256) {  // uniform trip count
-            const int j = j0 + (int)c.tid;
-            const float4 u = sl[min(j, np - 1)], v = sl[min(j + 128, np - 1)];
+        const auto add = [&](int j, float4 u, float4 v) {  // slots j and j + 128, those below np
             if (j < np) part = make_float4(part.x + u.x, part.y + u.y, part.z + u.z, part.w + u.w);
             if (j + 128 < np) part = make_float4(part.x + v.x, part.y + v.y, part.z + v.z, part.w + v.w);
+        };
+        add((int)c.tid, u0, v0);
+        for (int j0 = 256; j0 < np; j0 += 256) {  // uniform trip count
+            const int j = j0 + (int)c.tid;
+            add(j, sl[min(j, np - 1)], sl[min(j + 128, np - 1)]);
         }
         const float4 sum = gsum(c, part);  // (A, C, B, S)
         const float inv_a = gvm_rms_inv(sum.x, d);
