@@ -396,6 +396,12 @@ PY
            for t in "${names[@]}"; do tree_bench "$t" "$(treedir "$t")"; done
            order=("${names[@]}"); for ((i = ${#names[@]} - 1; i >= 0; i--)); do order+=("${names[$i]}"); done
            r=0; for t in "${order[@]}"; do r=$((r + 1)); tree_probe "${r}_$t" "$(treedir "$t")"; done ;;
+    chunks) # one conversation's full layers: 162 chunks of 1,024 keys beside the 64 late g tiles leave 38 of the 264
+            # groups idle, and at 8 tokens attention is the longest phase (cacac56's full-c1-t8 trace: 21.1 -> 57.7 us,
+            # 32.9 us a chunk; full-c1-t1: 16.8 a chunk, g done 3.6 us before the last). 896 keys (184 chunks) and
+            # 832 (198) fill those groups; two rounds (Tiles.chunk, no rebuild)
+        AB_TAIL=8 ab_rounds chunks tiles "c1024:,c896:chunk=896,c832:chunk=832" ${T_CHUNKS:-120} \
+            --cases ${CHUNKS_CASES:-full-c1-t1,full-c1-t8} --step "${CHUNKS_STEPS:-}" ;;
     pack) # every file under $OUT into one archive (the device tool returns eight files a call): last in the list of steps
           t=$(mktemp /tmp/gvm_pack.XXXXXX); tar czf "$t" -C "$OUT" . && find "$OUT" -mindepth 1 -delete && mv "$t" "$OUT/all.tgz"; echo "packed: $OUT/all.tgz" ;;
     gputests) timeout ${T_GPUTESTS:-200} python3 -m pytest -q -p no:cacheprovider tests/gpu > "$OUT/tests_gpu.log" 2>&1; echo "tests/gpu rc=$?"; tail -4 "$OUT/tests_gpu.log" ;;
