@@ -376,6 +376,12 @@ PY
             else K=gvm_check_expert_up; SKIP=2; CMD=(tools/expert_bench.py --shapes 32x16 --reps 3 --out /tmp/xb.json); fi
             timeout ${T_NCUSRC:-150} ncu --kernel-name $K --launch-skip $SKIP --launch-count 1 --section SourceCounters --section WarpStateStats -f -o /tmp/ncusrc python3 "${CMD[@]}" > "$OUT/ncusrc_$K.log" 2>&1; echo "ncu rc=$?"; tail -3 "$OUT/ncusrc_$K.log"
             ncu --import /tmp/ncusrc.ncu-rep --page source --csv --print-source sass 2> "$OUT/ncusrc_import.err" | gzip > "$OUT/ncu_source_$K.csv.gz"; echo "source page rc=${PIPESTATUS[0]}"; zcat "$OUT/ncu_source_$K.csv.gz" | head -3 | cut -c1-300 ;;
+    chunks) # one conversation's full layers: 162 chunks of 1,024 keys beside the 64 late g tiles leave 38 of the 264
+            # groups idle, and at 8 tokens attention is the longest phase (cacac56's full-c1-t8 trace: 21.1 -> 57.7 us,
+            # 32.9 us a chunk; full-c1-t1: 16.8 a chunk, g done 3.6 us before the last). 896 keys (184 chunks) and
+            # 832 (198) fill those groups; two rounds (Tiles.chunk, no rebuild)
+        AB_TAIL=8 ab_rounds chunks tiles "c1024:,c896:chunk=896,c832:chunk=832" ${T_CHUNKS:-120} \
+            --cases ${CHUNKS_CASES:-full-c1-t1,full-c1-t8} --step "${CHUNKS_STEPS:-}" ;;
     treeab) # this tree against a copy of it with ab/<dir>%<file> put back at <dir>/<file> (e.g. main's ops/experts.cuh:
             # git show main:ops/experts.cuh > ab/ops%experts.cuh before the call): the expert lists alone, then dynamic
             # layers and step 32 x 8 in four runs, trees alternated (base, new, new, base); end the steps with pack
@@ -396,12 +402,6 @@ PY
            for t in "${names[@]}"; do tree_bench "$t" "$(treedir "$t")"; done
            order=("${names[@]}"); for ((i = ${#names[@]} - 1; i >= 0; i--)); do order+=("${names[$i]}"); done
            r=0; for t in "${order[@]}"; do r=$((r + 1)); tree_probe "${r}_$t" "$(treedir "$t")"; done ;;
-    chunks) # one conversation's full layers: 162 chunks of 1,024 keys beside the 64 late g tiles leave 38 of the 264
-            # groups idle, and at 8 tokens attention is the longest phase (cacac56's full-c1-t8 trace: 21.1 -> 57.7 us,
-            # 32.9 us a chunk; full-c1-t1: 16.8 a chunk, g done 3.6 us before the last). 896 keys (184 chunks) and
-            # 832 (198) fill those groups; two rounds (Tiles.chunk, no rebuild)
-        AB_TAIL=8 ab_rounds chunks tiles "c1024:,c896:chunk=896,c832:chunk=832" ${T_CHUNKS:-120} \
-            --cases ${CHUNKS_CASES:-full-c1-t1,full-c1-t8} --step "${CHUNKS_STEPS:-}" ;;
     pack) # every file under $OUT into one archive (the device tool returns eight files a call): last in the list of steps
           t=$(mktemp /tmp/gvm_pack.XXXXXX); tar czf "$t" -C "$OUT" . && find "$OUT" -mindepth 1 -delete && mv "$t" "$OUT/all.tgz"; echo "packed: $OUT/all.tgz" ;;
     gputests) timeout ${T_GPUTESTS:-200} python3 -m pytest -q -p no:cacheprovider tests/gpu > "$OUT/tests_gpu.log" 2>&1; echo "tests/gpu rc=$?"; tail -4 "$OUT/tests_gpu.log" ;;
