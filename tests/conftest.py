@@ -5,17 +5,18 @@
   loadfile`: a file's compiled kernels are module fixtures, built once). Where
   a CUDA device is visible it is 0 workers, one process as before: the GPU
   tests' timing bounds must not share the machine with other tests.
-- The CI log's resource report: tests record lines as the user property
-  "ci_report" (record_property) and the session's summary prints them. A print
+- The CI log's resource report: tests record lines through the `ci_report`
+  fixture (a user property) and the session's summary prints them. A print
   with capture disabled would not reach the log from an xdist worker.
 """
 from __future__ import annotations
 
 import os
+from typing import Callable
 
 import pytest
 
-REPORT = "ci_report"  # the user property of the lines to print (tests/test_device_build.py)
+REPORT = "ci_report"  # the user property of the lines the summary prints
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -25,6 +26,12 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
     import torch
 
     return 0 if torch.cuda.is_available() else min(os.cpu_count() or 1, 8)
+
+
+@pytest.fixture
+def ci_report(record_property: Callable[[str, object], None]) -> Callable[[str], None]:
+    """Records a line for the session summary's resource report."""
+    return lambda line: record_property(REPORT, line)
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

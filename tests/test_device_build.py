@@ -28,9 +28,6 @@ from gpuvm.device.elf import Elf  # noqa: E402
 from gpuvm.isa import Op  # noqa: E402
 from tests.gpu.test_muse_layer import SWITCHES  # noqa: E402
 
-RecordProperty = Callable[[str, object], None]
-REPORT = "ci_report"  # lines the session's summary prints (tests/conftest.py)
-
 SYNTHETIC = {Op.NOP, Op.SLEEP, Op.COPY, Op.SCALE_ADD, Op.GEMM}
 VARIANTS = {
     "default": BuildOptions(),
@@ -58,9 +55,9 @@ def builds(cache: Path) -> dict[str, Build]:
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
-def test_kernel_compiles_without_local_memory(builds: dict[str, Build], variant: str, record_property: RecordProperty) -> None:
+def test_kernel_compiles_without_local_memory(builds: dict[str, Build], variant: str, ci_report: Callable[[str], None]) -> None:
     b = builds[variant]
-    record_property(REPORT, f"[{variant}] {b.summary()}")  # CI's log shows the resources (tests/conftest.py)
+    ci_report(f"[{variant}] {b.summary()}")  # CI's log shows the resources (tests/conftest.py)
     k = b.kernel
     assert k.reported, "ptxas -v reached the log"
     assert not k.local_memory and all(not f.local_memory for f in b.functions.values())
@@ -144,12 +141,12 @@ def test_spills_are_detected() -> None:
         build_mod._check_local_memory(rep, log)
 
 
-def test_per_op_report(record_property: RecordProperty) -> None:
+def test_per_op_report(ci_report: Callable[[str], None]) -> None:
     rep = op_report(BuildOptions())
-    record_property(REPORT, "per op, alone under the kernel's launch bounds:")
+    ci_report("per op, alone under the kernel's launch bounds:")
     for name, r in rep.items():
-        record_property(REPORT, f"  {name:16s} {r.registers:4d} registers  {r.code_bytes:7d} B code  "
-                                f"spill {r.spill_stores}/{r.spill_loads} B  stack {r.stack_frame} B")
+        ci_report(f"  {name:16s} {r.registers:4d} registers  {r.code_bytes:7d} B code  "
+                  f"spill {r.spill_stores}/{r.spill_loads} B  stack {r.stack_frame} B")
     assert {o.name.lower() for o in SYNTHETIC} <= set(rep)
     assert rep["gemm"].code_bytes > rep["nop"].code_bytes > 0
 
