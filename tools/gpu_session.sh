@@ -379,7 +379,8 @@ PY
     chunks) # one conversation's full layers: 162 chunks of 1,024 keys beside the 64 late g tiles leave 38 of the 264
             # groups idle, and at 8 tokens attention is the longest phase (cacac56's full-c1-t8 trace: 21.1 -> 57.7 us,
             # 32.9 us a chunk; full-c1-t1: 16.8 a chunk, g done 3.6 us before the last). 896 keys (184 chunks) and
-            # 832 (198) fill those groups; two rounds (Tiles.chunk, no rebuild)
+            # 832 (198) fill those groups; two rounds (Tiles.chunk, no rebuild). Session 58, H100: lost or level
+            # (full-c1-t1 201.4 / 202.6 / 212.9 us, results/h100-s58/tilings-505a2a5/)
         AB_TAIL=8 ab_rounds chunks tiles "c1024:,c896:chunk=896,c832:chunk=832" ${T_CHUNKS:-120} \
             --cases ${CHUNKS_CASES:-full-c1-t1,full-c1-t8} --step "${CHUNKS_STEPS:-}" ;;
     treeab) # this tree against a copy of it with ab/<dir>%<file> put back at <dir>/<file> (e.g. main's ops/experts.cuh:
