@@ -2,7 +2,7 @@
 # One call on the H200 (the device tool): the VM proofs and timings, the Muse
 # ops standalone, and the decode-case sweep, each under its own time limit,
 # logs and results under $OUT (at most 8 files come back: traces are tarred).
-#   GPUVM_COMMIT=<sha> bash tools/gpu_session.sh [check|fold|ops|opstime|sweep|step|stepsweep|probe|experts|router|park|ring|lists|steptrace|tiles|rowpf|fill|fill2|xstage|trace62|xprobe|smem|tiles2|xbench|against|slots|naps|icache|workers|slices|statsprobe|topkprobe|layertrace|oneop|fusedqk|ringbench|ringprobe|opsgemm|tail|attstop|gputests|vmtest|next|attntail|qksplit|lazygemm|lazyattn|lazyctl|ncuattn|clocks|codewarm|lazyexperts|lazyone|lazyall|toolcheck|gearly|kparts|kpartslayers|glate|glate16|fixed16|dispdepth|shares|cap33|weightcal|bare|refit|stagger|tileprobe|dbl2|heavy|capup|c16t1|ncu|ncusrc|treeab|trees ...]
+#   GPUVM_COMMIT=<sha> bash tools/gpu_session.sh [check|fold|ops|opstime|sweep|step|stepsweep|probe|experts|router|park|ring|lists|steptrace|tiles|rowpf|fill|fill2|xstage|trace62|xprobe|smem|tiles2|xbench|against|slots|naps|icache|workers|slices|statsprobe|topkprobe|layertrace|oneop|fusedqk|ringbench|ringprobe|opsgemm|tail|attstop|gputests|vmtest|next|attntail|qksplit|lazygemm|lazyattn|lazyctl|ncuattn|clocks|codewarm|lazyexperts|lazyone|lazyall|toolcheck|gearly|kparts|kpartslayers|glate|glate16|fixed16|dispdepth|shares|cap33|weightcal|bare|refit|stagger|tileprobe|dbl2|heavy|capup|c16t1|ncu|ncusrc|treeab|trees|bounds|pfbound ...]
 # (set GPUVM_COMMIT when running a snapshot without .git: else the results name the enclosing checkout)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -383,6 +383,12 @@ PY
             # (full-c1-t1 201.4 / 202.6 / 212.9 us, results/h100-s58/tilings-505a2a5/)
         AB_TAIL=8 ab_rounds chunks tiles "c1024:,c896:chunk=896,c832:chunk=832" ${T_CHUNKS:-120} \
             --cases ${CHUNKS_CASES:-full-c1-t1,full-c1-t8} --step "${CHUNKS_STEPS:-}" ;;
+    bounds) # tests/gpu's two timing bounds (the GEMM stream at 1 and 8 tokens, the empty instruction) on the Muse kernel against the plain one, alternating rounds
+        timeout ${T_BOUNDS:-150} python3 tools/bounds_ab.py --rounds 2 --out "$OUT/bounds_ab.json" > "$OUT/bounds_ab.log" 2>&1; echo "bounds_ab rc=$?"; tail -6 "$OUT/bounds_ab.log" ;;
+    pfbound) # the loader's prefetch bound (GVM_PF_MAX_BYTES 8 KB, the default since session 8) against 16 / 4 / 0 KB: the one-token layers and step, two dynamic rounds
+        timeout 200 python3 tools/prebuild.py base GVM_PF_MAX_BYTES=16384 GVM_PF_MAX_BYTES=4096 GVM_PF_MAX_BYTES=0 > "$OUT/prebuild_pf.log" 2>&1; echo "prebuild rc=$?"; cat "$OUT/prebuild_pf.log"
+        ab_rounds pf variants "pf8:,pf16:GVM_PF_MAX_BYTES=16384,pf4:GVM_PF_MAX_BYTES=4096,pf0:GVM_PF_MAX_BYTES=0" ${T_PF:-170} \
+            --cases ${PF_CASES:-full-c1-t1,sliding-c1-t1,full-c16-t1} --step "${PF_STEPS:-1x1}" ;;
     treeab) # this tree against a copy of it with ab/<dir>%<file> put back at <dir>/<file> (e.g. main's ops/experts.cuh:
             # git show main:ops/experts.cuh > ab/ops%experts.cuh before the call): the expert lists alone, then dynamic
             # layers and step 32 x 8 in four runs, trees alternated (base, new, new, base); end the steps with pack
