@@ -1269,6 +1269,13 @@ __device__ __forceinline__ void gvm_comb_add(float4 (&a)[GVM_COMB_ACC], const fl
     }
 }
 
+// Takes the first live pick off left and returns it (none if left is empty).
+__device__ __forceinline__ int gvm_comb_next(unsigned& left, int none) {
+    const int k = left != 0 ? __ffs(left) - 1 : none;
+    left &= left - 1;
+    return k;
+}
+
 __device__ int gvm_op_expert_combine(const gvm_ctx& c) {
     const gvm_tensor& tf = gvm_t(c, 0);
     const gvm_tensor& ty = gvm_t(c, 1);
@@ -1303,10 +1310,8 @@ __device__ int gvm_op_expert_combine(const gvm_ctx& c) {
         const unsigned live = __ballot_sync(0xffffffffu, my_row >= 0) & ((1u << GVM_TOPK) - 1u);
 #pragma unroll 1
         for (unsigned left = live; left != 0;) {
-            const int ka = __ffs(left) - 1;
-            left &= left - 1;
-            const int kb = left != 0 ? __ffs(left) - 1 : ka;  // ka again: loaded twice, stored once
-            left &= left - 1;
+            const int ka = gvm_comb_next(left, -1);
+            const int kb = gvm_comb_next(left, ka);  // ka again: loaded twice, stored once
             const int ra = __shfl_sync(0xffffffffu, my_row, ka), rb = __shfl_sync(0xffffffffu, my_row, kb);
             float sa = 0.0f, sb = 0.0f;
             for (int i0 = c.tid; i0 < n4; i0 += 128 * GVM_COMB_BATCH) {
@@ -1338,10 +1343,8 @@ __device__ int gvm_op_expert_combine(const gvm_ctx& c) {
             for (int u = 0; u < GVM_COMB_ACC; ++u) a[u] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll 1
             for (unsigned left = live; left != 0;) {  // pick order, two picks' loads at a time
-                const int ka = __ffs(left) - 1;
-                left &= left - 1;
-                const int kb = left != 0 ? __ffs(left) - 1 : -1;
-                if (kb >= 0) left &= left - 1;
+                const int ka = gvm_comb_next(left, -1);
+                const int kb = gvm_comb_next(left, -1);
                 const int ra = __shfl_sync(0xffffffffu, my_row, ka), rb = __shfl_sync(0xffffffffu, my_row, max(kb, ka));
                 float4 va[GVM_COMB_ACC], vb[GVM_COMB_ACC];
 #pragma unroll
