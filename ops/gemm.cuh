@@ -439,26 +439,37 @@ __device__ __forceinline__ int gvm_gemm_bf16_tiles(const gvm_ctx& c, const gvm_t
 // once per 16 rows, and its MMA operands come straight from 16-byte loads in
 // a k order that needs register moves (4 per MMA) and that chains each
 // token tile's two MMAs (the 256-token layer's Wqkvg tile of 64 rows x 64
-// tokens ran 155 us, ~80 cycles an MMA). Here a pass covers 64 rows x 64
-// tokens: each stage holds 64 k of both (8 KB each, 128 bytes a row), copied
-// by cp.async GVM_GEMM_XS_STAGES deep, and the group multiplies it as one
-// warpgroup MMA a k16 step (wgmma, operands read from shared memory). A
-// 16-byte chunk c of a stage's row r sits at chunk c ^ (r & 7): wgmma's
-// 128-byte swizzle, stages 1024-byte aligned. An instruction
-// loops over its rows, then its tokens, a pass at a time; rows and tokens
-// past its end are zero-filled and not stored. (Fetching W into L2 a few
-// stages ahead by bulk prefetch lost: H200, 866548f, sliding-c32-t8 1945 us
-// with, 1846 without; more stages won instead: runtime/params.cuh.)
+// tokens ran 155 us, ~80 cycles an MMA). Here a pass covers M x 64 rows x 64
+// tokens: each stage holds 64 k of both (8 KB a 64 rows or tokens, 128 bytes
+// a row), copied by cp.async GVM_GEMM_XS_STAGES deep, and the group
+// multiplies it as M warpgroup MMAs a k16 step (wgmma, operands read from
+// shared memory). A 16-byte chunk c of a stage's row r sits at chunk
+// c ^ (r & 7): wgmma's 128-byte swizzle, stages 1024-byte aligned. An
+// instruction loops over its rows, then its tokens, a pass at a time; rows
+// and tokens past its end are zero-filled and not stored. A pass of two row
+// halves (M = 2, from more than 64 rows left: GVM_GEMM_XS_M2) reads its x
+// stage once for 128 rows, so that a tile of 128 rows x 64 tokens moves 3 MB
+// through L2 at K = 8,192 instead of 4 (the 256-token layer's squeeze, Wex
+// and Wo tiles, whose phases moved ~6.9 TB/s from L2 in all at 64 rows a
+// pass: tools/staged_l2.py on cacac56's traces).
+// (Fetching W into L2 a few stages ahead by bulk prefetch lost: H200,
+// 866548f, sliding-c32-t8 1945 us with, 1846 without; more stages won
+// instead: runtime/params.cuh.)
 #ifndef GVM_GEMM_XS_MIN  // tokens from which an instruction stages W and x (0: never; the 4-group kernel has no registers for it)
 #define GVM_GEMM_XS_MIN (GVM_MAX_GROUPS <= 2 ? 64 : 0)
 #endif
-#define GVM_GEMM_XS_TILE 64     // rows and tokens of a pass
-#define GVM_GEMM_XS_HALF (GVM_GEMM_XS_TILE * 128)  // bytes of one operand in a stage
+#ifndef GVM_GEMM_XS_M2  // passes of two row halves for more than 64 rows (0: 64 rows a pass)
+#define GVM_GEMM_XS_M2 1
+#endif
+#define GVM_GEMM_XS_TILE 64     // rows (a half) and tokens of a pass
+#define GVM_GEMM_XS_HALF (GVM_GEMM_XS_TILE * 128)  // bytes of 64 rows or tokens in a stage
 #define GVM_GEMM_XS_STAGE_BYTES (2 * GVM_GEMM_XS_HALF)
+#define GVM_GEMM_XS_NS(bytes) (GVM_GROUP_SMEM / (bytes) < 8 ? GVM_GROUP_SMEM / (bytes) : 8)
 #ifndef GVM_GEMM_XS_STAGES  // as many as the group's scratch holds, up to 8
-#define GVM_GEMM_XS_STAGES (GVM_GROUP_SMEM / GVM_GEMM_XS_STAGE_BYTES < 8 ? GVM_GROUP_SMEM / GVM_GEMM_XS_STAGE_BYTES : 8)
+#define GVM_GEMM_XS_STAGES GVM_GEMM_XS_NS(GVM_GEMM_XS_STAGE_BYTES)
 #endif
 static_assert(GVM_GEMM_XS_STAGES >= 2, "GVM_GEMM_XS_STAGES: a stage in use and one landing");
+static_assert(!GVM_GEMM_XS_M2 || GVM_GEMM_XS_NS(3 * GVM_GEMM_XS_HALF) >= 2, "GVM_GEMM_XS_M2: two stages of 128 rows");
 static_assert(GVM_GEMM_XS_TILE == 64 && GVM_GROUP_SMEM % 1024 == 0, "the staged pass: wgmma m64n64, 1024-byte aligned stages");
 
 // The cp.async pipeline of the staged paths (bf16 and f32): NS buffers of
@@ -491,7 +502,9 @@ __device__ __forceinline__ unsigned gvm_stages_next(const gvm_ctx& c, int kc, in
 }
 
 // Starts copying stage kc (k in [64 kc, 64 kc + 64)) of W rows [0, nr) past
-// wt and x tokens [0, nt) past xt into the stage at `buf`; the rest is zeros.
+// wt (M halves of 64) and x tokens [0, nt) past xt into the stage at `buf`
+// (the halves, then x); the rest is zeros.
+template <int M>
 __device__ __forceinline__ void gvm_gemm_xs_stage(unsigned buf, const char* wt, long long w_row, int nr,
                                                   const char* xt, long long x_row, int nt, int kc, unsigned tid,
                                                   unsigned long long pol) {
@@ -499,40 +512,50 @@ __device__ __forceinline__ void gvm_gemm_xs_stage(unsigned buf, const char* wt, 
 #pragma unroll
     for (int i = 0; i < GVM_GEMM_XS_TILE / 16; ++i) {
         const int r = r0 + 16 * i;
-        gvm_cp_async16(gvm_wgmma_at(buf, r, ch), wt + (long long)(r < nr ? r : 0) * w_row + kc * 128 + ch * 16,
-                       r < nr, pol);
-        gvm_cp_async16(gvm_wgmma_at(buf + GVM_GEMM_XS_HALF, r, ch),
+#pragma unroll
+        for (int h = 0; h < M; ++h) {
+            const int rh = r + GVM_GEMM_XS_TILE * h;
+            gvm_cp_async16(gvm_wgmma_at(buf + h * GVM_GEMM_XS_HALF, r, ch),
+                           wt + (long long)(rh < nr ? rh : 0) * w_row + kc * 128 + ch * 16, rh < nr, pol);
+        }
+        gvm_cp_async16(gvm_wgmma_at(buf + M * GVM_GEMM_XS_HALF, r, ch),
                        xt + (long long)(r < nt ? r : 0) * x_row + kc * 128 + ch * 16, r < nt, pol);
     }
 }
 
-// One pass: W rows [0, nr) past wt (nr <= 64) x tokens [0, nt) past xt
+// One pass: W rows [0, nr) past wt (nr <= 64 M) x tokens [0, nt) past xt
 // (nt <= 64), all of K (a multiple of 64); out's (token 0, row 0) at `ot`.
-// One warpgroup MMA (m64n64k16) a k16 step: the group's 4 warps are a
-// warpgroup (its first warp a multiple of 4) and the stages are in wgmma's
-// 128-byte swizzle, so the tensor cores read W and x from shared memory once
-// a step (4 KB; each warp's ldmatrix + mma.sync read 8, session 22). The
-// MMAs of a stage are waited for before the next barrier, after which its
-// buffer is refilled.
+// M warpgroup MMAs (m64n64k16) a k16 step, one a row half, on the same x:
+// the group's 4 warps are a warpgroup (its first warp a multiple of 4) and
+// the stages are in wgmma's 128-byte swizzle, so the tensor cores read W and
+// x from shared memory once a step (each warp's ldmatrix + mma.sync read
+// twice that, session 22). The MMAs of a stage are waited for before the
+// next barrier, after which its buffer is refilled.
+template <int M>
 __device__ __forceinline__ void gvm_gemm_xs_pass(const gvm_ctx& c, const gvm_tensor& out, long long ot,
                                                  const char* wt, long long w_row, int nr, const char* xt,
                                                  long long x_row, int nt, int K, unsigned long long pol) {
-    constexpr int NS = GVM_GEMM_XS_STAGES;
+    constexpr unsigned BYTES = (M + 1) * GVM_GEMM_XS_HALF;
+    constexpr int NS = M == 1 ? GVM_GEMM_XS_STAGES : GVM_GEMM_XS_NS(BYTES);
     const unsigned tid = gvm_opaque(c.tid);
     const unsigned stage0 = gvm_smem_addr(c.smem);
     const int nk = K / 64;
-    float acc[32];
+    float acc[M][32];
 #pragma unroll
-    for (int i = 0; i < 32; ++i) acc[i] = 0.f;
-    const auto stage = [&](int k, unsigned buf) { gvm_gemm_xs_stage(buf, wt, w_row, nr, xt, x_row, nt, k, tid, pol); };
-    gvm_stages_begin<NS>(nk, stage0, GVM_GEMM_XS_STAGE_BYTES, stage);
+    for (int h = 0; h < M; ++h)
+#pragma unroll
+        for (int i = 0; i < 32; ++i) acc[h][i] = 0.f;
+    const auto stage = [&](int k, unsigned buf) { gvm_gemm_xs_stage<M>(buf, wt, w_row, nr, xt, x_row, nt, k, tid, pol); };
+    gvm_stages_begin<NS>(nk, stage0, BYTES, stage);
 #pragma unroll 1
     for (int kc = 0; kc < nk; ++kc) {
-        const unsigned sw = gvm_stages_next<NS, true>(c, kc, nk, stage0, GVM_GEMM_XS_STAGE_BYTES, stage);
-        const unsigned long long da = gvm_wgmma_desc(sw), db = gvm_wgmma_desc(sw + GVM_GEMM_XS_HALF);
+        const unsigned sw = gvm_stages_next<NS, true>(c, kc, nk, stage0, BYTES, stage);
+        const unsigned long long db = gvm_wgmma_desc(sw + M * GVM_GEMM_XS_HALF);
         gvm_wgmma_fence();
 #pragma unroll
-        for (int s = 0; s < 4; ++s) gvm_wgmma_bf16_n64(acc, da + 2 * s, db + 2 * s);  // + 32 bytes a k16 step
+        for (int s = 0; s < 4; ++s)  // + 32 bytes a k16 step
+#pragma unroll
+            for (int h = 0; h < M; ++h) gvm_wgmma_bf16_n64(acc[h], gvm_wgmma_desc(sw + h * GVM_GEMM_XS_HALF) + 2 * s, db + 2 * s);
         gvm_wgmma_commit();
         gvm_wgmma_wait<0>();
     }
@@ -540,13 +563,14 @@ __device__ __forceinline__ void gvm_gemm_xs_pass(const gvm_ctx& c, const gvm_ten
     gvm_group_sync(c);  // every warp is done with the stages before the next pass refills them
     const int row0 = 16 * (int)(tid >> 5) + (int)((tid & 31u) >> 2), tok0 = 2 * (int)(tid & 3u);
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
+    for (int h = 0; h < M; ++h)
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const int row = row0 + 8 * (i >> 1), tok = tok0 + 8 * j + (i & 1);
-            if (row < nr && tok < nt) gvm_gemm_store(out, ot + (long long)tok * out.stride[0] + row, acc[4 * j + i]);
-        }
-    }
+        for (int j = 0; j < 8; ++j)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const int row = GVM_GEMM_XS_TILE * h + row0 + 8 * (i >> 1), tok = tok0 + 8 * j + (i & 1);
+                if (row < nr && tok < nt) gvm_gemm_store(out, ot + (long long)tok * out.stride[0] + row, acc[h][4 * j + i]);
+            }
 }
 
 // K part j of P (a5 P > 1: the sums go to the parts tensor t3 [T, P*N] f32,
@@ -560,19 +584,26 @@ __device__ __forceinline__ int gvm_gemm_xs(const gvm_ctx& c, const gvm_tensor& o
     const unsigned long long pol = gvm_policy_evict_normal();
     const long long x_row = x.stride[0] * 2, w_row = w.stride[0] * 2;
     if (gvm_smem_addr(c.smem) & 1023u) return GVM_ERR_BAD_ARGS;  // wgmma's swizzle needs 1024-byte stages
+    int step = GVM_GEMM_XS_TILE;
 #pragma unroll 1
-    for (int r0 = n0; r0 < n0 + cnt; r0 += GVM_GEMM_XS_TILE) {
-        const int nr = n0 + cnt - r0 < GVM_GEMM_XS_TILE ? n0 + cnt - r0 : GVM_GEMM_XS_TILE;
+    for (int r0 = n0; r0 < n0 + cnt; r0 += step) {
+        const bool two = GVM_GEMM_XS_M2 && n0 + cnt - r0 > GVM_GEMM_XS_TILE &&
+                         c.smem_bytes >= GVM_GEMM_XS_NS(3 * GVM_GEMM_XS_HALF) * 3 * GVM_GEMM_XS_HALF;
+        step = two ? 2 * GVM_GEMM_XS_TILE : GVM_GEMM_XS_TILE;
+        const int nr = n0 + cnt - r0 < step ? n0 + cnt - r0 : step;
 #pragma unroll 1
         for (int tp = t0; tp < t0 + tn; tp += GVM_GEMM_XS_TILE) {
             const int nt = t0 + tn - tp < GVM_GEMM_XS_TILE ? t0 + tn - tp : GVM_GEMM_XS_TILE;
             const volatile int* a = c.ins->arg;
             const int P = a[5] > 1 ? a[5] : 1, j = P > 1 ? a[6] : 0, K = x.shape[1] / P;
             const gvm_tensor& o = P > 1 ? gvm_t(c, 3) : out;
-            const long long kb = 2ll * j * K;
-            gvm_gemm_xs_pass(c, o, (long long)tp * o.stride[0] + (long long)j * w.shape[0] + r0,
-                             reinterpret_cast<const char*>(w.ptr) + r0 * w_row + kb, w_row, nr,
-                             reinterpret_cast<const char*>(x.ptr) + tp * x_row + kb, x_row, nt, K, pol);
+            const long long kb = 2ll * j * K, ot = (long long)tp * o.stride[0] + (long long)j * w.shape[0] + r0;
+            const char* wt = reinterpret_cast<const char*>(w.ptr) + r0 * w_row + kb;
+            const char* xt = reinterpret_cast<const char*>(x.ptr) + tp * x_row + kb;
+            if (two)
+                gvm_gemm_xs_pass<2>(c, o, ot, wt, w_row, nr, xt, x_row, nt, K, pol);
+            else
+                gvm_gemm_xs_pass<1>(c, o, ot, wt, w_row, nr, xt, x_row, nt, K, pol);
         }
     }
     return GVM_ERR_NONE;

@@ -165,7 +165,7 @@ def test_a_wrong_p_fragment_of_the_attention_rounds_fails(tmp_path: Path) -> Non
 def test_a_wrong_wgmma_descriptor_fails(tmp_path: Path) -> None:
     """The k16 steps of a stage advance the descriptors by 32 bytes; by 16 the
     staged GEMM multiplies the wrong k and its answers are off."""
-    broken = _mutant(tmp_path, "ops/gemm.cuh", "da + 2 * s, db + 2 * s", "da + s, db + s")
+    broken = _mutant(tmp_path, "ops/gemm.cuh", "+ 2 * s, db + 2 * s", "+ s, db + s")
     assert any("staged" in f or "token ranges" in f for f in _failures(broken, {Op.GEMM}))
 
 

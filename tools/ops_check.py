@@ -770,6 +770,10 @@ def cases_gemm(sz: Sizes, gen: torch.Generator) -> list[Case]:
                             (80, d + 8, ((0, 80),), DType.BF16)):
         out.append(_ranged_gemm(f"gemm bf16 T={t} K={k} token ranges {dt.name.lower()} out", gen, DType.BF16, dt, GEMM_BF16,
                                 t, k, 2 * n, (64, 13, 40, 128, 16), spans, alternate=t == 100))
+    # passes of two 64-row halves on one x stage from more than 64 rows (GVM_GEMM_XS_M2): whole, the
+    # second half partial (100), and a remainder of one half (28)
+    out.append(_ranged_gemm("gemm bf16 T=70 token ranges in staged passes of 128 rows, f32 out", gen, DType.BF16, DType.F32, GEMM_BF16,
+                            70, d, 4 * n, (128, 100, 28), ((0, 64), (64, 6)), alternate=False))
     out.append(_ranged_gemm(f"gemm bf16 T=20 K={8 * d} one-token ranges f32 out", gen, DType.BF16, DType.F32, GEMM_BF16,
                             20, 8 * d, 2 * n, (40, 1, 16, 13, 64, 3), ((0, 1), (7, 1), (1, 6), (8, 12)), alternate=False))
     # at most 8 rows and 4 tokens: the K range folded onto the MMA's rows g + 8 (ops/gemm.cuh, fold), over
