@@ -586,20 +586,19 @@ def emit_layer(
 
     def gemm(out: TensorSpec, xin: TensorSpec, wt: TensorSpec, n0: int, n1: int, waits: list[Counter], sig: Counter, tag: str,
              tile_bytes: int = 0, token_splits: int = 1, beside: int = 0, stats: list[TensorSpec] | None = None,
-             parts: tuple[TensorSpec, TensorSpec, int] | None = None, order_with: Instr | None = None, parts_beside: int = 0,
-             span_rows: int = 64) -> int:
+             parts: tuple[TensorSpec, TensorSpec, int] | None = None, order_with: Instr | None = None, parts_beside: int = 0) -> int:
         """Column tiles of wt over [n0, n1) (see gemm_plan), each over all T
         tokens (args t0 = t = 0) or over token ranges; with stats ([stats, s,
         alpha, beta]) column tile i also leaves its residual statistics in
         slot i; with parts ((parts, tickets, P): the router's) tile m is cut
         into P K parts, counted on ticket m (a staged bf16 GEMM without stats
         gets its own, Tiles.gemm_parts: fitted to the groups less beside and
-        parts_beside); order_with: Program.op's, for every tile; span_rows:
-        gemm_plan's. Returns how many instructions."""
-        rows, spans = gemm_plan(wt, n0, n1, tile_bytes, token_splits, beside, span_rows)
+        parts_beside); order_with: Program.op's, for every tile. Returns how
+        many instructions."""
+        may_part = parts is None and not stats and wt.dtype == DType.BF16 and tl.gemm_parts > 1
+        rows, spans = gemm_plan(wt, n0, n1, tile_bytes, token_splits, beside, tl.gemm_parts_rows if may_part else 64)
         tiles = _tiles(n0, n1, rows)
-        if (parts is None and not stats and wt.dtype == DType.BF16 and spans != [(0, 0)] and tl.gemm_parts > 1
-                and min(tn for _, tn in spans) >= GEMM_STAGED_TOKENS):
+        if may_part and spans != [(0, 0)] and min(tn for _, tn in spans) >= GEMM_STAGED_TOKENS:
             n_tiles, k, P = len(tiles) * len(spans), wt.shape[1], 1
             while P * 2 <= tl.gemm_parts and n_tiles * P * 2 <= tl.gemm_fill - beside - parts_beside and k % (P * 2 * GEMM_BF16_PART_K) == 0:
                 P *= 2
@@ -651,16 +650,15 @@ def emit_layer(
     qkv_done, g_done = ctr("qkv"), ctr("g")
     qkv_cols = (hq + 2 * hkv) * HEAD_DIM
     late = T <= tl.g_late  # g after the q|k|v tiles, beside the attention chunks (an op of its own: it waits on Wqkvg's)
-    qkvg_rows = tl.gemm_parts_rows if tl.gemm_parts > 1 else 64  # Wqkvg's staged tiles (K parts)
-    g_rows, g_spans = gemm_plan(w["Wqkvg"], qkv_cols, cfg.qkvg_width, span_rows=qkvg_rows)
+    g_rows, g_spans = gemm_plan(w["Wqkvg"], qkv_cols, cfg.qkvg_width, span_rows=tl.gemm_parts_rows if tl.gemm_parts > 1 else 64)
     n_g = 0 if late else len(_tiles(qkv_cols, cfg.qkvg_width, g_rows)) * len(g_spans)  # g's tiles beside q|k|v's, before K parts
-    n_qkv = gemm(qkvg, h, w["Wqkvg"], 0, qkv_cols, h_ready, qkv_done, "Wqkvg", parts_beside=n_g, span_rows=qkvg_rows)
+    n_qkv = gemm(qkvg, h, w["Wqkvg"], 0, qkv_cols, h_ready, qkv_done, "Wqkvg", parts_beside=n_g)
     n_chunk_ops = hkv * sum(n for _, n in conv_chunks)  # the layer's ATTN_CHUNK ops
     first_qkv = p.instrs[-n_qkv]
     # late g fills the groups the chunks leave, at most g_late_groups of them
     g_groups = min(tl.gemm_fill - n_chunk_ops, tl.g_late_groups or tl.gemm_fill)
     gemm(qkvg, h, w["Wqkvg"], qkv_cols, cfg.qkvg_width, h_ready + [qkv_done] if late else h_ready, g_done, "Wg" if late else "Wqkvg",
-         beside=tl.gemm_fill - g_groups if late else n_qkv, order_with=first_qkv if tl.g_early and not late else None, span_rows=qkvg_rows)
+         beside=tl.gemm_fill - g_groups if late else n_qkv, order_with=first_qkv if tl.g_early and not late else None)
     merged = ctr("o")
     # a merge is latency bound, one warp per (token, head): few pairs per
     # instruction, spread over SMs (two heads keep a one-token merge to one batch)
