@@ -685,33 +685,6 @@ def test_gemm_parts_cut_wqkvg_over_k_to_fill_the_groups() -> None:
         Tiles(gemm_parts=3)
 
 
-def test_gemm_parts_rows_take_128_row_tiles_in_more_parts() -> None:
-    """Tiles.gemm_parts_rows 128: Wqkvg's staged tiles (and only they) of 128
-    rows, so that each 64-token x stage serves two row halves, their K parts
-    doubled to fill the same groups (within gemm_parts); 64 or 128 only."""
-    def rows(conversations: int, tokens_each: int, **kw: int) -> dict[tuple[str, int, int], int]:
-        lp = lower_layer(SHARD, "full", conversations, tokens_each, 8192, tiles=Tiles(**kw))
-        out: dict[tuple[str, int, int], int] = {}
-        for o in lp.stream.ops:
-            if o.opcode == Op.GEMM and o.label.startswith("L0.Wqkvg["):
-                key = ("g" if o.args[0] >= (SHARD.heads_q + 2 * SHARD.heads_kv) * 64 else "qkv", o.args[1], max(o.args[5], 1))
-                out[key] = out.get(key, 0) + 1
-            elif o.opcode == Op.GEMM and o.args[2] != o.args[3]:  # the other staged GEMMs keep their rows
-                assert o.label.startswith(("L0.Wr[", "L0.Wsq[", "L0.Wo[", "L0.Wex["))
-        return out
-
-    assert rows(32, 8) == {("qkv", 64, 2): 160, ("g", 64, 1): 64}
-    assert rows(32, 8, gemm_parts_rows=128) == {("qkv", 128, 4): 160, ("g", 128, 2): 64}
-    assert rows(16, 8, gemm_parts_rows=128) == {("qkv", 128, 4): 80, ("g", 128, 4): 64}
-    assert rows(16, 8, gemm_parts_rows=128, gemm_parts=8) == {("qkv", 128, 8): 160, ("g", 128, 4): 64}
-    assert rows(32, 8, gemm_parts_rows=128, gemm_parts=1) == {("qkv", 64, 1): 80, ("g", 64, 1): 64}
-    for c, t in ((1, 1), (32, 1)):  # no K parts under 64 tokens a span: the same program
-        a, b = (lower_layer(SHARD, "full", c, t, 8192, tiles=Tiles(gemm_parts_rows=r)).stream for r in (64, 128))
-        assert [(o.label, o.args) for o in a.ops] == [(o.label, o.args) for o in b.ops]
-    with pytest.raises(ProgramError, match="gemm_parts_rows"):
-        Tiles(gemm_parts_rows=96)
-
-
 def test_bf16_k_parts_only_on_the_staged_path() -> None:
     """A bf16 GEMM in K parts needs 64 tokens an instruction and K / parts a
     multiple of 64 (the device's staged path): refused before launch otherwise."""

@@ -2,7 +2,7 @@
 # One call on the H200 (the device tool): the VM proofs and timings, the Muse
 # ops standalone, and the decode-case sweep, each under its own time limit,
 # logs and results under $OUT (at most 8 files come back: traces are tarred).
-#   GPUVM_COMMIT=<sha> bash tools/gpu_session.sh [check|fold|ops|opstime|sweep|step|stepsweep|probe|experts|router|park|ring|lists|steptrace|tiles|rowpf|fill|fill2|xstage|trace62|xprobe|smem|tiles2|xbench|against|slots|naps|icache|workers|slices|statsprobe|topkprobe|layertrace|oneop|fusedqk|ringbench|ringprobe|opsgemm|tail|attstop|gputests|vmtest|next|attntail|qksplit|lazygemm|lazyattn|lazyctl|ncuattn|clocks|codewarm|lazyexperts|lazyone|lazyall|toolcheck|gearly|kparts|kpartslayers|glate|glate16|fixed16|dispdepth|shares|cap33|weightcal|bare|refit|stagger|tileprobe|dbl2|heavy|capup|c16t1|ncu|ncusrc|treeab|trees|bounds|pfbound|partsrows ...]
+#   GPUVM_COMMIT=<sha> bash tools/gpu_session.sh [check|fold|ops|opstime|sweep|step|stepsweep|probe|experts|router|park|ring|lists|steptrace|tiles|rowpf|fill|fill2|xstage|trace62|xprobe|smem|tiles2|xbench|against|slots|naps|icache|workers|slices|statsprobe|topkprobe|layertrace|oneop|fusedqk|ringbench|ringprobe|opsgemm|tail|attstop|gputests|vmtest|next|attntail|qksplit|lazygemm|lazyattn|lazyctl|ncuattn|clocks|codewarm|lazyexperts|lazyone|lazyall|toolcheck|gearly|kparts|kpartslayers|glate|glate16|fixed16|dispdepth|shares|cap33|weightcal|bare|refit|stagger|tileprobe|dbl2|heavy|capup|c16t1|ncu|ncusrc|treeab|trees|bounds|pfbound ...]
 # (set GPUVM_COMMIT when running a snapshot without .git: else the results name the enclosing checkout)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -389,11 +389,6 @@ PY
         timeout 200 python3 tools/prebuild.py base GVM_PF_MAX_BYTES=16384 GVM_PF_MAX_BYTES=4096 GVM_PF_MAX_BYTES=0 > "$OUT/prebuild_pf.log" 2>&1; echo "prebuild rc=$?"; cat "$OUT/prebuild_pf.log"
         ab_rounds pf variants "pf8:,pf16:GVM_PF_MAX_BYTES=16384,pf4:GVM_PF_MAX_BYTES=4096,pf0:GVM_PF_MAX_BYTES=0" ${T_PF:-170} \
             --cases ${PF_CASES:-full-c1-t1,sliding-c1-t1,full-c16-t1} --step "${PF_STEPS:-1x1}" ;;
-    partsrows) # Wqkvg's staged tiles of 128 rows (Tiles.gemm_parts_rows 128: two-half passes, 25% fewer L2 bytes a tile) in 4 or 8 K parts against 64 rows (the default):
-        # their layer test against the reference, then the many-token layers and step 32 x 8, two dynamic rounds (tiles only, no rebuild)
-        timeout 150 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_muse_layer.py -k 128_row > "$OUT/test_parts_rows.log" 2>&1; echo "parts-rows layer test rc=$?"; tail -2 "$OUT/test_parts_rows.log"
-        ab_rounds prows tiles "r64:,r128:gemm_parts_rows=128,r128p8:gemm_parts_rows=128+gemm_parts=8" ${T_PROWS:-200} \
-            --cases ${PROWS_CASES:-full-c32-t8,sliding-c32-t8,full-c16-t8,sliding-c16-t8} --step "${PROWS_STEPS:-32x8}" ;;
     treeab) # this tree against a copy of it with ab/<dir>%<file> put back at <dir>/<file> (e.g. main's ops/experts.cuh:
             # git show main:ops/experts.cuh > ab/ops%experts.cuh before the call): the expert lists alone, then dynamic
             # layers and step 32 x 8 in four runs, trees alternated (base, new, new, base); end the steps with pack

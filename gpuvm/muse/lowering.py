@@ -230,11 +230,6 @@ class Tiles:
     # has beside the GEMMs running with it; the last part of a tile adds the
     # parts (isa/gvm_isa.h GEMM, K parts). 1: never.
     gemm_parts: int = 4
-    # The fewest rows of such a GEMM's tiles (64: one pass; 128: two-half
-    # passes, GVM_GEMM_XS_M2, which stage each 64-token x once for 128 rows, so
-    # that a tile moves 25% fewer bytes through L2 for as many weights; the
-    # tiles halve and their K parts double, within gemm_parts).
-    gemm_parts_rows: int = 64
     # 1: the dense GEMM tiles carry GVM_FLAG_LAZY (a block that hands one out
     # claims its next instruction only while one of its groups is free); 2: the
     # router's and the squeeze's only (the phase the traces show late). A GEMM
@@ -315,8 +310,6 @@ class Tiles:
             raise ProgramError(f"Tiles.fuse_qk must be an int >= 0, not {self.fuse_qk!r}")
         if self.gemm_parts < 1 or self.gemm_parts > GEMM_MAX_PARTS or self.gemm_parts & (self.gemm_parts - 1):
             raise ProgramError(f"Tiles.gemm_parts must be a power of two from 1 to {GEMM_MAX_PARTS}, not {self.gemm_parts!r}")
-        if self.gemm_parts_rows not in (64, 128):
-            raise ProgramError(f"Tiles.gemm_parts_rows must be 64 or 128 (one pass of the staged path, or two halves), not {self.gemm_parts_rows!r}")
         for name in ("gemm_bytes", "gemm_min_bytes", "gemm_max_bytes", "gemm_tail", "gemm_span", "router_ops", "router_bytes", "topk_tokens", "router_splits", "expert_workers", "expert_cap_up", "expert_cap_down", "rows", "residual_slices", "residual_max_ops", "chunk", "sliding_chunk", "sliding_ops", "full_ops"):
             v = getattr(self, name)
             if not isinstance(v, int) or v <= 0:
@@ -566,16 +559,14 @@ def emit_layer(
     def ctr(name: str) -> Counter:
         return p.counter(prefix + name)
 
-    def gemm_plan(wt: TensorSpec, n0: int, n1: int, tile_bytes: int = 0, token_splits: int = 1, beside: int = 0,
-                  span_rows: int = 64) -> tuple[int, list[tuple[int, int]]]:
+    def gemm_plan(wt: TensorSpec, n0: int, n1: int, tile_bytes: int = 0, token_splits: int = 1, beside: int = 0) -> tuple[int, list[tuple[int, int]]]:
         """Rows per column tile of wt over [n0, n1) and the token spans of each
-        (tile_bytes: a fixed size; beside: tiles of another GEMM that run at the same time;
-        span_rows: the fewest rows of a bf16 tile cut over tokens)."""
+        (tile_bytes: a fixed size; beside: tiles of another GEMM that run at the same time)."""
         spans = [(0, 0)] if token_splits == 1 or T == 1 else _tiles(0, T, -(-T // token_splits))
         start = tl.router_span if wt.dtype == DType.F32 else tl.gemm_span
         if tl.gemm_fill and start and T >= start:  # staged on the device: spans x 64+ bf16 rows, or 32 f32 rows (a pass)
             spans = _tiles(0, T, tl.gemm_span)
-            rows = min(n1 - n0, F32_SPAN_ROWS) if wt.dtype == DType.F32 else _span_rows(n1 - n0, len(spans), max(1, tl.gemm_fill - beside), span_rows)
+            rows = min(n1 - n0, F32_SPAN_ROWS) if wt.dtype == DType.F32 else _span_rows(n1 - n0, len(spans), max(1, tl.gemm_fill - beside))
         elif tile_bytes:
             rows = _pow2_rows(n1 - n0, wt.row_bytes, tile_bytes)
         elif tl.gemm_fill:
@@ -595,10 +586,10 @@ def emit_layer(
         gets its own, Tiles.gemm_parts: fitted to the groups less beside and
         parts_beside); order_with: Program.op's, for every tile. Returns how
         many instructions."""
-        may_part = parts is None and not stats and wt.dtype == DType.BF16 and tl.gemm_parts > 1
-        rows, spans = gemm_plan(wt, n0, n1, tile_bytes, token_splits, beside, tl.gemm_parts_rows if may_part else 64)
+        rows, spans = gemm_plan(wt, n0, n1, tile_bytes, token_splits, beside)
         tiles = _tiles(n0, n1, rows)
-        if may_part and spans != [(0, 0)] and min(tn for _, tn in spans) >= GEMM_STAGED_TOKENS:
+        if (parts is None and not stats and wt.dtype == DType.BF16 and spans != [(0, 0)] and tl.gemm_parts > 1
+                and min(tn for _, tn in spans) >= GEMM_STAGED_TOKENS):
             n_tiles, k, P = len(tiles) * len(spans), wt.shape[1], 1
             while P * 2 <= tl.gemm_parts and n_tiles * P * 2 <= tl.gemm_fill - beside - parts_beside and k % (P * 2 * GEMM_BF16_PART_K) == 0:
                 P *= 2
@@ -650,7 +641,7 @@ def emit_layer(
     qkv_done, g_done = ctr("qkv"), ctr("g")
     qkv_cols = (hq + 2 * hkv) * HEAD_DIM
     late = T <= tl.g_late  # g after the q|k|v tiles, beside the attention chunks (an op of its own: it waits on Wqkvg's)
-    g_rows, g_spans = gemm_plan(w["Wqkvg"], qkv_cols, cfg.qkvg_width, span_rows=tl.gemm_parts_rows if tl.gemm_parts > 1 else 64)
+    g_rows, g_spans = gemm_plan(w["Wqkvg"], qkv_cols, cfg.qkvg_width)
     n_g = 0 if late else len(_tiles(qkv_cols, cfg.qkvg_width, g_rows)) * len(g_spans)  # g's tiles beside q|k|v's, before K parts
     n_qkv = gemm(qkvg, h, w["Wqkvg"], 0, qkv_cols, h_ready, qkv_done, "Wqkvg", parts_beside=n_g)
     n_chunk_ops = hkv * sum(n for _, n in conv_chunks)  # the layer's ATTN_CHUNK ops

@@ -110,15 +110,6 @@ def test_shard_layer_with_fused_qk_matches_reference(vm_plain, case: Case) -> No
     _check(_run_case(vm_plain, SHARD, case, "dynamic", Tiles(fuse_qk=1 << 20)))
 
 
-#: Wqkvg's staged tiles of 128 rows (Tiles.gemm_parts_rows: two-half passes) in up to 8 K parts
-PARTS_ROWS_CASES = [c for c in DECODE_CASES if c.name in ("full-c16-t8", "sliding-c32-t8")]
-
-
-@pytest.mark.parametrize("case", PARTS_ROWS_CASES, ids=lambda c: c.name)
-def test_shard_layer_with_128_row_wqkvg_tiles_matches_reference(vm_plain, case: Case) -> None:  # type: ignore[no-untyped-def]
-    _check(_run_case(vm_plain, SHARD, case, "dynamic", Tiles(gemm_parts_rows=128, gemm_parts=8)))
-
-
 #: expert work items in a fixed round robin (Tiles.expert_fixed): with static
 #: instruction lists, the whole layer scheduled on the host
 FIXED_CASES = [c for c in DECODE_CASES if c.name in ("full-c1-t1", "sliding-c32-t8")]
