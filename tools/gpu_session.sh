@@ -411,7 +411,7 @@ PY
            r=0; for t in "${order[@]}"; do r=$((r + 1)); tree_probe "${r}_$t" "$(treedir "$t")"; done ;;
     m2) # the staged GEMM's passes of two 64-row halves on one x stage (GVM_GEMM_XS_M2 1, the default) against 64 rows a
         # pass (0): GEMM ops_check at the shard's sizes, both builds in parallel, two rounds of the many-token layers
-        # (session 58 on an H100, within prepared/many-tokens' tree: 256-token layers 1.1-2.0% faster, 128 level)
+        # (session 58 on an H100, within prepared/many-tokens' tree: 256-token layers 1.1-2.0% faster, 128 level; session 59 on the H200: -1.7 / -2.2%, 128 level)
         timeout 120 python3 tools/ops_check.py --only gemm > "$OUT/ops_gemm.log" 2>&1; echo "ops_check gemm rc=$?"; tail -2 "$OUT/ops_gemm.log"
         timeout 200 python3 tools/prebuild.py base GVM_GEMM_XS_M2=0 > "$OUT/prebuild_m2.log" 2>&1; echo "prebuild rc=$?"; cat "$OUT/prebuild_m2.log"
         AB_TAIL=24 ab_rounds m2 variants "m2:,m1:GVM_GEMM_XS_M2=0" ${T_M2:-200} \
