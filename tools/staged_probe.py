@@ -1,0 +1,121 @@
+"""One wave of staged bf16 GEMM tiles alone, by rows a tile and K a part:
+what a tile's pass costs per byte as its K range shortens (the 128-row K-part
+tiles of session 59 moved fewer bytes than 64-row ones and took longer).
+
+Each shape is a program of about one wave of independent instructions (tiles
+of `rows` output rows, each cut into P = K / kpart K parts, their sums added
+by the last part, isa/gvm_isa.h GEMM) over a W of K = --k columns, at T
+tokens (the staged path: T >= GVM_GEMM_XS_MIN). It is checked against torch,
+timed with the L2 flushed before each run (median), and traced once: the
+median instruction's ready-to-done time, and the bytes it moves from L2
+(its W part, and x once a pass of up to 128 rows with the two-half passes).
+
+    python3 tools/staged_probe.py [--tokens 128,256] [--rows 64,128] [--kpart 2048,4096,8192] [--out F.json]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from gpuvm.device import VM  # noqa: E402
+from gpuvm.device.bench import L2Flush, step_time  # noqa: E402
+from gpuvm.isa import DType, Op, Stamp  # noqa: E402
+from gpuvm.program import Program, Stream  # noqa: E402
+
+
+def wave_stream(tokens: int, rows: int, k: int, kpart: int, instructions: int) -> tuple[Stream, int, int]:
+    """About `instructions` K-part tiles of `rows` rows (P = k / kpart parts
+    each). Returns the stream, its tiles and P."""
+    if k % kpart:
+        raise SystemExit(f"--k {k} is not a multiple of the K part {kpart}")
+    parts = k // kpart
+    tiles = max(1, instructions // parts)
+    n = tiles * rows
+    p = Program(f"staged T{tokens} rows {rows} K {k} in {parts} parts")
+    out = p.tensor("out", (tokens, n), DType.BF16)
+    x = p.tensor("x", (tokens, k), DType.BF16)
+    w = p.tensor("W", (n, k), DType.BF16, role="weight")
+    extra = []
+    if parts > 1:
+        extra = [p.tensor("parts", (tokens, parts * n), DType.F32), p.tensor("tickets", (tiles,), DType.I32, role="ticket")]
+    for m in range(tiles):
+        n0 = m * rows
+        for j in range(parts):
+            args = [n0, rows, 0, 0, 0, parts, j, m] if parts > 1 else [n0, rows]
+            p.op(Op.GEMM, [out, x, w, *extra], args, prefetch=(w, n0 * k * 2 + j * kpart * 2, kpart * 2), label=f"tile {m} k{j}")
+    return p.build(order="given"), tiles, parts
+
+
+def bindings(stream: Stream, device: torch.device) -> dict[str, torch.Tensor]:
+    g = torch.Generator(device=device).manual_seed(0)
+    out: dict[str, torch.Tensor] = {}
+    for t in stream.tensors:
+        if t.name in ("x", "W"):
+            v = torch.randn(t.shape, generator=g, device=device)
+            out[t.name] = (v / t.shape[1] ** 0.5 if t.name == "W" else v).to(torch.bfloat16)
+        elif t.name == "out":
+            out[t.name] = torch.full(t.shape, float("nan"), dtype=torch.bfloat16, device=device)
+        elif t.name == "parts":
+            out[t.name] = torch.zeros(t.shape, dtype=torch.float32, device=device)
+        else:
+            out[t.name] = torch.zeros(t.shape, dtype=torch.int32, device=device)
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--tokens", default="128,256")
+    ap.add_argument("--rows", default="64,128")
+    ap.add_argument("--kpart", default="2048,4096,8192")
+    ap.add_argument("--k", type=int, default=8192)
+    ap.add_argument("--instructions", type=int, default=0, help="a wave's instructions (default: the VM's groups)")
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--out", default="")
+    a = ap.parse_args()
+    ints = lambda s: [int(v) for v in s.split(",") if v]  # noqa: E731
+    vm_plain, vm_trace = VM(0, groups=2, trace=False), VM(0, groups=2, trace=True)
+    flush = L2Flush(vm_plain.torch_device)
+    waves = a.instructions or vm_plain.n_blocks * 2
+    rows_out = []
+    for tokens in ints(a.tokens):
+        for rows in ints(a.rows):
+            for kpart in ints(a.kpart):
+                stream, tiles, parts = wave_stream(tokens, rows, a.k, kpart, waves)
+                bufs = bindings(stream, vm_plain.torch_device)
+                ld = vm_plain.load(stream, bufs)
+                ld.run(0)
+                ref = (bufs["x"].float() @ bufs["W"].float().T)
+                err = ((bufs["out"].float() - ref).norm() / ref.norm()).item()
+                t = step_time(ld, reps=a.reps, before=flush)["median_ms"] * 1e3
+                tl = vm_trace.load(stream, bindings(stream, vm_trace.torch_device))
+                flush()
+                tl.run(0)
+                tr = tl.trace()
+                ready, done = tr.times(Stamp.READY), tr.times(Stamp.DONE)
+                instr_us = statistics.median(((done - ready) / 1e3).tolist())
+                span_us = (done.max() - ready.min()) / 1e3
+                w_mb = rows * kpart * 2 / 1e6
+                x_mb = -(-rows // 128) * tokens * kpart * 2 / 1e6  # x once a pass of up to 128 rows
+                row = {"tokens": tokens, "rows": rows, "kpart": kpart, "parts": parts, "tiles": tiles,
+                       "instructions": len(stream), "err": err, "wave_us": t, "traced_span_us": span_us,
+                       "instr_us": instr_us, "w_mb": w_mb, "x_mb": x_mb,
+                       "gb_s_group": (w_mb + x_mb) * 1e3 / instr_us, "w_tb_s": tiles * rows * a.k * 2 / (t * 1e-6) / 1e12}
+                rows_out.append(row)
+                print(f"T {tokens:3d} rows {rows:3d} K part {kpart:5d} ({parts} parts, {len(stream)} instr): err {err:.1e}; "
+                      f"wave {t:7.1f} us (traced {span_us:6.1f}), W {row['w_tb_s']:.2f} TB/s; instr {instr_us:6.1f} us for "
+                      f"{w_mb:.2f} + {x_mb:.2f} MB = {row['gb_s_group']:.1f} GB/s a group", flush=True)
+                if err > 1e-2:
+                    print(f"  error {err:.2e} above 1e-2: the staged path computed something else", flush=True)
+    if a.out:
+        Path(a.out).write_text(json.dumps(rows_out, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
