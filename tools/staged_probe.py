@@ -10,7 +10,11 @@ timed with the L2 flushed before each run (median), and traced once: the
 median instruction's ready-to-done time, and the bytes it moves from L2
 (its W part, and x once a pass of up to 128 rows with the two-half passes).
 
-    python3 tools/staged_probe.py [--tokens 128,256] [--rows 64,128] [--kpart 2048,4096,8192] [--out F.json]
+    python3 tools/staged_probe.py [--tokens 128,256] [--rows 64,128] [--kpart 2048,4096,8192]
+        [--variants base:,s4:GVM_GEMM_XS_STAGES=4] [--out F.json]
+
+--variants: name:MACRO=v[+MACRO=v] builds of the kernel, each shape run on
+every one in turn.
 """
 from __future__ import annotations
 
@@ -68,6 +72,23 @@ def bindings(stream: Stream, device: torch.device) -> dict[str, torch.Tensor]:
     return out
 
 
+def measure(stream: Stream, vm_plain: VM, vm_trace: VM, flush: L2Flush, reps: int) -> dict[str, float]:
+    """Checked against torch, timed with the L2 flushed (median), traced once."""
+    bufs = bindings(stream, vm_plain.torch_device)
+    ld = vm_plain.load(stream, bufs)
+    ld.run(0)
+    ref = bufs["x"].float() @ bufs["W"].float().T
+    err = ((bufs["out"].float() - ref).norm() / ref.norm()).item()
+    wave_us = step_time(ld, reps=reps, before=flush)["median_ms"] * 1e3
+    tl = vm_trace.load(stream, bindings(stream, vm_trace.torch_device))
+    flush()
+    tl.run(0)
+    tr = tl.trace()
+    ready, done = tr.times(Stamp.READY), tr.times(Stamp.DONE)
+    return {"err": err, "wave_us": wave_us, "traced_span_us": (done.max() - ready.min()) / 1e3,
+            "instr_us": statistics.median(((done - ready) / 1e3).tolist())}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tokens", default="128,256")
@@ -76,42 +97,38 @@ def main() -> int:
     ap.add_argument("--k", type=int, default=8192)
     ap.add_argument("--instructions", type=int, default=0, help="a wave's instructions (default: the VM's groups)")
     ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--variants", default="base:", help="name:MACRO=v[+MACRO=v],... kernel builds to compare")
     ap.add_argument("--out", default="")
     a = ap.parse_args()
     ints = lambda s: [int(v) for v in s.split(",") if v]  # noqa: E731
-    vm_plain, vm_trace = VM(0, groups=2, trace=False), VM(0, groups=2, trace=True)
-    flush = L2Flush(vm_plain.torch_device)
-    waves = a.instructions or vm_plain.n_blocks * 2
+    variants = {}
+    for spec in a.variants.split(","):
+        name, _, defs = spec.partition(":")
+        defines = tuple(tuple(d.split("=", 1)) for d in defs.split("+") if d)
+        variants[name] = (VM(0, groups=2, trace=False, defines=defines), VM(0, groups=2, trace=True, defines=defines))
+    first = next(iter(variants.values()))[0]
+    flush = L2Flush(first.torch_device)
+    waves = a.instructions or first.n_blocks * 2
     rows_out = []
     for tokens in ints(a.tokens):
         for rows in ints(a.rows):
             for kpart in ints(a.kpart):
                 stream, tiles, parts = wave_stream(tokens, rows, a.k, kpart, waves)
-                bufs = bindings(stream, vm_plain.torch_device)
-                ld = vm_plain.load(stream, bufs)
-                ld.run(0)
-                ref = (bufs["x"].float() @ bufs["W"].float().T)
-                err = ((bufs["out"].float() - ref).norm() / ref.norm()).item()
-                t = step_time(ld, reps=a.reps, before=flush)["median_ms"] * 1e3
-                tl = vm_trace.load(stream, bindings(stream, vm_trace.torch_device))
-                flush()
-                tl.run(0)
-                tr = tl.trace()
-                ready, done = tr.times(Stamp.READY), tr.times(Stamp.DONE)
-                instr_us = statistics.median(((done - ready) / 1e3).tolist())
-                span_us = (done.max() - ready.min()) / 1e3
-                w_mb = rows * kpart * 2 / 1e6
-                x_mb = -(-rows // 128) * tokens * kpart * 2 / 1e6  # x once a pass of up to 128 rows
-                row = {"tokens": tokens, "rows": rows, "kpart": kpart, "parts": parts, "tiles": tiles,
-                       "instructions": len(stream), "err": err, "wave_us": t, "traced_span_us": span_us,
-                       "instr_us": instr_us, "w_mb": w_mb, "x_mb": x_mb,
-                       "gb_s_group": (w_mb + x_mb) * 1e3 / instr_us, "w_tb_s": tiles * rows * a.k * 2 / (t * 1e-6) / 1e12}
-                rows_out.append(row)
-                print(f"T {tokens:3d} rows {rows:3d} K part {kpart:5d} ({parts} parts, {len(stream)} instr): err {err:.1e}; "
-                      f"wave {t:7.1f} us (traced {span_us:6.1f}), W {row['w_tb_s']:.2f} TB/s; instr {instr_us:6.1f} us for "
-                      f"{w_mb:.2f} + {x_mb:.2f} MB = {row['gb_s_group']:.1f} GB/s a group", flush=True)
-                if err > 1e-2:
-                    print(f"  error {err:.2e} above 1e-2: the staged path computed something else", flush=True)
+                for name, (vm_plain, vm_trace) in variants.items():
+                    row = measure(stream, vm_plain, vm_trace, flush, a.reps)
+                    w_mb = rows * kpart * 2 / 1e6
+                    x_mb = -(-rows // 128) * tokens * kpart * 2 / 1e6  # x once a pass of up to 128 rows
+                    row.update({"variant": name, "tokens": tokens, "rows": rows, "kpart": kpart, "parts": parts, "tiles": tiles,
+                                "instructions": len(stream), "w_mb": w_mb, "x_mb": x_mb,
+                                "gb_s_group": (w_mb + x_mb) * 1e3 / row["instr_us"],
+                                "w_tb_s": tiles * rows * a.k * 2 / (row["wave_us"] * 1e-6) / 1e12})
+                    rows_out.append(row)
+                    print(f"{name:6s} T {tokens:3d} rows {rows:3d} K part {kpart:5d} ({parts} parts, {len(stream)} instr): "
+                          f"err {row['err']:.1e}; wave {row['wave_us']:7.1f} us (traced {row['traced_span_us']:6.1f}), "
+                          f"W {row['w_tb_s']:.2f} TB/s; instr {row['instr_us']:6.1f} us for {w_mb:.2f} + {x_mb:.2f} MB = "
+                          f"{row['gb_s_group']:.1f} GB/s a group", flush=True)
+                    if row["err"] > 1e-2:
+                        print(f"  error {row['err']:.2e} above 1e-2: the staged path computed something else", flush=True)
     if a.out:
         Path(a.out).write_text(json.dumps(rows_out, indent=1))
     return 0
