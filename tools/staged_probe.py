@@ -29,6 +29,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from gpuvm.device import VM  # noqa: E402
 from gpuvm.device.bench import L2Flush, step_time  # noqa: E402
+from gpuvm.device.programs import gemm_bindings  # noqa: E402
 from gpuvm.isa import DType, Op, Stamp  # noqa: E402
 from gpuvm.program import Program, Stream  # noqa: E402
 
@@ -57,18 +58,11 @@ def wave_stream(tokens: int, rows: int, k: int, kpart: int, instructions: int) -
 
 
 def bindings(stream: Stream, device: torch.device) -> dict[str, torch.Tensor]:
-    g = torch.Generator(device=device).manual_seed(0)
-    out: dict[str, torch.Tensor] = {}
+    """gemm_bindings' x, W and out, and zeroed K-part sums and tickets where the stream has them."""
+    out = gemm_bindings(stream, device)
     for t in stream.tensors:
-        if t.name in ("x", "W"):
-            v = torch.randn(t.shape, generator=g, device=device)
-            out[t.name] = (v / t.shape[1] ** 0.5 if t.name == "W" else v).to(torch.bfloat16)
-        elif t.name == "out":
-            out[t.name] = torch.full(t.shape, float("nan"), dtype=torch.bfloat16, device=device)
-        elif t.name == "parts":
-            out[t.name] = torch.zeros(t.shape, dtype=torch.float32, device=device)
-        else:
-            out[t.name] = torch.zeros(t.shape, dtype=torch.int32, device=device)
+        if t.name not in out:
+            out[t.name] = torch.zeros(t.shape, dtype=torch.float32 if t.dtype == DType.F32 else torch.int32, device=device)
     return out
 
 
@@ -80,7 +74,7 @@ def measure(stream: Stream, vm_plain: VM, vm_trace: VM, flush: L2Flush, reps: in
     ref = bufs["x"].float() @ bufs["W"].float().T
     err = ((bufs["out"].float() - ref).norm() / ref.norm()).item()
     wave_us = step_time(ld, reps=reps, before=flush)["median_ms"] * 1e3
-    tl = vm_trace.load(stream, bindings(stream, vm_trace.torch_device))
+    tl = vm_trace.load(stream, bufs)  # the same inputs: its run rewrites out and the part sums
     flush()
     tl.run(0)
     tr = tl.trace()
