@@ -7,8 +7,12 @@ of `rows` output rows, each cut into P = K / kpart K parts, their sums added
 by the last part, isa/gvm_isa.h GEMM) over a W of K = --k columns, at T
 tokens (the staged path: T >= GVM_GEMM_XS_MIN). It is checked against torch,
 timed with the L2 flushed before each run (median), and traced once: the
-median instruction's ready-to-done time, and the bytes it moves from L2
-(its W part, and x once a pass of up to 128 rows with the two-half passes).
+median instruction's ready-to-done time, and the bytes it moves: its W part
+once a pass of 64 tokens (the passes run one after the other, and a wave's W
+is far past the L2, so each pass reads it from HBM again: `w_hbm_tb_s` is
+the wave's rate so counted; session 61 found the waves over K = 8,192 at
+85-90% of the streaming read by it), and x once a pass of up to 128 rows
+with the two-half passes (from L2: every tile reads the same x).
 
     python3 tools/staged_probe.py [--tokens 128,256] [--rows 64,128] [--kpart 2048,4096,8192]
         [--variants base:,s4:GVM_GEMM_XS_STAGES=4] [--out F.json]
@@ -110,16 +114,19 @@ def main() -> int:
                 stream, tiles, parts = wave_stream(tokens, rows, a.k, kpart, waves)
                 for name, (vm_plain, vm_trace) in variants.items():
                     row = measure(stream, vm_plain, vm_trace, flush, a.reps)
+                    passes = -(-tokens // 64)  # of 64 tokens, each reading the W part again
                     w_mb = rows * kpart * 2 / 1e6
                     x_mb = -(-rows // 128) * tokens * kpart * 2 / 1e6  # x once a pass of up to 128 rows
+                    w_tb_s = tiles * rows * a.k * 2 / (row["wave_us"] * 1e-6) / 1e12
                     row.update({"variant": name, "tokens": tokens, "rows": rows, "kpart": kpart, "parts": parts, "tiles": tiles,
                                 "instructions": len(stream), "w_mb": w_mb, "x_mb": x_mb,
-                                "gb_s_group": (w_mb + x_mb) * 1e3 / row["instr_us"],
-                                "w_tb_s": tiles * rows * a.k * 2 / (row["wave_us"] * 1e-6) / 1e12})
+                                "gb_s_group": (w_mb * passes + x_mb) * 1e3 / row["instr_us"],
+                                "w_tb_s": w_tb_s, "w_hbm_tb_s": w_tb_s * passes})
                     rows_out.append(row)
                     print(f"{name:6s} T {tokens:3d} rows {rows:3d} K part {kpart:5d} ({parts} parts, {len(stream)} instr): "
                           f"err {row['err']:.1e}; wave {row['wave_us']:7.1f} us (traced {row['traced_span_us']:6.1f}), "
-                          f"W {row['w_tb_s']:.2f} TB/s; instr {row['instr_us']:6.1f} us for {w_mb:.2f} + {x_mb:.2f} MB = "
+                          f"W {row['w_tb_s']:.2f} TB/s once, {row['w_hbm_tb_s']:.2f} a pass; "
+                          f"instr {row['instr_us']:6.1f} us for {passes} x {w_mb:.2f} + {x_mb:.2f} MB = "
                           f"{row['gb_s_group']:.1f} GB/s a group", flush=True)
                     if row["err"] > 1e-2:
                         print(f"  error {row['err']:.2e} above 1e-2: the staged path computed something else", flush=True)
