@@ -2,7 +2,7 @@
 # One call on the H200 (the device tool): the VM proofs and timings, the Muse
 # ops standalone, and the decode-case sweep, each under its own time limit,
 # logs and results under $OUT (at most 8 files come back: traces are tarred).
-#   GPUVM_COMMIT=<sha> bash tools/gpu_session.sh [check|fold|ops|opstime|sweep|step|stepsweep|probe|experts|router|park|ring|lists|steptrace|tiles|rowpf|fill|fill2|xstage|trace62|xprobe|smem|tiles2|xbench|against|slots|naps|icache|workers|slices|statsprobe|topkprobe|layertrace|oneop|fusedqk|ringbench|ringprobe|opsgemm|tail|attstop|gputests|vmtest|next|attntail|qksplit|lazygemm|lazyattn|lazyctl|ncuattn|clocks|codewarm|lazyexperts|lazyone|lazyall|toolcheck|gearly|kparts|kpartslayers|glate|glate16|fixed16|dispdepth|shares|cap33|weightcal|bare|refit|stagger|tileprobe|dbl2|heavy|capup|c16t1|ncu|ncusrc|treeab|trees|bounds|pfbound|pads ...]
+#   GPUVM_COMMIT=<sha> bash tools/gpu_session.sh [check|fold|ops|opstime|sweep|step|stepsweep|probe|experts|router|park|ring|lists|steptrace|tiles|rowpf|fill|fill2|xstage|trace62|xprobe|smem|tiles2|xbench|against|slots|naps|icache|workers|slices|statsprobe|topkprobe|layertrace|oneop|fusedqk|ringbench|ringprobe|opsgemm|tail|attstop|gputests|vmtest|next|attntail|qksplit|lazygemm|lazyattn|lazyctl|ncuattn|clocks|codewarm|lazyexperts|lazyone|lazyall|toolcheck|gearly|kparts|kpartslayers|glate|glate16|fixed16|dispdepth|shares|cap33|weightcal|bare|refit|stagger|tileprobe|dbl2|heavy|capup|c16t1|ncu|ncusrc|treeab|trees|bounds|pfbound|pads|resched ...]
 # (set GPUVM_COMMIT when running a snapshot without .git: else the results name the enclosing checkout)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -395,6 +395,12 @@ PY
           timeout 200 python3 tools/prebuild.py base GVM_CODE_PAD=2 GVM_CODE_PAD=4 GVM_CODE_PAD=8 GVM_CODE_PAD=10 > "$OUT/prebuild_pads.log" 2>&1; cat "$OUT/prebuild_pads.log"
           AB_TAIL=30 ab_rounds pads variants "base:,p2:GVM_CODE_PAD=2,p4:GVM_CODE_PAD=4,p8:GVM_CODE_PAD=8,p10:GVM_CODE_PAD=10" ${T_PADS:-280} \
               --cases ${PADS_CASES:-full-c32-t8,sliding-c32-t8,full-c1-t8,full-c1-t1} --step "${PADS_STEPS:-1x1}" ;;
+    resched) # ptxas's reschedule alone (GVM_RESCHED_PROBE n: a never-run block of n live float4 in ATTN_CHUNK moves the
+             # whole kernel's register allocation, so every op's hot loops are scheduled anew, nothing else changed):
+             # the default build against two such builds, two rounds (session 61)
+             timeout 200 python3 tools/prebuild.py base GVM_RESCHED_PROBE=16 GVM_RESCHED_PROBE=8 > "$OUT/prebuild_resched.log" 2>&1; cat "$OUT/prebuild_resched.log"
+             AB_TAIL=30 ab_rounds resched variants "base:,rs16:GVM_RESCHED_PROBE=16,rs8:GVM_RESCHED_PROBE=8" ${T_RESCHED:-200} \
+                 --cases ${RESCHED_CASES:-full-c32-t8,sliding-c32-t8,full-c1-t8,full-c1-t1} --step "${RESCHED_STEPS:-}" ;;
     treeab) # this tree against a copy of it with ab/<dir>%<file> put back at <dir>/<file> (e.g. main's ops/experts.cuh:
             # git show main:ops/experts.cuh > ab/ops%experts.cuh before the call): the expert lists alone, then dynamic
             # layers and step 32 x 8 in four runs, trees alternated (base, new, new, base); end the steps with pack
