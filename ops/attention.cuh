@@ -154,23 +154,16 @@ __device__ int gvm_op_qk_rope_kv(const gvm_ctx& c) {
 #define GVM_ATT_STOP 0
 #endif
 
-// Placement probe (GVM_CODE_PAD n > 0, for A/B runs; NOTES.md session 56): n shared
-// stores that never run (behind a conversation index the argument check rejects)
-// move the code placed after ATTN_CHUNK's, the expert lists' K loops among it, by 16 n
-// bytes, so that a layer's sensitivity to where its hot loops lie can be measured
-// apart from any change to the ops.
-#ifndef GVM_CODE_PAD
-#define GVM_CODE_PAD 0
+// Reschedule probe (GVM_RESCHED_PROBE n > 0, for A/B runs; NOTES.md session 61): a
+// block that never runs (behind a conversation index the argument check rejects)
+// holding n float4 live at once. It changes nothing a layer does, but it moves
+// ptxas's register allocation of the whole kernel (one function), and with it the
+// schedule of every op's hot loops (at n 16 none of the kernel's 33 MMA loops kept its
+// SASS). Any change's A/B against main carries such a reschedule too; builds with the
+// probe measure what one alone is worth (tools/sched_probe.py --draws). Device only.
+#ifndef GVM_RESCHED_PROBE
+#define GVM_RESCHED_PROBE 0
 #endif
-template <int N>
-__device__ __forceinline__ void gvm_code_pad(unsigned addr) {
-#ifdef __CUDA_ARCH__  // device code placement only: nothing on the emulator
-#pragma unroll
-    for (int i = 0; i < N; ++i) asm volatile("st.volatile.shared.u32 [%0], %1;" ::"r"(addr), "r"(i) : "memory");
-#else
-    (void)addr;
-#endif
-}
 
 struct gvm_attn_job {
     const unsigned char* kbase;   // k cache bytes of (conv, slot 0, head h)
@@ -783,10 +776,8 @@ __device__ __noinline__ bool gvm_attn_chunk_args_ok(const gvm_ctx& c) {
 }
 
 __device__ int gvm_op_attn_chunk(const gvm_ctx& c) {
-    if (GVM_CODE_PAD > 0 && c.ins->arg[0] < 0) gvm_code_pad<GVM_CODE_PAD>(gvm_smem_addr(c.smem));
-#if GVM_RESCHED_PROBE  // never runs (the argument check rejects a negative conversation): a block of live registers that
-                       // moves ptxas's allocation, and with it the schedule of every op's loops (session 61's noise probe)
-    if (c.ins->arg[0] < 0) {
+#if GVM_RESCHED_PROBE > 0 && defined(__CUDA_ARCH__)
+    if (c.ins->arg[0] < 0) {  // never (see GVM_RESCHED_PROBE)
         const float4* p = reinterpret_cast<const float4*>(gvm_t(c, 0).ptr);
         float4 v[GVM_RESCHED_PROBE];
 #pragma unroll

@@ -53,15 +53,18 @@ def test_report_parser_reads_spills() -> None:
     assert (k.registers, k.stack, k.spill_stores, k.spill_loads) == (96, 16, 24, 20)
 
 
-@pytest.mark.parametrize("define", ["GVM_EXPERT_REG=0", "GVM_EXP_STAGGER=0", "GVM_EXPERT_HEAVY_T=32", "GVM_GEMM_TT=1", "GVM_GEMM_TT=2"])
+@pytest.mark.parametrize("define", ["GVM_EXPERT_REG=0", "GVM_EXP_STAGGER=0", "GVM_EXPERT_HEAVY_T=32", "GVM_GEMM_TT=1", "GVM_GEMM_TT=2",
+                                    "GVM_RESCHED_PROBE=16"])
 def test_switch_alternatives_do_not_spill(define: str) -> None:
     """The build switches' other settings, kept for A/B runs on the H200 (the
     experts' shared tile alone, its items not staggered over K, heavy experts'
-    items at half the cap, one or two GEMM token tiles per pass), compile
+    items at half the cap, one or two GEMM token tiles per pass), and the
+    reschedule probe's never-run block (tools/sched_probe.py --draws), compile
     spill-free too."""
     from gpuvm.isa import Op
 
-    ops = [Op.GEMM] if define.startswith("GVM_GEMM") else [Op.EXPERT_UP, Op.EXPERT_DOWN]
+    ops = ([Op.GEMM] if define.startswith("GVM_GEMM") else [Op.ATTN_CHUNK] if define.startswith("GVM_RESCHED")
+           else [Op.EXPERT_UP, Op.EXPERT_DOWN])
     _, log = compile_ops(ops, defines=(tuple(define.split("=")),))
     for op in ops:
         k = ptxas_report(log)[f"gvm_check_{OPS[op]}"]

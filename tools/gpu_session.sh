@@ -2,7 +2,7 @@
 # One call on the H200 (the device tool): the VM proofs and timings, the Muse
 # ops standalone, and the decode-case sweep, each under its own time limit,
 # logs and results under $OUT (at most 8 files come back: traces are tarred).
-#   GPUVM_COMMIT=<sha> bash tools/gpu_session.sh [check|fold|ops|opstime|sweep|step|stepsweep|probe|experts|router|park|ring|lists|steptrace|tiles|rowpf|fill|fill2|xstage|trace62|xprobe|smem|tiles2|xbench|against|slots|naps|icache|workers|slices|statsprobe|topkprobe|layertrace|oneop|fusedqk|ringbench|ringprobe|opsgemm|tail|attstop|gputests|vmtest|next|attntail|qksplit|lazygemm|lazyattn|lazyctl|ncuattn|clocks|codewarm|lazyexperts|lazyone|lazyall|toolcheck|gearly|kparts|kpartslayers|glate|glate16|fixed16|dispdepth|shares|cap33|weightcal|bare|refit|stagger|tileprobe|dbl2|heavy|capup|c16t1|ncu|ncusrc|treeab|trees|bounds|pfbound|pads|resched ...]
+#   GPUVM_COMMIT=<sha> bash tools/gpu_session.sh [check|fold|ops|opstime|sweep|step|stepsweep|probe|experts|router|park|ring|lists|steptrace|tiles|rowpf|fill|fill2|xstage|trace62|xprobe|smem|tiles2|xbench|against|slots|naps|icache|workers|slices|statsprobe|topkprobe|layertrace|oneop|fusedqk|ringbench|ringprobe|opsgemm|tail|attstop|gputests|vmtest|next|attntail|qksplit|lazygemm|lazyattn|lazyctl|ncuattn|clocks|codewarm|lazyexperts|lazyone|lazyall|toolcheck|gearly|kparts|kpartslayers|glate|glate16|fixed16|dispdepth|shares|cap33|weightcal|bare|refit|stagger|tileprobe|dbl2|heavy|capup|c16t1|ncu|ncusrc|treeab|trees|bounds|pfbound|resched ...]
 # (set GPUVM_COMMIT when running a snapshot without .git: else the results name the enclosing checkout)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -45,7 +45,7 @@ tree_bench() {  # AB_SHAPES=none: no lists alone (a change outside the expert li
   echo "expert_bench $1 rc=$?"; tail -10 "$OUT/bench_$1.log"
 }
 tree_probe() {
-  (cd "$2" && PYTHONPATH=$2 timeout ${T_AB_PROBE:-170} python3 tools/sched_probe.py --out "$OUT/probe_$1.json" --modes dynamic --depths 1 --variants base: --cases ${AB_CASES:-full-c32-t8,sliding-c32-t8,full-c16-t8,sliding-c16-t8,full-c16-t1} --step ${AB_STEPS:-32x8} > "$OUT/probe_$1.log" 2>&1)
+  (cd "$2" && PYTHONPATH=$2 timeout ${T_AB_PROBE:-170} python3 tools/sched_probe.py --out "$OUT/probe_$1.json" --modes dynamic --depths 1 --variants base: --cases ${AB_CASES:-full-c32-t8,sliding-c32-t8,full-c16-t8,sliding-c16-t8,full-c16-t1} --step ${AB_STEPS:-32x8} ${AB_DRAWS:+--draws $AB_DRAWS} > "$OUT/probe_$1.log" 2>&1)
   echo "probe $1 rc=$?"; grep "dynamic" "$OUT/probe_$1.log" | tail -8
 }
 
@@ -389,17 +389,11 @@ PY
         timeout 200 python3 tools/prebuild.py base GVM_PF_MAX_BYTES=16384 GVM_PF_MAX_BYTES=4096 GVM_PF_MAX_BYTES=0 > "$OUT/prebuild_pf.log" 2>&1; echo "prebuild rc=$?"; cat "$OUT/prebuild_pf.log"
         ab_rounds pf variants "pf8:,pf16:GVM_PF_MAX_BYTES=16384,pf4:GVM_PF_MAX_BYTES=4096,pf0:GVM_PF_MAX_BYTES=0" ${T_PF:-170} \
             --cases ${PF_CASES:-full-c1-t1,sliding-c1-t1,full-c16-t1} --step "${PF_STEPS:-1x1}" ;;
-    pads) # code placement alone (GVM_CODE_PAD n: n never-run shared stores at ATTN_CHUNK's start move the code after it,
-          # the expert lists' K loops among it, by 16 n bytes): the default build against pads 2 / 4 / 8 / 10 on the
-          # 256-token layers, one-token layers and step 1 x 1, two rounds (session 56's question, session 61)
-          timeout 200 python3 tools/prebuild.py base GVM_CODE_PAD=2 GVM_CODE_PAD=4 GVM_CODE_PAD=8 GVM_CODE_PAD=10 > "$OUT/prebuild_pads.log" 2>&1; cat "$OUT/prebuild_pads.log"
-          AB_TAIL=30 ab_rounds pads variants "base:,p2:GVM_CODE_PAD=2,p4:GVM_CODE_PAD=4,p8:GVM_CODE_PAD=8,p10:GVM_CODE_PAD=10" ${T_PADS:-280} \
-              --cases ${PADS_CASES:-full-c32-t8,sliding-c32-t8,full-c1-t8,full-c1-t1} --step "${PADS_STEPS:-1x1}" ;;
-    resched) # ptxas's reschedule alone (GVM_RESCHED_PROBE n: a never-run block of n live float4 in ATTN_CHUNK moves the
-             # whole kernel's register allocation, so every op's hot loops are scheduled anew, nothing else changed):
-             # the default build against two such builds, two rounds (session 61)
+    resched) # ptxas's reschedule alone (GVM_RESCHED_PROBE n: a never-run block of n live float4 in ATTN_CHUNK moves
+             # the whole kernel's register allocation, so every op's hot loops are scheduled anew, nothing else changed):
+             # the default build and two such draws of it, two rounds (session 61); add --draws to any A/B the same way
              timeout 200 python3 tools/prebuild.py base GVM_RESCHED_PROBE=16 GVM_RESCHED_PROBE=8 > "$OUT/prebuild_resched.log" 2>&1; cat "$OUT/prebuild_resched.log"
-             AB_TAIL=30 ab_rounds resched variants "base:,rs16:GVM_RESCHED_PROBE=16,rs8:GVM_RESCHED_PROBE=8" ${T_RESCHED:-200} \
+             AB_TAIL=40 ab_rounds resched variants "base:" ${T_RESCHED:-200} --draws 16,8 \
                  --cases ${RESCHED_CASES:-full-c32-t8,sliding-c32-t8,full-c1-t8,full-c1-t1} --step "${RESCHED_STEPS:-}" ;;
     treeab) # this tree against a copy of it with ab/<dir>%<file> put back at <dir>/<file> (e.g. main's ops/experts.cuh:
             # git show main:ops/experts.cuh > ab/ops%experts.cuh before the call): the expert lists alone, then dynamic

@@ -5,12 +5,20 @@ GVM_PF_MAX_BYTES) and tilings (lowering.Tiles fields), dynamic against
 static, and stream orders (Program.build), in one run.
 
     PYTHONPATH=. python3 tools/sched_probe.py --out out/sched_probe.json
+
+--draws 8,16 also runs every variant rebuilt with GVM_RESCHED_PROBE=n (a
+never-run block that makes ptxas schedule every op's loops anew, nothing else
+changed; ops/attention.cuh) and ends with each variant's spread over its
+draws: on an H100 one such reschedule alone moved layers by up to ~1%
+(NOTES.md session 61), as much as many changes measured against main, whose
+own build is one draw among them.
 """
 from __future__ import annotations
 
 import argparse
 import itertools
 import json
+import re
 import statistics
 import sys
 
@@ -27,6 +35,31 @@ from gpuvm.muse.step import bind_step, lower_step, make_step_state
 from gpuvm.muse.weights import make_layer_weights, make_model_weights
 
 
+DRAW = "~rs"  # a variant's name, DRAW, the probe's n and "~": one reschedule draw of it
+
+
+def with_draws(variants: str, draws: list[int]) -> str:
+    """The --variants list with each variant also built at every draw (its
+    defines plus GVM_RESCHED_PROBE=n), named name~rs<n>~ (the closing ~ keeps
+    it apart from a tiling's name appended to it)."""
+    out = []
+    for v in variants.split(","):
+        name, _, defs = v.partition(":")
+        out.append(v)
+        out += [f"{name}{DRAW}{n}~:{'+'.join(d for d in (defs, f'GVM_RESCHED_PROBE={n}') if d)}" for n in draws]
+    return ",".join(out)
+
+
+def draw_spread(res: dict[str, float]) -> dict[str, list[float]]:
+    """Each row of res (case/variant/mode/depth) with its variant's draws
+    folded together: the times of the build and of its reschedules."""
+    out: dict[str, list[float]] = {}
+    for key, t in res.items():
+        case, variant, rest = key.split("/", 2)
+        out.setdefault(f"{case}/{re.sub(re.escape(DRAW) + '[0-9]+~', '', variant)}/{rest}", []).append(t)
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default="out/sched_probe.json")
@@ -41,7 +74,11 @@ def main() -> int:
     ap.add_argument("--static-depths", action="store_true", help="static mode at every --depths too (default: at the VM's own claim depth, 1, as the sweep's tables)")
     ap.add_argument("--modes", default="dynamic,static", help="scheduling modes to time (static: at the VM's claim depth unless --static-depths)")
     ap.add_argument("--orders", default="depth", help="stream orders to compare (Program.build: depth, the lowering's default, or priority)")
+    ap.add_argument("--draws", default="", help="GVM_RESCHED_PROBE sizes: every variant also rebuilt with each (reschedule draws)")
     a = ap.parse_args()
+    draws = [int(n) for n in a.draws.split(",") if n]
+    if draws:
+        a.variants = with_draws(a.variants, draws)
     depths = [int(d) for d in a.depths.split(",")]
     vms = {}
     only: dict[str, set[str]] = {}  # variant -> the tilings it runs (absent: all)
@@ -109,6 +146,10 @@ def main() -> int:
                     ld = vm.load(sp.stream, bufs)
                     timed(f"step{shp}/{name}{tname}{otag[order]}", ld, 10, None)
                     del ld
+    if draws:
+        print("over each variant's draws (its build and its reschedules): median [min, max]")
+        for key, ts in draw_spread(res).items():
+            print(f"{key:44s} {statistics.median(ts):10.1f} us [{min(ts):.1f}, {max(ts):.1f}] of {len(ts)}", flush=True)
     with open(a.out, "w") as f:
         json.dump(res, f, indent=1)
     return 0
