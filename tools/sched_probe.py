@@ -6,19 +6,15 @@ static, and stream orders (Program.build), in one run.
 
     PYTHONPATH=. python3 tools/sched_probe.py --out out/sched_probe.json
 
---draws 8,16 also runs every variant rebuilt with GVM_RESCHED_PROBE=n (a
-never-run block that makes ptxas schedule every op's loops anew, nothing else
-changed; ops/attention.cuh) and ends with each variant's spread over its
-draws: on an H100 one such reschedule alone moved layers by up to ~1%
-(NOTES.md session 61), as much as many changes measured against main, whose
-own build is one draw among them.
+--draws 8,16 also runs every variant rebuilt with GVM_RESCHED_PROBE=n and
+ends with each variant's spread over its draws (tools/draws.py: why, and how
+to fold several rounds).
 """
 from __future__ import annotations
 
 import argparse
 import itertools
 import json
-import re
 import statistics
 import sys
 
@@ -33,31 +29,7 @@ from gpuvm.muse.lowering import Tiles, bind_layer, lower_layer
 from gpuvm.muse.state import make_inputs, make_state
 from gpuvm.muse.step import bind_step, lower_step, make_step_state
 from gpuvm.muse.weights import make_layer_weights, make_model_weights
-
-
-DRAW = "~rs"  # a variant's name, DRAW, the probe's n and "~": one reschedule draw of it
-
-
-def with_draws(variants: str, draws: list[int]) -> str:
-    """The --variants list with each variant also built at every draw (its
-    defines plus GVM_RESCHED_PROBE=n), named name~rs<n>~ (the closing ~ keeps
-    it apart from a tiling's name appended to it)."""
-    out = []
-    for v in variants.split(","):
-        name, _, defs = v.partition(":")
-        out.append(v)
-        out += [f"{name}{DRAW}{n}~:{'+'.join(d for d in (defs, f'GVM_RESCHED_PROBE={n}') if d)}" for n in draws]
-    return ",".join(out)
-
-
-def draw_spread(res: dict[str, float]) -> dict[str, list[float]]:
-    """Each row of res (case/variant/mode/depth) with its variant's draws
-    folded together: the times of the build and of its reschedules."""
-    out: dict[str, list[float]] = {}
-    for key, t in res.items():
-        case, variant, rest = key.split("/", 2)
-        out.setdefault(f"{case}/{re.sub(re.escape(DRAW) + '[0-9]+~', '', variant)}/{rest}", []).append(t)
-    return out
+from tools.draws import draw_spread, verdicts, with_draws
 
 
 def main() -> int:
@@ -147,9 +119,8 @@ def main() -> int:
                     timed(f"step{shp}/{name}{tname}{otag[order]}", ld, 10, None)
                     del ld
     if draws:
-        print("over each variant's draws (its build and its reschedules): median [min, max]")
-        for key, ts in draw_spread(res).items():
-            print(f"{key:44s} {statistics.median(ts):10.1f} us [{min(ts):.1f}, {max(ts):.1f}] of {len(ts)}", flush=True)
+        print("over each variant's draws (its build and its reschedules): median [min, max] (tools/draws.py folds rounds)")
+        print("\n".join(verdicts(draw_spread(res))), flush=True)
     with open(a.out, "w") as f:
         json.dump(res, f, indent=1)
     return 0
