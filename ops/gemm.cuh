@@ -107,11 +107,23 @@ template <int OFF = 0> inline uint4 gvm_gemm_ld_x16(const void* p) {
 inline unsigned short gvm_gemm_bf16_bits(float f) { return (unsigned short)(gvm_pack_bf16x2(f, 0.f) & 0xffffu); }
 #endif
 
-__device__ __forceinline__ void gvm_gemm_store(const gvm_tensor& out, long long off, float v) {
-    if (out.dtype == GVM_DT_BF16)
-        reinterpret_cast<unsigned short*>(out.ptr)[off] = gvm_gemm_bf16_bits(v);
+// Where a GEMM writes, read out of its tensor once before its stores: stored
+// through the tensor itself (a reference into the global table, which a store
+// might alias), every store reloaded its dtype, pointer and row stride first,
+// three dependent loads an element (the staged pass's 64 stores a thread).
+struct gvm_gemm_dst {
+    char* ptr;
+    long long row;  // elements
+    bool bf16;
+};
+__device__ __forceinline__ gvm_gemm_dst gvm_gemm_dst_of(const gvm_tensor& t) {
+    return {reinterpret_cast<char*>(t.ptr), t.stride[0], t.dtype == GVM_DT_BF16};
+}
+__device__ __forceinline__ void gvm_gemm_store(const gvm_gemm_dst& d, long long off, float v) {
+    if (d.bf16)
+        reinterpret_cast<unsigned short*>(d.ptr)[off] = gvm_gemm_bf16_bits(v);
     else
-        reinterpret_cast<float*>(out.ptr)[off] = v;
+        reinterpret_cast<float*>(d.ptr)[off] = v;
 }
 
 // K step u of a batch: rows a and b of W and the TT tokens' x (tiles of 8
@@ -384,6 +396,7 @@ __device__ __forceinline__ int gvm_gemm_bf16_tiles(const gvm_ctx& c, const gvm_t
             }
         }
         gvm_group_sync(c);
+        const gvm_gemm_dst dst = gvm_gemm_dst_of(out);
         float sr[TT][4];
 #pragma unroll
         for (int j = 0; j < TT; ++j) sr[j][0] = sr[j][1] = sr[j][2] = sr[j][3] = 0.f;
@@ -394,7 +407,7 @@ __device__ __forceinline__ int gvm_gemm_bf16_tiles(const gvm_ctx& c, const gvm_t
             if (row < row_end && tok < T) {
                 float sum = 0.f;
                 for (int s = 0; s < S; ++s) sum += part[((rb * S + s) * TT + j) * 128 + r * 8 + tk];
-                gvm_gemm_store(out, (long long)tok * out.stride[0] + row, sum);
+                gvm_gemm_store(dst, (long long)tok * dst.row + row, sum);
                 if (fused) {
                     float q[4] = {0.f, 0.f, 0.f, 0.f}, sv = 0.f, al = 0.f, be = 0.f;
 #pragma unroll
@@ -562,6 +575,7 @@ __device__ __forceinline__ void gvm_gemm_xs_pass(const gvm_ctx& c, const gvm_ten
     gvm_cp_async_wait<0>();
     gvm_group_sync(c);  // every warp is done with the stages before the next pass refills them
     const int row0 = 16 * (int)(tid >> 5) + (int)((tid & 31u) >> 2), tok0 = 2 * (int)(tid & 3u);
+    const gvm_gemm_dst dst = gvm_gemm_dst_of(out);
 #pragma unroll
     for (int h = 0; h < M; ++h)
 #pragma unroll
@@ -569,7 +583,7 @@ __device__ __forceinline__ void gvm_gemm_xs_pass(const gvm_ctx& c, const gvm_ten
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
                 const int row = GVM_GEMM_XS_TILE * h + row0 + 8 * (i >> 1), tok = tok0 + 8 * j + (i & 1);
-                if (row < nr && tok < nt) gvm_gemm_store(out, ot + (long long)tok * out.stride[0] + row, acc[h][4 * j + i]);
+                if (row < nr && tok < nt) gvm_gemm_store(dst, ot + (long long)tok * dst.row + row, acc[h][4 * j + i]);
             }
 }
 
@@ -1062,7 +1076,8 @@ __device__ __forceinline__ void gvm_gemm_parts_sum(const gvm_ctx& c) {
     gvm_group_sync(c);
     if (!gvm_lds_u(flag)) return;
     const int N = out.shape[1];
-    const long long p_row = pt.stride[0], o_row = out.stride[0];
+    const long long p_row = pt.stride[0];
+    const gvm_gemm_dst dst = gvm_gemm_dst_of(out);
     const float* pb = reinterpret_cast<const float*>(pt.ptr);
 #pragma unroll 1
     for (int i = (int)gvm_opaque(c.tid); i < tn * cnt; i += GVM_GROUP_THREADS) {
@@ -1075,7 +1090,7 @@ __device__ __forceinline__ void gvm_gemm_parts_sum(const gvm_ctx& c) {
 #pragma unroll
         for (int p = 1; p < GVM_GEMM_MAX_PARTS; ++p)
             if (p < P) sum += v[p];
-        gvm_gemm_store(out, t * o_row + n, sum);  // f32, or bf16 (a staged bf16 GEMM's parts)
+        gvm_gemm_store(dst, t * dst.row + n, sum);  // f32, or bf16 (a staged bf16 GEMM's parts)
     }
 }
 
