@@ -26,6 +26,7 @@ from gpuvm.isa import Op, Stamp  # noqa: E402
 from gpuvm.trace.format import Trace  # noqa: E402
 
 _LABEL = re.compile(r"^(?P<tag>.+?)\[(?P<c0>\d+):(?P<c1>\d+)\|t\d+:\d+")
+_PART = re.compile(r"\|k\d+:\d+")
 F32_PASS_ROWS = 32  # ops/gemm.cuh GVM_F32XS_ROWS
 
 
@@ -48,10 +49,28 @@ def staged_ops(path: str, bf16_pass_rows: int) -> list[dict]:
         moved = wb[idx] + passes * ab[idx]
         dur = (done[idx] - ready[idx]).astype(np.float64)
         phase = float(done[idx].max() - ready[idx].min())
+        first, last = _parts_us(trace.labels, idx, ready, done)
         out.append({"op": tag, "n": len(idx), "rows": int(np.median(rows)), "mb": float(np.median(moved)) / 1e6,
                     "us": float(np.median(dur)) / 1e3, "gbps_group": float(np.median(moved / dur)),
-                    "phase_us": phase / 1e3, "tbps": float(moved.sum()) / phase / 1e3})
+                    "phase_us": phase / 1e3, "tbps": float(moved.sum()) / phase / 1e3,
+                    "parts_first_us": first, "parts_last_us": last})
     return out
+
+
+def _parts_us(labels: list[str], idx: np.ndarray, ready: np.ndarray, done: np.ndarray) -> tuple[float, float]:
+    """Median run (us) of the K parts that end before their tile's last, and of the last; NaN without parts."""
+    tiles: dict[str, list[int]] = {}
+    for i in idx:
+        if _PART.search(labels[i]):
+            tiles.setdefault(_PART.sub("", labels[i]), []).append(int(i))
+    first, last = [], []
+    for parts in tiles.values():
+        parts.sort(key=lambda i: done[i])
+        first += [float(done[i] - ready[i]) for i in parts[:-1]]
+        last.append(float(done[parts[-1]] - ready[parts[-1]]))
+    if not first:
+        return float("nan"), float("nan")
+    return float(np.median(first)) / 1e3, float(np.median(last)) / 1e3
 
 
 def main() -> int:
@@ -62,9 +81,11 @@ def main() -> int:
     args = ap.parse_args()
     for path in args.traces:
         print(f"== {path}")
-        print(f"   {'op':12s} {'instr':>5s} {'rows':>5s} {'MB/instr':>9s} {'us/instr':>9s} {'GB/s a group':>13s} {'phase us':>9s} {'TB/s in all':>12s}")
+        print(f"   {'op':12s} {'instr':>5s} {'rows':>5s} {'MB/instr':>9s} {'us/instr':>9s} {'GB/s a group':>13s} {'phase us':>9s} {'TB/s in all':>12s}"
+              f" {'parts: first us':>16s} {'last us':>8s}")
         for r in staged_ops(path, args.bf16_pass_rows):
-            print(f"   {r['op']:12s} {r['n']:5d} {r['rows']:5d} {r['mb']:9.2f} {r['us']:9.1f} {r['gbps_group']:13.1f} {r['phase_us']:9.1f} {r['tbps']:12.2f}")
+            print(f"   {r['op']:12s} {r['n']:5d} {r['rows']:5d} {r['mb']:9.2f} {r['us']:9.1f} {r['gbps_group']:13.1f} {r['phase_us']:9.1f} {r['tbps']:12.2f}"
+                  f" {r['parts_first_us']:16.1f} {r['parts_last_us']:8.1f}")
     return 0
 
 
