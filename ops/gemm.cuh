@@ -1061,6 +1061,15 @@ __device__ __forceinline__ bool gvm_gemm_parts_ok(const gvm_ctx& c, int P, int j
 // After part j's sums are in parts: the tile's ticket; its last part (the one
 // that brings the ticket to a multiple of P) adds the P parts in part order,
 // so the sums do not depend on which part finishes last.
+//
+// Timing probe (GVM_GEMM_PARTS_PROBE; the tiles' outputs are zeros: for traces
+// only, NOTES.md session 62). A K-cut tile's last part ends ~12 us after its
+// others (Wqkvg at 256 tokens), and a sum with 16 loads in flight did not
+// move it. 1: the last part stores zeros without reading the parts (the ticket
+// as ever); 2: no ticket either, every part stores the zeros.
+#ifndef GVM_GEMM_PARTS_PROBE
+#define GVM_GEMM_PARTS_PROBE 0
+#endif
 __device__ __forceinline__ void gvm_gemm_parts_sum(const gvm_ctx& c) {
     int n0, cnt, t0, tn;
     gvm_gemm_range(c, n0, cnt, t0, tn);
@@ -1069,7 +1078,9 @@ __device__ __forceinline__ void gvm_gemm_parts_sum(const gvm_ctx& c) {
     const gvm_tensor& pt = gvm_t(c, 3);
     const unsigned flag = gvm_smem_addr(c.smem);
     gvm_group_sync(c);  // the group's part stores (and its scratch reads) before the ticket
-    if (c.tid == 0) {
+    if (GVM_GEMM_PARTS_PROBE == 2) {
+        if (c.tid == 0) gvm_sts(flag, 1u);
+    } else if (c.tid == 0) {
         unsigned* tk = gvm_ptr<unsigned>(gvm_t(c, 4), c.ins->arg[7], 4);
         gvm_sts(flag, ((gvm_atom_add_acq_rel(tk, 1u) + 1u) & (unsigned)(P - 1)) == 0u ? 1u : 0u);
     }
@@ -1085,7 +1096,7 @@ __device__ __forceinline__ void gvm_gemm_parts_sum(const gvm_ctx& c) {
         const float* src = pb + t * p_row + n;
         float v[GVM_GEMM_MAX_PARTS];
 #pragma unroll
-        for (int p = 0; p < GVM_GEMM_MAX_PARTS; ++p) v[p] = p < P ? src[p * N] : 0.f;  // all in flight at once
+        for (int p = 0; p < GVM_GEMM_MAX_PARTS; ++p) v[p] = p < P && !GVM_GEMM_PARTS_PROBE ? src[p * N] : 0.f;  // all in flight at once
         float sum = v[0];
 #pragma unroll
         for (int p = 1; p < GVM_GEMM_MAX_PARTS; ++p)

@@ -54,13 +54,13 @@ def test_report_parser_reads_spills() -> None:
 
 
 @pytest.mark.parametrize("define", ["GVM_EXPERT_REG=0", "GVM_EXP_STAGGER=0", "GVM_EXPERT_HEAVY_T=32", "GVM_GEMM_TT=1", "GVM_GEMM_TT=2",
-                                    "GVM_RESCHED_PROBE=16"])
+                                    "GVM_RESCHED_PROBE=16", "GVM_GEMM_PARTS_PROBE=1", "GVM_GEMM_PARTS_PROBE=2"])
 def test_switch_alternatives_do_not_spill(define: str) -> None:
     """The build switches' other settings, kept for A/B runs on the H200 (the
     experts' shared tile alone, its items not staggered over K, heavy experts'
-    items at half the cap, one or two GEMM token tiles per pass), and the
-    reschedule probe's never-run block (tools/sched_probe.py --draws), compile
-    spill-free too."""
+    items at half the cap, one or two GEMM token tiles per pass), the
+    reschedule probe's never-run block (tools/sched_probe.py --draws) and the
+    K parts' timing probes, compile spill-free too."""
     from gpuvm.isa import Op
 
     ops = ([Op.GEMM] if define.startswith("GVM_GEMM") else [Op.ATTN_CHUNK] if define.startswith("GVM_RESCHED")

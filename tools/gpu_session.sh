@@ -2,7 +2,7 @@
 # One call on the H200 (the device tool): the VM proofs and timings, the Muse
 # ops standalone, and the decode-case sweep, each under its own time limit,
 # logs and results under $OUT (at most 8 files come back: traces are tarred).
-#   GPUVM_COMMIT=<sha> bash tools/gpu_session.sh [check|fold|ops|opstime|sweep|step|stepsweep|probe|experts|router|park|ring|lists|steptrace|tiles|rowpf|fill|fill2|xstage|trace62|xprobe|smem|tiles2|xbench|against|slots|naps|icache|workers|slices|statsprobe|topkprobe|layertrace|oneop|fusedqk|ringbench|ringprobe|opsgemm|tail|attstop|gputests|vmtest|next|attntail|qksplit|lazygemm|lazyattn|lazyctl|ncuattn|clocks|codewarm|lazyexperts|lazyone|lazyall|toolcheck|gearly|kparts|kpartslayers|glate|glate16|fixed16|dispdepth|shares|cap33|weightcal|bare|refit|stagger|tileprobe|dbl2|heavy|capup|c16t1|ncu|ncusrc|treeab|trees|bounds|pfbound|resched ...]
+#   GPUVM_COMMIT=<sha> bash tools/gpu_session.sh [check|fold|ops|opstime|sweep|step|stepsweep|probe|experts|router|park|ring|lists|steptrace|tiles|rowpf|fill|fill2|xstage|trace62|xprobe|smem|tiles2|xbench|against|slots|naps|icache|workers|slices|statsprobe|topkprobe|layertrace|oneop|fusedqk|ringbench|ringprobe|opsgemm|tail|attstop|gputests|vmtest|next|attntail|qksplit|lazygemm|lazyattn|lazyctl|ncuattn|clocks|codewarm|lazyexperts|lazyone|lazyall|toolcheck|gearly|kparts|kpartslayers|glate|glate16|fixed16|dispdepth|shares|cap33|weightcal|bare|refit|stagger|tileprobe|dbl2|heavy|capup|c16t1|ncu|ncusrc|treeab|trees|bounds|pfbound|resched|partsprobe ...]
 # (set GPUVM_COMMIT when running a snapshot without .git: else the results name the enclosing checkout)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -395,6 +395,14 @@ PY
              timeout 200 python3 tools/prebuild.py base GVM_RESCHED_PROBE=16 GVM_RESCHED_PROBE=8 > "$OUT/prebuild_resched.log" 2>&1; cat "$OUT/prebuild_resched.log"
              AB_TAIL=40 ab_rounds resched variants "base:" ${T_RESCHED:-200} --draws 16,8 \
                  --cases ${RESCHED_CASES:-full-c32-t8,sliding-c32-t8,full-c1-t8,full-c1-t1} --step "${RESCHED_STEPS:-}" ;;
+    partsprobe) # what holds a K-cut tile's last part ~12 us (NOTES.md session 62, Next 2): traced 4-layer 32 x 8 steps of
+                # main's build, GVM_GEMM_PARTS_PROBE 1 (the last part stores zeros, reads no parts) and 2 (no ticket
+                # either), each with staged_l2's parts: first / last us (the outputs are zeros: times only)
+           for v in base: p1:GVM_GEMM_PARTS_PROBE=1 p2:GVM_GEMM_PARTS_PROBE=2; do
+             variant "$v"
+             timeout 120 python3 tools/step_trace.py --layers 4 --shape 32x8 --out "$OUT/pp_$n.npz" "${args[@]}" > "$OUT/pp_$n.log" 2>&1; echo "$n rc=$?"
+             python3 tools/staged_l2.py "$OUT/pp_$n.npz" --bf16-pass-rows 128 | tee -a "$OUT/pp_$n.log" | grep "L2\."; done
+           (cd "$OUT" && tar czf partsprobe.tgz pp_*.npz && rm -f pp_*.npz) ;;
     treeab) # this tree against a copy of it with ab/<dir>%<file> put back at <dir>/<file> (e.g. main's ops/experts.cuh:
             # git show main:ops/experts.cuh > ab/ops%experts.cuh before the call): the expert lists alone, then dynamic
             # layers and step 32 x 8 in four runs, trees alternated (base, new, new, base); end the steps with pack
