@@ -1063,13 +1063,55 @@ __device__ __forceinline__ bool gvm_gemm_parts_ok(const gvm_ctx& c, int P, int j
 // so the sums do not depend on which part finishes last.
 //
 // Timing probe (GVM_GEMM_PARTS_PROBE; the tiles' outputs are zeros: for traces
-// only, NOTES.md session 62). A K-cut tile's last part ends ~12 us after its
-// others (Wqkvg at 256 tokens), and a sum with 16 loads in flight did not
-// move it. 1: the last part stores zeros without reading the parts (the ticket
-// as ever); 2: no ticket either, every part stores the zeros.
+// only, NOTES.md sessions 62-63). 1: the last part stores zeros without
+// reading the parts (the ticket as ever); 2: no ticket either, every part
+// stores the zeros.
 #ifndef GVM_GEMM_PARTS_PROBE
 #define GVM_GEMM_PARTS_PROBE 0
 #endif
+
+// Four sums of adjacent columns at off (a multiple of 4) in one store.
+__device__ __forceinline__ void gvm_gemm_store4(const gvm_gemm_dst& d, long long off, float4 v) {
+    if (d.bf16)
+        *reinterpret_cast<uint2*>(reinterpret_cast<unsigned short*>(d.ptr) + off) = {gvm_pack_bf16x2(v.x, v.y), gvm_pack_bf16x2(v.z, v.w)};
+    else
+        *reinterpret_cast<float4*>(reinterpret_cast<float*>(d.ptr) + off) = v;
+}
+
+// The sum 16 bytes a load (4 columns), 8 loads in flight a thread: a thread's
+// quads (every 128th of the tile from its own) times the P parts, in that
+// order, 8 at a time, a quad's sum carried over when its parts straddle two
+// rounds (P 16). One element a thread a round trip (2 loads in flight) held
+// the last part of Wqkvg's 64 x 64 tiles ~10 us past its other part (32 round
+// trips; the probe's zeros closed the gap: session 63). 16 loads in flight
+// spilled.
+__device__ __forceinline__ void gvm_gemm_parts_sum4(const gvm_gemm_dst& dst, const float* pb, long long p_row, int P, int N,
+                                                    int n0, int cnt, int t0, int tn, int tid) {
+    constexpr int S = 8;
+    const int lg = __ffs(P) - 1, c4 = cnt >> 2, total = tn * c4;
+    const int loads = tid < total ? ((total - 1 - tid) / GVM_GROUP_THREADS + 1) << lg : 0;  // quads x parts
+    float4 s = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll 1
+    for (int f0 = 0; f0 < loads; f0 += S) {
+        uint4 v[S];
+#pragma unroll
+        for (int k = 0; k < S; ++k) {  // past the thread's last: a repeat of its first, not added
+            const int f = f0 + k < loads ? f0 + k : 0, g = tid + (f >> lg) * GVM_GROUP_THREADS, t = g / c4;
+            v[k] = gvm_ld_stream16(pb + (t0 + t) * p_row + n0 + 4 * (g - t * c4) + (f & (P - 1)) * N);
+        }
+#pragma unroll
+        for (int k = 0; k < S; ++k) {
+            const int f = f0 + k, p = f & (P - 1), g = tid + (f >> lg) * GVM_GROUP_THREADS;
+            const float4 x = {__uint_as_float(v[k].x), __uint_as_float(v[k].y), __uint_as_float(v[k].z), __uint_as_float(v[k].w)};
+            s = p == 0 ? x : float4{s.x + x.x, s.y + x.y, s.z + x.z, s.w + x.w};
+            if (p == P - 1 && f < loads) {
+                const int t = g / c4;
+                gvm_gemm_store4(dst, (t0 + t) * dst.row + n0 + 4 * (g - t * c4), s);
+            }
+        }
+    }
+}
+
 __device__ __forceinline__ void gvm_gemm_parts_sum(const gvm_ctx& c) {
     int n0, cnt, t0, tn;
     gvm_gemm_range(c, n0, cnt, t0, tn);
@@ -1090,6 +1132,12 @@ __device__ __forceinline__ void gvm_gemm_parts_sum(const gvm_ctx& c) {
     const long long p_row = pt.stride[0];
     const gvm_gemm_dst dst = gvm_gemm_dst_of(out);
     const float* pb = reinterpret_cast<const float*>(pt.ptr);
+    // quads: the parts tensor is 16-byte aligned (gvm_gemm_parts_ok); the columns, its rows and the output's too
+    if (!GVM_GEMM_PARTS_PROBE && ((n0 | cnt | N | (int)p_row | (int)dst.row) & 3) == 0 &&
+        (reinterpret_cast<unsigned long long>(dst.ptr) & 15ull) == 0) {
+        gvm_gemm_parts_sum4(dst, pb, p_row, P, N, n0, cnt, t0, tn, (int)gvm_opaque(c.tid));
+        return;
+    }
 #pragma unroll 1
     for (int i = (int)gvm_opaque(c.tid); i < tn * cnt; i += GVM_GROUP_THREADS) {
         const int t = t0 + i / cnt, n = n0 + i % cnt;
