@@ -1074,7 +1074,11 @@ __device__ int gvm_expert_tile(const gvm_ctx& c, int e, int n0, int nn) {
             if (unit >= units) continue;
             // acc[a][s][i]: unit + u, token 16m + g (+8 for i >= 2), weight row 2*t4 + (i & 1)
             // of block s, a = u * (the m-tiles) + m (gvm_exp_ks; u = 1: dbl only)
+            // the output's pointer and row stride read once: through the table (which a store
+            // might alias) every store reloaded them
             const gvm_tensor& to = gvm_t(c, 0);
+            char* const op = reinterpret_cast<char*>(to.ptr);
+            const long long os = to.stride[0];
             const float ts0 = gvm_exp_tscale(c, e, 0), ts1 = gvm_exp_tscale(c, e, UP ? 1 : 0);
             const int mts = (tm + 15) / 16;
 #pragma unroll
@@ -1086,18 +1090,17 @@ __device__ int gvm_expert_tile(const gvm_ctx& c, int e, int n0, int nn) {
                 for (int i = 0; i < 4; ++i) {
                     const int tok = m * 16 + g + 8 * (i >> 1), col = 2 * t4 + (i & 1);
                     if (tok >= tm) continue;
-                    const long long orow = (long long)(slot0 + tc0 + tok) * to.stride[0] + n0;
+                    const long long orow = (long long)(slot0 + tc0 + tok) * os + n0;
                     if (UP) {
                         const int lc = un * 8 + col;
                         if (lc >= nn) continue;
                         const float gv = acc[a][0][i] * ts0, uv = acc[a][1][i] * ts1;
-                        *gvm_ptr<unsigned short>(to, orow + lc, 2) =
-                            (unsigned short)gvm_pack_bf16x2(gv / (1.0f + expf(-gv)) * uv, 0.0f);
+                        reinterpret_cast<unsigned short*>(op)[orow + lc] = (unsigned short)gvm_pack_bf16x2(gv / (1.0f + expf(-gv)) * uv, 0.0f);
                     } else {
 #pragma unroll
                         for (int s = 0; s < 2; ++s) {
                             const int lc = un * 16 + 8 * s + col;
-                            if (lc < nn) *gvm_ptr<float>(to, orow + lc, 4) = acc[a][s][i] * ts0;
+                            if (lc < nn) reinterpret_cast<float*>(op)[orow + lc] = acc[a][s][i] * ts0;
                         }
                     }
                 }
