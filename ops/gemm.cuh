@@ -1082,9 +1082,9 @@ __device__ __forceinline__ void gvm_gemm_store4(const gvm_gemm_dst& d, long long
 // quads (every 128th of the tile from its own) times the P parts, in that
 // order, 8 at a time, a quad's sum carried over when its parts straddle two
 // rounds (P 16). One element a thread a round trip (2 loads in flight) held
-// the last part of Wqkvg's 64 x 64 tiles ~10 us past its other part (32 round
-// trips; the probe's zeros closed the gap: session 63). 16 loads in flight
-// spilled.
+// the last part of Wqkvg's 64 x 64 tiles 11.6 us past its other part (32 round
+// trips; 3.0 us without the loads, GVM_GEMM_PARTS_PROBE 1); this sum, 6.9 us
+// (H100 traces, session 63). 16 loads in flight spilled.
 __device__ __forceinline__ void gvm_gemm_parts_sum4(const gvm_gemm_dst& dst, const float* pb, long long p_row, int P, int N,
                                                     int n0, int cnt, int t0, int tn, int tid) {
     constexpr int S = 8;
