@@ -66,4 +66,6 @@ def test_parts_first_and_last(tmp_path: Path) -> None:
     ops = {r["op"]: r for r in staged_ops(_trace(tmp_path / "parts.npz", labels, times), 64)}
     assert ops["L0.Wqkvg"]["parts_first_us"] == pytest.approx(2.5)  # 2 and 3 us
     assert ops["L0.Wqkvg"]["parts_last_us"] == pytest.approx(5.5)  # 4 and 7 us
+    assert ops["L0.Wqkvg"]["parts_extra_us"] == pytest.approx(3.0)  # per tile 4 - 2 and 7 - 3
     assert np.isnan(ops["L0.Wo"]["parts_first_us"]) and np.isnan(ops["L0.Wo"]["parts_last_us"])
+    assert np.isnan(ops["L0.Wo"]["parts_extra_us"])
