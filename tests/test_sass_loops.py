@@ -34,6 +34,30 @@ def test_loops_are_labels_with_a_backward_branch() -> None:
     assert found[".L_x_1"].length == 5 and found[".L_x_1"].mix["BRA"] == 2  # the inner loop counts too
 
 
+# a loop with a rare block (3 instructions) and a short one (1) that conditional branches skip
+SASS_BLOCKS = """
+.L_x_5:
+        /*0000*/                   HMMA.16816.F32 R4, R8, R12, R4 ;
+        /*0010*/              @!P0 BRA `(.L_x_6) ;
+        /*0020*/                   FMUL R4, R4, R2 ;
+        /*0030*/                   FMUL R5, R5, R2 ;
+        /*0040*/                   FMUL R6, R6, R2 ;
+.L_x_6:
+        /*0050*/               @P1 BRA `(.L_x_7) ;
+        /*0060*/                   IADD3 R3, R3, 0x1, RZ ;
+.L_x_7:
+        /*0070*/               @P2 BRA `(.L_x_5) ;
+        /*0080*/                   EXIT ;
+"""
+
+
+def test_the_usual_path_skips_only_blocks_over_the_bound() -> None:
+    (lp,) = loops(SASS_BLOCKS, skip=2)
+    assert lp.length == 8 and lp.path == 5  # the 3 FMULs skipped, the 1-instruction block kept
+    assert loops(SASS_BLOCKS, skip=0)[0].path == 4 and loops(SASS_BLOCKS, skip=3)[0].path == 8
+    assert loops(SASS_BLOCKS)[0].path is None
+
+
 # nvdisasm -hex: an instruction's second 64-bit word on the next line, stall count in bits 41..44
 SASS_HEX = """
 .L_x_9:
