@@ -64,19 +64,21 @@ __device__ int gvm_op_qk_rope_kv(const gvm_ctx& c) {
     if (tok0 < 0 || ntok < 0 || tok0 + ntok > nt || pos0 < 0 || cache_s <= 0) return GVM_ERR_BAD_ARGS;
 
     const unsigned warp = c.tid >> 5, lane = c.tid & 31;
+    // views of the loop's tensors: its stores would reload every descriptor field the next head reads
+    const gvm_view vx = gvm_view_of(tx), vq = gvm_view_of(tq), vk = gvm_view_of(tk), vv = gvm_view_of(tv);
     const int heads = hq + 2 * hkv;
     const double turns = gvm_rope_turns((int)lane);
     const float* wq = reinterpret_cast<const float*>(twq.ptr);
     const float* wk = reinterpret_cast<const float*>(twk.ptr);
     const float wq0 = 1.0f + wq[2 * lane], wq1 = 1.0f + wq[2 * lane + 1];
     const float wk0 = 1.0f + wk[2 * lane], wk1 = 1.0f + wk[2 * lane + 1];
-    unsigned char* kc = gvm_ptr<unsigned char>(tk, conv * tk.stride[0], 1);
-    unsigned char* vc = gvm_ptr<unsigned char>(tv, conv * tv.stride[0], 1);
+    unsigned char* kc = gvm_ptr<unsigned char>(vk, conv * vk.s0, 1);
+    unsigned char* vc = gvm_ptr<unsigned char>(vv, conv * vv.s0, 1);
     const int jend = jn == 0 ? ntok : min(ntok, j0 + jn);  // the conversation's tokens are run-time data: clamped
     for (int j = j0; j < jend; ++j) {
         const int t = tok0 + j, p = pos0 + j, slot = p % cache_s;
         float2 sc = make_float2(0.0f, 1.0f);
-        const unsigned* row = gvm_ptr<const unsigned>(tx, t * tx.stride[0], 2);
+        const unsigned* row = gvm_ptr<const unsigned>(vx, t * vx.s0, 2);
         for (int h0 = warp; h0 < heads; h0 += 4 * GVM_QK_BATCH) {
             unsigned xw[GVM_QK_BATCH];  // all of the warp's head vectors in flight at once
 #pragma unroll
@@ -92,7 +94,7 @@ __device__ int gvm_op_qk_rope_kv(const gvm_ctx& c) {
                 float x0 = gvm_bf16_lo(xw[u]), x1 = gvm_bf16_hi(xw[u]);
                 if (hh >= hq + hkv) {  // v: straight to the cache
                     const int vh = hh - hq - hkv;
-                    *reinterpret_cast<unsigned short*>(vc + slot * tv.stride[1] + vh * tv.stride[2] + 2 * lane) =
+                    *reinterpret_cast<unsigned short*>(vc + slot * vv.s1 + vh * vv.s2 + 2 * lane) =
                         gvm_pack_e4m3x2(x0 / v_scale, x1 / v_scale);
                     continue;
                 }
@@ -102,10 +104,10 @@ __device__ int gvm_op_qk_rope_kv(const gvm_ctx& c) {
                 x0 = r.x;
                 x1 = r.y;
                 if (is_q) {
-                    *gvm_ptr<unsigned>(tq, t * tq.stride[0] + hh * tq.stride[1] + 2 * lane, 2) = gvm_pack_bf16x2(x0, x1);
+                    *gvm_ptr<unsigned>(vq, t * vq.s0 + hh * vq.s1 + 2 * lane, 2) = gvm_pack_bf16x2(x0, x1);
                 } else {
                     const int kh = hh - hq;
-                    *reinterpret_cast<unsigned short*>(kc + slot * tk.stride[1] + kh * tk.stride[2] + 2 * lane) =
+                    *reinterpret_cast<unsigned short*>(kc + slot * vk.s1 + kh * vk.s2 + 2 * lane) =
                         gvm_pack_e4m3x2(x0 / k_scale, x1 / k_scale);
                 }
             }
@@ -275,26 +277,25 @@ __device__ __forceinline__ void gvm_attn_stage_q_fused(const gvm_ctx& c, const g
 // w_kn, rotated) and v of its kv head into the caches first, one warp a position,
 // lane i dims (2i, 2i + 1): QK_ROPE_KV's bytes exactly.
 __device__ __forceinline__ void gvm_attn_new_keys(const gvm_ctx& c, const gvm_attn_job& jb, int rope) {
-    const gvm_tensor& tx = gvm_t(c, 0);
-    const gvm_tensor& tk = gvm_t(c, 1);
-    const gvm_tensor& tv = gvm_t(c, 2);
-    const int conv = c.ins->arg[0], h = c.ins->arg[1], hkv = tk.shape[2], hq = hkv * jb.g;
+    // views: each position's stores would reload every descriptor field the next one reads
+    const gvm_view tx = gvm_view_of(gvm_t(c, 0)), tk = gvm_view_of(gvm_t(c, 1)), tv = gvm_view_of(gvm_t(c, 2));
+    const int conv = c.ins->arg[0], h = c.ins->arg[1], hkv = gvm_t(c, 1).shape[2], hq = hkv * jb.g;
     const int tok0 = gvm_ptr<const int>(gvm_t(c, 3), conv * gvm_t(c, 3).stride[0], 4)[0];
     const float k_scale = gvm_argf(c, 5), v_scale = gvm_argf(c, 6);
     const unsigned tid = gvm_opaque(c.tid);  // as measured (without it the code differs; the group loop's opaque index covers the persistent loop)
     const unsigned warp = tid >> 5, lane = tid & 31;
     const float* wk = reinterpret_cast<const float*>(gvm_t(c, 7).ptr);
     for (int p = max(jb.kb, jb.pos0) + (int)warp; p < jb.ke; p += 4) {
-        const unsigned* row = gvm_ptr<const unsigned>(tx, (tok0 + p - jb.pos0) * tx.stride[0], 2);
+        const unsigned* row = gvm_ptr<const unsigned>(tx, (tok0 + p - jb.pos0) * tx.s0, 2);
         const unsigned xk = row[(hq + h) * 32 + lane], xv = row[(hq + hkv + h) * 32 + lane];
         const float2 sc = rope ? gvm_rope_sincos(p, gvm_rope_turns((int)lane)) : make_float2(0.0f, 1.0f);
         const float x0 = gvm_bf16_lo(xk), x1 = gvm_bf16_hi(xk);
         const float inv = 1.0f / sqrtf(gvm_warp_sum(x0 * x0 + x1 * x1) / 64.0f + GVM_RMS_EPS);
         const float2 k = gvm_qk_pair(x0, x1, inv, 1.0f + wk[2 * lane], 1.0f + wk[2 * lane + 1], rope, sc);
         const int slot = p % jb.cache_s;
-        *gvm_ptr<unsigned short>(tk, conv * tk.stride[0] + slot * tk.stride[1] + h * tk.stride[2] + 2 * lane, 1) =
+        *gvm_ptr<unsigned short>(tk, conv * tk.s0 + slot * tk.s1 + h * tk.s2 + 2 * lane, 1) =
             gvm_pack_e4m3x2(k.x / k_scale, k.y / k_scale);
-        *gvm_ptr<unsigned short>(tv, conv * tv.stride[0] + slot * tv.stride[1] + h * tv.stride[2] + 2 * lane, 1) =
+        *gvm_ptr<unsigned short>(tv, conv * tv.s0 + slot * tv.s1 + h * tv.s2 + 2 * lane, 1) =
             gvm_pack_e4m3x2(gvm_bf16_lo(xv) / v_scale, gvm_bf16_hi(xv) / v_scale);
     }
 }
@@ -534,8 +535,8 @@ __device__ __forceinline__ void gvm_attn_tile(const gvm_attn_job& jb, int mt, in
 // Merge the split warps' states of one round and write part_o / part_ml.
 __device__ __forceinline__ void gvm_attn_write(const gvm_ctx& c, const gvm_attn_job& jb, int round, int per_round,
                                                int split, unsigned smem) {
-    const gvm_tensor& tpo = gvm_t(c, 4);
-    const gvm_tensor& tml = gvm_t(c, 5);
+    const gvm_view tpo = gvm_view_of(gvm_t(c, 4));
+    const gvm_view tml = gvm_view_of(gvm_t(c, 5));
     const int tok0 = gvm_ptr<const int>(gvm_t(c, 3), c.ins->arg[0] * gvm_t(c, 3).stride[0], 4)[0];
     const int h = c.ins->arg[1], j = c.ins->arg[2];
     const float v_scale = gvm_argf(c, 6);
@@ -562,10 +563,10 @@ __device__ __forceinline__ void gvm_attn_write(const gvm_ctx& c, const gvm_attn_
             }
         }
         const int tok = tok0 + r / jb.g, head = h * jb.g + r % jb.g;
-        const long long at = tok * tpo.stride[0] + head * tpo.stride[1] + j * tpo.stride[2];
+        const long long at = tok * tpo.s0 + head * tpo.s1 + j * tpo.s2;
         *gvm_ptr<float4>(tpo, at + 4 * q4, 4) = make_float4(o.x * v_scale, o.y * v_scale, o.z * v_scale, o.w * v_scale);
         if (q4 == 0)
-            *gvm_ptr<float2>(tml, tok * tml.stride[0] + head * tml.stride[1] + j * tml.stride[2], 4) =
+            *gvm_ptr<float2>(tml, tok * tml.s0 + head * tml.s1 + j * tml.s2, 4) =
                 make_float2(mx == GVM_NEG_INF ? GVM_NEG_INF : mx * GVM_LN2, l);
     }
 }
@@ -904,24 +905,26 @@ __device__ int gvm_op_attn_merge(const gvm_ctx& c) {
     const int gate0 = width - hq * 64;                         // g is the last HQ x 64 columns of qkvg
     const int per = (nch + 1) / 2;                             // chunks of parity 0: batches of the warp
     const int mine = (nch + 1 - (int)par) / 2;                 // chunks of the lane's parity
+    // views of the pair loop's tensors: its stores would reload every descriptor field the next pair reads
+    const gvm_view vo = gvm_view_of(to), vpo = gvm_view_of(tpo), vml = gvm_view_of(tml), vx = gvm_view_of(tx);
     for (int pair = warp; pair < pairs; pair += 4) {
         const int t = tok0 + pair / nh, head = head0 + pair % nh;
-        const long long po = t * tpo.stride[0] + head * tpo.stride[1] + 4 * q + (long long)par * tpo.stride[2];
-        const long long pm = t * tml.stride[0] + head * tml.stride[1];
-        const long long pmp = pm + (long long)par * tml.stride[2];
-        const uint2 gw = *gvm_ptr<const uint2>(tx, t * tx.stride[0] + gate0 + head * 64 + 4 * q, 2);
+        const long long po = t * vpo.s0 + head * vpo.s1 + 4 * q + (long long)par * vpo.s2;
+        const long long pm = t * vml.s0 + head * vml.s1;
+        const long long pmp = pm + (long long)par * vml.s2;
+        const uint2 gw = *gvm_ptr<const uint2>(vx, t * vx.s0 + gate0 + head * 64 + 4 * q, 2);
         float mx = GVM_NEG_INF, l = 0.0f;
         float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         for (int n0 = 0; n0 < per; n0 += cap) {
             const int nb = min(cap, mine - n0);  // the lane's chunks of this batch (<= 0: none)
 #pragma unroll 4
             for (int u = 0; u < nb; ++u)
-                gvm_cp_async16(so + 512 * u, gvm_ptr<const float4>(tpo, po + 2ll * (n0 + u) * tpo.stride[2], 4), true, pol);
+                gvm_cp_async16(so + 512 * u, gvm_ptr<const float4>(vpo, po + 2ll * (n0 + u) * vpo.s2, 4), true, pol);
             gvm_cp_async_commit();
             if (n0 == 0) {
 #pragma unroll 4
                 for (int ch = lane; ch < nch; ch += 32) {
-                    const float2 v = *gvm_ptr<const float2>(tml, pm + ch * tml.stride[2], 4);
+                    const float2 v = *gvm_ptr<const float2>(vml, pm + ch * vml.s2, 4);
                     gvm_lse_merge(mx, l, v.x, v.y);
                 }
 #pragma unroll
@@ -933,7 +936,7 @@ __device__ int gvm_op_attn_merge(const gvm_ctx& c) {
             gvm_cp_async_wait<0>();
 #pragma unroll 8
             for (int u = 0; u < nb; ++u) {
-                const float m = *gvm_ptr<const float>(tml, pmp + 2ll * (n0 + u) * tml.stride[2], 4);
+                const float m = *gvm_ptr<const float>(vml, pmp + 2ll * (n0 + u) * vml.s2, 4);
                 if (m == GVM_NEG_INF) continue;  // a chunk with no visible key
                 const float b = expf(m - mx);
                 const float4 v = gvm_lds_f4(so + 512 * u);
@@ -951,7 +954,7 @@ __device__ int gvm_op_attn_merge(const gvm_ctx& c) {
         const float g0 = 1.0f / (1.0f + expf(-gvm_bf16_lo(gw.x))), g1 = 1.0f / (1.0f + expf(-gvm_bf16_hi(gw.x)));
         const float g2 = 1.0f / (1.0f + expf(-gvm_bf16_lo(gw.y))), g3 = 1.0f / (1.0f + expf(-gvm_bf16_hi(gw.y)));
         if (par == 0)
-            *gvm_ptr<uint2>(to, t * to.stride[0] + head * 64 + 4 * q, 2) =
+            *gvm_ptr<uint2>(vo, t * vo.s0 + head * 64 + 4 * q, 2) =
                 make_uint2(gvm_pack_bf16x2(o.x * inv * g0, o.y * inv * g1), gvm_pack_bf16x2(o.z * inv * g2, o.w * inv * g3));
     }
     return GVM_ERR_NONE;

@@ -22,6 +22,25 @@ __device__ __forceinline__ T* gvm_ptr(const gvm_tensor& t, long long elem_off, i
     return reinterpret_cast<T*>(t.ptr + (unsigned long long)(elem_off * elem_bytes));
 }
 
+// A tensor's base, outer strides and dtype, read out of the table once, for
+// the loops that store. Through the descriptor itself (a reference into the
+// table in global memory, which a store might alias) each store made the next
+// access reload the fields it uses: dependent loads before every store of a
+// loop (three an element in the staged GEMM pass's 64 stores a thread, session
+// 62), and the loop's reads of other tensors reloaded too.
+struct gvm_view {
+    char* ptr;
+    long long s0, s1, s2;  // elements (fields past the tensor's rank are never used)
+    int dtype;
+};
+__device__ __forceinline__ gvm_view gvm_view_of(const gvm_tensor& t) {
+    return {reinterpret_cast<char*>(t.ptr), t.stride[0], t.stride[1], t.stride[2], t.dtype};
+}
+template <typename T>
+__device__ __forceinline__ T* gvm_ptr(const gvm_view& o, long long elem_off, int elem_bytes) {
+    return reinterpret_cast<T*>(o.ptr + elem_off * elem_bytes);
+}
+
 // The ops' argument checks combine their conditions with & (and these helpers
 // too), not &&: every descriptor field is then read unconditionally, so the
 // reads go out together. As a chain of && each read was a branch's condition,

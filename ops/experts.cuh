@@ -866,10 +866,9 @@ __device__ int gvm_expert_tile_reg(const gvm_ctx& c, int e, int n0, int nn, int 
     if (GVM_EXPR_PROBE & 8) return stage(true) ? GVM_ERR_NONE : GVM_ERR_BAD_ARGS;  // probe: the item ends once x is staged
     const unsigned xrow = s_x + (unsigned)min((int)g, count - 1) * pitch;  // the B column of token g (a valid row past count)
     const int units = (nn + 15) / 16;
-    // the output of token tk, row `row` of the item, from its sums v (UP: gate, up); ts: the tensor scales
-    const auto put = [&](int tk, int row, const float (&v)[SETS], float ts0, float ts1) {
-        const gvm_tensor& to = gvm_t(c, 0);
-        const long long o = (long long)(slot0 + tk) * to.stride[0] + n0 + row;
+    // the output of token tk, row `row` of the item, from its sums v (UP: gate, up) into to (read once); ts: the tensor scales
+    const auto put = [&](const gvm_view& to, int tk, int row, const float (&v)[SETS], float ts0, float ts1) {
+        const long long o = (long long)(slot0 + tk) * to.s0 + n0 + row;
         if (UP) {
             const float gv = v[0] * ts0, uv = v[SETS - 1] * ts1;
             *gvm_ptr<unsigned short>(to, o, 2) = (unsigned short)gvm_pack_bf16x2(gv / (1.0f + expf(-gv)) * uv, 0.0f);
@@ -904,13 +903,14 @@ __device__ int gvm_expert_tile_reg(const gvm_ctx& c, int e, int n0, int nn, int 
             if (S == 1) {  // whole rows a warp: its lanes store them, no group sync (the op's next call syncs first)
                 if (!(GVM_EXPR_PROBE & 32)) {  // probe: no epilogue (nothing stored; times the rest)
                     const float ts0 = gvm_lds_f(s_flag + 4), ts1 = gvm_lds_f(s_flag + 8);
+                    const gvm_view to = gvm_view_of(gvm_t(c, 0));
 #pragma unroll
                     for (int k = 0; k < 4; ++k) {  // acc[s][k]: row g + 8 (k / 2), token 2 q + k % 2
                         const int tk = 2 * (int)q + (k & 1), row = (u0 + pu) * 16 + (int)g + 8 * (k >> 1);
                         float v[SETS];
 #pragma unroll
                         for (int s = 0; s < SETS; ++s) v[s] = 0.0f + acc[s][k];  // as the split sums below (-0 -> +0)
-                        if (row < nn && tk < count) put(tk, row, v, ts0, ts1);
+                        if (row < nn && tk < count) put(to, tk, row, v, ts0, ts1);
                     }
                 }
             } else {
@@ -930,6 +930,7 @@ __device__ int gvm_expert_tile_reg(const gvm_ctx& c, int e, int n0, int nn, int 
         if (GVM_EXPR_PROBE & 32) continue;  // probe: no epilogue (nothing stored; times the rest)
         // sum the K splits in order and store; consecutive threads take consecutive rows
         const float ts0 = gvm_lds_f(s_flag + 4), ts1 = gvm_lds_f(s_flag + 8);
+        const gvm_view to = gvm_view_of(gvm_t(c, 0));
         for (int i = c.tid; i < nu * 128; i += 128) {
             const int uu = i >> 7, tk = (i >> 4) & 7, r = i & 15, row = (u0 + uu) * 16 + r;
             if (row >= nn || tk >= count) continue;
@@ -939,7 +940,7 @@ __device__ int gvm_expert_tile_reg(const gvm_ctx& c, int e, int n0, int nn, int 
                 v[s] = 0.0f;
                 for (int k = 0; k < S; ++k) v[s] += gvm_lds_f(s_part + ((uu * S + k) * SETS + s) * GVM_EXPR_PART + (r * 8 + tk) * 4);
             }
-            put(tk, row, v, ts0, ts1);
+            put(to, tk, row, v, ts0, ts1);
         }
         gvm_group_sync(c);
         GVM_EXPR_MARK(c, 8);
@@ -1074,11 +1075,7 @@ __device__ int gvm_expert_tile(const gvm_ctx& c, int e, int n0, int nn) {
             if (unit >= units) continue;
             // acc[a][s][i]: unit + u, token 16m + g (+8 for i >= 2), weight row 2*t4 + (i & 1)
             // of block s, a = u * (the m-tiles) + m (gvm_exp_ks; u = 1: dbl only)
-            // the output's pointer and row stride read once: through the table (which a store
-            // might alias) every store reloaded them
-            const gvm_tensor& to = gvm_t(c, 0);
-            char* const op = reinterpret_cast<char*>(to.ptr);
-            const long long os = to.stride[0];
+            const gvm_view to = gvm_view_of(gvm_t(c, 0));
             const float ts0 = gvm_exp_tscale(c, e, 0), ts1 = gvm_exp_tscale(c, e, UP ? 1 : 0);
             const int mts = (tm + 15) / 16;
 #pragma unroll
@@ -1090,17 +1087,17 @@ __device__ int gvm_expert_tile(const gvm_ctx& c, int e, int n0, int nn) {
                 for (int i = 0; i < 4; ++i) {
                     const int tok = m * 16 + g + 8 * (i >> 1), col = 2 * t4 + (i & 1);
                     if (tok >= tm) continue;
-                    const long long orow = (long long)(slot0 + tc0 + tok) * os + n0;
+                    const long long orow = (long long)(slot0 + tc0 + tok) * to.s0 + n0;
                     if (UP) {
                         const int lc = un * 8 + col;
                         if (lc >= nn) continue;
                         const float gv = acc[a][0][i] * ts0, uv = acc[a][1][i] * ts1;
-                        reinterpret_cast<unsigned short*>(op)[orow + lc] = (unsigned short)gvm_pack_bf16x2(gv / (1.0f + expf(-gv)) * uv, 0.0f);
+                        *gvm_ptr<unsigned short>(to, orow + lc, 2) = (unsigned short)gvm_pack_bf16x2(gv / (1.0f + expf(-gv)) * uv, 0.0f);
                     } else {
 #pragma unroll
                         for (int s = 0; s < 2; ++s) {
                             const int lc = un * 16 + 8 * s + col;
-                            if (lc < nn) reinterpret_cast<float*>(op)[orow + lc] = acc[a][s][i] * ts0;
+                            if (lc < nn) *gvm_ptr<float>(to, orow + lc, 4) = acc[a][s][i] * ts0;
                         }
                     }
                 }

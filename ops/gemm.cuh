@@ -107,20 +107,9 @@ template <int OFF = 0> inline uint4 gvm_gemm_ld_x16(const void* p) {
 inline unsigned short gvm_gemm_bf16_bits(float f) { return (unsigned short)(gvm_pack_bf16x2(f, 0.f) & 0xffffu); }
 #endif
 
-// Where a GEMM writes, read out of its tensor once before its stores: stored
-// through the tensor itself (a reference into the global table, which a store
-// might alias), every store reloaded its dtype, pointer and row stride first,
-// three dependent loads an element (the staged pass's 64 stores a thread).
-struct gvm_gemm_dst {
-    char* ptr;
-    long long row;  // elements
-    bool bf16;
-};
-__device__ __forceinline__ gvm_gemm_dst gvm_gemm_dst_of(const gvm_tensor& t) {
-    return {reinterpret_cast<char*>(t.ptr), t.stride[0], t.dtype == GVM_DT_BF16};
-}
-__device__ __forceinline__ void gvm_gemm_store(const gvm_gemm_dst& d, long long off, float v) {
-    if (d.bf16)
+// A sum into the output (gvm_view: its fields read once), f32 or bf16.
+__device__ __forceinline__ void gvm_gemm_store(const gvm_view& d, long long off, float v) {
+    if (d.dtype == GVM_DT_BF16)
         reinterpret_cast<unsigned short*>(d.ptr)[off] = gvm_gemm_bf16_bits(v);
     else
         reinterpret_cast<float*>(d.ptr)[off] = v;
@@ -396,7 +385,7 @@ __device__ __forceinline__ int gvm_gemm_bf16_tiles(const gvm_ctx& c, const gvm_t
             }
         }
         gvm_group_sync(c);
-        const gvm_gemm_dst dst = gvm_gemm_dst_of(out);
+        const gvm_view dst = gvm_view_of(out);
         float sr[TT][4];
 #pragma unroll
         for (int j = 0; j < TT; ++j) sr[j][0] = sr[j][1] = sr[j][2] = sr[j][3] = 0.f;
@@ -407,7 +396,7 @@ __device__ __forceinline__ int gvm_gemm_bf16_tiles(const gvm_ctx& c, const gvm_t
             if (row < row_end && tok < T) {
                 float sum = 0.f;
                 for (int s = 0; s < S; ++s) sum += part[((rb * S + s) * TT + j) * 128 + r * 8 + tk];
-                gvm_gemm_store(dst, (long long)tok * dst.row + row, sum);
+                gvm_gemm_store(dst, (long long)tok * dst.s0 + row, sum);
                 if (fused) {
                     float q[4] = {0.f, 0.f, 0.f, 0.f}, sv = 0.f, al = 0.f, be = 0.f;
 #pragma unroll
@@ -575,7 +564,7 @@ __device__ __forceinline__ void gvm_gemm_xs_pass(const gvm_ctx& c, const gvm_ten
     gvm_cp_async_wait<0>();
     gvm_group_sync(c);  // every warp is done with the stages before the next pass refills them
     const int row0 = 16 * (int)(tid >> 5) + (int)((tid & 31u) >> 2), tok0 = 2 * (int)(tid & 3u);
-    const gvm_gemm_dst dst = gvm_gemm_dst_of(out);
+    const gvm_view dst = gvm_view_of(out);
 #pragma unroll
     for (int h = 0; h < M; ++h)
 #pragma unroll
@@ -583,7 +572,7 @@ __device__ __forceinline__ void gvm_gemm_xs_pass(const gvm_ctx& c, const gvm_ten
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
                 const int row = GVM_GEMM_XS_TILE * h + row0 + 8 * (i >> 1), tok = tok0 + 8 * j + (i & 1);
-                if (row < nr && tok < nt) gvm_gemm_store(dst, ot + (long long)tok * dst.row + row, acc[h][4 * j + i]);
+                if (row < nr && tok < nt) gvm_gemm_store(dst, ot + (long long)tok * dst.s0 + row, acc[h][4 * j + i]);
             }
 }
 
@@ -1071,8 +1060,8 @@ __device__ __forceinline__ bool gvm_gemm_parts_ok(const gvm_ctx& c, int P, int j
 #endif
 
 // Four sums of adjacent columns at off (a multiple of 4) in one store.
-__device__ __forceinline__ void gvm_gemm_store4(const gvm_gemm_dst& d, long long off, float4 v) {
-    if (d.bf16)
+__device__ __forceinline__ void gvm_gemm_store4(const gvm_view& d, long long off, float4 v) {
+    if (d.dtype == GVM_DT_BF16)
         *reinterpret_cast<uint2*>(reinterpret_cast<unsigned short*>(d.ptr) + off) = {gvm_pack_bf16x2(v.x, v.y), gvm_pack_bf16x2(v.z, v.w)};
     else
         *reinterpret_cast<float4*>(reinterpret_cast<float*>(d.ptr) + off) = v;
@@ -1085,7 +1074,7 @@ __device__ __forceinline__ void gvm_gemm_store4(const gvm_gemm_dst& d, long long
 // the last part of Wqkvg's 64 x 64 tiles 11.6 us past its other part (32 round
 // trips; 3.0 us without the loads, GVM_GEMM_PARTS_PROBE 1); this sum, 6.9 us
 // (H100 traces, session 63). 16 loads in flight spilled.
-__device__ __forceinline__ void gvm_gemm_parts_sum4(const gvm_gemm_dst& dst, const float* pb, long long p_row, int P, int N,
+__device__ __forceinline__ void gvm_gemm_parts_sum4(const gvm_view& dst, const float* pb, long long p_row, int P, int N,
                                                     int n0, int cnt, int t0, int tn, int tid) {
     constexpr int S = 8;
     const int lg = __ffs(P) - 1, c4 = cnt >> 2, total = tn * c4;
@@ -1106,7 +1095,7 @@ __device__ __forceinline__ void gvm_gemm_parts_sum4(const gvm_gemm_dst& dst, con
             s = p == 0 ? x : float4{s.x + x.x, s.y + x.y, s.z + x.z, s.w + x.w};
             if (p == P - 1 && f < loads) {
                 const int t = g / c4;
-                gvm_gemm_store4(dst, (t0 + t) * dst.row + n0 + 4 * (g - t * c4), s);
+                gvm_gemm_store4(dst, (t0 + t) * dst.s0 + n0 + 4 * (g - t * c4), s);
             }
         }
     }
@@ -1130,10 +1119,10 @@ __device__ __forceinline__ void gvm_gemm_parts_sum(const gvm_ctx& c) {
     if (!gvm_lds_u(flag)) return;
     const int N = out.shape[1];
     const long long p_row = pt.stride[0];
-    const gvm_gemm_dst dst = gvm_gemm_dst_of(out);
+    const gvm_view dst = gvm_view_of(out);
     const float* pb = reinterpret_cast<const float*>(pt.ptr);
     // quads: the parts tensor is 16-byte aligned (gvm_gemm_parts_ok); the columns, its rows and the output's too
-    if (!GVM_GEMM_PARTS_PROBE && ((n0 | cnt | N | (int)p_row | (int)dst.row) & 3) == 0 &&
+    if (!GVM_GEMM_PARTS_PROBE && ((n0 | cnt | N | (int)p_row | (int)dst.s0) & 3) == 0 &&
         (reinterpret_cast<unsigned long long>(dst.ptr) & 15ull) == 0) {
         gvm_gemm_parts_sum4(dst, pb, p_row, P, N, n0, cnt, t0, tn, (int)gvm_opaque(c.tid));
         return;
@@ -1149,7 +1138,7 @@ __device__ __forceinline__ void gvm_gemm_parts_sum(const gvm_ctx& c) {
 #pragma unroll
         for (int p = 1; p < GVM_GEMM_MAX_PARTS; ++p)
             if (p < P) sum += v[p];
-        gvm_gemm_store(dst, t * dst.row + n, sum);  // f32, or bf16 (a staged bf16 GEMM's parts)
+        gvm_gemm_store(dst, t * dst.s0 + n, sum);  // f32, or bf16 (a staged bf16 GEMM's parts)
     }
 }
 
