@@ -65,16 +65,17 @@ __device__ int gvm_op_topk(const gvm_ctx& c) {
     // 1. one warp per token: 8 rounds of (warp max of the keys, lowest index among equals);
     //    the warp's next token's scores are loaded while this one is picked
     const int t_first = t_beg + (int)warp;
+    const gvm_view vsc = gvm_view_of(tsc);  // the token loop's route stores would reload tsc before each prefetch
     float nxt[8];
 #pragma unroll
     for (int i = 0; i < 8; ++i)
-        nxt[i] = t_first < t_end && lane + 32 * i < (unsigned)ne ? gvm_ptr<const float>(tsc, t_first * tsc.stride[0], 4)[lane + 32 * i] : 0.0f;
+        nxt[i] = t_first < t_end && lane + 32 * i < (unsigned)ne ? gvm_ptr<const float>(vsc, t_first * vsc.s0, 4)[lane + 32 * i] : 0.0f;
     for (int t = t_first; t < t_end; t += 4) {
         unsigned key[8];
 #pragma unroll
         for (int i = 0; i < 8; ++i) key[i] = lane + 32 * i < (unsigned)ne ? gvm_sort_key(nxt[i]) : 0u;
         if (!(GVM_TOPK_PROBE & 2) && t + 4 < t_end) {
-            const float* sc = gvm_ptr<const float>(tsc, (t + 4) * tsc.stride[0], 4);
+            const float* sc = gvm_ptr<const float>(vsc, (t + 4) * vsc.s0, 4);
 #pragma unroll
             for (int i = 0; i < 8; ++i)
                 if (lane + 32 * i < (unsigned)ne) nxt[i] = sc[lane + 32 * i];
