@@ -208,6 +208,9 @@ __device__ int gvm_residual_cols(const gvm_ctx& c) {
         const float4* sl = gvm_ptr<const float4>(st, (long long)r * st.stride[0], 4);
         float4* s = reinterpret_cast<float4*>(gvm_row_addr(ts, r));
         const float4* a = reinterpret_cast<const float4*>(gvm_row_addr(ta, r));
+        // the outputs' rows found before the row's stores (after one, each batch reloaded their descriptors)
+        const unsigned long long fr = has_w && has_f ? gvm_row_addr(gvm_t(c, 5), r) : 0;
+        const unsigned long long br = has_w && has_b ? gvm_row_addr(gvm_t(c, 6), r) : 0;
         float4 sv[B], av[B], al[B], be[B], wv[B];
         const auto load = [&](int b0) {
 #pragma unroll
@@ -250,8 +253,8 @@ __device__ int gvm_residual_cols(const gvm_ctx& c) {
                 s[i] = nv;
                 if (!has_w) continue;
                 const float4 v = gvm_norm4(nv, inv_s, wv[u]);
-                if (has_f) gvm_store_row4(gvm_row_addr(gvm_t(c, 5), r), false, i, v);
-                if (has_b) gvm_store_row4(gvm_row_addr(gvm_t(c, 6), r), true, i, v);
+                if (has_f) gvm_store_row4(fr, false, i, v);
+                if (has_b) gvm_store_row4(br, true, i, v);
             }
         }
     }
