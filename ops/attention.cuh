@@ -595,7 +595,9 @@ __device__ __forceinline__ void gvm_attn_write(const gvm_ctx& c, const gvm_attn_
 // by more than 2^GVM_ATT_WG_LAZY (log2 units), so o and l are rarely rescaled;
 // the probabilities stay below 2^GVM_ATT_WG_LAZY (f16 holds them at full precision)
 // and the round ends on the exact max.
-#define GVM_ATT_WG_LAZY 8.0f
+#ifndef GVM_ATT_WG_LAZY
+#define GVM_ATT_WG_LAZY 8.0f  // 0: the eager update (every step whose max grows)
+#endif
 
 // Chunk c (dims 16 c ..) of key k's V in a raw stage's V half: in every other
 // block of 8 keys the two keys of a 128-byte line swap halves, and chunks rotate
@@ -605,18 +607,21 @@ __device__ __forceinline__ unsigned gvm_attn_wg_vraw(unsigned k, unsigned c) {
     return ((k ^ ((k >> 3) & 1)) << 6) | ((c ^ ((k >> 4) & 3)) << 4);
 }
 
-// cp.async of step st's 64 keys (first in cache slot s0) into the raw stage at dst:
-// thread tid copies chunks tid and tid + 128 of K and of V (key = chunk / 4);
-// keys past the chunk come zero-filled. cache_s >= 64.
-__device__ __forceinline__ void gvm_attn_wg_fetch(const gvm_attn_job& jb, int st, int s0, unsigned dst, unsigned tid,
+// cp.async of a step's 64 keys (first in cache slot s0, `left` of them in the
+// chunk) into the raw stage at dst: thread tid copies chunks tid and tid + 128 of
+// K and of V (key = chunk / 4); keys past the chunk come zero-filled. cache_s >= 64.
+// The offsets are 32-bit (a cache row's bytes < 2^32, gvm_attn_chunk_args_ok): one
+// wide multiply-add an address, not a 64-bit product (the fetch was 60 of a
+// step's ~450 instructions).
+__device__ __forceinline__ void gvm_attn_wg_fetch(const gvm_attn_job& jb, int left, int s0, unsigned dst, unsigned tid,
                                                   unsigned long long pol) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-        const unsigned n = tid + 128 * h, k = n >> 2, ch = n & 3;
-        const int sl = gvm_attn_slot_add(s0, (int)k, jb.cache_s);
-        const bool valid = jb.kb + st * 64 + (int)k < jb.ke;
-        gvm_cp_async16(dst + k * 64 + ch * 16, jb.kbase + (long long)sl * jb.krow + 16 * ch, valid, pol);
-        gvm_cp_async16(dst + 4096 + gvm_attn_wg_vraw(k, ch), jb.vbase + (long long)sl * jb.vrow + 16 * ch, valid, pol);
+        const unsigned k = (tid >> 2) + 32 * h, ch = tid & 3;
+        const unsigned sl = (unsigned)gvm_attn_slot_add(s0, (int)k, jb.cache_s);
+        const bool valid = (int)k < left;
+        gvm_cp_async16(dst + k * 64 + ch * 16, jb.kbase + (sl * (unsigned)jb.krow + 16 * ch), valid, pol);
+        gvm_cp_async16(dst + 4096 + gvm_attn_wg_vraw(k, ch), jb.vbase + (sl * (unsigned)jb.vrow + 16 * ch), valid, pol);
     }
 }
 
@@ -697,7 +702,8 @@ __device__ __forceinline__ void gvm_attn_wg_round(const gvm_ctx& c, const gvm_at
     int fs = 0, sf = jb.kb % jb.cache_s;  // the next step to fetch, its first key's cache slot
     // one commit group a step, empty past the last: the wait counts groups
     const auto fetch_next = [&]() {
-        if (fs < steps) gvm_attn_wg_fetch(jb, fs, sf, smem + GVM_ATT_WG_RAW + (fs % GVM_ATT_WG_STAGES) * 8192, tid, pol);
+        if (fs < steps)
+            gvm_attn_wg_fetch(jb, jb.ke - jb.kb - 64 * fs, sf, smem + GVM_ATT_WG_RAW + (fs % GVM_ATT_WG_STAGES) * 8192, tid, pol);
         gvm_cp_async_commit();
         ++fs;
         sf = gvm_attn_slot_add(sf, 64, jb.cache_s);
@@ -802,6 +808,7 @@ __device__ __noinline__ bool gvm_attn_chunk_args_ok(const gvm_ctx& c) {
                     gvm_aligned(tv, 1, 16) & tk.shape[3] == 64 & tv.shape[0] == n_conv & tv.shape[1] == cache_s &
                     tv.shape[2] == hkv & tv.shape[3] == 64 & hkv > 0 & hq % max(hkv, 1) == 0 & cache_s >= 16 &
                     tk.stride[1] < (1ll << 31) & tv.stride[1] < (1ll << 31) &
+                    tk.stride[1] * cache_s < (1ll << 32) & tv.stride[1] * cache_s < (1ll << 32) &  // a row's offsets in 32 bits
                     gvm_is(tc, GVM_DT_I32, 2) & tc.shape[0] == n_conv & tc.shape[1] >= 3 &
                     gvm_is(tpo, GVM_DT_F32, 4) & gvm_aligned(tpo, 4, 16) & hq > 0 & tpo.shape[3] == 64 & gvm_is(tml, GVM_DT_F32, 4) & gvm_aligned(tml, 4, 8) & tml.shape[0] == nt &
                     tml.shape[1] == hq & tml.shape[2] == nch & tml.shape[3] == 2 & conv >= 0 & conv < n_conv &
