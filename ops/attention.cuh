@@ -724,7 +724,7 @@ __device__ __forceinline__ void gvm_attn_wg_round(const gvm_ctx& c, const gvm_at
         for (int i = 0; i < 32; ++i) s[i] = 0.0f;
         gvm_wgmma_fence();
 #pragma unroll
-        for (int k = 0; k < 4; ++k) gvm_wgmma_f16_n64(s, dq + 2 * k, dk + 2 * k);  // + 32 bytes a k16 step
+        for (int k = 0; k < 4; ++k) gvm_wgmma_f16_n64(s, gvm_wgmma_desc_add(dq, 2 * k), gvm_wgmma_desc_add(dk, 2 * k));  // + 32 bytes a k16 step
         gvm_wgmma_commit();
         gvm_wgmma_wait<0>();
         const int kp0 = jb.kb + st * 64;
@@ -768,7 +768,7 @@ __device__ __forceinline__ void gvm_attn_wg_round(const gvm_ctx& c, const gvm_at
         }
         gvm_wgmma_fence();  // o was rescaled in registers
 #pragma unroll
-        for (int kb = 0; kb < 4; ++kb) gvm_wgmma_f16_rs_n72(o, p[4 * kb], p[4 * kb + 1], p[4 * kb + 2], p[4 * kb + 3], dv + 2 * kb);
+        for (int kb = 0; kb < 4; ++kb) gvm_wgmma_f16_rs_n72(o, p[4 * kb], p[4 * kb + 1], p[4 * kb + 2], p[4 * kb + 3], gvm_wgmma_desc_add(dv, 2 * kb));
         gvm_wgmma_commit();
         gvm_wgmma_wait<0>();
     }
