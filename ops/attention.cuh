@@ -339,8 +339,14 @@ __device__ __forceinline__ void gvm_attn_fetch_stage(const gvm_attn_job& jb, int
     }
 }
 
+// The max of a row's scores over the 4 lanes of its quad.
+__device__ __forceinline__ float gvm_attn_quad_max(float x) {
+    x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+    return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+
 // One step of the online softmax over a thread's scores of rows g and g + 8 (the
-// mma D layout, both paths): the quad's max (mx: this thread's), the new running
+// mma D layout; the per-warp path): the quad's max (mx: this thread's), the new running
 // max m in log2 units of the scaled scores (score_scale > 0: the max commutes with
 // it), mu to subtract (0 while a row has seen nothing: no inf - inf), and the
 // factors rescaling o and l.
@@ -348,10 +354,8 @@ struct gvm_attn_max {
     float mu0, mu1, al0, al1;
 };
 __device__ __forceinline__ gvm_attn_max gvm_attn_new_max(float mx0, float mx1, float& m0, float& m1, float scale) {
-    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+    mx0 = gvm_attn_quad_max(mx0);
+    mx1 = gvm_attn_quad_max(mx1);
     const float mn0 = fmaxf(m0, mx0 * scale), mn1 = fmaxf(m1, mx1 * scale);
     gvm_attn_max x;
     x.mu0 = mn0 == GVM_NEG_INF ? 0.0f : mn0;
@@ -591,10 +595,10 @@ __device__ __forceinline__ void gvm_attn_write(const gvm_ctx& c, const gvm_attn_
 #define GVM_ATT_WG_VT 16384                             // V^T f16 [64 dims][64 keys], then 8 rows of ones
 #define GVM_ATT_WG_RAW 25600                            // raw stages: K [64 keys][64 B], V (gvm_attn_wg_vraw)
 #define GVM_ATT_WG_BYTES (GVM_ATT_WG_RAW + GVM_ATT_WG_STAGES * 8192)  // past the per-warp path's 4 areas: checked apart
-// Lazy rescaling: a row's reference max m moves only when a step's scores pass it
-// by more than 2^GVM_ATT_WG_LAZY (log2 units), so o and l are rarely rescaled;
-// the probabilities stay below 2^GVM_ATT_WG_LAZY (f16 holds them at full precision)
-// and the round ends on the exact max.
+// Lazy rescaling: a row's reference max m (log2 units) moves only when a step's
+// scores pass it by more than GVM_ATT_WG_LAZY, so o and l are rarely rescaled; the
+// probabilities stay below 2^GVM_ATT_WG_LAZY (f16 holds them at full precision) and
+// the round ends on the exact max.
 #ifndef GVM_ATT_WG_LAZY
 #define GVM_ATT_WG_LAZY 8.0f  // 0: the eager update (every step whose max grows)
 #endif
@@ -687,8 +691,10 @@ __device__ __forceinline__ void gvm_attn_wg_round(const gvm_ctx& c, const gvm_at
     const int p0 = r0 < jb.rows ? jb.pos0 + r0 / jb.g : -1;  // -1 sees no key
     const int p1 = r1 < jb.rows ? jb.pos0 + r1 / jb.g : -1;
     const int pos_hi = jb.pos0 + (jb.rows - 1) / jb.g;
-    // m: the rows' reference maxima (lazy), mt: their exact running maxima (log2 units)
-    float m0 = GVM_NEG_INF, m1 = GVM_NEG_INF, mt0 = GVM_NEG_INF, mt1 = GVM_NEG_INF;
+    // m: the rows' reference maxima (lazy, log2 units); x: the thread's running maxima of its
+    // raw scores (the rows' maxima are their quads' maxima); t: the raw scores past which a
+    // row's reference moves
+    float m0 = GVM_NEG_INF, m1 = GVM_NEG_INF, x0 = GVM_NEG_INF, x1 = GVM_NEG_INF, t0 = GVM_NEG_INF, t1 = GVM_NEG_INF;
     float o[36];  // o[32 + i]: the rows' sums l (P times V^T's rows of ones), in every lane of the quad
 #pragma unroll
     for (int i = 0; i < 36; ++i) o[i] = 0.0f;
@@ -741,16 +747,15 @@ __device__ __forceinline__ void gvm_attn_wg_round(const gvm_ctx& c, const gvm_at
             mx0 = fmaxf(mx0, fmaxf(s[4 * j], s[4 * j + 1]));
             mx1 = fmaxf(mx1, fmaxf(s[4 * j + 2], s[4 * j + 3]));
         }
-        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-        mt0 = fmaxf(mt0, mx0 * jb.score_scale);
-        mt1 = fmaxf(mt1, mx1 * jb.score_scale);
-        // a row past its reference by more than the bound: every row of the warp moves to
-        // its exact max and o (with l) is rescaled, as the eager update does every step
-        if (__any_sync(0xffffffffu, (mt0 > m0 + GVM_ATT_WG_LAZY) | (mt1 > m1 + GVM_ATT_WG_LAZY))) {
-            gvm_attn_wg_rebase(o, m0, m1, mt0, mt1);
+        x0 = fmaxf(x0, mx0);
+        x1 = fmaxf(x1, mx1);
+        // a row past its reference by more than the bound (seen by any of its lanes): every row
+        // of the warp moves to its exact max and o (with l) is rescaled, as the eager update did
+        // every step (with its quad's exchange of maxima, now only here and at the end)
+        if (__any_sync(0xffffffffu, (mx0 > t0) | (mx1 > t1))) {
+            gvm_attn_wg_rebase(o, m0, m1, gvm_attn_quad_max(x0) * jb.score_scale, gvm_attn_quad_max(x1) * jb.score_scale);
+            t0 = (m0 + GVM_ATT_WG_LAZY) / jb.score_scale;  // -inf while the row has seen no key
+            t1 = (m1 + GVM_ATT_WG_LAZY) / jb.score_scale;
         }
         const float mu0 = m0 == GVM_NEG_INF ? 0.0f : m0, mu1 = m1 == GVM_NEG_INF ? 0.0f : m1;  // no inf - inf
 #pragma unroll
@@ -775,7 +780,7 @@ __device__ __forceinline__ void gvm_attn_wg_round(const gvm_ctx& c, const gvm_at
     gvm_cp_async_wait<0>();  // the empty groups past the last step
     gvm_group_sync(c);  // every warp is done with the tiles: the state areas overlap them
     const unsigned sa = smem + warp * GVM_ATT_WARP_BYTES;
-    gvm_attn_wg_rebase(o, m0, m1, mt0, mt1);  // on the exact maxima
+    gvm_attn_wg_rebase(o, m0, m1, gvm_attn_quad_max(x0) * jb.score_scale, gvm_attn_quad_max(x1) * jb.score_scale);  // on the exact maxima
     gvm_attn_store_ml(sa, lane, m0, m1, o[32], o[34]);
 #pragma unroll
     for (int j = 0; j < 8; ++j) {  // o[4 j + i]: row g + 8 (i >> 1), dim 8 j + 2 q + (i & 1)
