@@ -229,6 +229,16 @@ __device__ __forceinline__ uint4 gvm_lds_u4(unsigned a) {
     asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(a) : "memory");
     return v;
 }
+// Four 8 x 16-byte matrices of shared memory, lane l giving row l % 8 of matrix
+// l / 8 (16-byte aligned): word j of the result is word l % 4 of matrix j's row
+// l / 4. For 32-bit elements that is an mma.sync fragment (a tf32 A quad, or two
+// B pairs) straight from rows as they lie, with no register moves to assemble it.
+__device__ __forceinline__ uint4 gvm_ldsm_x4(unsigned a) {
+    uint4 v;
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(a) : "memory");
+    return v;
+}
 
 // 2^x by the SFU alone: -inf -> 0, subnormal results flushed to 0 (exp2f adds
 // three instructions to scale those back, which softmax weights never need).

@@ -263,6 +263,15 @@ inline unsigned gvm_lds_u16(unsigned a) { return gvm_emu_lds<unsigned short>(a);
 inline float4 gvm_lds_f4(unsigned a) { return gvm_emu_lds<float4>(a); }
 inline uint2 gvm_lds_u2(unsigned a) { return gvm_emu_lds<uint2>(a); }
 inline uint4 gvm_lds_u4(unsigned a) { return gvm_emu_lds<uint4>(a); }
+inline uint4 gvm_ldsm_x4(unsigned a) {
+    if (a & 15u) emu::fail("ldmatrix row address not 16-byte aligned");
+    const int l = emu::lane();
+    return emu::exchange(&a, 1, [l](unsigned (*x)[12]) {
+        unsigned w[4];
+        for (int j = 0; j < 4; ++j) w[j] = gvm_emu_lds<unsigned>(x[8 * j + l / 4][0] + 4u * (unsigned)(l % 4));
+        return make_uint4(w[0], w[1], w[2], w[3]);
+    });
+}
 
 // D += A * B with A 16xK, B Kx8, V = K / 8 values a register (K 16: f16 or bf16
 // pairs; K 8: tf32): a0 holds row g, k V t .. V t + V - 1; a1 row g+8; a2, a3
