@@ -695,6 +695,7 @@ __device__ __forceinline__ void gvm_attn_wg_round(const gvm_ctx& c, const gvm_at
     // raw scores (the rows' maxima are their quads' maxima); t: the raw scores past which a
     // row's reference moves
     float m0 = GVM_NEG_INF, m1 = GVM_NEG_INF, x0 = GVM_NEG_INF, x1 = GVM_NEG_INF, t0 = GVM_NEG_INF, t1 = GVM_NEG_INF;
+    const float inv_scale = 1.0f / jb.score_scale;  // the thresholds in raw units (not exact: they only bound P)
     float o[36];  // o[32 + i]: the rows' sums l (P times V^T's rows of ones), in every lane of the quad
 #pragma unroll
     for (int i = 0; i < 36; ++i) o[i] = 0.0f;
@@ -754,8 +755,8 @@ __device__ __forceinline__ void gvm_attn_wg_round(const gvm_ctx& c, const gvm_at
         // every step (with its quad's exchange of maxima, now only here and at the end)
         if (__any_sync(0xffffffffu, (mx0 > t0) | (mx1 > t1))) {
             gvm_attn_wg_rebase(o, m0, m1, gvm_attn_quad_max(x0) * jb.score_scale, gvm_attn_quad_max(x1) * jb.score_scale);
-            t0 = (m0 + GVM_ATT_WG_LAZY) / jb.score_scale;  // -inf while the row has seen no key
-            t1 = (m1 + GVM_ATT_WG_LAZY) / jb.score_scale;
+            t0 = (m0 + GVM_ATT_WG_LAZY) * inv_scale;  // -inf while the row has seen no key
+            t1 = (m1 + GVM_ATT_WG_LAZY) * inv_scale;
         }
         const float mu0 = m0 == GVM_NEG_INF ? 0.0f : m0, mu1 = m1 == GVM_NEG_INF ? 0.0f : m1;  // no inf - inf
 #pragma unroll
