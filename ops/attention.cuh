@@ -340,8 +340,14 @@ __device__ __forceinline__ void gvm_attn_fetch_stage(const gvm_attn_job& jb, int
     }
 }
 
+// The max of a row's scores over the 4 lanes of its quad.
+__device__ __forceinline__ float gvm_attn_quad_max(float x) {
+    x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+    return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+
 // One step of the online softmax over a thread's scores of rows g and g + 8 (the
-// mma D layout, both paths): the quad's max (mx: this thread's), the new running
+// mma D layout; the per-warp path): the quad's max (mx: this thread's), the new running
 // max m in log2 units of the scaled scores (score_scale > 0: the max commutes with
 // it), mu to subtract (0 while a row has seen nothing: no inf - inf), and the
 // factors rescaling o and l.
@@ -349,10 +355,8 @@ struct gvm_attn_max {
     float mu0, mu1, al0, al1;
 };
 __device__ __forceinline__ gvm_attn_max gvm_attn_new_max(float mx0, float mx1, float& m0, float& m1, float scale) {
-    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+    mx0 = gvm_attn_quad_max(mx0);
+    mx1 = gvm_attn_quad_max(mx1);
     const float mn0 = fmaxf(m0, mx0 * scale), mn1 = fmaxf(m1, mx1 * scale);
     gvm_attn_max x;
     x.mu0 = mn0 == GVM_NEG_INF ? 0.0f : mn0;
@@ -376,13 +380,9 @@ __device__ __forceinline__ void gvm_attn_exp4(float& a, float& b, float& c, floa
     ls1 += c + d;
 }
 
-// A warp's running (m, l) of rows g and g + 8 into its state area st (after
-// o[16][GVM_ATT_OSTRIDE]): l summed over the quad, stored by its first lane.
-__device__ __forceinline__ void gvm_attn_put_ml(unsigned st, unsigned lane, float m0, float m1, float l0, float l1) {
-    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
-    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+// A warp's (m, l) of rows g and g + 8 into its state area st (after
+// o[16][GVM_ATT_OSTRIDE]), by the quad's first lane.
+__device__ __forceinline__ void gvm_attn_store_ml(unsigned st, unsigned lane, float m0, float m1, float l0, float l1) {
     const unsigned ml = st + 16 * GVM_ATT_OSTRIDE * 4, g = lane >> 2;
     if ((lane & 3) == 0) {
         gvm_sts(ml + g * 4, m0);
@@ -390,6 +390,14 @@ __device__ __forceinline__ void gvm_attn_put_ml(unsigned st, unsigned lane, floa
         gvm_sts(ml + 64 + g * 4, l0);
         gvm_sts(ml + 64 + (g + 8) * 4, l1);
     }
+}
+// The same from the lanes' parts of l (the per-warp path: each lane sums its own keys).
+__device__ __forceinline__ void gvm_attn_put_ml(unsigned st, unsigned lane, float m0, float m1, float l0, float l1) {
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+    gvm_attn_store_ml(st, lane, m0, m1, l0, l1);
 }
 
 // Running (m [log2 units], l, o) of m-tile mt over key tiles first, first+step, ...
@@ -585,10 +593,16 @@ __device__ __forceinline__ void gvm_attn_write(const gvm_ctx& c, const gvm_attn_
 #define GVM_ATT_WG_STAGES 4
 #define GVM_ATT_WG_Q 0                                  // Q f16 [64 rows][64 dims]
 #define GVM_ATT_WG_K 8192                               // K f16 [64 keys][64 dims]
-#define GVM_ATT_WG_VT 16384                             // V^T f16 [64 dims][64 keys]
-#define GVM_ATT_WG_RAW 24576                            // raw stages: K [64 keys][64 B], V (gvm_attn_wg_vraw)
-#define GVM_ATT_WG_BYTES (GVM_ATT_WG_RAW + GVM_ATT_WG_STAGES * 8192)
-static_assert(GVM_ATT_WG_BYTES <= 4 * GVM_ATT_WARP_BYTES, "the op's scratch check covers the warpgroup rounds");
+#define GVM_ATT_WG_VT 16384                             // V^T f16 [64 dims][64 keys], then 8 rows of ones
+#define GVM_ATT_WG_RAW 25600                            // raw stages: K [64 keys][64 B], V (gvm_attn_wg_vraw)
+#define GVM_ATT_WG_BYTES (GVM_ATT_WG_RAW + GVM_ATT_WG_STAGES * 8192)  // past the per-warp path's 4 areas: checked apart
+// Lazy rescaling: a row's reference max m (log2 units) moves only when a step's
+// scores pass it by more than GVM_ATT_WG_LAZY, so o and l are rarely rescaled; the
+// probabilities stay below 2^GVM_ATT_WG_LAZY (f16 holds them at full precision) and
+// the round ends on the exact max.
+#ifndef GVM_ATT_WG_LAZY
+#define GVM_ATT_WG_LAZY 8.0f  // 0: the eager update (every step whose max grows)
+#endif
 
 // Chunk c (dims 16 c ..) of key k's V in a raw stage's V half: in every other
 // block of 8 keys the two keys of a 128-byte line swap halves, and chunks rotate
@@ -598,18 +612,21 @@ __device__ __forceinline__ unsigned gvm_attn_wg_vraw(unsigned k, unsigned c) {
     return ((k ^ ((k >> 3) & 1)) << 6) | ((c ^ ((k >> 4) & 3)) << 4);
 }
 
-// cp.async of step st's 64 keys (first in cache slot s0) into the raw stage at dst:
-// thread tid copies chunks tid and tid + 128 of K and of V (key = chunk / 4);
-// keys past the chunk come zero-filled. cache_s >= 64.
-__device__ __forceinline__ void gvm_attn_wg_fetch(const gvm_attn_job& jb, int st, int s0, unsigned dst, unsigned tid,
+// cp.async of a step's 64 keys (first in cache slot s0, `left` of them in the
+// chunk) into the raw stage at dst: thread tid copies chunks tid and tid + 128 of
+// K and of V (key = chunk / 4); keys past the chunk come zero-filled. cache_s >= 64.
+// The offsets are 32-bit (a cache row's bytes < 2^32, gvm_attn_chunk_args_ok): one
+// wide multiply-add an address, not a 64-bit product (the fetch was 60 of a
+// step's ~450 instructions).
+__device__ __forceinline__ void gvm_attn_wg_fetch(const gvm_attn_job& jb, int left, int s0, unsigned dst, unsigned tid,
                                                   unsigned long long pol) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-        const unsigned n = tid + 128 * h, k = n >> 2, ch = n & 3;
-        const int sl = gvm_attn_slot_add(s0, (int)k, jb.cache_s);
-        const bool valid = jb.kb + st * 64 + (int)k < jb.ke;
-        gvm_cp_async16(dst + k * 64 + ch * 16, jb.kbase + (long long)sl * jb.krow + 16 * ch, valid, pol);
-        gvm_cp_async16(dst + 4096 + gvm_attn_wg_vraw(k, ch), jb.vbase + (long long)sl * jb.vrow + 16 * ch, valid, pol);
+        const unsigned k = (tid >> 2) + 32 * h, ch = tid & 3;
+        const unsigned sl = (unsigned)gvm_attn_slot_add(s0, (int)k, jb.cache_s);
+        const bool valid = (int)k < left;
+        gvm_cp_async16(dst + k * 64 + ch * 16, jb.kbase + (sl * (unsigned)jb.krow + 16 * ch), valid, pol);
+        gvm_cp_async16(dst + 4096 + gvm_attn_wg_vraw(k, ch), jb.vbase + (sl * (unsigned)jb.vrow + 16 * ch), valid, pol);
     }
 }
 
@@ -643,6 +660,23 @@ __device__ __forceinline__ void gvm_attn_wg_convert(unsigned raw, unsigned kt, u
     for (int d = 0; d < 4; ++d) gvm_sts(gvm_wgmma_at(vt, 4 * m + d, kb), make_uint4(o[d][0], o[d][1], o[d][2], o[d][3]));
 }
 
+// The rows' reference maxima m0, m1 moved to their exact maxima mt0, mt1 (>= m),
+// o and the sums l (o[32 ..]) rescaled by 2^(m - mt). A row with no visible key
+// yet (mt -inf) keeps o = 0 (its factor 2^(-inf - 0)).
+__device__ __forceinline__ void gvm_attn_wg_rebase(float (&o)[36], float& m0, float& m1, float mt0, float mt1) {
+    const float al0 = gvm_ex2(m0 - (mt0 == GVM_NEG_INF ? 0.0f : mt0));
+    const float al1 = gvm_ex2(m1 - (mt1 == GVM_NEG_INF ? 0.0f : mt1));
+    m0 = mt0;
+    m1 = mt1;
+#pragma unroll
+    for (int j = 0; j < 9; ++j) {
+        o[4 * j] *= al0;
+        o[4 * j + 1] *= al0;
+        o[4 * j + 2] *= al1;
+        o[4 * j + 3] *= al1;
+    }
+}
+
 // Rows [64 round, + 64) of the chunk over all its keys: warp w's (m, l, o) of its
 // 16 rows into its state area (smem + w GVM_ATT_WARP_BYTES), as gvm_attn_write
 // reads them. smem 1024-byte aligned, cache_s >= 64.
@@ -658,10 +692,17 @@ __device__ __forceinline__ void gvm_attn_wg_round(const gvm_ctx& c, const gvm_at
     const int p0 = r0 < jb.rows ? jb.pos0 + r0 / jb.g : -1;  // -1 sees no key
     const int p1 = r1 < jb.rows ? jb.pos0 + r1 / jb.g : -1;
     const int pos_hi = jb.pos0 + (jb.rows - 1) / jb.g;
-    float m0 = GVM_NEG_INF, m1 = GVM_NEG_INF, l0 = 0.0f, l1 = 0.0f;
-    float o[32];
+    // m: the rows' reference maxima (lazy, log2 units); x: the thread's running maxima of its
+    // raw scores (the rows' maxima are their quads' maxima); t: the raw scores past which a
+    // row's reference moves
+    float m0 = GVM_NEG_INF, m1 = GVM_NEG_INF, x0 = GVM_NEG_INF, x1 = GVM_NEG_INF, t0 = GVM_NEG_INF, t1 = GVM_NEG_INF;
+    const float inv_scale = 1.0f / jb.score_scale;  // the thresholds in raw units (not exact: they only bound P)
+    float o[36];  // o[32 + i]: the rows' sums l (P times V^T's rows of ones), in every lane of the quad
 #pragma unroll
-    for (int i = 0; i < 32; ++i) o[i] = 0.0f;
+    for (int i = 0; i < 36; ++i) o[i] = 0.0f;
+    // V^T's rows 64..71: ones (f16), written before the first step's barriers make them visible to the MMAs
+    gvm_sts(smem + GVM_ATT_WG_VT + 8192 + tid * 8, 0x3c003c00u);
+    gvm_sts(smem + GVM_ATT_WG_VT + 8192 + tid * 8 + 4, 0x3c003c00u);
     const unsigned long long pol = gvm_policy_evict_first();  // the cache is read once a step
     const unsigned long long dq = gvm_wgmma_desc(smem + GVM_ATT_WG_Q), dk = gvm_wgmma_desc(smem + GVM_ATT_WG_K),
                              dv = gvm_wgmma_desc(smem + GVM_ATT_WG_VT);
@@ -669,7 +710,8 @@ __device__ __forceinline__ void gvm_attn_wg_round(const gvm_ctx& c, const gvm_at
     int fs = 0, sf = jb.kb % jb.cache_s;  // the next step to fetch, its first key's cache slot
     // one commit group a step, empty past the last: the wait counts groups
     const auto fetch_next = [&]() {
-        if (fs < steps) gvm_attn_wg_fetch(jb, fs, sf, smem + GVM_ATT_WG_RAW + (fs % GVM_ATT_WG_STAGES) * 8192, tid, pol);
+        if (fs < steps)
+            gvm_attn_wg_fetch(jb, jb.ke - jb.kb - 64 * fs, sf, smem + GVM_ATT_WG_RAW + (fs % GVM_ATT_WG_STAGES) * 8192, tid, pol);
         gvm_cp_async_commit();
         ++fs;
         sf = gvm_attn_slot_add(sf, 64, jb.cache_s);
@@ -690,7 +732,7 @@ __device__ __forceinline__ void gvm_attn_wg_round(const gvm_ctx& c, const gvm_at
         for (int i = 0; i < 32; ++i) s[i] = 0.0f;
         gvm_wgmma_fence();
 #pragma unroll
-        for (int k = 0; k < 4; ++k) gvm_wgmma_f16_n64(s, dq + 2 * k, dk + 2 * k);  // + 32 bytes a k16 step
+        for (int k = 0; k < 4; ++k) gvm_wgmma_f16_n64(s, gvm_wgmma_desc_add(dq, 2 * k), gvm_wgmma_desc_add(dk, 2 * k));  // + 32 bytes a k16 step
         gvm_wgmma_commit();
         gvm_wgmma_wait<0>();
         const int kp0 = jb.kb + st * 64;
@@ -707,18 +749,24 @@ __device__ __forceinline__ void gvm_attn_wg_round(const gvm_ctx& c, const gvm_at
             mx0 = fmaxf(mx0, fmaxf(s[4 * j], s[4 * j + 1]));
             mx1 = fmaxf(mx1, fmaxf(s[4 * j + 2], s[4 * j + 3]));
         }
-        const gvm_attn_max x = gvm_attn_new_max(mx0, mx1, m0, m1, jb.score_scale);
-        float ls0 = 0.0f, ls1 = 0.0f;
+        x0 = fmaxf(x0, mx0);
+        x1 = fmaxf(x1, mx1);
+        // a row past its reference by more than the bound (seen by any of its lanes): every row
+        // of the warp moves to its exact max and o (with l) is rescaled, as the eager update did
+        // every step (with its quad's exchange of maxima, now only here and at the end)
+        if (__any_sync(0xffffffffu, (mx0 > t0) | (mx1 > t1))) {
+            gvm_attn_wg_rebase(o, m0, m1, gvm_attn_quad_max(x0) * jb.score_scale, gvm_attn_quad_max(x1) * jb.score_scale);
+            t0 = (m0 + GVM_ATT_WG_LAZY) * inv_scale;  // -inf while the row has seen no key
+            t1 = (m1 + GVM_ATT_WG_LAZY) * inv_scale;
+        }
+        const float mu0 = m0 == GVM_NEG_INF ? 0.0f : m0, mu1 = m1 == GVM_NEG_INF ? 0.0f : m1;  // no inf - inf
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
-            gvm_attn_exp4(s[4 * j], s[4 * j + 1], s[4 * j + 2], s[4 * j + 3], x, jb.score_scale, ls0, ls1);
-            o[4 * j] *= x.al0;
-            o[4 * j + 1] *= x.al0;
-            o[4 * j + 2] *= x.al1;
-            o[4 * j + 3] *= x.al1;
+            s[4 * j] = gvm_ex2(fmaf(s[4 * j], jb.score_scale, -mu0));
+            s[4 * j + 1] = gvm_ex2(fmaf(s[4 * j + 1], jb.score_scale, -mu0));
+            s[4 * j + 2] = gvm_ex2(fmaf(s[4 * j + 2], jb.score_scale, -mu1));
+            s[4 * j + 3] = gvm_ex2(fmaf(s[4 * j + 3], jb.score_scale, -mu1));
         }
-        l0 = l0 * x.al0 + ls0;
-        l1 = l1 * x.al1 + ls1;
         unsigned p[16];  // keys 16 kb .. + 15 in p[4 kb ..]: D columns 8 (2 kb) .. and 8 (2 kb + 1) ..
 #pragma unroll
         for (int i = 0; i < 16; ++i) {
@@ -727,14 +775,15 @@ __device__ __forceinline__ void gvm_attn_wg_round(const gvm_ctx& c, const gvm_at
         }
         gvm_wgmma_fence();  // o was rescaled in registers
 #pragma unroll
-        for (int kb = 0; kb < 4; ++kb) gvm_wgmma_f16_rs_n64(o, p[4 * kb], p[4 * kb + 1], p[4 * kb + 2], p[4 * kb + 3], dv + 2 * kb);
+        for (int kb = 0; kb < 4; ++kb) gvm_wgmma_f16_rs_n72(o, p[4 * kb], p[4 * kb + 1], p[4 * kb + 2], p[4 * kb + 3], gvm_wgmma_desc_add(dv, 2 * kb));
         gvm_wgmma_commit();
         gvm_wgmma_wait<0>();
     }
     gvm_cp_async_wait<0>();  // the empty groups past the last step
     gvm_group_sync(c);  // every warp is done with the tiles: the state areas overlap them
     const unsigned sa = smem + warp * GVM_ATT_WARP_BYTES;
-    gvm_attn_put_ml(sa, lane, m0, m1, l0, l1);
+    gvm_attn_wg_rebase(o, m0, m1, gvm_attn_quad_max(x0) * jb.score_scale, gvm_attn_quad_max(x1) * jb.score_scale);  // on the exact maxima
+    gvm_attn_store_ml(sa, lane, m0, m1, o[32], o[34]);
 #pragma unroll
     for (int j = 0; j < 8; ++j) {  // o[4 j + i]: row g + 8 (i >> 1), dim 8 j + 2 q + (i & 1)
         gvm_sts(sa + (g * GVM_ATT_OSTRIDE + 8 * j + 2 * q) * 4, o[4 * j]);
@@ -766,6 +815,7 @@ __device__ __noinline__ bool gvm_attn_chunk_args_ok(const gvm_ctx& c) {
                     gvm_aligned(tv, 1, 16) & tk.shape[3] == 64 & tv.shape[0] == n_conv & tv.shape[1] == cache_s &
                     tv.shape[2] == hkv & tv.shape[3] == 64 & hkv > 0 & hq % max(hkv, 1) == 0 & cache_s >= 16 &
                     tk.stride[1] < (1ll << 31) & tv.stride[1] < (1ll << 31) &
+                    tk.stride[1] * cache_s < (1ll << 32) & tv.stride[1] * cache_s < (1ll << 32) &  // a row's offsets in 32 bits
                     gvm_is(tc, GVM_DT_I32, 2) & tc.shape[0] == n_conv & tc.shape[1] >= 3 &
                     gvm_is(tpo, GVM_DT_F32, 4) & gvm_aligned(tpo, 4, 16) & hq > 0 & tpo.shape[3] == 64 & gvm_is(tml, GVM_DT_F32, 4) & gvm_aligned(tml, 4, 8) & tml.shape[0] == nt &
                     tml.shape[1] == hq & tml.shape[2] == nch & tml.shape[3] == 2 & conv >= 0 & conv < n_conv &
@@ -828,7 +878,7 @@ __device__ int gvm_op_attn_chunk(const gvm_ctx& c) {
         gvm_group_sync(c);  // the ring's copies below read them
     }
     if (GVM_ATT_STOP == 3) return jb.nt < 0 ? GVM_ERR_BAD_ARGS : GVM_ERR_NONE;
-    if (GVM_ATT_WG && split == 1 && jb.cache_s >= 64 && (smem & 1023u) == 0) {  // 64-row rounds on the warpgroup
+    if (GVM_ATT_WG && split == 1 && jb.cache_s >= 64 && (smem & 1023u) == 0 && c.smem_bytes >= GVM_ATT_WG_BYTES) {  // 64-row rounds on the warpgroup
         for (int round = 0; round * 4 < mtiles; ++round) {
             gvm_attn_wg_round(c, jb, round, fused, smem);
             gvm_group_sync(c);

@@ -96,6 +96,12 @@ __device__ __forceinline__ unsigned long long gvm_wgmma_desc(unsigned base) {
     return (unsigned long long)((base & 0x3ffffu) >> 4) | (1ull << 16) | ((unsigned long long)(1024 >> 4) << 32) |
            (1ull << 62);
 }
+// The descriptor n 16-byte units on (+2 a k16 step of f16 / bf16): an add to the
+// low word's start address (14 bits of a shared address >> 4, never carried out),
+// not a 64-bit add (ptxas spent 3 instructions on each of a step's descriptors).
+__device__ __forceinline__ unsigned long long gvm_wgmma_desc_add(unsigned long long d, unsigned n) {
+    return (d & 0xffffffff00000000ull) | (unsigned)((unsigned)d + n);
+}
 
 // ---- sortable keys -------------------------------------------------------------
 // Monotone map f32 -> u32 (-0 == +0), never 0, so 0 can mark "no candidate".

@@ -836,12 +836,14 @@ __device__ __forceinline__ void gvm_gemm_f32_tile(const gvm_ctx& c, unsigned tid
 // product) left out, so each product is good to about 2^-21 rather than
 // f32's 2^-24 (CUDA-core FMAs ran the 256-token router's 128 K parts 98 us
 // beside the squeeze: H200, 71d0283 traces). Warp w takes all 32 rows x
-// tokens 16 w .. + 15. Since the dot product may pair any k's, thread (g, t4)
-// of a k16 step reads its 4 consecutive k (16 bytes, chunk 4 u + t4 of the
-// stage's row) and feeds the first two to one k8 MMA and the last two to the
-// next, the same for W and x. Chunk c of a row r of either operand sits at c ^
-// 4 (r & 1), so the 8 lanes of a 16-byte LDS phase (rows g, g + 1) hit 8
-// bank groups. Each output is a stage's partial sum added to the total
+// tokens 16 w .. + 15. A k8 MMA takes chunks 2 kk and 2 kk + 1 of the stage's
+// rows (k 0-3 and 4-7 of its fragments), each operand's fragments loaded by
+// ldmatrix as they lie: with a 16-byte load a row, ptxas spent ~124 moves a
+// stage assembling the A quads from two rows' loads (363 instructions a stage,
+// session 64). Chunk c of a row r of either operand sits at c ^ (r & 7), so
+// the 8 rows of an ldmatrix matrix hit 8 bank groups. The MMA ignores a tf32
+// operand's low 13 bits, so the raw value serves as its hi part. Each output
+// is a stage's partial sum added to the total
 // (blocked: rounding grows with the 256 stages, not the 8192 terms) in a fixed
 // order, so the result does not depend on the schedule.
 #ifndef GVM_GEMM_F32_XS_MIN  // tokens from which the f32 path stages (0: never; the 4-group kernel has no registers for it)
@@ -858,7 +860,7 @@ static_assert(GVM_GEMM_F32_XS_STAGES >= 2, "GVM_GEMM_F32_XS_STAGES: a stage in u
 
 // Shared address of 16-byte chunk ch of row r (a W row or an x token) of an operand at base.
 __device__ __forceinline__ unsigned gvm_f32xs_at(unsigned base, int r, int ch) {
-    return base + (unsigned)r * 128u + ((unsigned)(ch ^ ((r & 1) << 2)) << 4);
+    return base + (unsigned)r * 128u + ((unsigned)(ch ^ (r & 7)) << 4);
 }
 
 // Starts copying stage kc (k in [32 kc, 32 kc + 32)) of W rows [0, nr) past
@@ -881,10 +883,13 @@ __device__ __forceinline__ void gvm_f32xs_stage(unsigned stage, const char* wb, 
     }
 }
 
-// v = hi + lo for a 3xTF32 product: hi keeps v's top 19 bits, lo = v - hi is exact.
-__device__ __forceinline__ void gvm_tf32_split(unsigned v, unsigned& hi, unsigned& lo) {
-    hi = v & 0xffffe000u;
-    lo = __float_as_uint(__uint_as_float(v) - __uint_as_float(hi));
+// lo = v - hi for a 3xTF32 product, hi being v's top 19 bits (exact): the
+// MMA reads v itself as hi (it ignores a tf32 operand's low 13 bits).
+__device__ __forceinline__ unsigned gvm_tf32_lo(unsigned v) {
+    return __float_as_uint(__uint_as_float(v) - __uint_as_float(v & 0xffffe000u));
+}
+__device__ __forceinline__ uint4 gvm_tf32_lo4(uint4 v) {
+    return make_uint4(gvm_tf32_lo(v.x), gvm_tf32_lo(v.y), gvm_tf32_lo(v.z), gvm_tf32_lo(v.w));
 }
 
 // One pass: W rows [0, nr) past wb x tokens [0, nt) past xb, all of K (n4
@@ -914,36 +919,28 @@ __device__ __forceinline__ void gvm_f32xs_pass(const gvm_ctx& c, float* ob, long
 #pragma unroll
             for (int n = 0; n < 2; ++n) part[m][n][0] = part[m][n][1] = part[m][n][2] = part[m][n][3] = 0.f;
 #pragma unroll
-        for (int u = 0; u < 2; ++u) {  // the stage's two k16 steps
-            uint4 a[4], b[2];  // W rows g + 8 i; x tokens tok0 + 8 n + g: 4 consecutive k each
+        for (int kk = 0; kk < 4; ++kk) {  // the stage's four k8 MMAs: chunks 2 kk, 2 kk + 1
+            // lane l's row for ldmatrix: matrix j = l / 8, row l % 8. W (A quads of m-tile m):
+            // rows 16 m + 8 (j & 1) .., chunk 2 kk + j / 2; x (B pairs of tokens tok0 + 8 n):
+            // tokens tok0 + 8 (j / 2) .., chunk 2 kk + (j & 1)
+            const int j = lane >> 3, r = lane & 7;
+            uint4 ah[2], al[2], bh, bl;  // ah: rows g, g + 8 at k t4, t4 + 4; bh: (b0, b1) of tokens 8 n + g
 #pragma unroll
-            for (int i = 0; i < 4; ++i) a[i] = gvm_lds_u4(gvm_f32xs_at(sw, g + 8 * i, 4 * u + t4));
+            for (int m = 0; m < 2; ++m) {
+                ah[m] = gvm_ldsm_x4(gvm_f32xs_at(sw, 16 * m + 8 * (j & 1) + r, 2 * kk + (j >> 1)));
+                al[m] = gvm_tf32_lo4(ah[m]);
+            }
+            bh = gvm_ldsm_x4(gvm_f32xs_at(sx, tok0 + 8 * (j >> 1) + r, 2 * kk + (j & 1)));
+            bl = gvm_tf32_lo4(bh);
 #pragma unroll
-            for (int n = 0; n < 2; ++n) b[n] = gvm_lds_u4(gvm_f32xs_at(sx, tok0 + 8 * n + g, 4 * u + t4));
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {  // k8 MMA h takes k 2 h, 2 h + 1 of each lane's four
-                unsigned ah[4][2], al[4][2], bh[2][2], bl[2][2];
-#pragma unroll
-                for (int i = 0; i < 4; ++i) {
-                    gvm_tf32_split(h ? a[i].z : a[i].x, ah[i][0], al[i][0]);
-                    gvm_tf32_split(h ? a[i].w : a[i].y, ah[i][1], al[i][1]);
-                }
+            for (int m = 0; m < 2; ++m)
 #pragma unroll
                 for (int n = 0; n < 2; ++n) {
-                    gvm_tf32_split(h ? b[n].z : b[n].x, bh[n][0], bl[n][0]);
-                    gvm_tf32_split(h ? b[n].w : b[n].y, bh[n][1], bl[n][1]);
+                    const unsigned bh0 = n ? bh.z : bh.x, bh1 = n ? bh.w : bh.y, bl0 = n ? bl.z : bl.x, bl1 = n ? bl.w : bl.y;
+                    gvm_mma_tf32(part[m][n], al[m].x, al[m].y, al[m].z, al[m].w, bh0, bh1);
+                    gvm_mma_tf32(part[m][n], ah[m].x, ah[m].y, ah[m].z, ah[m].w, bl0, bl1);
+                    gvm_mma_tf32(part[m][n], ah[m].x, ah[m].y, ah[m].z, ah[m].w, bh0, bh1);
                 }
-#pragma unroll
-                for (int m = 0; m < 2; ++m)
-#pragma unroll
-                    for (int n = 0; n < 2; ++n) {
-                        // a0 / a1: rows g / g + 8 of the m-tile, logical k t4; a2 / a3: k t4 + 4
-                        const int r0 = 2 * m, r1 = 2 * m + 1;
-                        gvm_mma_tf32(part[m][n], al[r0][0], al[r1][0], al[r0][1], al[r1][1], bh[n][0], bh[n][1]);
-                        gvm_mma_tf32(part[m][n], ah[r0][0], ah[r1][0], ah[r0][1], ah[r1][1], bl[n][0], bl[n][1]);
-                        gvm_mma_tf32(part[m][n], ah[r0][0], ah[r1][0], ah[r0][1], ah[r1][1], bh[n][0], bh[n][1]);
-                    }
-            }
         }
 #pragma unroll
         for (int m = 0; m < 2; ++m)

@@ -229,6 +229,16 @@ __device__ __forceinline__ uint4 gvm_lds_u4(unsigned a) {
     asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(a) : "memory");
     return v;
 }
+// Four 8 x 16-byte matrices of shared memory, lane l giving row l % 8 of matrix
+// l / 8 (16-byte aligned): word j of the result is word l % 4 of matrix j's row
+// l / 4. For 32-bit elements that is an mma.sync fragment (a tf32 A quad, or two
+// B pairs) straight from rows as they lie, with no register moves to assemble it.
+__device__ __forceinline__ uint4 gvm_ldsm_x4(unsigned a) {
+    uint4 v;
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(a) : "memory");
+    return v;
+}
 
 // 2^x by the SFU alone: -inf -> 0, subnormal results flushed to 0 (exp2f adds
 // three instructions to scale those back, which softmax weights never need).
@@ -281,7 +291,8 @@ __device__ __forceinline__ void gvm_wgmma_wait() {
         "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),   \
         "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),  \
         "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-#define GVM_WG_D32_LIST "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}"
+#define GVM_WG_D32_REGS "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31"
+#define GVM_WG_D32_LIST "{" GVM_WG_D32_REGS "}"
 // D(64 x 64, f32) += A(64 rows x 16 k) B(64 rows x 16 k)^T, bf16 or f16, both
 // from shared memory (by descriptor: common.cuh, gvm_wgmma_desc), by the 4 warps
 // of a warpgroup. Warp w, lane (g, q) holds d[4 j + i]: row 16 w + g + 8 (i >> 1),
@@ -294,12 +305,14 @@ __device__ __forceinline__ void gvm_wgmma_f16_n64(float (&d)[32], unsigned long 
     asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 " GVM_WG_D32_LIST ", %32, %33, 1, 1, 1, 0, 0;"
                  : GVM_WG_D32(d) : "l"(a), "l"(b));
 }
-// The same, f16, with A from registers: warp w's rows 16 w .. 16 w + 15 in
-// mma.sync's A fragment (a0: row g, k 2q, 2q + 1; a1: row g + 8; a2, a3: k + 8),
-// which is a D fragment's layout, so that an m64n64 result (P) feeds the next
-// MMA's A without leaving registers.
-__device__ __forceinline__ void gvm_wgmma_f16_rs_n64(float (&d)[32], unsigned a0, unsigned a1, unsigned a2, unsigned a3,
+// The same, f16, 72 columns (B: 72 rows), with A from registers: warp w's rows
+// 16 w .. 16 w + 15 in mma.sync's A fragment (a0: row g, k 2q, 2q + 1; a1: row
+// g + 8; a2, a3: k + 8), which is a D fragment's layout, so that an m64n64
+// result (P) feeds the next MMA's A without leaving registers. d[32 + i] are
+// columns 64 + 2 q + (i & 1).
+__device__ __forceinline__ void gvm_wgmma_f16_rs_n72(float (&d)[36], unsigned a0, unsigned a1, unsigned a2, unsigned a3,
                                                      unsigned long long b) {
-    asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 " GVM_WG_D32_LIST ", {%32, %33, %34, %35}, %36, 1, 1, 1, 0;"
-                 : GVM_WG_D32(d) : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(b));
+    asm volatile("wgmma.mma_async.sync.aligned.m64n72k16.f32.f16.f16 {" GVM_WG_D32_REGS ",%32,%33,%34,%35}, {%36, %37, %38, %39}, %40, 1, 1, 1, 0;"
+                 : GVM_WG_D32(d), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(b));
 }

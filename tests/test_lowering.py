@@ -126,6 +126,8 @@ COVER_TILES = {
     # the squeeze (128 rows of 512 B, 8 a tile) beside the router's two token halves: 16 tiles
     # for 10 groups, its last 6 cut in two (Tiles.gemm_tail); Wo and Wex carry statistics: not cut
     "tail": Tiles(gemm_fill=12, gemm_min_bytes=1024, gemm_max_bytes=4096, gemm_tail=2, rows=4, chunk=23, router_splits=2, sliding_chunk=23),
+    # a conversation's 5 tokens merged 2 at a time (2, 2, 1)
+    "merge2": Tiles(gemm_fill=0, gemm_bytes=8192, rows=4, chunk=23, router_splits=2, sliding_chunk=23, merge_tokens=2),
 }
 
 
@@ -165,6 +167,7 @@ def test_tiles_cover_every_output_once(kind: str, tiling: str) -> None:
     merges = _ops(s, Op.ATTN_MERGE)
     pairs = sorted((t, h) for o in merges for t in range(o.args[0], o.args[0] + o.args[1]) for h in range(o.args[2], o.args[2] + o.args[3]))
     assert pairs == [(t, h) for t in range(T) for h in range(cfg.heads_q)]
+    assert sorted({o.args[1] for o in merges}) == ([1, 2] if tiling == "merge2" else [5])
     # expert work lists: W workers share one counter per list (up 0, down 1),
     # and with every expert hit the items (expert, row tile) cover each
     # expert's rows once
@@ -543,6 +546,25 @@ def test_fixed_expert_workers_compute_what_claimed_ones_do(small_weights) -> Non
     assert torch.equal(outs[0], outs[1])
     with pytest.raises(ProgramError, match="Tiles.expert_fixed must be 0 or 1"):
         Tiles(expert_fixed=2)
+
+
+def test_merges_cut_over_tokens_compute_what_whole_ones_do(small_weights) -> None:  # type: ignore[no-untyped-def]
+    """Tiles.merge_tokens: a conversation's merges cut into token ranges (2 of
+    its 3 tokens, then 1); at small dims the layer computes what the uncut
+    merges do, bit for bit."""
+    state = make_state(SMALL, "full", 2, 3, 70, seed=6)
+    outs, counts = [], []
+    for tl in (Tiles(), Tiles(merge_tokens=2)):
+        st = state.clone()
+        lp = lower_layer(SMALL, "full", 2, 3, st.slots, tiles=tl)
+        counts.append(sorted(o.args[1] for o in lp.stream.ops if o.opcode == Op.ATTN_MERGE))
+        b = bind_layer(lp, small_weights[False], st, make_inputs(SMALL, st, seed=7, weights_seed=21))
+        run_stream(lp.stream, b, order="random", rng=random.Random(4))
+        outs.append(b["s"].clone())
+    assert counts[0] == [3] * (2 * SMALL.heads_q) and counts[1] == sorted([2, 1] * (2 * SMALL.heads_q))
+    assert torch.equal(outs[0], outs[1])
+    with pytest.raises(ProgramError, match="Tiles.merge_tokens must be an int >= 0"):
+        Tiles(merge_tokens=-1)
 
 
 def _g_tiles(lp: LayerProgram) -> list:  # type: ignore[type-arg]

@@ -419,14 +419,22 @@ def cases_qk(sz: Sizes, gen: torch.Generator) -> list[Case]:
 
 
 def _attn_case(name: str, sz: Sizes, gen: torch.Generator, spec: tuple[tuple[int, int], ...], chunk: int, window: int,
-               slots: int, nch: int | None = None, bad: Callable[[np.ndarray, np.ndarray], None] | None = None) -> Case:
+               slots: int, nch: int | None = None, bad: Callable[[np.ndarray, np.ndarray], None] | None = None,
+               k_growth: float = 0.0) -> Case:
+    """k_growth > 0: key slot s scaled by 2^(k_growth (s % chunk) / chunk), so that a
+    chunk's scores keep passing their running max (the rounds' lazy rescaling)."""
     b = _Build(name, Op.ATTN_CHUNK, gen)
     convs = _convs(spec)
     t = int(convs[:, 1].sum())
     need = max(math.ceil((p + n - (max(0, p - window + 1) if window else 0)) / chunk) for n, p in spec)
     nch = nch or need + 1  # one chunk past every conversation's keys: nothing visible there
     q = b.add("q", DType.BF16, b.randn(t, sz.hq, 64).bfloat16())
-    kc = b.add("k_cache", DType.E4M3, b.e4m3(len(spec), slots, sz.hkv, 64))
+    if k_growth > 0:
+        grow = 2.0 ** (k_growth * (torch.arange(slots) % chunk).float() / chunk)
+        k = to_e4m3(b.randn(len(spec), slots, sz.hkv, 64) * grow[None, :, None, None]).view(torch.uint8)
+    else:
+        k = b.e4m3(len(spec), slots, sz.hkv, 64)
+    kc = b.add("k_cache", DType.E4M3, k)
     vc = b.add("v_cache", DType.E4M3, b.e4m3(len(spec), slots, sz.hkv, 64, scale=2.0))
     cv = b.add("convs", DType.I32, convs)
     po = b.out("part_o", DType.F32, (t, sz.hq, nch, 64), Check("float", rtol=1e-2, atol_max=2e-3, norm=2e-3))
@@ -486,6 +494,10 @@ def cases_attn(sz: Sizes, gen: torch.Generator) -> list[Case]:
                          sz.window + max(n for n, _ in sz.attn_sliding)),
         _attn_fused_case("attn_chunk fused, ragged tokens, odd chunks", sz, fgen, sz.attn_odd, sz.odd_chunk, 0, sz.ring),
     ]
+    # keys growing through each chunk: the rounds' maxima pass their reference several times a chunk
+    ggen = torch.Generator().manual_seed(gen.initial_seed() + 40)
+    out.append(_attn_case("attn_chunk 64-row rounds, keys growing 2^6 a chunk", sz, ggen, ((8, 300), (9, 250), (5, 200)),
+                          320, 0, 336, k_growth=6.0))
     # ATTN_MERGE: every head (the two-argument form), then head ranges; outputs of
     # the heads left out stay NaN on both sides, so a stray write fails
     b = _Build("attn_merge", Op.ATTN_MERGE, gen)

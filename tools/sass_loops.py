@@ -43,7 +43,7 @@ from tools.ops_check import OPS, compile_ops  # noqa: E402
 _INSN = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)")
 _LABEL = re.compile(r"^\s*(\.L_x_\d+):")
 _BACK = re.compile(r"BRA\s+(?:\w+,\s*)?`\((\.L_x_\d+)\)")
-_CBRA = re.compile(r"@!?U?P\w+\s+BRA\s+(?:\w+,\s*)?`\((\.L_x_\d+)\)")  # a conditional branch
+_CBRA = re.compile(r"@!?U?P\w+\s+" + _BACK.pattern)  # a conditional branch
 _CTRL = re.compile(r"^\s*/\* (0x[0-9a-f]{16}) \*/\s*$")  # nvdisasm -hex: an instruction's second 64-bit word
 #: opcodes that mark a loop worth listing without --all: MMAs and memory copies
 MARKERS = ("HMMA", "HGMMA", "IMMA", "LDGSTS", "UTMALDG", "LDG", "LDS")

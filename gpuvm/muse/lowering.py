@@ -183,6 +183,13 @@ class Tiles:
     # series, one global round trip each: at full-c16-t8 the 16 ops of 8 tokens
     # were a 22 us phase between Wqkvg and attention (H200 trace, session 39).
     qk_tokens: int = 1
+    # Tokens of a conversation an ATTN_MERGE op takes (0: all of them). A merge
+    # runs one warp a (token, head) pair, a warp's pairs in series, and the
+    # merges of the conversation whose chunks end last are the layer's tail
+    # after attention: 9.8 / 18.4 / 14.9 us at full-c32-t8 / full-c16-t8 /
+    # full-c1-t8 in the H200 8dfffa7 traces, 8 pairs an op on 4 warps (4: one
+    # pair a warp, twice the ops; not yet timed).
+    merge_tokens: int = 0
     # Up to fuse_qk tokens a step (0: never) the attention chunks do QK-norm/RoPE
     # themselves (ATTN_CHUNK's fused form: q from qkvg, the chunk holding the new
     # positions writes their k and v) and the layer has no QK_ROPE_KV op: one
@@ -302,7 +309,7 @@ class Tiles:
             raise ProgramError(f"Tiles.expert_fixed must be 0 or 1, not {self.expert_fixed!r}")
         if self.lazy_gemm not in (0, 1, 2):
             raise ProgramError(f"Tiles.lazy_gemm must be 0, 1 or 2, not {self.lazy_gemm!r}")
-        for name in ("router_span", "topk_span", "expert_cap_tokens", "g_late", "g_late_groups", "attn_tail", "qk_tokens", "lazy_attn", "code_warm"):
+        for name in ("router_span", "topk_span", "expert_cap_tokens", "g_late", "g_late_groups", "attn_tail", "qk_tokens", "merge_tokens", "lazy_attn", "code_warm"):
             v = getattr(self, name)
             if not isinstance(v, int) or v < 0:
                 raise ProgramError(f"Tiles.{name} must be an int >= 0, not {v!r}")
@@ -674,7 +681,9 @@ def emit_layer(
                      lazy=k >= lazy_from)
                 k += 1
         for h0 in range(0, hq, merge_heads):
-            p.op(Op.ATTN_MERGE, [o, part_o, part_ml, qkvg], [c * tokens_each, tokens_each, h0, merge_heads, cn], waits=[attn_c, g_done], signal=merged, label=f"{prefix}attn_merge[{c},{h0}]")
+            for j0, jn in _tiles(0, tokens_each, tl.merge_tokens or tokens_each):
+                where = f"{c},{h0}" + (f"|t{j0}" if jn < tokens_each else "")
+                p.op(Op.ATTN_MERGE, [o, part_o, part_ml, qkvg], [c * tokens_each + j0, jn, h0, merge_heads, cn], waits=[attn_c, g_done], signal=merged, label=f"{prefix}attn_merge[{where}]")
     wo_done = ctr("a")
     a_stats = residual_stats("a_stats", w["Wo"], w["alpha1"], w["beta1"])
     gemm(a, o, w["Wo"], 0, d, [merged], wo_done, "Wo", stats=a_stats)

@@ -263,6 +263,15 @@ inline unsigned gvm_lds_u16(unsigned a) { return gvm_emu_lds<unsigned short>(a);
 inline float4 gvm_lds_f4(unsigned a) { return gvm_emu_lds<float4>(a); }
 inline uint2 gvm_lds_u2(unsigned a) { return gvm_emu_lds<uint2>(a); }
 inline uint4 gvm_lds_u4(unsigned a) { return gvm_emu_lds<uint4>(a); }
+inline uint4 gvm_ldsm_x4(unsigned a) {
+    if (a & 15u) emu::fail("ldmatrix row address not 16-byte aligned");
+    const int l = emu::lane();
+    return emu::exchange(&a, 1, [l](unsigned (*x)[12]) {
+        unsigned w[4];
+        for (int j = 0; j < 4; ++j) w[j] = gvm_emu_lds<unsigned>(x[8 * j + l / 4][0] + 4u * (unsigned)(l % 4));
+        return make_uint4(w[0], w[1], w[2], w[3]);
+    });
+}
 
 // D += A * B with A 16xK, B Kx8, V = K / 8 values a register (K 16: f16 or bf16
 // pairs; K 8: tf32): a0 holds row g, k V t .. V t + V - 1; a1 row g+8; a2, a3
@@ -326,16 +335,16 @@ inline double wgmma_operand(unsigned long long desc, int r, int k, bool f16) {
 inline void wgmma_run(const WgmmaOp& op) {
     const int w = warp(), g = lane() >> 2, q = lane() & 3;
     const bool f16 = op.kind != 0;
-    double a[2][16], b[16][16];  // the thread's rows g, g + 8 and columns 8 j + 2 q + e (index 2 j + e), each read once
+    double a[2][16], b[18][16];  // the thread's rows g, g + 8 and columns 8 j + 2 q + e (index 2 j + e), each read once
     for (int h = 0; h < 2; ++h)
         for (int k = 0; k < 16; ++k) {
             const unsigned ak = op.ra[h][k >> 1];
             a[h][k] = op.kind == 2 ? wgmma_value((unsigned short)(k & 1 ? ak >> 16 : ak & 0xffff), true)
                                    : wgmma_operand(op.a, 16 * w + g + 8 * h, k, f16);
         }
-    for (int c = 0; c < 16; ++c)
+    for (int c = 0; c < 2 * op.nj; ++c)
         for (int k = 0; k < 16; ++k) b[c][k] = wgmma_operand(op.b, 8 * (c >> 1) + 2 * q + (c & 1), k, f16);
-    for (int j = 0; j < 8; ++j)
+    for (int j = 0; j < op.nj; ++j)
         for (int i = 0; i < 4; ++i) {
             double acc = op.d[4 * j + i];
             for (int k = 0; k < 16; ++k) acc += a[i >> 1][k] * b[2 * j + (i & 1)][k];
@@ -354,8 +363,8 @@ inline void gvm_wgmma_f16_n64(float (&d)[32], unsigned long long a, unsigned lon
 }
 // A from registers: the warp's lanes trade their fragments when the MMA is
 // issued (the registers are read then), each keeping its two rows' 16 k.
-inline void gvm_wgmma_f16_rs_n64(float (&d)[32], unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned long long b) {
-    emu::WgmmaOp op{d, 0, b, 0, 2, {}};
+inline void gvm_wgmma_f16_rs_n72(float (&d)[36], unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned long long b) {
+    emu::WgmmaOp op{d, 0, b, 0, 2, {}, 9};
     const unsigned mine[4] = {a0, a1, a2, a3};
     const int g = emu::lane() >> 2;
     emu::exchange(mine, 4, [&](unsigned (*x)[12]) {

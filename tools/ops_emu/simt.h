@@ -76,6 +76,7 @@ struct WgmmaOp {  // a wgmma issued and not yet retired by a wait (ptx.cuh)
     int group;   // its commit group; 0: not committed yet
     int kind;    // 0: bf16, A and B by descriptor; 1: f16 so; 2: f16, A from registers (ra)
     unsigned ra[2][8];  // kind 2: A rows g and g + 8 of the thread's warp, k pairs 0..7
+    int nj = 8;         // N / 8: column groups of 8 (m64n64: 8, m64n72: 9)
 };
 
 // Fibers switch by pushing the callee-saved registers on their own stack and
@@ -237,6 +238,7 @@ inline unsigned __ballot_sync(unsigned mask, int pred) {
         return r;
     });
 }
+inline int __any_sync(unsigned mask, int pred) { return __ballot_sync(mask, pred) != 0u; }
 inline unsigned __reduce_max_sync(unsigned mask, unsigned v) {
     emu::check_mask(mask);
     return emu::exchange(&v, 1, [](unsigned (*x)[12]) {
