@@ -73,6 +73,7 @@ class Instr:
     flags: int = 0  # GVM_FLAG_* bits of the record
     lead: bool = False  # ordered before every other op its waits allow (Program.op)
     order_with: int | None = None  # id of an op whose place in the order this one takes at least (Program.op)
+    order_after: int | None = None  # id of an op that this one ranks below (Program.op)
 
     def wait_count(self, i: int) -> int:
         c, n = self.waits[i]
@@ -134,6 +135,7 @@ class Program:
         lazy: bool = False,
         lead: bool = False,
         order_with: Instr | None = None,
+        order_after: Instr | None = None,
     ) -> Instr:
         """Add an op. waits: counters (wait for all their signallers) or (counter, count).
         lazy: once it is handed out, its block claims the next instruction only
@@ -143,7 +145,11 @@ class Program:
         order_with: an op of this program; in those orders this one ranks at
         least as early as it (its path to the end counted as the longer of the
         two), e.g. a GEMM's column tiles that only a late op reads, kept beside
-        the tiles that the next op reads instead of behind that op."""
+        the tiles that the next op reads instead of behind that op.
+        order_after: an op of this program; in those orders this one ranks below
+        it (its path to the end counted as just short of the shorter of the two),
+        e.g. ops that wait on a short chain, kept behind a wide op that is ready
+        sooner, so that claimed early they do not hold the groups it needs."""
         opcode = Op(opcode)
         spec = SPECS[opcode]
 
@@ -175,8 +181,9 @@ class Program:
             raise ProgramError(f"{where()}: at most {MAX_WAITS} waits")
         if signal is not None and (signal.id >= len(self.counters) or self.counters[signal.id] is not signal):
             raise ProgramError(f"{where()}: signals a counter not declared in this program")
-        if order_with is not None and (order_with.id >= len(self.instrs) or self.instrs[order_with.id] is not order_with):
-            raise ProgramError(f"{where()}: order_with is not an op of this program")
+        for name, o in (("order_with", order_with), ("order_after", order_after)):
+            if o is not None and (o.id >= len(self.instrs) or self.instrs[o.id] is not o):
+                raise ProgramError(f"{where()}: {name} is not an op of this program")
         pf = None
         if prefetch is not None:
             pt, off, nb = prefetch
@@ -186,7 +193,8 @@ class Program:
                 raise ProgramError(f"{where()}: prefetch [{off}, {off + nb}) outside '{pt.name}' ({pt.nbytes} bytes)")
             pf = (list(tensors).index(pt), int(off), int(nb))
         ins = Instr(len(self.instrs), opcode, tuple(tensors), args_t, tuple(norm_waits), signal, pf, label or opcode.name.lower(), spec.cost(tensors, args_t),
-                    FLAG_LAZY if lazy else 0, lead, None if order_with is None else order_with.id)
+                    FLAG_LAZY if lazy else 0, lead, None if order_with is None else order_with.id,
+                    None if order_after is None else order_after.id)
         self.instrs.append(ins)
         if signal is not None:
             signal.signallers.append(ins)
@@ -369,6 +377,9 @@ def _priority_order(instrs: list[Instr], graph: _Graph, by_depth: bool = False) 
     for i, ins in enumerate(instrs):  # after every path: an op's own place does not move its ancestors'
         if ins.order_with is not None:
             path[i] = max(path[i], path[ins.order_with])
+        if ins.order_after is not None:
+            a = path[ins.order_after]
+            path[i] = min(path[i], (a[0], a[1] - 1e-6))
     return _kahn(n, graph, member_of, users, key=lambda i: (not instrs[i].lead, -path[i][0], -path[i][1]))
 
 

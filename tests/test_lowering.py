@@ -126,6 +126,8 @@ COVER_TILES = {
     # the squeeze (128 rows of 512 B, 8 a tile) beside the router's two token halves: 16 tiles
     # for 10 groups, its last 6 cut in two (Tiles.gemm_tail); Wo and Wex carry statistics: not cut
     "tail": Tiles(gemm_fill=12, gemm_min_bytes=1024, gemm_max_bytes=4096, gemm_tail=2, rows=4, chunk=23, router_splits=2, sliding_chunk=23),
+    # the 15 tokens' picks 4 a TOPK (4, 4, 4, 3), ranked behind the squeeze (no groups are left: gemm_fill 0)
+    "topklate": Tiles(gemm_fill=0, gemm_bytes=8192, rows=4, chunk=23, router_splits=2, sliding_chunk=23, topk_span=8, topk_tokens=4, topk_late=1),
     # a conversation's 5 tokens merged 2 at a time (2, 2, 1)
     "merge2": Tiles(gemm_fill=0, gemm_bytes=8192, rows=4, chunk=23, router_splits=2, sliding_chunk=23, merge_tokens=2),
 }
@@ -181,7 +183,13 @@ def test_tiles_cover_every_output_once(kind: str, tiling: str) -> None:
             assert len(items) <= n_w or len(items) == hit * -(-n_out // cap)
             for e in range(hit):
                 _cover([(c.start, c.stop - c.start) for x, c in items if x == e], n_out)
-    assert _ops(s, Op.TOPK)[0].tensors[3].name == "L0.work"
+    # TOPK: one op (mode 0), or picks over token ranges (mode 1) that cover the tokens once, then the table (mode 2)
+    table = [o for o in _ops(s, Op.TOPK) if o.args[2] != 1]
+    assert len(table) == 1 and table[0].tensors[3].name == "L0.work"
+    picks = [tuple(o.args[3:5]) for o in _ops(s, Op.TOPK) if o.args[2] == 1]
+    assert len(picks) == (4 if tl.topk_late else 0)
+    if picks:
+        _cover(picks, T)
     chunk = tl.chunk_of(cfg, kind, 3, 5, 100)
     assert chunk == 23  # few ops: the shortest
     nch = n_chunks(cfg, kind, 5, 100, chunk)
@@ -192,8 +200,7 @@ def test_tiles_cover_every_output_once(kind: str, tiling: str) -> None:
     qk = _ops(s, Op.QK_ROPE_KV)  # one new token each (Tiles.qk_tokens): every token of every conversation once
     assert [o.args[1] for o in qk] == [int(kind == "sliding")] * T
     assert [(o.args[0], o.args[4], o.args[5]) for o in qk] == [(c, j, 1) for c in range(3) for j in range(T // 3)]
-    topk = _ops(s, Op.TOPK)
-    assert len(topk) == 1 and topk[0].args[:2] == (0, cfg.local_experts)
+    assert all(o.args[:2] == (0, cfg.local_experts) for o in _ops(s, Op.TOPK))
 
 
 def _waits_on(s, ins) -> set[str]:  # type: ignore[no-untyped-def]
@@ -322,6 +329,15 @@ def test_gemm_spans_cut_many_tokens_into_64_row_tiles() -> None:
     assert router(lower_layer(SHARD, "sliding", 32, 1, 4096)) == {(32, 0, 32, 16)}
     topk = {T: [o.args[2:5] for o in _ops(lower_layer(SHARD, "sliding", C, n, 4096).stream, Op.TOPK)] for T, (C, n) in ((32, (32, 1)), (64, (8, 8)))}
     assert topk == {32: [(0, 0, 0)], 64: [(1, 0, 16), (1, 16, 16), (1, 32, 16), (1, 48, 16), (2, 0, 0)]}  # TOPK split from Tiles.topk_span (64)
+    # Tiles.topk_late: topk_tokens a pick however few groups are left (264 - 128 router - 128 squeeze
+    # tiles - the table: 7), those past the first 6 ranked behind the squeeze's tiles
+    late = lower_layer(SHARD, "full", 32, 8, 4096, tiles=Tiles(topk_late=1, topk_tokens=8))
+    picks = [k for k, o in enumerate(late.stream.ops) if o.opcode == Op.TOPK and o.args[2] == 1]
+    squeeze = [k for k, o in enumerate(late.stream.ops) if o.label.startswith("L0.Wsq")]
+    assert len(squeeze) == 128 and len(picks) == 32 and {late.stream.ops[k].args[4] for k in picks} == {8}
+    assert max(picks[:6]) < min(squeeze) and min(picks[6:]) > max(squeeze)
+    early = lower_layer(SHARD, "full", 32, 8, 4096)
+    assert min(k for k, o in enumerate(early.stream.ops) if o.opcode == Op.TOPK) < min(k for k, o in enumerate(early.stream.ops) if o.label.startswith("L0.Wsq"))
     one = lower_layer(SHARD, "sliding", 16, 1, 4096)  # 16 tokens: below the span, all tokens a tile, no parts
     assert {tuple(o.args[2:4]) for o in _ops(one.stream, Op.GEMM)} == {(0, 0)}
     assert router(one) == {(2, 0, 0, 0)}
@@ -546,6 +562,8 @@ def test_fixed_expert_workers_compute_what_claimed_ones_do(small_weights) -> Non
     assert torch.equal(outs[0], outs[1])
     with pytest.raises(ProgramError, match="Tiles.expert_fixed must be 0 or 1"):
         Tiles(expert_fixed=2)
+    with pytest.raises(ProgramError, match="Tiles.topk_late must be 0 or 1"):
+        Tiles(topk_late=2)
 
 
 def test_merges_cut_over_tokens_compute_what_whole_ones_do(small_weights) -> None:  # type: ignore[no-untyped-def]
@@ -565,6 +583,23 @@ def test_merges_cut_over_tokens_compute_what_whole_ones_do(small_weights) -> Non
     assert torch.equal(outs[0], outs[1])
     with pytest.raises(ProgramError, match="Tiles.merge_tokens must be an int >= 0"):
         Tiles(merge_tokens=-1)
+
+
+def test_late_picks_compute_what_one_topk_does(small_weights) -> None:  # type: ignore[no-untyped-def]
+    """Tiles.topk_late: the 6 tokens' picks 2 a TOPK, ranked behind the
+    squeeze's tiles, then the table; at small dims the layer computes what one
+    TOPK does, bit for bit, in a random order of ready ops."""
+    state = make_state(SMALL, "full", 2, 3, 70, seed=6)
+    outs, picks = [], []
+    for tl in (Tiles(), Tiles(topk_span=4, topk_tokens=2, topk_late=1)):
+        st = state.clone()
+        lp = lower_layer(SMALL, "full", 2, 3, st.slots, tiles=tl)
+        picks.append(sorted(tuple(o.args[3:5]) for o in lp.stream.ops if o.opcode == Op.TOPK and o.args[2] == 1))
+        b = bind_layer(lp, small_weights[False], st, make_inputs(SMALL, st, seed=7, weights_seed=21))
+        run_stream(lp.stream, b, order="random", rng=random.Random(4))
+        outs.append(b["s"].clone())
+    assert picks == [[], [(0, 2), (2, 2), (4, 2)]]
+    assert torch.equal(outs[0], outs[1])
 
 
 def _g_tiles(lp: LayerProgram) -> list:  # type: ignore[type-arg]

@@ -302,6 +302,29 @@ def test_order_with_ranks_an_op_beside_another() -> None:
         p.op(Op.NOP, order_with=other.op(Op.NOP))
 
 
+def test_order_after_ranks_an_op_below_another() -> None:
+    """order_after: an op on a longer chain ranks below the op it names (TOPK's
+    picks behind the squeeze's tiles); without it, above; not an op of the
+    program: refused."""
+    p, x, y = _copy_prog(1 << 16)
+    h, scored, x2, picked, done = p.counter("h"), p.counter("scored"), p.counter("x"), p.counter("picked"), p.counter("done")
+    p.op(Op.COPY, [x, y], [0, 8], signal=h, label="norm")
+    p.op(Op.COPY, [y, x], [0, 8], waits=[h], signal=scored, label="router")
+    wide = [p.op(Op.COPY, [y, x], [8 + 8 * i, 8], waits=[h], signal=x2, label=f"squeeze{i}") for i in range(3)]
+    pick = p.op(Op.COPY, [y, x], [40, 8], waits=[scored], signal=picked, label="pick", order_after=wide[-1])
+    p.op(Op.COPY, [y, x], [48, 8], waits=[picked], signal=done, label="table")
+    p.op(Op.NOP, waits=[x2, done], label="end")
+    for order in ("depth", "priority"):
+        labels = p.build(order=order).labels
+        assert labels.index("pick") > max(labels.index(f"squeeze{i}") for i in range(3)), order
+    pick.order_after = None  # without it, the pick's longer chain ranks it before the squeeze
+    labels = p.build(order="depth").labels
+    assert labels.index("pick") < labels.index("squeeze0")
+    other, _, _ = _copy_prog(1 << 16)
+    with pytest.raises(ProgramError, match="order_after"):
+        p.op(Op.NOP, order_after=other.op(Op.NOP))
+
+
 def test_given_order_keeps_creation_order() -> None:
     prog = random_program(random.Random(7), 40)
     s = prog.build(order="given")

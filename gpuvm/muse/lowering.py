@@ -107,6 +107,14 @@ class Tiles:
     # (step 32 x 1 36.1 / 35.6 ms).
     topk_span: int = 64
     topk_tokens: int = 16
+    # 1: the picks cut topk_tokens each however few groups the router and the
+    # squeeze leave, those past the groups left ranked behind the squeeze's tiles
+    # (Program.op order_after): claimed after the squeeze, they take the router's
+    # groups as its tiles end. With 7 picks of ~37 tokens (cf3b1c2, H100 trace of
+    # full-c32-t8) they end with the squeeze, and the table's 11 us come after
+    # both. (All picks behind the squeeze would put two squeeze tiles on each of
+    # the 4 blocks without a router tile: the model then ends the squeeze 70 us later.)
+    topk_late: int = 0
     router_splits: int = 1  # token ranges per router tile at T > 1 (2 measured no faster on the H200: NOTES.md session 5)
     expert_workers: int = 264  # EXPERT_UP / EXPERT_DOWN instructions per layer (H200: 132 SMs x 2 groups)
     # From expert_cap_tokens tokens a step (0: always) expert work items are at
@@ -302,7 +310,7 @@ class Tiles:
             raise ProgramError(f"Tiles.gemm_fill must be an int >= 0, not {self.gemm_fill!r}")
         if self.gemm_min_bytes > self.gemm_max_bytes:
             raise ProgramError(f"Tiles.gemm_min_bytes {self.gemm_min_bytes} exceeds gemm_max_bytes {self.gemm_max_bytes}")
-        for name in ("lazy_experts", "lazy_attn_wave", "g_early"):
+        for name in ("lazy_experts", "lazy_attn_wave", "g_early", "topk_late"):
             if getattr(self, name) not in (0, 1):
                 raise ProgramError(f"Tiles.{name} must be 0 or 1, not {getattr(self, name)!r}")
         if self.expert_fixed not in (0, 1):
@@ -710,14 +718,17 @@ def emit_layer(
     scored, routed, squeezed = ctr("scores"), ctr("route"), ctr("x")
     n_router = router([res1], scored)
     n_squeeze = gemm(x, h2b, w["Wsq"], 0, H, [res1], squeezed, "Wsq", beside=n_router)
+    last_squeeze = p.instrs[-1]
     work = act("work", (2, 2), DType.I32, "list")  # the expert lists' (taken, done) counters (TOPK zeroes them)
     # the picks wait for the whole router and are claimed before the squeeze's
     # tiles (Program.build's order): as few as fit the groups the two leave
     free = tl.gemm_fill - n_router - n_squeeze - 1
-    if tl.topk_span and T >= tl.topk_span and free > 1:  # the picks over token ranges, then the table
+    if tl.topk_span and T >= tl.topk_span and (free > 1 or tl.topk_late):  # the picks over token ranges, then the table
         picked = ctr("picks")
-        for t0, tn in _tiles(0, T, max(tl.topk_tokens, -(-T // (4 * free)) * 4)):
-            p.op(Op.TOPK, [scores, meta, route], [0, E, 1, t0, tn], waits=[scored], signal=picked, label=f"{prefix}topk_pick[{t0}:{t0 + tn}]")
+        span = tl.topk_tokens if tl.topk_late else max(tl.topk_tokens, -(-T // (4 * free)) * 4)
+        for k, (t0, tn) in enumerate(_tiles(0, T, span)):
+            p.op(Op.TOPK, [scores, meta, route], [0, E, 1, t0, tn], waits=[scored], signal=picked, label=f"{prefix}topk_pick[{t0}:{t0 + tn}]",
+                 order_after=last_squeeze if tl.topk_late and k >= free - 1 else None)
         p.op(Op.TOPK, [scores, meta, route, work], [0, E, 2], waits=[picked], signal=routed, label=f"{prefix}topk")
     else:
         p.op(Op.TOPK, [scores, meta, route, work], [0, E], waits=[scored], signal=routed, label=f"{prefix}topk")
