@@ -148,8 +148,9 @@ class Program:
         the tiles that the next op reads instead of behind that op.
         order_after: an op of this program; in those orders this one ranks below
         it (its path to the end counted as just short of the shorter of the two),
-        e.g. ops that wait on a short chain, kept behind a wide op that is ready
-        sooner, so that claimed early they do not hold the groups it needs."""
+        e.g. TOPK's picks, which start a longer chain than the squeeze's tiles
+        but are ready only when the router ends: kept behind those tiles, they
+        are not claimed early to hold the groups that the tiles need."""
         opcode = Op(opcode)
         spec = SPECS[opcode]
 
