@@ -108,11 +108,12 @@ class Tiles:
     topk_span: int = 64
     topk_tokens: int = 16
     # 1: the picks cut topk_tokens each however few groups the router and the
-    # squeeze leave, those past the groups left ranked behind the squeeze's tiles
-    # (Program.op order_after): claimed after the squeeze, they take the router's
-    # groups as its tiles end. With 7 picks of ~37 tokens (cf3b1c2, H100 trace of
-    # full-c32-t8) they end with the squeeze, and the table's 11 us come after
-    # both. (All picks behind the squeeze would put two squeeze tiles on each of
+    # squeeze leave; the first free - 1 (free: the groups left, table's one out)
+    # keep their place, the rest rank behind the squeeze's tiles (Program.op
+    # order_after): claimed after the squeeze, they take the router's groups as
+    # its tiles end. Not yet timed. Without it, full-c32-t8's 7 picks of ~37
+    # tokens end with the squeeze (cf3b1c2, H100 trace), and the table's 11 us
+    # come after both. (All picks behind the squeeze would put two squeeze tiles on each of
     # the 4 blocks without a router tile: the model then ends the squeeze 70 us later.)
     topk_late: int = 0
     router_splits: int = 1  # token ranges per router tile at T > 1 (2 measured no faster on the H200: NOTES.md session 5)
@@ -195,8 +196,9 @@ class Tiles:
     # runs one warp a (token, head) pair, a warp's pairs in series, and the
     # merges of the conversation whose chunks end last are the layer's tail
     # after attention: 9.8 / 18.4 / 14.9 us at full-c32-t8 / full-c16-t8 /
-    # full-c1-t8 in the H200 8dfffa7 traces, 8 pairs an op on 4 warps (4: one
-    # pair a warp, twice the ops; not yet timed).
+    # full-c1-t8 in the H200 8dfffa7 traces, 8 pairs an op on 4 warps. 4 (one
+    # pair a warp, twice the ops) measured level on an H100 (session 65: full-c32-t8
+    # -0.4 / +0.1%, full-c1-t8 +0.5 / +1.1%, two rounds).
     merge_tokens: int = 0
     # Up to fuse_qk tokens a step (0: never) the attention chunks do QK-norm/RoPE
     # themselves (ATTN_CHUNK's fused form: q from qkvg, the chunk holding the new
@@ -722,6 +724,7 @@ def emit_layer(
     work = act("work", (2, 2), DType.I32, "list")  # the expert lists' (taken, done) counters (TOPK zeroes them)
     # the picks wait for the whole router and are claimed before the squeeze's
     # tiles (Program.build's order): as few as fit the groups the two leave
+    # (Tiles.topk_late: more, most of them ranked behind the squeeze)
     free = tl.gemm_fill - n_router - n_squeeze - 1
     if tl.topk_span and T >= tl.topk_span and (free > 1 or tl.topk_late):  # the picks over token ranges, then the table
         picked = ctr("picks")
