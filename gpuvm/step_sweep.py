@@ -163,31 +163,35 @@ class GpuStepSweep:
         from .muse.memory import OutOfDeviceMemory, step_memory
 
         cfg = SHARD
-        # the weights are resident; a row holds the state and two copies of it
-        # (the dynamic and the fully static program's, kept for the timed steps;
-        # the static check's copy is freed first), with their scratch, and two programs
+        # the weights are resident; a row holds one copy of the state on the GPU
+        # (every way binds it), a snapshot of it in host memory to put it back
+        # before each checked way, three ways' scratch and two programs
         mem = step_memory(cfg, shape.conversations, shape.tokens_each, shape.context, 1)
-        need, free = 3 * (mem.kv + mem.scratch) + 2 * mem.program, torch.cuda.mem_get_info()[0]
+        need, free = mem.kv + 3 * mem.scratch + 2 * mem.program, torch.cuda.mem_get_info()[0]
         if need > free:
-            raise OutOfDeviceMemory(need, free, f"{shape.name}: three copies of the KV caches and scratch ({(mem.kv + mem.scratch) / 1e9:.1f} GB each) and two programs")
+            raise OutOfDeviceMemory(need, free, f"{shape.name}: the KV caches ({mem.kv / 1e9:.1f} GB), three ways' scratch ({mem.scratch / 1e9:.2f} GB each) and two programs")
         state = make_step_state(cfg, shape.conversations, shape.tokens_each, shape.context, SEED + 1, device="cuda")
+        host = state.clone("cpu")
         sp, build_s = _build(cfg, shape, state.context_capacity)
         tokens0 = torch.randint(0, cfg.vocab_shard, (shape.tokens,), generator=torch.Generator().manual_seed(SEED), dtype=torch.int32).cuda()
         row: dict = {"case": shape.name, "conversations": shape.conversations, "tokens_each": shape.tokens_each, "tokens": shape.tokens,
                      "context": shape.context, "instructions": len(sp.stream), "build_s": build_s}
         ts = timing_stream(self.vm)
-        # the same first step four ways, from the same state: tokens and
-        # residual must agree bit for bit (the KV caches of 32 conversations are
-        # 11 GB: the static check's copy goes before the next is made, the chain
-        # runs on the original). Fully static is the stream lowered with the
-        # expert items in a fixed round robin, run on static lists.
+        # the same first step four ways, each from the snapshot: tokens and
+        # residual must agree bit for bit. Fully static is the stream lowered
+        # with the expert items in a fixed round robin, run on static lists.
+        # The timed steps need no snapshot: a step writes only its own tokens'
+        # cache slots (at the same positions every step, as the state does not
+        # advance), and writes each before it reads it.
         outs = {}
         sp_fixed, _ = _build(cfg, shape, state.context_capacity, Tiles(expert_fixed=1))
         loaded, hit, dyn_bufs = {}, [], {}
         for how in ("static", "dynamic", "fixed", "chain"):
-            st, tok = (state, tokens0.clone()) if how == "chain" else (state.clone(), tokens0.clone())
+            if outs:  # the first way runs on the state as made
+                state.copy_(host)
+            tok = tokens0.clone()
             prog = sp_fixed if how == "fixed" else sp
-            bufs = bind_step(prog, self.weights, st, tok, device="cuda")
+            bufs = bind_step(prog, self.weights, state, tok, device="cuda")
             if how == "chain":
                 t0 = time.perf_counter()
                 chain = OpChain(self.vm, sp.stream, bufs)
@@ -202,8 +206,9 @@ class GpuStepSweep:
                 hit = _experts_hit(bufs, sp.n_layers)
                 dyn_bufs = bufs  # the loaded program's: its timed steps' routing is read from them
             if how in ("dynamic", "fixed"):
-                loaded[how] = ld  # kept, with its state copy, for the timed steps
-            del bufs, st
+                loaded[how] = ld  # kept, with its scratch, for the timed steps
+            del bufs
+        del host
         row["experts_hit_mean"] = sum(hit) / len(hit)
         row["same_tokens"] = all(torch.equal(outs[h][0], outs["dynamic"][0]) for h in outs)
         row["same_residual"] = all(torch.equal(outs[h][1], outs["dynamic"][1]) for h in outs)

@@ -210,6 +210,28 @@ def test_shared_scratch_decodes_the_same(weights: ModelWeights) -> None:
     assert runs[0] == runs[1]
 
 
+def test_a_state_put_back_from_a_snapshot_steps_the_same(weights: ModelWeights) -> None:
+    """gpuvm sweep --step runs its four ways on one state, put back from a host snapshot between them."""
+    state = make_step_state(CFG, 2, 2, 10, seed=2)
+    snap = state.clone("cpu")
+    sp = lower_step(CFG, 2, 2, state.context_capacity, tiles=TILES)
+    runs = []
+    for k in range(2):
+        if k:
+            assert any(not torch.equal(a.k_cache, b.k_cache) for a, b in zip(state.layers, snap.layers)), "the step wrote no cache slot"
+            state.copy_(snap)
+            assert all(torch.equal(a.k_cache, b.k_cache) and torch.equal(a.v_cache, b.v_cache) for a, b in zip(state.layers, snap.layers))
+        tokens = _tokens(4, 3)
+        bufs = bind_step(sp, weights, state, tokens)
+        run_stream(sp.stream, bufs, step=0)
+        runs.append((tokens.clone(), bufs["s"].clone()))
+    assert torch.equal(runs[0][0], runs[1][0]) and torch.equal(runs[0][1], runs[1][1])
+    with pytest.raises(ValueError, match="cannot copy"):
+        state.copy_(make_step_state(CFG, 3, 2, 10, seed=2))
+    with pytest.raises(ValueError, match="cannot copy"):
+        state.layers[0].copy_(state.layers[1] if state.layers[1].kind != state.layers[0].kind else make_step_state(CFG, 2, 2, 11, seed=2).layers[0])
+
+
 def test_positions_advance_without_rebuild() -> None:
     state = make_step_state(CFG, 2, 3, 5, seed=1, steps=4)
     table = state.convs_schedule(4)

@@ -65,9 +65,21 @@ class DecodeState:
         self.context = nxt
         self.convs[:, 2] = nxt
 
-    def clone(self) -> "DecodeState":
+    def clone(self, device: str | torch.device | None = None) -> "DecodeState":
+        """A copy, on `device` (default: this state's)."""
+        def cp(t: torch.Tensor) -> torch.Tensor:
+            return t.to(device if device is not None else t.device, copy=True)
         return DecodeState(self.cfg, self.kind, self.conversations, self.tokens_each, self.context,
-                           self.convs.clone(), self.k_cache.clone(), self.v_cache.clone())
+                           cp(self.convs), cp(self.k_cache), cp(self.v_cache))
+
+    def copy_(self, other: "DecodeState") -> None:
+        """Take other's convs and caches in place (bound buffers see them), from any device."""
+        if (other.kind, other.context) != (self.kind, self.context) or other.k_cache.shape != self.k_cache.shape or other.convs.shape != self.convs.shape:
+            raise ValueError(f"cannot copy a {other.kind} state at context {other.context} with caches {tuple(other.k_cache.shape)} "
+                             f"into a {self.kind} one at context {self.context} with caches {tuple(self.k_cache.shape)}")
+        self.convs.copy_(other.convs)
+        self.k_cache.copy_(other.k_cache)
+        self.v_cache.copy_(other.v_cache)
 
 
 def cache_slots(cfg: MuseConfig, kind: str, tokens_each: int, context: int, steps: int = 1) -> int:

@@ -234,11 +234,19 @@ class StepState:
                 raise ValueError(f"cache shapes {tuple(k.shape)}, {tuple(v.shape)} do not match {tuple(st.k_cache.shape)}")
             st.k_cache, st.v_cache = k, v
 
-    def clone(self) -> "StepState":
-        layers = [st.clone() for st in self.layers]
+    def clone(self, device: str | torch.device | None = None) -> "StepState":
+        """A copy, on `device` (default: this state's); its layers share one convs tensor too."""
+        layers = [st.clone(device) for st in self.layers]
         for st in layers[1:]:
             st.convs = layers[0].convs
         return StepState(self.cfg, layers, self.context_capacity)
+
+    def copy_(self, other: "StepState") -> None:
+        """Take other's convs and caches in place, layer by layer (e.g. back from a host snapshot)."""
+        if other.n_layers != self.n_layers:
+            raise ValueError(f"cannot copy a state of {other.n_layers} layers into one of {self.n_layers}")
+        for st, o in zip(self.layers, other.layers):
+            st.copy_(o)
 
 
 def make_step_state(
