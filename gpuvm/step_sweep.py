@@ -163,6 +163,7 @@ class GpuStepSweep:
         from .muse.memory import OutOfDeviceMemory, step_memory
 
         cfg = SHARD
+        torch.cuda.empty_cache()  # the last row's blocks, cached by torch, count as taken in mem_get_info
         # the weights are resident; a row holds one copy of the state on the GPU
         # (every way binds it), a snapshot of it in host memory to put it back
         # before each checked way, three ways' scratch and two programs

@@ -85,13 +85,14 @@ def test_full_size_op_counts_and_tiles(kind: str) -> None:
     gemm_tiles = 4 * (2 * 1280 // 64 + 1024 // 64 + 8192 // 128 + 4 * 256 // 32 + 4096 // 128 + 8192 // 128)
     assert count == {
         Op.RMSNORM: C * n, Op.GEMM: gemm_tiles, Op.QK_ROPE_KV: C * n, Op.ATTN_CHUNK: chunks, Op.ATTN_MERGE: C * 16,
-        Op.RESIDUAL: 2 * C * n, Op.TOPK: 8, Op.EXPERT_UP: 264, Op.EXPERT_DOWN: 264, Op.EXPERT_COMBINE: C * n,  # a row each
+        Op.RESIDUAL: 2 * C * n, Op.TOPK: 33, Op.EXPERT_UP: 264, Op.EXPERT_DOWN: 264, Op.EXPERT_COMBINE: C * n,  # a row each
     }
-    # the top-8 picks in the 7 groups the router's 128 and the squeeze's 128
-    # instructions leave (and the table's): 40 tokens each, then the routing table
+    # the top-8 picks 8 tokens each (Tiles.topk_late; the first 6 in the groups
+    # the router's 128 and the squeeze's 128 instructions leave, the rest behind
+    # the squeeze's), then the routing table
     topk = _ops(s, Op.TOPK)
-    assert [o.args[2:5] for o in topk] == [(1, t0, min(40, 256 - t0)) for t0 in range(0, 256, 40)] + [(2, 0, 0)]
-    assert [len(o.tensors) for o in topk] == [3] * 7 + [4]  # the table resets the work lists
+    assert [o.args[2:5] for o in topk] == [(1, t0, 8) for t0 in range(0, 256, 8)] + [(2, 0, 0)]
+    assert [len(o.tensors) for o in topk] == [3] * 32 + [4]  # the table resets the work lists
     tickets: dict[tuple[str, int], list[int]] = {}
     for o in _ops(s, Op.GEMM):
         w = o.tensors[2]
@@ -187,7 +188,7 @@ def test_tiles_cover_every_output_once(kind: str, tiling: str) -> None:
     table = [o for o in _ops(s, Op.TOPK) if o.args[2] != 1]
     assert len(table) == 1 and table[0].tensors[3].name == "L0.work"
     picks = [tuple(o.args[3:5]) for o in _ops(s, Op.TOPK) if o.args[2] == 1]
-    assert len(picks) == (4 if tl.topk_late else 0)
+    assert len(picks) == (-(-T // tl.topk_tokens) if tl.topk_late and T >= tl.topk_span else 0)
     if picks:
         _cover(picks, T)
     chunk = tl.chunk_of(cfg, kind, 3, 5, 100)
@@ -328,15 +329,15 @@ def test_gemm_spans_cut_many_tokens_into_64_row_tiles() -> None:
     assert router(lower_layer(SHARD, "sliding", 32, 8, 4096, tiles=Tiles(router_span=0))) == {(2, 0, 0, 0)}
     assert router(lower_layer(SHARD, "sliding", 32, 1, 4096)) == {(32, 0, 32, 16)}
     topk = {T: [o.args[2:5] for o in _ops(lower_layer(SHARD, "sliding", C, n, 4096).stream, Op.TOPK)] for T, (C, n) in ((32, (32, 1)), (64, (8, 8)))}
-    assert topk == {32: [(0, 0, 0)], 64: [(1, 0, 16), (1, 16, 16), (1, 32, 16), (1, 48, 16), (2, 0, 0)]}  # TOPK split from Tiles.topk_span (64)
-    # Tiles.topk_late: topk_tokens a pick however few groups are left (264 - 128 router - 128 squeeze
-    # tiles - the table: 7), those past the first 6 ranked behind the squeeze's tiles
-    late = lower_layer(SHARD, "full", 32, 8, 4096, tiles=Tiles(topk_late=1, topk_tokens=8))
+    assert topk == {32: [(0, 0, 0)], 64: [(1, t0, 8) for t0 in range(0, 64, 8)] + [(2, 0, 0)]}  # TOPK split from Tiles.topk_span (64)
+    # Tiles.topk_late (the default): topk_tokens a pick however few groups are left (264 - 128 router
+    # - 128 squeeze tiles - the table: 7), those past the first 6 ranked behind the squeeze's tiles
+    late = lower_layer(SHARD, "full", 32, 8, 4096)
     picks = [k for k, o in enumerate(late.stream.ops) if o.opcode == Op.TOPK and o.args[2] == 1]
     squeeze = [k for k, o in enumerate(late.stream.ops) if o.label.startswith("L0.Wsq")]
     assert len(squeeze) == 128 and len(picks) == 32 and {late.stream.ops[k].args[4] for k in picks} == {8}
     assert max(picks[:6]) < min(squeeze) and min(picks[6:]) > max(squeeze)
-    early = lower_layer(SHARD, "full", 32, 8, 4096)
+    early = lower_layer(SHARD, "full", 32, 8, 4096, tiles=Tiles(topk_late=0, topk_tokens=16))
     assert min(k for k, o in enumerate(early.stream.ops) if o.opcode == Op.TOPK) < min(k for k, o in enumerate(early.stream.ops) if o.label.startswith("L0.Wsq"))
     one = lower_layer(SHARD, "sliding", 16, 1, 4096)  # 16 tokens: below the span, all tokens a tile, no parts
     assert {tuple(o.args[2:4]) for o in _ops(one.stream, Op.GEMM)} == {(0, 0)}

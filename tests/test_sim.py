@@ -14,7 +14,7 @@ from gpuvm.cpu.ops import list_items
 from gpuvm.isa import DType, Op, Stamp
 from gpuvm.muse.cases import DECODE_CASES, Case, floor_bytes, get_case, small_case
 from gpuvm.muse.config import SHARD, SMALL, MuseConfig
-from gpuvm.muse.lowering import lower_layer
+from gpuvm.muse.lowering import Tiles, lower_layer
 from gpuvm.muse.state import cache_slots
 from gpuvm.opspec import ProgramError
 from gpuvm.program import Program, Stream
@@ -497,8 +497,9 @@ def test_the_stored_fit_reproduces_its_traced_layers() -> None:
     assert hw.hbm_bytes_per_s == fit["source"]["read_bytes_per_s"]
     rows = fit["source"]["cases"]
     assert len(rows) == 12 and {r["case"] for r in rows} == {c.name for c in DECODE_CASES}
+    traced = Tiles(**fit["source"].get("tiles", {}))  # the traced commit's lowering, where today's defaults differ
     for r in rows:
-        p = predict_layer(SHARD, get_case(r["case"]), fitted_hardware(r["read_bytes_per_s"]), expert_tokens=r["expert_tokens"])
+        p = predict_layer(SHARD, get_case(r["case"]), fitted_hardware(r["read_bytes_per_s"]), expert_tokens=r["expert_tokens"], tiles=traced)
         # the stored span starts at the first claim, as a trace's does; predict_layer's at launch
         assert p["time_ns"] / 1e3 - hw.claim_ns / 1e3 == pytest.approx(r["model_us"], abs=1e-3)
         assert 0.8 <= p["time_ns"] / 1e3 / r["trace_us"] <= 1.25, r["case"]
@@ -510,7 +511,6 @@ def test_claimed_items_even_out_a_skew_that_a_fixed_round_robin_does_not() -> No
     each worker its share whenever it starts: on static lists, where the
     workers start at different times, the claimed lists end first, as on the
     H200 (README, the fully static column)."""
-    from gpuvm.muse.lowering import Tiles
     from gpuvm.sim.predict import list_item_costs
     from gpuvm.static import static_lists
 

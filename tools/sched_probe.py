@@ -118,6 +118,9 @@ def main() -> int:
                     ld = vm.load(sp.stream, bufs)
                     timed(f"step{shp}/{name}{tname}{otag[order]}", ld, 10, None)
                     del ld
+                del sp, bufs
+            del state, tokens  # before the next shape's state: an 80 GB card holds one 32 x 8 state beside the weights
+            torch.cuda.empty_cache()
     if draws:
         print("over each variant's draws (its build and its reschedules): median [min, max] (tools/draws.py folds rounds)")
         print("\n".join(verdicts(draw_spread(res))), flush=True)

@@ -106,16 +106,19 @@ class Tiles:
     # 16 x 8 64.1 / 66.0 ms, 32 x 8 97.8 / 98.8; but at 32 tokens the hop lost
     # (step 32 x 1 36.1 / 35.6 ms).
     topk_span: int = 64
-    topk_tokens: int = 16
+    topk_tokens: int = 8
     # 1: the picks cut topk_tokens each however few groups the router and the
     # squeeze leave; the first free - 1 (free: the groups left, table's one out)
     # keep their place, the rest rank behind the squeeze's tiles (Program.op
     # order_after): claimed after the squeeze, they take the router's groups as
-    # its tiles end. Not yet timed. Without it, full-c32-t8's 7 picks of ~37
-    # tokens end with the squeeze (cf3b1c2, H100 trace), and the table's 11 us
-    # come after both. (All picks behind the squeeze would put two squeeze tiles on each of
-    # the 4 blocks without a router tile: the model then ends the squeeze 70 us later.)
-    topk_late: int = 0
+    # its tiles end. Without it, full-c32-t8's 7 picks of ~37 tokens end with
+    # the squeeze (cf3b1c2, H100 trace), and the table's 11 us come after both.
+    # (All picks behind the squeeze would put two squeeze tiles on each of the 4
+    # blocks without a router tile: the model then ends the squeeze 70 us later.)
+    # H100, 330686d, 4 draws each, against 0 with 16 tokens: full-c32-t8 -0.8%,
+    # sliding-c32-t8 -1.3%, full-c16-t8 -0.4%, sliding-c16-t8 -0.8%, step 32 x 8
+    # -1.4%; 16 tokens a pick gained about half that.
+    topk_late: int = 1
     router_splits: int = 1  # token ranges per router tile at T > 1 (2 measured no faster on the H200: NOTES.md session 5)
     expert_workers: int = 264  # EXPERT_UP / EXPERT_DOWN instructions per layer (H200: 132 SMs x 2 groups)
     # From expert_cap_tokens tokens a step (0: always) expert work items are at
