@@ -20,7 +20,7 @@ import sys
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Iterable, Sequence, TextIO
 
 from .cli import UserError
 from .muse.cases import DECODE_CASES, DECODE_CONTEXT, Case, get_case
@@ -117,8 +117,10 @@ def parse_args(argv: Sequence[str]) -> SweepArgs:
     return SweepArgs(tuple(cases), backend, a.runs, Path(a.out), not a.no_plot, a.trace, tuple(steps))
 
 
-def progress(items: Sequence, stream=sys.stderr) -> Iterable:
-    """Yield items while drawing a one-line progress bar with the current case."""
+def progress(items: Sequence, stream: TextIO | None = None) -> Iterable:
+    """Yield items while drawing a one-line progress bar with the current case
+    (on sys.stderr as it is when called: a default bound at import outlives a swapped stream)."""
+    stream = stream or sys.stderr
     n = len(items)
     t0 = time.monotonic()
     for i, it in enumerate(items):
@@ -274,11 +276,13 @@ def _plot(path: Path, meta: dict, rows: list[dict]) -> Path:
     return path
 
 
-def run_rows(items: Sequence, run: Callable[[object], dict], head: Callable[[object], dict]) -> list[dict]:
+def run_rows(items: Sequence, run: Callable[[object], dict], head: Callable[[object], dict],
+             save: Callable[[list[dict]], object] | None = None) -> list[dict]:
     """run(item) for each item under a progress bar; an item that raises gets
     a row of head(item) with ok False and the error (the other items still
-    run, and the exit code says one failed)."""
-    rows = []
+    run, and the exit code says one failed). save(rows) after each row, so
+    that a run stopped part way (a job's time limit) keeps the rows it made."""
+    rows: list[dict] = []
     for c in progress(items):
         try:
             rows.append(run(c))
@@ -286,7 +290,14 @@ def run_rows(items: Sequence, run: Callable[[object], dict], head: Callable[[obj
             msg = f"{type(e).__name__}: {e}".splitlines()[0][:400]
             print(f"\ngpuvm sweep: {c.name} failed: {msg}", file=sys.stderr)
             rows.append({**head(c), "ok": False, "error": msg})
+        if save is not None and len(rows) < len(items):
+            save(rows)
     return rows
+
+
+def partial_saver(out: Path, meta: dict, columns: list[tuple[str, str, str]], n: int) -> Callable[[list[dict]], object]:
+    """save for run_rows: sweep.json and sweep.csv of the rows so far, meta["partial"] saying how many."""
+    return lambda rows: write_outputs(out, {**meta, "partial": f"{len(rows)} of {n} rows"}, rows, columns, False)
 
 
 def _plot_step(path: Path, meta: dict, rows: list[dict]) -> Path:
@@ -326,7 +337,8 @@ def step_sweep_main(a: SweepArgs, meta: dict) -> int:
         columns = ss.GPU_COLUMNS
         gs = ss.GpuStepSweep(runs=a.runs)
         meta.update(gs.meta())
-        rows = run_rows(list(a.steps), gs.case, lambda c: {"case": c.name, "tokens": c.tokens})
+        meta["steps"] = [c.name for c in a.steps]
+        rows = run_rows(list(a.steps), gs.case, lambda c: {"case": c.name, "tokens": c.tokens}, partial_saver(a.out, meta, columns, len(a.steps)))
     meta["steps"] = [c.name for c in a.steps]
     paths = write_outputs(a.out, meta, rows, columns, False)
     if a.plot and a.backend == "gpu":
@@ -374,7 +386,8 @@ def sweep_main(argv: Sequence[str]) -> int:
         columns = GPU_COLUMNS
         gs = GpuSweep(runs=a.runs, trace_dir=a.out if a.trace else None)
         meta.update(gs.meta())
-        rows = run_rows(list(a.cases), gs.case, lambda c: {"case": c.name, "kind": c.kind, "tokens": c.tokens})
+        meta["cases"] = [c.name for c in a.cases]
+        rows = run_rows(list(a.cases), gs.case, lambda c: {"case": c.name, "kind": c.kind, "tokens": c.tokens}, partial_saver(a.out, meta, columns, len(a.cases)))
     meta["cases"] = [c.name for c in a.cases]
     paths = write_outputs(a.out, meta, rows, columns, a.plot)
     from .sim.fitted import fit_source

@@ -117,3 +117,25 @@ def test_cpu_step_checks_both_steps_and_models_the_shards_step() -> None:
     assert row["small_tokens_same"] == row["small_tokens_decided"] and row["small_ok"]
     assert row["model_hit"] >= 1 and row["model_floor_ms"] > 3.0
     assert 1.0 < row["model_dynamic_over_floor"] < 10.0
+
+
+def test_a_stopped_sweep_keeps_the_rows_it_made(tmp_path: Path) -> None:
+    """run_rows saves after each row (but the last: the caller writes that), a failed row too."""
+    from types import SimpleNamespace
+
+    from gpuvm.sweep import partial_saver, run_rows
+
+    items = [SimpleNamespace(name=n) for n in ("a", "b", "c")]
+    seen = []
+
+    def run(c: SimpleNamespace) -> dict:
+        if c.name == "b":
+            raise RuntimeError("out of memory\nmore")
+        return {"case": c.name, "ok": True}
+
+    save = partial_saver(tmp_path, {"device": "test"}, [("case", "case", "{}")], len(items))
+    rows = run_rows(items, run, lambda c: {"case": c.name}, lambda r: (seen.append(len(r)), save(r)))
+    assert seen == [1, 2] and [r["case"] for r in rows] == ["a", "b", "c"]
+    saved = json.loads((tmp_path / "sweep.json").read_text())
+    assert saved["meta"]["partial"] == "2 of 3 rows" and saved["rows"][1] == {"case": "b", "ok": False, "error": "RuntimeError: out of memory"}
+    assert (tmp_path / "sweep.csv").read_text().splitlines()[0] == "case,ok,error"
