@@ -327,6 +327,7 @@ def _plot_step(path: Path, meta: dict, rows: list[dict]) -> Path:
 def step_sweep_main(a: SweepArgs, meta: dict) -> int:
     from . import step_sweep as ss
 
+    meta["steps"] = [c.name for c in a.steps]
     if a.backend == "cpu":
         print("gpuvm sweep --step: no GPU on this machine. Running the step at small dims (d=256) on the CPU backend against the "
               "reference, timing the build of the shard's step program, and the scheduler model's time of that program "
@@ -337,9 +338,7 @@ def step_sweep_main(a: SweepArgs, meta: dict) -> int:
         columns = ss.GPU_COLUMNS
         gs = ss.GpuStepSweep(runs=a.runs)
         meta.update(gs.meta())
-        meta["steps"] = [c.name for c in a.steps]
         rows = run_rows(list(a.steps), gs.case, lambda c: {"case": c.name, "tokens": c.tokens}, partial_saver(a.out, meta, columns, len(a.steps)))
-    meta["steps"] = [c.name for c in a.steps]
     paths = write_outputs(a.out, meta, rows, columns, False)
     if a.plot and a.backend == "gpu":
         paths.append(_plot_step(a.out / "sweep.png", meta, rows))
@@ -371,6 +370,7 @@ def sweep_main(argv: Sequence[str]) -> int:
     meta["backend"] = a.backend
     if a.steps:
         return step_sweep_main(a, meta)
+    meta["cases"] = [c.name for c in a.cases]
     if a.backend == "cpu":
         print(
             "gpuvm sweep: no GPU on this machine. Running the CPU backend at small dims (d=256) against the "
@@ -386,9 +386,7 @@ def sweep_main(argv: Sequence[str]) -> int:
         columns = GPU_COLUMNS
         gs = GpuSweep(runs=a.runs, trace_dir=a.out if a.trace else None)
         meta.update(gs.meta())
-        meta["cases"] = [c.name for c in a.cases]
         rows = run_rows(list(a.cases), gs.case, lambda c: {"case": c.name, "kind": c.kind, "tokens": c.tokens}, partial_saver(a.out, meta, columns, len(a.cases)))
-    meta["cases"] = [c.name for c in a.cases]
     paths = write_outputs(a.out, meta, rows, columns, a.plot)
     from .sim.fitted import fit_source
 
