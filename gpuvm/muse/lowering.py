@@ -725,9 +725,10 @@ def emit_layer(
     n_squeeze = gemm(x, h2b, w["Wsq"], 0, H, [res1], squeezed, "Wsq", beside=n_router)
     last_squeeze = p.instrs[-1]
     work = act("work", (2, 2), DType.I32, "list")  # the expert lists' (taken, done) counters (TOPK zeroes them)
-    # the picks wait for the whole router and are claimed before the squeeze's
-    # tiles (Program.build's order): as few as fit the groups the two leave
-    # (Tiles.topk_late: more, most of them ranked behind the squeeze)
+    # the picks wait for the whole router; claimed before the squeeze's tiles
+    # (Program.build's order), they hold groups those tiles need. With
+    # Tiles.topk_late (the default) topk_tokens each, all but the first free - 1
+    # ranked behind the squeeze; without it, as few as fit the groups the two leave
     free = tl.gemm_fill - n_router - n_squeeze - 1
     if tl.topk_span and T >= tl.topk_span and (free > 1 or tl.topk_late):  # the picks over token ranges, then the table
         picked = ctr("picks")
