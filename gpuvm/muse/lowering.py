@@ -95,12 +95,6 @@ class Tiles:
     # adds the parts up (isa/gvm_isa.h GEMM, K parts).
     router_ops: int = 128
     router_bytes: int = 64 * 1024  # the f32 router's tiles: latency bound, so smaller (2 rows of 32 KB)
-    # squeeze_bytes > 0: the squeeze's tiles below gemm_span are that many weight
-    # bytes (2^k rows) instead of gemm_fill's. Beside the router's 128 tiles,
-    # gemm_fill's 256 tiles of 256 KB run as a wave on 136 groups and a second
-    # of 120 as the router's end (7c15528's H200 traces: the tile that ends the
-    # squeeze is claimed 10-28 us after RESIDUAL's signal at 1-16 tokens).
-    squeeze_bytes: int = 0
     # From topk_span tokens a step (0: never) the top-8 picks (a warp's 8
     # rounds of warp reductions a token, ~0.8 us; one instruction took 104 us
     # at 256 tokens) go in TOPK instructions of topk_tokens tokens each (more
@@ -328,7 +322,7 @@ class Tiles:
             raise ProgramError(f"Tiles.expert_fixed must be 0 or 1, not {self.expert_fixed!r}")
         if self.lazy_gemm not in (0, 1, 2):
             raise ProgramError(f"Tiles.lazy_gemm must be 0, 1 or 2, not {self.lazy_gemm!r}")
-        for name in ("squeeze_bytes", "router_span", "topk_span", "expert_cap_tokens", "g_late", "g_late_groups", "attn_tail", "qk_tokens", "merge_tokens", "lazy_attn", "code_warm"):
+        for name in ("router_span", "topk_span", "expert_cap_tokens", "g_late", "g_late_groups", "attn_tail", "qk_tokens", "merge_tokens", "lazy_attn", "code_warm"):
             v = getattr(self, name)
             if not isinstance(v, int) or v < 0:
                 raise ProgramError(f"Tiles.{name} must be an int >= 0, not {v!r}")
@@ -728,7 +722,7 @@ def emit_layer(
     # mixture of experts
     scored, routed, squeezed = ctr("scores"), ctr("route"), ctr("x")
     n_router = router([res1], scored)
-    n_squeeze = gemm(x, h2b, w["Wsq"], 0, H, [res1], squeezed, "Wsq", tile_bytes=tl.squeeze_bytes, beside=n_router)
+    n_squeeze = gemm(x, h2b, w["Wsq"], 0, H, [res1], squeezed, "Wsq", beside=n_router)
     last_squeeze = p.instrs[-1]
     work = act("work", (2, 2), DType.I32, "list")  # the expert lists' (taken, done) counters (TOPK zeroes them)
     # the picks wait for the whole router; claimed before the squeeze's tiles
