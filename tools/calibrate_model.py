@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Fit the scheduler model (gpuvm/sim) to GPU traces of the layer cases.
 
-    python3 tools/calibrate_model.py results/h200-s53/final-cacac56/traces.tgz
+    python3 tools/calibrate_model.py results/h200-s67/final-7c15528/traces.tgz --write --commit 7c15528
     python3 tools/calibrate_model.py TRACES --check       # the fit in gpuvm/sim/h200_fit.json against them
 
 The model's defaults are estimates (gpuvm/sim/hardware.py); on the H200 they
