@@ -30,7 +30,7 @@ from gpuvm.device import VM  # noqa: E402
 from gpuvm.device.bench import StreamRead, timing_stream  # noqa: E402
 from gpuvm.env import machine  # noqa: E402
 from gpuvm.muse.config import SHARD  # noqa: E402
-from gpuvm.muse.memory import check_step_fits  # noqa: E402
+from gpuvm.muse.memory import OutOfDeviceMemory, step_memory  # noqa: E402
 from gpuvm.gpu_sweep import compare  # noqa: E402
 from gpuvm.muse.reference import reference_layer, reference_step  # noqa: E402
 from gpuvm.muse.step import bind_step, layer_kind, layer_outputs, lower_step, make_step_state  # noqa: E402
@@ -57,7 +57,10 @@ def main() -> int:
     out: dict = {"machine": machine(), "context": a.context, "steps": a.steps, "layers": a.layers, "runs": []}
     vm = VM(groups=2)
     out["read_bw_TBps"] = StreamRead(vm).measure()["tb_s"]
-    check_step_fits(cfg, max(c for c, _ in shapes), max(n for _, n in shapes), a.context, a.steps + 1, layers=a.layers)
+    need = max(shape_need(cfg, C, n, a.context, a.steps + 1, a.layers, check=k == 0) for k, (C, n) in enumerate(shapes))
+    free = torch.cuda.mem_get_info()[0]
+    if need > free:
+        raise OutOfDeviceMemory(need, free, f"step_check --shapes {a.shapes} (the first checked against the reference)")
     t0 = time.time()
     mw = make_model_weights(cfg, SEED, device="cuda", layers=a.layers)
     torch.cuda.synchronize()
@@ -70,6 +73,15 @@ def main() -> int:
         del res
         torch.cuda.empty_cache()
     return 0
+
+
+def shape_need(cfg, C: int, n: int, context: int, steps: int, layers: int, check: bool) -> int:  # type: ignore[no-untyped-def]
+    """Device bytes of one shape's run beside the weights: the checked shape keeps
+    every layer's scratch (its routing read back per layer), the captured layer
+    outputs and a second copy of the state (the reference's input); the others
+    share scratch across layers as the step sweep does."""
+    mem = step_memory(cfg, C, n, context, steps, layers=layers, share_scratch=not check, capture_layers=check)
+    return mem.total + (mem.kv if check else 0)
 
 
 def run_shape(vm: VM, mw, C: int, n: int, a: argparse.Namespace, bw_tbps: float, check: bool) -> dict:  # type: ignore[no-untyped-def]
@@ -88,7 +100,7 @@ def run_shape(vm: VM, mw, C: int, n: int, a: argparse.Namespace, bw_tbps: float,
     # 1. one step against the reference, layer by layer: each layer's reference
     # is fed the device's own input to that layer (so a layer's error is its own),
     # and routing is compared with the near-tie rule of gpuvm.gpu_sweep.compare
-    bufs = bind_step(sp, mw, state, tokens, device="cuda", share_scratch=False)  # per-layer routing stays readable
+    bufs = bind_step(sp, mw, state, tokens, device="cuda", share_scratch=not check)  # checked: per-layer routing stays readable
     pre = state.clone() if check else None
     tokens_in = tokens.clone()
     loaded = vm.load(sp.stream, bufs)
