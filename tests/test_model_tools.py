@@ -27,6 +27,14 @@ def test_a_what_if_sets_or_scales_a_field_or_an_opcodes_timing() -> None:
             model_whatif.apply(hw, bad)
 
 
+def test_a_what_if_tiling_is_a_checked_tiles() -> None:
+    from gpuvm.muse.lowering import Tiles
+    assert model_whatif.tiling("qk_tokens=2+router_bytes=131072") == Tiles(qk_tokens=2, router_bytes=131072)
+    for bad in ("bogus=1", "qk_tokens", "qk_tokens=x", "gemm_parts=3", "router_bytes=0"):
+        with pytest.raises(SystemExit):
+            model_whatif.tiling(bad)
+
+
 def test_the_calibrations_parameters_make_the_stored_hardware() -> None:
     """The fit's parameter names are the ones calibrate_model fits, and both
     sides build the same Hardware from them."""
