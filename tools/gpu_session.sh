@@ -2,7 +2,7 @@
 # One call on the H200 (the device tool): the VM proofs and timings, the Muse
 # ops standalone, and the decode-case sweep, each under its own time limit,
 # logs and results under $OUT (at most 8 files come back: traces are tarred).
-#   GPUVM_COMMIT=<sha> bash tools/gpu_session.sh [check|fold|ops|opstime|sweep|step|stepsweep|probe|experts|router|park|ring|lists|steptrace|tiles|rowpf|fill|fill2|xstage|trace62|xprobe|smem|tiles2|xbench|against|slots|naps|icache|workers|slices|statsprobe|topkprobe|layertrace|oneop|fusedqk|ringbench|ringprobe|opsgemm|tail|attstop|gputests|vmtest|next|attntail|qksplit|lazygemm|lazyattn|lazyctl|ncuattn|clocks|codewarm|lazyexperts|lazyone|lazyall|toolcheck|gearly|kparts|kpartslayers|glate|glate16|fixed16|dispdepth|shares|cap33|weightcal|bare|refit|stagger|tileprobe|dbl2|heavy|capup|c16t1|ncu|ncusrc|treeab|trees|bounds|pfbound|resched|partsprobe ...]
+#   GPUVM_COMMIT=<sha> bash tools/gpu_session.sh [check|fold|ops|opstime|sweep|step|stepsweep|probe|experts|router|park|ring|lists|steptrace|tiles|rowpf|fill|fill2|xstage|trace62|xprobe|smem|tiles2|xbench|against|slots|naps|icache|workers|slices|statsprobe|topkprobe|layertrace|oneop|fusedqk|ringbench|ringprobe|opsgemm|tail|attstop|gputests|vmtest|next|attntail|qksplit|lazygemm|lazyattn|lazyctl|ncuattn|clocks|codewarm|lazyexperts|lazyone|lazyall|toolcheck|gearly|kparts|kpartslayers|glate|glate16|fixed16|dispdepth|shares|cap33|weightcal|bare|refit|stagger|tileprobe|dbl2|heavy|capup|c16t1|ncu|ncusrc|treeab|trees|bounds|pfbound|resched|partsprobe|qktok ...]
 # (set GPUVM_COMMIT when running a snapshot without .git: else the results name the enclosing checkout)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -430,6 +430,11 @@ PY
         timeout 200 python3 tools/prebuild.py base GVM_GEMM_XS_M2=0 > "$OUT/prebuild_m2.log" 2>&1; echo "prebuild rc=$?"; cat "$OUT/prebuild_m2.log"
         AB_TAIL=24 ab_rounds m2 variants "m2:,m1:GVM_GEMM_XS_M2=0" ${T_M2:-200} \
             --cases ${M2_CASES:-full-c32-t8,sliding-c32-t8,full-c16-t8,sliding-c16-t8} --step "${M2_STEPS:-}" ;;
+    qktok) # QK_ROPE_KV ops of 2 / 4 new tokens (Tiles.qk_tokens) against 1: in 7c15528's H200 trace of full-c32-t8 its
+           # phase is 16.3 us (9.5 in 8dfffa7's), and the op on the critical path ran after another of the 256 on the same
+           # group (claimed 1.4 us after Wqkvg's signal, started 11.3 us later); two dynamic rounds (a tiling: one build)
+        AB_TAIL=24 ab_rounds qktok tiles "qk1:,qk2:qk_tokens=2,qk4:qk_tokens=4" ${T_QKTOK:-150} \
+            --cases ${QKTOK_CASES:-full-c32-t8,sliding-c32-t8,full-c16-t8,sliding-c16-t8} --step "${QKTOK_STEPS:-32x8}" ;;
     pack) # every file under $OUT into one archive (the device tool returns eight files a call): last in the list of steps
           t=$(mktemp /tmp/gvm_pack.XXXXXX); tar czf "$t" -C "$OUT" . && find "$OUT" -mindepth 1 -delete && mv "$t" "$OUT/all.tgz"; echo "packed: $OUT/all.tgz" ;;
     gputests) timeout ${T_GPUTESTS:-200} python3 -m pytest -q -p no:cacheprovider tests/gpu > "$OUT/tests_gpu.log" 2>&1; echo "tests/gpu rc=$?"; tail -4 "$OUT/tests_gpu.log" ;;
