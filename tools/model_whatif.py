@@ -12,12 +12,13 @@ of that case routed (the fit's stored expert tokens), then again with the
 changes: a Hardware field (`signal_latency_ns=3000`) or an opcode's timing
 (`GEMM.fixed_ns=...`, `ATTN_CHUNK.math_fraction=...`), each set to a value or
 scaled (`=*0.5`), and/or another tiling (`--tiles qk_tokens=2+router_bytes=131072`:
-lowering.Tiles fields, the layer lowered with them). The fit's parameters are effective ones, and the dynamic
-schedule moves with op lengths in the model as on the device (a few % either
-way on the 256-token layers), so a what-if ranks ideas; it does not replace
-the A/B on the H200. On tilings it has been wrong in sign: the router's tiles at
-128 KB it put at -1.5 to -2.9% from 8 to 16 tokens, an H100 measured +1.9 to
-+3.2% (session 67); it has no terms for claim order (topk_late: +0.0%).
+lowering.Tiles fields, the layer lowered with them). The fit's parameters are
+effective ones, and the dynamic schedule moves with op lengths in the model as
+on the device (a few % either way on the 256-token layers), so a what-if ranks
+ideas; it does not replace the A/B on the H200. On tilings it has been wrong
+in sign: the router's tiles at 128 KB it put at -1.5 to -2.9% from 8 to 16
+tokens, an H100 measured +1.9 to +3.2% (session 67); it has no terms for claim
+order (topk_late: +0.0%).
 """
 from __future__ import annotations
 

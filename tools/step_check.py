@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 from gpuvm.device import VM  # noqa: E402
 from gpuvm.device.bench import StreamRead, timing_stream  # noqa: E402
 from gpuvm.env import machine  # noqa: E402
-from gpuvm.muse.config import SHARD  # noqa: E402
+from gpuvm.muse.config import SHARD, MuseConfig  # noqa: E402
 from gpuvm.muse.memory import OutOfDeviceMemory, step_memory  # noqa: E402
 from gpuvm.gpu_sweep import compare  # noqa: E402
 from gpuvm.muse.reference import reference_layer, reference_step  # noqa: E402
@@ -75,8 +75,8 @@ def main() -> int:
     return 0
 
 
-def shape_need(cfg, C: int, n: int, context: int, steps: int, layers: int, check: bool) -> int:  # type: ignore[no-untyped-def]
-    """Device bytes of one shape's run beside the weights: the checked shape keeps
+def shape_need(cfg: MuseConfig, C: int, n: int, context: int, steps: int, layers: int, check: bool) -> int:
+    """Device bytes of one shape's run, the weights included: the checked shape keeps
     every layer's scratch (its routing read back per layer), the captured layer
     outputs and a second copy of the state (the reference's input); the others
     share scratch across layers as the step sweep does."""
