@@ -774,3 +774,11 @@ def test_lazy_experts_flags_the_list_workers_only() -> None:
         assert np.array_equal(re_[f], rl[f])
     with pytest.raises(ProgramError, match="lazy_experts"):
         Tiles(lazy_experts=2)
+
+
+def test_a_tiling_parses_from_the_tools_command_line_form() -> None:
+    assert Tiles.parse("") == Tiles()
+    assert Tiles.parse("qk_tokens=2+topk_late=0") == Tiles(qk_tokens=2, topk_late=0)
+    for bad in ("bogus=1", "qk_tokens", "qk_tokens=x", "gemm_parts=3"):
+        with pytest.raises(ProgramError):
+            Tiles.parse(bad)

@@ -66,19 +66,9 @@ def apply(hw: Hardware, change: str) -> Hardware:
 
 
 def tiling(spec: str) -> Tiles:
-    """lowering.Tiles from `field=value[+field=value]` (integers), checked by Tiles itself."""
-    fields = {f.name for f in dataclasses.fields(Tiles)}
-    kw: dict[str, int] = {}
-    for part in (p for p in spec.split("+") if p):
-        name, sep, value = part.partition("=")
-        if not sep or name not in fields:
-            raise SystemExit(f"--tiles {spec!r}: {part!r} is not FIELD=VALUE of a Tiles field")
-        try:
-            kw[name] = int(value)
-        except ValueError:
-            raise SystemExit(f"--tiles {spec!r}: {value!r} is not an integer") from None
+    """lowering.Tiles from `field=value[+field=value]`, checked by Tiles itself."""
     try:
-        return Tiles(**kw)
+        return Tiles.parse(spec)
     except ProgramError as e:
         raise SystemExit(f"--tiles: {e}") from None
 

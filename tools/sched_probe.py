@@ -69,7 +69,7 @@ def main() -> int:
         tilings = {}
         for v in a.tiles.split(","):
             name, _, defs = v.partition(":")
-            tilings[name] = Tiles(**{k: int(x) for k, x in (d.split("=", 1) for d in defs.split("+") if d)})
+            tilings[name] = Tiles.parse(defs)
     orders = a.orders.split(",")
     otag = {o: "" if o == "depth" else f"@{o}" for o in orders}  # the lowering's order adds nothing to a row's name
     flush = L2Flush(torch.device("cuda", 0))

@@ -63,7 +63,7 @@ def main() -> int:
     a = ap.parse_args()
     if a.timeline:
         a.define.append("GVM_EXPR_PROBE=2048")
-    tiles = Tiles(**{k: int(v) for k, v in (d.split("=", 1) for d in a.tiles.split("+") if d)})
+    tiles = Tiles.parse(a.tiles)
     conv, each = (int(v) for v in a.shape.split("x"))
     vm = VM(groups=2, trace=True, defines=tuple(tuple(d.split("=", 1)) for d in a.define))  # type: ignore[misc]
     weights = make_model_weights(SHARD, 2026, device="cuda", layers=a.layers)

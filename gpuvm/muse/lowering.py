@@ -16,7 +16,7 @@ so an expert with no tokens costs no instruction; down waits for all of up.
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields as dataclass_fields, replace
 from typing import Callable
 
 import torch
@@ -339,6 +339,22 @@ class Tiles:
         for name in ("expert_cap_up", "expert_cap_down"):
             if getattr(self, name) % NVFP4_TILE_ROWS:
                 raise ProgramError(f"Tiles.{name} must be a multiple of {NVFP4_TILE_ROWS} (items start on a tiled block), not {getattr(self, name)}")
+
+    @classmethod
+    def parse(cls, spec: str) -> "Tiles":
+        """Tiles from `field=value[+field=value]` (integers; '' gives the
+        defaults), as the tools take them on their command lines."""
+        names = {f.name for f in dataclass_fields(cls)}
+        kw: dict[str, int] = {}
+        for part in (p for p in spec.split("+") if p):
+            name, sep, value = part.partition("=")
+            if not sep or name not in names:
+                raise ProgramError(f"tiling {spec!r}: {part!r} is not FIELD=VALUE of a Tiles field")
+            try:
+                kw[name] = int(value)
+            except ValueError:
+                raise ProgramError(f"tiling {spec!r}: {value!r} is not an integer") from None
+        return cls(**kw)
 
     def for_warm(self, tokens: int, warm_tokens: int) -> "Tiles":
         """The small warm layer's tiling (code_warm.py): every token threshold set
