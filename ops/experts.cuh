@@ -51,7 +51,8 @@
 #define GVM_EXPR_PROBE 0   // timing probes (tools/expert_bench.py --define), bits: 1 no decode, 2 no MMA, 4 no weight copies (ring),
                            // 8 nothing after staging x, 16 no item (the list's walk alone), 32 no epilogue, 64 nothing at all,
                            // 128 the argument check alone; the shared tile (many tokens): 256 no x staging in the K loop,
-                           // 512 no decode nor MMA, 1024 no weight copies; 2048 the item timeline (below)
+                           // 512 no decode nor MMA, 1024 no weight copies; 2048 the item timeline (below);
+                           // 4096 x copied straight into a second tile (no staging pass, one barrier a K step)
 #endif
 
 // Timeline probe (GVM_EXPR_PROBE 2048, tools/expert_bench.py --timeline): thread 0 of a
@@ -154,6 +155,23 @@ __device__ __forceinline__ void gvm_exp_xfetch(const gvm_ctx& c, const unsigned 
     for (int i = c.tid; i < tm * 32; i += 128) {
         const bool ok = k < kdim;
         gvm_cp_async16(s_raw + 16 * i, ok ? x + gvm_lds_u(s_rows + 4 * (i >> 5)) + 2 * k : x, ok, pol);
+    }
+    gvm_cp_async_commit();
+}
+
+// Probe 4096 (timing only: the values are wrong): x's raw rows of K step ks
+// copied straight into the tile at s_tile, 16 bytes where the staging would
+// have put them, so that a K step has no staging pass and one group barrier:
+// what an x already laid out as the tile (by its producer) would cost.
+__device__ __forceinline__ void gvm_exp_xdirect(const gvm_ctx& c, const unsigned char* x, unsigned s_rows, unsigned s_tile,
+                                                int tm, int ks, int kdim, unsigned long long pol) {
+    const int k = ks * GVM_EXP_KSTEP + (int)(c.tid & 31) * 8;
+#pragma unroll 1
+    for (int i = c.tid; i < tm * 32; i += 128) {
+        const int r = i >> 5, pos = ((r >> 3) & 1) * 32 + (i & 31);
+        const bool ok = k < kdim;
+        const unsigned dst = s_tile + (unsigned)(r >> 4) * GVM_EXP_MTILE + (unsigned)(r & 7) * GVM_EXP_PROW + 16u * pos;
+        gvm_cp_async16(dst, ok ? x + gvm_lds_u(s_rows + 4 * r) + 2 * k : x, ok, pol);
     }
     gvm_cp_async_commit();
 }
@@ -410,7 +428,12 @@ __device__ __forceinline__ void gvm_exp_mma(const gvm_ctx& c, float (&acc)[GVM_E
 #pragma unroll
     for (int b = 0; b + 1 < NST; ++b)
         if (WCOPY && b < steps) wfetch(b, kk(b));
-    if (!(GVM_EXPR_PROBE & 256)) gvm_exp_xfetch(c, x, s_rows, s_raw, tm, kk(0), kdim, gvm_policy_evict_normal());
+    // probe 4096: x straight into two tiles (s_tile, then GVM_EXP_MAXMT m-tiles on), used in turn
+    constexpr bool XDIRECT = DBL && (GVM_EXPR_PROBE & 4096) && !(GVM_EXPR_PROBE & 256);
+    if (XDIRECT)
+        gvm_exp_xdirect(c, x, s_rows, s_tile, tm, kk(0), kdim, gvm_policy_evict_normal());
+    else if (!(GVM_EXPR_PROBE & 256))
+        gvm_exp_xfetch(c, x, s_rows, s_raw, tm, kk(0), kdim, gvm_policy_evict_normal());
     int buf = 0;
     unsigned phase = 0;  // the parity of buffer buf's current use (two-unit layout)
 #pragma unroll 1
@@ -425,10 +448,17 @@ __device__ __forceinline__ void gvm_exp_mma(const gvm_ctx& c, float (&acc)[GVM_E
             gvm_cp_async_wait<1>();  // this step's weights and x are in; the next step's weights may still fly
         if (DBL && WCOPY) gvm_bar_wait(bar0 + 8 * buf, phase);
         gvm_group_sync(c);  // every thread's x and weights are in, and every warp is done with the previous tile
-        if (!(GVM_EXPR_PROBE & 256)) gvm_exp_stage(c, s_raw, s_tile, tm);
-        gvm_group_sync(c);  // the tile is whole, the raw buffer free
-        if (ks + 1 < steps && !(GVM_EXPR_PROBE & 256))
-            gvm_exp_xfetch(c, x, s_rows, s_raw, tm, kk(ks + 1), kdim, gvm_policy_evict_normal());
+        const unsigned xt = XDIRECT ? s_tile + (unsigned)(ks & 1) * GVM_EXP_MAXMT * GVM_EXP_MTILE : s_tile;
+        if (XDIRECT) {
+            if (ks + 1 < steps)
+                gvm_exp_xdirect(c, x, s_rows, s_tile + (unsigned)((ks + 1) & 1) * GVM_EXP_MAXMT * GVM_EXP_MTILE, tm,
+                                kk(ks + 1), kdim, gvm_policy_evict_normal());
+        } else {
+            if (!(GVM_EXPR_PROBE & 256)) gvm_exp_stage(c, s_raw, s_tile, tm);
+            gvm_group_sync(c);  // the tile is whole, the raw buffer free
+            if (ks + 1 < steps && !(GVM_EXPR_PROBE & 256))
+                gvm_exp_xfetch(c, x, s_rows, s_raw, tm, kk(ks + 1), kdim, gvm_policy_evict_normal());
+        }
         const unsigned slot = slot0 + buf * wb;
         if (++buf == NST) {
             buf = 0;
@@ -439,10 +469,10 @@ __device__ __forceinline__ void gvm_exp_mma(const gvm_ctx& c, float (&acc)[GVM_E
         // w8's shared loads and decode, which ptxas can then start early
         using L = gvm_exp_two<UP>;
         if (DBL && mts == 2) {  // a unit at a time (x's fragments loaded twice): both at once spilled
-            gvm_exp_ks<2, 1, L, 0>(acc, slot, s_tile, g, t4);
-            gvm_exp_ks<2, 1, L, 1>(acc, slot, s_tile, g, t4);
+            gvm_exp_ks<2, 1, L, 0>(acc, slot, xt, g, t4);
+            gvm_exp_ks<2, 1, L, 1>(acc, slot, xt, g, t4);
         } else if (DBL)
-            gvm_exp_ks<1, 2, L>(acc, slot, s_tile, g, t4);
+            gvm_exp_ks<1, 2, L>(acc, slot, xt, g, t4);
         else if (mts == 2)
             gvm_exp_ks<2, 1, gvm_exp_one>(acc, slot, s_tile, g, t4);
         else
@@ -989,6 +1019,9 @@ __device__ int gvm_expert_tile(const gvm_ctx& c, int e, int n0, int nn) {
     const unsigned s_rows = gvm_smem_addr(c.smem), s_flag = s_rows + 128, s_wbuf = s_rows + GVM_EXP_HEAD;
     const unsigned s_tile = s_wbuf + (dbl ? GVM_EXP_WST * GVM_EXP_WSTAGE : GVM_EXP_WBUF) + raw, s_raw = s_tile - raw;
     const int unit_rows = UP ? 8 : 16, units = (nn + unit_rows - 1) / unit_rows, upp = dbl ? 8 : 4;
+#if GVM_EXPR_PROBE & 4096  // the probe's two tiles fit before the walk's state
+    if (dbl && (int)(s_tile - s_rows) + 2 * GVM_EXP_MAXMT * GVM_EXP_MTILE > (int)c.smem_bytes - GVM_EXP_STATE) return GVM_ERR_BAD_ARGS;
+#endif
 
     if (c.tid == 0) gvm_sts(s_flag, 0u);
 #if GVM_EXPERT_REG
