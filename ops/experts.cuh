@@ -52,7 +52,8 @@
                            // 8 nothing after staging x, 16 no item (the list's walk alone), 32 no epilogue, 64 nothing at all,
                            // 128 the argument check alone; the shared tile (many tokens): 256 no x staging in the K loop,
                            // 512 no decode nor MMA, 1024 no weight copies; 2048 the item timeline (below);
-                           // 4096 x copied straight into a second tile (no staging pass, one barrier a K step)
+                           // 4096 x copied straight into a second tile (no staging pass, one barrier a K step),
+                           // 4096 + 8192 into three, fetched two K steps ahead
 #endif
 
 // Timeline probe (GVM_EXPR_PROBE 2048, tools/expert_bench.py --timeline): thread 0 of a
@@ -428,11 +429,15 @@ __device__ __forceinline__ void gvm_exp_mma(const gvm_ctx& c, float (&acc)[GVM_E
 #pragma unroll
     for (int b = 0; b + 1 < NST; ++b)
         if (WCOPY && b < steps) wfetch(b, kk(b));
-    // probe 4096: x straight into two tiles (s_tile, then GVM_EXP_MAXMT m-tiles on), used in turn
+    // probe 4096: x straight into NX tiles of GVM_EXP_MAXMT m-tiles (2 from s_tile; 3 from
+    // s_raw with probe 8192, fetched two K steps ahead), used in turn
     constexpr bool XDIRECT = DBL && (GVM_EXPR_PROBE & 4096) && !(GVM_EXPR_PROBE & 256);
-    if (XDIRECT)
-        gvm_exp_xdirect(c, x, s_rows, s_tile, tm, kk(0), kdim, gvm_policy_evict_normal());
-    else if (!(GVM_EXPR_PROBE & 256))
+    constexpr int NX = GVM_EXPR_PROBE & 8192 ? 3 : 2;
+    const unsigned xt0 = NX == 3 ? s_raw : s_tile;
+    const auto xtile = [&](int ks) { return xt0 + (unsigned)(ks % NX) * GVM_EXP_MAXMT * GVM_EXP_MTILE; };
+    if (XDIRECT) {
+        for (int j = 0; j + 1 < NX && j < steps; ++j) gvm_exp_xdirect(c, x, s_rows, xtile(j), tm, kk(j), kdim, gvm_policy_evict_normal());
+    } else if (!(GVM_EXPR_PROBE & 256))
         gvm_exp_xfetch(c, x, s_rows, s_raw, tm, kk(0), kdim, gvm_policy_evict_normal());
     int buf = 0;
     unsigned phase = 0;  // the parity of buffer buf's current use (two-unit layout)
@@ -442,17 +447,18 @@ __device__ __forceinline__ void gvm_exp_mma(const gvm_ctx& c, float (&acc)[GVM_E
             __syncwarp();  // the buffer refilled (the previous step's) was read by every lane of the warp
             wfetch(buf == 0 ? NST - 1 : buf - 1, kk(ks + NST - 1));
         }
-        if (DBL || ks + 1 >= steps)
+        if (XDIRECT && NX == 3 && ks + 1 < steps)
+            gvm_cp_async_wait<1>();  // this step's x; the next step's may still fly
+        else if (DBL || ks + 1 >= steps)
             gvm_cp_async_wait<0>();  // this step's x (and weights, one unit a warp)
         else
             gvm_cp_async_wait<1>();  // this step's weights and x are in; the next step's weights may still fly
         if (DBL && WCOPY) gvm_bar_wait(bar0 + 8 * buf, phase);
         gvm_group_sync(c);  // every thread's x and weights are in, and every warp is done with the previous tile
-        const unsigned xt = XDIRECT ? s_tile + (unsigned)(ks & 1) * GVM_EXP_MAXMT * GVM_EXP_MTILE : s_tile;
+        const unsigned xt = XDIRECT ? xtile(ks) : s_tile;
         if (XDIRECT) {
-            if (ks + 1 < steps)
-                gvm_exp_xdirect(c, x, s_rows, s_tile + (unsigned)((ks + 1) & 1) * GVM_EXP_MAXMT * GVM_EXP_MTILE, tm,
-                                kk(ks + 1), kdim, gvm_policy_evict_normal());
+            if (ks + NX - 1 < steps)
+                gvm_exp_xdirect(c, x, s_rows, xtile(ks + NX - 1), tm, kk(ks + NX - 1), kdim, gvm_policy_evict_normal());
         } else {
             if (!(GVM_EXPR_PROBE & 256)) gvm_exp_stage(c, s_raw, s_tile, tm);
             gvm_group_sync(c);  // the tile is whole, the raw buffer free
@@ -1019,8 +1025,10 @@ __device__ int gvm_expert_tile(const gvm_ctx& c, int e, int n0, int nn) {
     const unsigned s_rows = gvm_smem_addr(c.smem), s_flag = s_rows + 128, s_wbuf = s_rows + GVM_EXP_HEAD;
     const unsigned s_tile = s_wbuf + (dbl ? GVM_EXP_WST * GVM_EXP_WSTAGE : GVM_EXP_WBUF) + raw, s_raw = s_tile - raw;
     const int unit_rows = UP ? 8 : 16, units = (nn + unit_rows - 1) / unit_rows, upp = dbl ? 8 : 4;
-#if GVM_EXPR_PROBE & 4096  // the probe's two tiles fit before the walk's state
-    if (dbl && (int)(s_tile - s_rows) + 2 * GVM_EXP_MAXMT * GVM_EXP_MTILE > (int)c.smem_bytes - GVM_EXP_STATE) return GVM_ERR_BAD_ARGS;
+#if GVM_EXPR_PROBE & 4096  // the probe's tiles fit before the walk's state
+    if (dbl && (int)((GVM_EXPR_PROBE & 8192 ? s_raw : s_tile) - s_rows) + (GVM_EXPR_PROBE & 8192 ? 3 : 2) * GVM_EXP_MAXMT * GVM_EXP_MTILE >
+                   (int)c.smem_bytes - GVM_EXP_STATE)
+        return GVM_ERR_BAD_ARGS;
 #endif
 
     if (c.tid == 0) gvm_sts(s_flag, 0u);
