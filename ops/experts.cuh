@@ -1200,6 +1200,15 @@ __device__ __forceinline__ unsigned gvm_exp_weight(int count) {
 #define GVM_LIST_SIGNAL 1  // 0: every worker signals one when it finds the list taken (for A/B runs)
 #endif
 
+// The walk's order of the experts' runs of items: 1 longest first (by tokens, the
+// most first, ties by expert), so that the last items claimed are the short ones
+// (an item's time grows with its expert's tokens: the shared tile repeats its K loop
+// for each chunk of 32); 0 expert order. Item i maps to other rows of the same
+// experts; every output element still comes from one item, in one order.
+#ifndef GVM_EXP_LPT
+#define GVM_EXP_LPT 1
+#endif
+
 template <bool UP>
 __device__ int gvm_expert_matmul(const gvm_ctx& c) {
     if (GVM_EXPR_PROBE & 64) return GVM_ERR_NONE;  // probe: the op does nothing (times the launch and the runtime)
@@ -1228,7 +1237,23 @@ __device__ int gvm_expert_matmul(const gvm_ctx& c) {
             const bool heavy = GVM_EXPERT_HEAVY_T && count > GVM_EXPERT_HEAVY_T;  // half the cap (isa/gvm_isa.h)
             const int cap = heavy ? max(grain, c.ins->arg[3] / (2 * grain) * grain) : c.ins->arg[3];
             const int rows = wt ? min(cap, ((nout + q - 1) / q + grain - 1) / grain * grain) : 0;
-            int end = wt ? (nout + rows - 1) / rows : 0;  // this expert's items, then the end of its run
+            const int n_items = wt ? (nout + rows - 1) / rows : 0;
+            // the experts' runs in walk order (GVM_EXP_LPT): lane r takes the run of expert
+            // er, ranked r (passed through the ends' words before they are written)
+            int er = (int)lane;
+            if (GVM_EXP_LPT) {
+                int rank = 0;
+#pragma unroll 4
+                for (int j = 0; j < 32; ++j) {
+                    const int cj = __shfl_sync(0xffffffffu, count, j);
+                    rank += (cj > count) | ((cj == count) & (j < (int)lane));
+                }
+                gvm_sts(st + 272 + 4 * rank, lane);
+                __syncwarp();
+                er = (int)gvm_lds_u(st + 272 + 4 * lane);
+                __syncwarp();  // every lane has read its word before the ends overwrite them
+            }
+            int end = __shfl_sync(0xffffffffu, n_items, er);
 #pragma unroll
             for (int o = 1; o < 32; o <<= 1) {
                 const int v = __shfl_up_sync(0xffffffffu, end, o);
@@ -1236,7 +1261,7 @@ __device__ int gvm_expert_matmul(const gvm_ctx& c) {
             }
             gvm_sts(st + 16 + 4 * lane, (unsigned)count);
             gvm_sts(st + 144 + 4 * lane, (unsigned)first);
-            gvm_sts(st + 272 + 4 * lane, (unsigned)end);
+            gvm_sts(st + 272 + 4 * lane, (unsigned)end | (unsigned)er << 24);  // at most 32 x 8,192 items
             gvm_sts(st + 400 + 4 * lane, (unsigned)rows);
             if (lane == 0) gvm_sts(st, claim);
         }
@@ -1253,10 +1278,11 @@ __device__ int gvm_expert_matmul(const gvm_ctx& c) {
     }
     gvm_group_sync(c);
     const int i = (int)gvm_lds_u(st + 4 * (c.again & 1));
-    // item i's expert: the runs that end at or before i come before it (each warp finds it itself)
-    const int end = (int)gvm_lds_u(st + 272 + 4 * (c.tid & 31));
-    const int items = __shfl_sync(0xffffffffu, end, 31), e = __popc(__ballot_sync(0xffffffffu, end <= i));
-    const int start = __shfl_sync(0xffffffffu, end, max(e - 1, 0));
+    // item i's run: the runs that end at or before i come before it (each warp finds it itself)
+    const unsigned run = gvm_lds_u(st + 272 + 4 * (c.tid & 31));  // lane r: run r's end | its expert << 24
+    const int end = (int)(run & 0xffffffu);
+    const int items = __shfl_sync(0xffffffffu, end, 31), r = __popc(__ballot_sync(0xffffffffu, end <= i));
+    const int start = __shfl_sync(0xffffffffu, end, max(r - 1, 0));
     GVM_EXPR_MARK(c, 2);
     GVM_EXPR_MARK(c, 9);
 #if GVM_EXPR_PROBE & 2048
@@ -1275,7 +1301,8 @@ __device__ int gvm_expert_matmul(const gvm_ctx& c) {
     if (c.again != 0 && (int)gvm_lds_u(st + 12) + 1 == items) return GVM_SIGNAL_N(c.ins->arg[1]);
     if (i >= items) return GVM_SIGNAL_N(items == 0 && i == 0 ? c.ins->arg[1] : 0);
     if (GVM_EXPR_PROBE & 16) return GVM_AGAIN;  // probe: items taken, none computed (times the list's walk)
-    const int rows = (int)gvm_lds_u(st + 400 + 4 * e), row0 = (i - (e > 0 ? start : 0)) * rows;
+    const int e = (int)((unsigned)__shfl_sync(0xffffffffu, run, r) >> 24);  // the run's expert
+    const int rows = (int)gvm_lds_u(st + 400 + 4 * e), row0 = (i - (r > 0 ? start : 0)) * rows;
     const int rc = gvm_expert_tile<UP>(c, e, row0, min(rows, gvm_t(c, 0).shape[1] - row0));
     return rc != GVM_ERR_NONE ? rc : GVM_AGAIN;
 }
