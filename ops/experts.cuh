@@ -1203,7 +1203,8 @@ __device__ __forceinline__ unsigned gvm_exp_weight(int count) {
 // The walk's order of the experts' runs of items: 1 longest first (by tokens, the
 // most first, ties by expert), so that the last items claimed are the short ones
 // (an item's time grows with its expert's tokens: the shared tile repeats its K loop
-// for each chunk of 32); 0 expert order. Item i maps to other rows of the same
+// for each chunk of 32); 2 by chunks of 32 tokens (ties, e.g. every expert of up to
+// 32, in expert order); 0 expert order. Item i maps to other rows of the same
 // experts; every output element still comes from one item, in one order.
 #ifndef GVM_EXP_LPT
 #define GVM_EXP_LPT 1
@@ -1242,11 +1243,12 @@ __device__ int gvm_expert_matmul(const gvm_ctx& c) {
             // er, ranked r (passed through the ends' words before they are written)
             int er = (int)lane;
             if (GVM_EXP_LPT) {
+                const int key = GVM_EXP_LPT == 2 ? (count + 31) >> 5 : count;
                 int rank = 0;
 #pragma unroll 4
                 for (int j = 0; j < 32; ++j) {
-                    const int cj = __shfl_sync(0xffffffffu, count, j);
-                    rank += (cj > count) | ((cj == count) & (j < (int)lane));
+                    const int kj = __shfl_sync(0xffffffffu, key, j);
+                    rank += (kj > key) | ((kj == key) & (j < (int)lane));
                 }
                 gvm_sts(st + 272 + 4 * rank, lane);
                 __syncwarp();
