@@ -498,8 +498,10 @@ def test_the_stored_fit_reproduces_its_traced_layers() -> None:
     rows = fit["source"]["cases"]
     assert len(rows) == 12 and {r["case"] for r in rows} == {c.name for c in DECODE_CASES}
     traced = Tiles(**fit["source"].get("tiles", {}))  # the traced commit's lowering, where today's defaults differ
+    lpt = fit["source"].get("expert_lpt", True)  # and its expert lists' order
     for r in rows:
-        p = predict_layer(SHARD, get_case(r["case"]), fitted_hardware(r["read_bytes_per_s"]), expert_tokens=r["expert_tokens"], tiles=traced)
+        p = predict_layer(SHARD, get_case(r["case"]), fitted_hardware(r["read_bytes_per_s"]), expert_tokens=r["expert_tokens"], tiles=traced,
+                          longest_first=lpt)
         # the stored span starts at the first claim, as a trace's does; predict_layer's at launch
         assert p["time_ns"] / 1e3 - hw.claim_ns / 1e3 == pytest.approx(r["model_us"], abs=1e-3)
         assert 0.8 <= p["time_ns"] / 1e3 / r["trace_us"] <= 1.25, r["case"]

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Fit the scheduler model (gpuvm/sim) to GPU traces of the layer cases.
 
-    python3 tools/calibrate_model.py results/h200-s67/final-7c15528/traces.tgz --write --commit 7c15528
+    python3 tools/calibrate_model.py results/h200-s67/final-7c15528/traces.tgz --write --commit 7c15528 --expert-order index
     python3 tools/calibrate_model.py TRACES --check       # the fit in gpuvm/sim/h200_fit.json against them
 
 The model's defaults are estimates (gpuvm/sim/hardware.py); on the H200 they
@@ -77,9 +77,10 @@ def _targets(trace: Trace) -> tuple[float, dict[str, tuple[float, float]]]:
     return tl.span, {s.name: (s.phase, s.run_median) for s in op_stats(tl) if not s.name.startswith("W.")}
 
 
-def load_cases(paths: list[Path], modes: tuple[str, ...]) -> list[Case]:
+def load_cases(paths: list[Path], modes: tuple[str, ...], longest_first: bool = True) -> list[Case]:
     """The traces' cases, lowered again; a mode's suffix: '' dynamic, -static,
-    -fixed (fully static: the expert items in a fixed round robin, Tiles.expert_fixed)."""
+    -fixed (fully static: the expert items in a fixed round robin, Tiles.expert_fixed);
+    longest_first: the expert lists' order the traced code walked (opspec.expert_items)."""
     out = []
     for p in sorted(paths):
         stem = p.stem.removeprefix("trace-")
@@ -98,7 +99,7 @@ def load_cases(paths: list[Path], modes: tuple[str, ...]) -> list[Case]:
         if mode != "dynamic":  # the lists the device ran: each block's instructions in stream order
             lists = [sorted(np.flatnonzero(tr.records["block"] == b).tolist()) for b in range(int(tr.meta["n_blocks"]))]
         span, ops = _targets(tr)
-        out.append(Case(name, mode, lp.stream, *model_costs(lp.stream, toks), float(tr.meta["read_bw_TBps"]) * 1e12,
+        out.append(Case(name, mode, lp.stream, *model_costs(lp.stream, toks, longest_first), float(tr.meta["read_bw_TBps"]) * 1e12,
                         span, ops, toks, lists))
     if not out:
         raise SystemExit("no traces of the asked modes")
@@ -182,7 +183,10 @@ def main() -> None:
     ap.add_argument("--max-evals", type=int, default=600)
     ap.add_argument("--fresh", action="store_true", help="start from the estimates, not from the stored fit")
     ap.add_argument("--commit", default="", help="the commit the traces ran (for the stored fit's source)")
+    ap.add_argument("--expert-order", choices=("longest", "index"), default="longest",
+                    help="the expert lists' order the traced code walked: longest first (GVM_EXP_LPT 1, since session 68) or expert index")
     args = ap.parse_args()
+    lpt = args.expert_order == "longest"
     with tempfile.TemporaryDirectory() as tmp:
         folder = args.traces
         if folder.is_file():
@@ -192,22 +196,22 @@ def main() -> None:
         paths = list(folder.glob("trace-*.npz"))
         if args.check:
             stored = fitted.load()
-            print_rows(report(load_cases(paths, ("dynamic", "static", "fixed")), stored["params"]))
+            print_rows(report(load_cases(paths, ("dynamic", "static", "fixed"), lpt), stored["params"]))
             return
-        cases = load_cases(paths, ("dynamic",))
+        cases = load_cases(paths, ("dynamic",), lpt)
         device = Trace.load(paths[0]).meta.get("device", "")
         start = start_params(args.fresh)
         print(f"{len(cases)} dynamic traces of {device}; fitting {len(start)} parameters", flush=True)
         params, err = fit(cases, start, args.max_evals)
         rows = report(cases, params)
         print_rows(rows)
-        check = report(load_cases(paths, ("static", "fixed")), params)
+        check = report(load_cases(paths, ("static", "fixed"), lpt), params)
         print("held out, the static and fully static traces (lists as the device ran them):")
         print_rows(check)
         for k in sorted(params):
             print(f"  {k:24s} {params[k]:.4g}")
         if args.write:
-            fitted.save(params, {"traces": str(args.traces), "commit": args.commit, "device": device,
+            fitted.save(params, {"traces": str(args.traces), "commit": args.commit, "expert_lpt": lpt, "device": device,
                                  "read_bytes_per_s": float(np.median([c.read_bw for c in cases])),
                                  "date": time.strftime("%Y-%m-%d"), "error": err, "cases": rows, "held_out": check})
             print(f"wrote {fitted.FIT_PATH}")

@@ -73,23 +73,25 @@ def _attn_rows(ins) -> int:
     return 16 * -(-rows // 16) if rows <= 32 else 64 * -(-rows // 64)
 
 
-def _list_items(ins, expert_tokens: Sequence[int], made: dict) -> list[Cost]:  # type: ignore[no-untyped-def]
-    """The items of the work list of expert worker ins, in the list's order,
-    each its Cost: n rows of weights, t rows of activations plus one input row
-    per token, the math of t's whole token tiles (_chunk_tokens)."""
+def _list_items(ins, expert_tokens: Sequence[int], made: dict, longest_first: bool = True) -> list[Cost]:  # type: ignore[no-untyped-def]
+    """The items of the work list of expert worker ins, in the list's order
+    (longest_first: opspec.expert_items), each its Cost: n rows of weights, t
+    rows of activations plus one input row per token, the math of t's whole
+    token tiles (_chunk_tokens)."""
     dst, x, meta = ins.tensors[0], ins.tensors[1], ins.tensors[5]
     assert dst is not None and x is not None and meta is not None
     if len(expert_tokens) != meta.shape[1]:
         raise ProgramError(f"'{ins.label}' covers {meta.shape[1]} experts; expert_tokens has {len(expert_tokens)} entries")
     k, n_out, mats = x.shape[1], dst.shape[1], 2 if ins.opcode == Op.EXPERT_UP else 1
-    key = (ins.opcode, k, n_out, x.row_bytes, ins.args[1], ins.args[2], ins.args[3])  # the items depend on these and the tokens only
+    key = (ins.opcode, k, n_out, x.row_bytes, ins.args[1], ins.args[2], ins.args[3], longest_first)  # the items depend on these and the tokens only
     if key not in made:
+        items = expert_items(expert_tokens, n_out, ins.args[1], ins.args[2], ins.args[3], longest_first=longest_first)
         made[key] = [Cost(mats * n * (k // 2 + k // 16), t * (n * 8 + x.row_bytes), _chunk_tokens(t) * 2 * mats * k * n)
-                     for t, n in ((int(expert_tokens[e]), n) for e, _, n in expert_items(expert_tokens, n_out, ins.args[1], ins.args[2], ins.args[3]))]
+                     for t, n in ((int(expert_tokens[e]), n) for e, _, n in items)]
     return made[key]
 
 
-def layer_costs(stream: Stream, expert_tokens: Sequence[int], made: dict | None = None) -> list[Cost]:
+def layer_costs(stream: Stream, expert_tokens: Sequence[int], made: dict | None = None, longest_first: bool = True) -> list[Cost]:
     """Each op's Cost, an expert worker's the sum of the items it gets when the
     local experts have these tokens, dealt round-robin over the list's workers
     in stream order (the share a worker runs in a fixed round robin; claimed
@@ -97,7 +99,8 @@ def layer_costs(stream: Stream, expert_tokens: Sequence[int], made: dict | None 
     of its query rows' tiles (_attn_rows): its static cost counts none. The
     code warmer's lead instances (gpuvm/muse/code_warm.py) keep their static
     costs: their lists route a small layer's tokens, not these. made: lists'
-    items already built (_list_items), shared with list_item_costs."""
+    items already built (_list_items), shared with list_item_costs;
+    longest_first: the lists' order (opspec.expert_items)."""
     out: list[Cost] = []
     seen: dict[tuple[int, int], int] = {}  # workers of each list so far
     made = {} if made is None else made
@@ -107,7 +110,7 @@ def layer_costs(stream: Stream, expert_tokens: Sequence[int], made: dict | None 
             key = (ins.tensors[7].index, ins.args[0])  # type: ignore[union-attr]
             wk = seen.get(key, 0)
             seen[key] = wk + 1
-            mine = _list_items(ins, expert_tokens, made)[wk :: ins.args[1]]
+            mine = _list_items(ins, expert_tokens, made, longest_first)[wk :: ins.args[1]]
             c = Cost(sum(i.weight_bytes for i in mine), sum(i.act_bytes for i in mine), sum(i.flops for i in mine))
         elif ins.opcode == Op.ATTN_CHUNK and not ins.lead:
             c = Cost(c.weight_bytes, c.act_bytes, _attn_rows(ins) * 4 * ins.args[3] * ins.tensors[1].shape[-1])
@@ -115,19 +118,21 @@ def layer_costs(stream: Stream, expert_tokens: Sequence[int], made: dict | None 
     return out
 
 
-def list_item_costs(stream: Stream, expert_tokens: Sequence[int], made: dict | None = None) -> dict[tuple[int, int], list[Cost]]:
+def list_item_costs(stream: Stream, expert_tokens: Sequence[int], made: dict | None = None,
+                    longest_first: bool = True) -> dict[tuple[int, int], list[Cost]]:
     """The items of every expert work list but the code warmer's, by
     work_lists' key, each its own Cost (see _list_items), for simulate's
     item_costs: claimed one at a time by the list's workers, as on the device."""
     made = {} if made is None else made
-    return {key: _list_items(stream.ops[members[0]], expert_tokens, made)
+    return {key: _list_items(stream.ops[members[0]], expert_tokens, made, longest_first)
             for key, members in work_lists(stream.ops).items() if not stream.ops[members[0]].lead}
 
 
-def model_costs(stream: Stream, expert_tokens: Sequence[int]) -> tuple[list[Cost], dict[tuple[int, int], list[Cost]]]:
-    """layer_costs and list_item_costs of one routing, its lists' items built once."""
+def model_costs(stream: Stream, expert_tokens: Sequence[int], longest_first: bool = True) -> tuple[list[Cost], dict[tuple[int, int], list[Cost]]]:
+    """layer_costs and list_item_costs of one routing, its lists' items built
+    once, in the order longest_first gives (opspec.expert_items)."""
     made: dict = {}
-    return layer_costs(stream, expert_tokens, made), list_item_costs(stream, expert_tokens, made)
+    return layer_costs(stream, expert_tokens, made, longest_first), list_item_costs(stream, expert_tokens, made, longest_first)
 
 
 def predict_layer(
@@ -138,10 +143,13 @@ def predict_layer(
     expert_tokens: Sequence[int] | None = None,
     mode: str = "dynamic",
     tiles: "Tiles | None" = None,
+    longest_first: bool = True,
 ) -> dict:
     """Model time of one layer step of case against its floor.
 
     expert_tokens: tokens of each local expert (default skewed_expert_tokens).
+    longest_first: the expert lists' order (opspec.expert_items; False for
+    traces of code before GVM_EXP_LPT).
     Static mode runs the lists the device's VM would (static_lists with
     Hardware()'s cost estimates and the stream's own costs), timed with hw.
     The floor is MUSE.md's: bytes / hbm_bytes_per_s, and for prefill also
@@ -158,7 +166,7 @@ def predict_layer(
     slots = cache_slots(cfg, case.kind, case.tokens_each, case.context)
     kw = {} if tiles is None else {"tiles": tiles}
     lp = lower_layer(cfg, case.kind, case.conversations, case.tokens_each, slots, **kw)
-    costs, items = model_costs(lp.stream, toks)
+    costs, items = model_costs(lp.stream, toks, longest_first)
     lists = None
     if mode == "static":  # the lists the device's VM makes (gpuvm/device/vm.py): Hardware()'s costs, the stream's own
         from ..static import static_lists
