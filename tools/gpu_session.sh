@@ -2,7 +2,7 @@
 # One call on the H200 (the device tool): the VM proofs and timings, the Muse
 # ops standalone, and the decode-case sweep, each under its own time limit,
 # logs and results under $OUT (at most 8 files come back: traces are tarred).
-#   GPUVM_COMMIT=<sha> bash tools/gpu_session.sh [check|fold|ops|opstime|sweep|step|stepsweep|probe|experts|router|park|ring|lists|steptrace|tiles|rowpf|fill|fill2|xstage|trace62|xprobe|smem|tiles2|xbench|against|slots|naps|icache|workers|slices|statsprobe|topkprobe|layertrace|oneop|fusedqk|ringbench|ringprobe|opsgemm|tail|attstop|gputests|vmtest|next|attntail|qksplit|lazygemm|lazyattn|lazyctl|ncuattn|clocks|codewarm|lazyexperts|lazyone|lazyall|toolcheck|gearly|kparts|kpartslayers|glate|glate16|fixed16|dispdepth|shares|cap33|weightcal|bare|refit|stagger|tileprobe|dbl2|heavy|capup|c16t1|ncu|ncusrc|treeab|trees|bounds|pfbound|resched|partsprobe|qktok ...]
+#   GPUVM_COMMIT=<sha> bash tools/gpu_session.sh [check|fold|ops|opstime|sweep|step|stepsweep|probe|experts|router|park|ring|lists|steptrace|tiles|rowpf|fill|fill2|xstage|trace62|xprobe|smem|tiles2|xbench|against|slots|naps|icache|workers|slices|statsprobe|topkprobe|layertrace|oneop|fusedqk|ringbench|ringprobe|opsgemm|tail|attstop|gputests|vmtest|next|attntail|qksplit|lazygemm|lazyattn|lazyctl|ncuattn|clocks|codewarm|lazyexperts|lazyone|lazyall|toolcheck|gearly|kparts|kpartslayers|glate|glate16|fixed16|dispdepth|shares|cap33|weightcal|bare|refit|stagger|tileprobe|dbl2|heavy|capup|c16t1|ncu|ncusrc|treeab|trees|bounds|pfbound|resched|partsprobe|qktok|xdirect|lpt ...]
 # (set GPUVM_COMMIT when running a snapshot without .git: else the results name the enclosing checkout)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -435,6 +435,21 @@ PY
            # group (claimed 1.4 us after Wqkvg's signal, started 11.3 us later); two dynamic rounds (a tiling: one build)
         AB_TAIL=24 ab_rounds qktok tiles "qk1:,qk2:qk_tokens=2,qk4:qk_tokens=4" ${T_QKTOK:-150} \
             --cases ${QKTOK_CASES:-full-c32-t8,sliding-c32-t8,full-c16-t8,sliding-c16-t8} --step "${QKTOK_STEPS:-32x8}" ;;
+    xdirect) # the shared tile's x path bounded (session 68): GVM_EXPR_PROBE 4096 (x copied straight into a second tile: no staging
+             # pass, one barrier a K step; wrong values), 12288 (three tiles, two K steps ahead), 256 (no x): the lists alone and the
+             # many-token layers, two rounds
+           timeout 150 python3 tools/prebuild.py base GVM_EXPR_PROBE=4096 GVM_EXPR_PROBE=12288 GVM_EXPR_PROBE=256 > "$OUT/prebuild_xd.log" 2>&1; cat "$OUT/prebuild_xd.log"
+           for v in 0 4096 12288 256; do timeout 100 python3 tools/expert_bench.py --shapes 8x16,32x16,32x32,skew256 --reps 10 --define GVM_EXPR_PROBE=$v --out "$OUT/xb_$v.json" > "$OUT/xb_$v.log" 2>&1; echo "expert_bench $v rc=$?"; tail -9 "$OUT/xb_$v.log"; done
+           AB_TAIL=16 ab_rounds xdirect variants "base:,xd:GVM_EXPR_PROBE=4096,x3:GVM_EXPR_PROBE=12288,nox:GVM_EXPR_PROBE=256" ${T_XDIRECT:-150} \
+               --cases full-c32-t8,sliding-c32-t8,full-c16-t8,sliding-c16-t8 --step '' ;;
+    lpt) # the expert lists' walk order (session 68): GVM_EXP_LPT 1 (the default, most tokens first) against 2 (by chunks of 32) and 0
+         # (expert order), two rounds with reschedule draws
+           timeout 200 python3 tools/prebuild.py base GVM_RESCHED_PROBE=8 GVM_RESCHED_PROBE=16 GVM_EXP_LPT=2 GVM_EXP_LPT=2+GVM_RESCHED_PROBE=8 \
+               GVM_EXP_LPT=2+GVM_RESCHED_PROBE=16 GVM_EXP_LPT=0 GVM_EXP_LPT=0+GVM_RESCHED_PROBE=8 GVM_EXP_LPT=0+GVM_RESCHED_PROBE=16 > "$OUT/prebuild_lpt.log" 2>&1
+           cat "$OUT/prebuild_lpt.log"
+           AB_TAIL=40 ab_rounds lpt variants "lpt:,ch:GVM_EXP_LPT=2,ord:GVM_EXP_LPT=0" ${T_LPT:-200} --draws 8,16 \
+               --cases full-c16-t8,sliding-c16-t8,full-c32-t8,sliding-c32-t8,full-c32-t1 --step 32x8,16x8
+           python3 tools/draws.py lpt="$OUT/lpt_r1.json,$OUT/lpt_r2.json" | tail -24 ;;
     pack) # every file under $OUT into one archive (the device tool returns eight files a call): last in the list of steps
           t=$(mktemp /tmp/gvm_pack.XXXXXX); tar czf "$t" -C "$OUT" . && find "$OUT" -mindepth 1 -delete && mv "$t" "$OUT/all.tgz"; echo "packed: $OUT/all.tgz" ;;
     gputests) timeout ${T_GPUTESTS:-200} python3 -m pytest -q -p no:cacheprovider tests/gpu > "$OUT/tests_gpu.log" 2>&1; echo "tests/gpu rc=$?"; tail -4 "$OUT/tests_gpu.log" ;;
