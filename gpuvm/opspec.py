@@ -474,10 +474,11 @@ def expert_weight(tokens: int) -> int:
 def expert_items(tokens: Sequence[int], n_out: int, workers: int, grain: int, cap: int,
                  heavy: int = EXPERT_HEAVY_TOKENS, longest_first: bool = True) -> list[tuple[int, int, int]]:
     """The items (expert, first row, rows) of an expert work list, in the order
-    ops/experts.cuh numbers them (GVM_EXP_LPT 1): expert by expert, the one
-    with the most tokens first (ties in expert order), so that the last items
-    claimed are the shortest (longest_first False: expert order, the walk
-    before GVM_EXP_LPT and with it at 0); each expert with tokens
+    ops/experts.cuh numbers them (GVM_EXP_LPT 2): expert by expert, those with
+    the most chunks of 32 tokens first (ties, e.g. every expert of up to 32, in
+    expert order), so that the last items claimed are short (longest_first
+    False: expert order, the walk before session 68 and at GVM_EXP_LPT 0);
+    each expert with tokens
     cut into at most q tiles, q its weighted share of the workers
     (expert_weight), rows rounded up to a multiple of grain and at most cap
     (half of it, in whole grains, for an expert of more than heavy tokens, the
@@ -489,7 +490,7 @@ def expert_items(tokens: Sequence[int], n_out: int, workers: int, grain: int, ca
     unequal token counts."""
     wsum = max(1, sum(expert_weight(t) for t in tokens))
     items: list[tuple[int, int, int]] = []
-    for e in sorted(range(len(tokens)), key=lambda e: -tokens[e] if longest_first else 0):  # stable: ties in expert order
+    for e in sorted(range(len(tokens)), key=lambda e: -((tokens[e] + 31) // 32) if longest_first else 0):  # stable: ties in expert order
         t = tokens[e]
         w = expert_weight(t)
         if w:

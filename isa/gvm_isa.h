@@ -212,7 +212,8 @@ enum gvm_opcode {
      * R_e = min(C_e, G * ceil(ceil(I / max(1, W * w_e / S)) / G)) rows (C_e = C,
      * or max(G, G * floor(C / 2G)) for n_e > GVM_EXPERT_HEAVY_T > 0), P_e =
      * ceil(I / R_e) of them; the items are the experts' tiles, expert by expert
-     * in the order of n_e, the most first (ties in expert order; GVM_EXP_LPT),
+     * in the order of ceil(n_e / 32), the most first (ties in expert order;
+     * ops/experts.cuh GVM_EXP_LPT),
      * each expert's in row order (rows [R_e*j, +R_e) of I).
      * The W instructions of a list take items
      * i = work[k][0]++ (atomic) until i is past the last item (so work[k][0]

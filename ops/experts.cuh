@@ -1200,18 +1200,20 @@ __device__ __forceinline__ unsigned gvm_exp_weight(int count) {
 #define GVM_LIST_SIGNAL 1  // 0: every worker signals one when it finds the list taken (for A/B runs)
 #endif
 
-// The walk's order of the experts' runs of items: 1 longest first (by tokens, the
-// most first, ties by expert), so that the last items claimed are the short ones
-// (an item's time grows with its expert's tokens: the shared tile repeats its K loop
-// for each chunk of 32); 2 by chunks of 32 tokens (ties, e.g. every expert of up to
-// 32, in expert order); 0 expert order. Item i maps to other rows of the same
+// The walk's order of the experts' runs of items, the longest items first so that the
+// last ones claimed are short (an item's time grows with its expert's tokens: the
+// shared tile repeats its K loop for each chunk of 32): 2 (the default) by chunks of
+// 32 tokens, the most first, ties (every expert of up to 32 tokens among them) in
+// expert order; 1 by tokens; 0 expert order. Item i maps to other rows of the same
 // experts; every output element still comes from one item, in one order.
-// H100, c2fab76, two rounds of three reschedule draws each, 1 against 0 (2 against
-// 0): step 32x8 -1.4% (-1.1%), 16x8 +0.5% (-0.0%); sliding-c32-t8 -0.6% (+1.0%),
-// sliding-c16-t8 -2.1% (-1.3%), full-c32-t8 +0.3% (+0.2%), full-c16-t8 +1.4%
-// (-0.6%), full-c32-t1 +0.5% (-0.2%); a call before (57e604d), 1 against 0 alike.
+// H100, two rounds of three reschedule draws each at c2fab76 (two of two at d627264),
+// 2 and 1 against 0: step 32x8 -1.1% (-1.2%) and -1.4% (-1.7%), 16x8 -0.0% (+0.1%)
+// and +0.5% (+0.6%); sliding-c32-t8 +1.0% (+0.8%) and -0.6% (-0.8%), sliding-c16-t8
+// -1.3% (-1.2%) and -2.1% (-2.1%), full-c16-t8 -0.6% (-0.2%) and +1.4% (+1.3%),
+// full-c32-t8 +0.2% and +0.3%, full-c32-t1 -0.2% and +0.5%. By chunks: no change to a
+// list without an expert of more than 32 tokens, and the steps' best sum.
 #ifndef GVM_EXP_LPT
-#define GVM_EXP_LPT 1
+#define GVM_EXP_LPT 2
 #endif
 
 template <bool UP>

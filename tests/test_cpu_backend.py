@@ -395,11 +395,20 @@ def test_expert_items_share_the_workers_by_tokens() -> None:
     one of 1 gets 10 of 16 workers' tiles, half the rows each, so that its
     slower items end with the other's; equal weights split evenly."""
     assert [expert_weight(t) for t in (0, 1, 4, 5, 8, 9, 13)] == [0, 4, 4, 7, 7, 8, 8]
-    items = expert_items([1, 0, 13], 160, 16, 16, 1 << 20)  # the most tokens first (the walk's order)
-    assert items == [(2, r, 16) for r in range(0, 160, 16)] + [(0, r, 32) for r in range(0, 160, 32)]
-    assert expert_items([2, 3, 1], 96, 6, 16, 1 << 20) == [(e, r, 48) for e in (1, 0, 2) for r in (0, 48)]
-    assert expert_items([2, 13], 96, 6, 16, 32) == [(1, 0, 32), (1, 32, 32), (1, 64, 32), (0, 0, 32), (0, 32, 32), (0, 64, 32)]  # the cap rules
-    assert [e for e, _, _ in expert_items([5, 9, 5, 0, 9], 16, 4, 16, 16)] == [1, 4, 0, 2]  # ties in expert order
+    items = expert_items([1, 0, 13], 160, 16, 16, 1 << 20)
+    assert items == [(0, r, 32) for r in range(0, 160, 32)] + [(2, r, 16) for r in range(0, 160, 16)]
+    assert expert_items([2, 3, 1], 96, 6, 16, 1 << 20) == [(e, r, 48) for e in range(3) for r in (0, 48)]
+    assert expert_items([2, 13], 96, 6, 16, 32) == [(0, 0, 32), (0, 32, 32), (0, 64, 32), (1, 0, 32), (1, 32, 32), (1, 64, 32)]  # the cap rules
+
+
+def test_expert_items_come_most_chunks_of_32_tokens_first() -> None:
+    """The walk's order (ops/experts.cuh GVM_EXP_LPT 2): experts with more
+    chunks of 32 tokens first, ties in expert order; longest_first=False is
+    expert order throughout."""
+    toks = [5, 40, 33, 0, 100, 32]
+    order = lambda **kw: list(dict.fromkeys(e for e, _, _ in expert_items(toks, 64, 8, 16, 16, **kw)))  # noqa: E731
+    assert order() == [4, 1, 2, 0, 5]
+    assert order(longest_first=False) == [0, 1, 2, 4, 5]
 
 
 def test_heavy_experts_items_are_half_the_cap() -> None:

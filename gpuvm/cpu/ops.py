@@ -318,7 +318,7 @@ def _expert_slots(meta: torch.Tensor, route: torch.Tensor, e: int, tokens: int) 
 
 def list_items(meta: torch.Tensor, n_out: int, workers: int, grain: int, cap: int) -> list[tuple[int, slice]]:
     """A step's work list: (expert, rows) of item i = the experts with tokens,
-    the most tokens first, times their row tiles (opspec.expert_items)."""
+    the most chunks of 32 tokens first, times their row tiles (opspec.expert_items)."""
     items = expert_items([int(c) for c in meta[0].tolist()], n_out, workers, grain, cap)
     return [(e, slice(r0, r0 + n)) for e, r0, n in items]
 
