@@ -53,7 +53,7 @@
                            // 128 the argument check alone; the shared tile (many tokens): 256 no x staging in the K loop,
                            // 512 no decode nor MMA, 1024 no weight copies; 2048 the item timeline (below);
                            // 4096 x copied straight into a second tile (no staging pass, one barrier a K step),
-                           // 4096 + 8192 into three, fetched two K steps ahead
+                           // 4096 + 8192 into three, fetched two K steps ahead; 4096 + 16384 by one bulk copy a tile
 #endif
 
 // Timeline probe (GVM_EXPR_PROBE 2048, tools/expert_bench.py --timeline): thread 0 of a
@@ -431,12 +431,48 @@ __device__ __forceinline__ void gvm_exp_mma(const gvm_ctx& c, float (&acc)[GVM_E
         if (WCOPY && b < steps) wfetch(b, kk(b));
     // probe 4096: x straight into NX tiles of GVM_EXP_MAXMT m-tiles (2 from s_tile; 3 from
     // s_raw with probe 8192, fetched two K steps ahead), used in turn
+    // 4096 + 16384: each tile by one bulk copy of its m-tiles from a stand-in region of x
+    // (what a producer writing x as the tile, once an expert and K step, would cost), on
+    // an mbarrier a tile after the weights' (s_rows + 208). The probes' code is kept out
+    // of the default build by the preprocessor: there it would reschedule the kernel.
     constexpr bool XDIRECT = DBL && (GVM_EXPR_PROBE & 4096) && !(GVM_EXPR_PROBE & 256);
     constexpr int NX = GVM_EXPR_PROBE & 8192 ? 3 : 2;
     const unsigned xt0 = NX == 3 ? s_raw : s_tile;
     const auto xtile = [&](int ks) { return xt0 + (unsigned)(ks % NX) * GVM_EXP_MAXMT * GVM_EXP_MTILE; };
+#if GVM_EXPR_PROBE & 4096
+    constexpr bool XBULK = XDIRECT && (GVM_EXPR_PROBE & 16384);
+    static_assert(!XBULK || (NX == 2 && GVM_EXP_WST == 2), "probe 16384: two tiles, the x barriers after two weight buffers");
+    const unsigned xbar0 = s_rows + GVM_EXP_BARS + 4 * 8 * GVM_EXP_WST;
+    const auto xfill = [&](int j) {
+        if constexpr (XBULK) {
+            if (c.tid == 0) {
+                const unsigned xbytes = (unsigned)mts * GVM_EXP_MTILE;
+                const gvm_tensor& tx = gvm_t(c, 1);
+                const unsigned span = (unsigned)(tx.shape[0] * tx.stride[0] * 2) - xbytes + 16u;  // x >= two tiles (checked)
+                const unsigned off = ((gvm_lds_u(s_rows) + (unsigned)j * 17408u) % span) & ~15u;
+                gvm_fence_proxy_async();  // the group's reads of this tile (behind the barrier) before the copy's writes
+                gvm_bar_expect(xbar0 + 8u * (j & 1), xbytes);
+                gvm_bulk_g2s(xtile(j), x + off, xbytes, xbar0 + 8u * (j & 1), gvm_policy_evict_normal());
+            }
+        } else {
+            gvm_exp_xdirect(c, x, s_rows, xtile(j), tm, kk(j), kdim, gvm_policy_evict_normal());
+        }
+    };
+    if constexpr (XBULK) {
+        if (c.tid == 0) {
+            gvm_bar_init(xbar0, 1);
+            gvm_bar_init(xbar0 + 8, 1);
+            gvm_fence_proxy_async();  // the set-up barriers, seen by the copies' async proxy
+        }
+    }
+    if constexpr (XDIRECT) gvm_group_sync(c);  // the tiles are free of the pass before (and the x barriers set up)
+#endif
     if (XDIRECT) {
+#if GVM_EXPR_PROBE & 4096
+        for (int j = 0; j + 1 < NX && j < steps; ++j) xfill(j);
+#else
         for (int j = 0; j + 1 < NX && j < steps; ++j) gvm_exp_xdirect(c, x, s_rows, xtile(j), tm, kk(j), kdim, gvm_policy_evict_normal());
+#endif
     } else if (!(GVM_EXPR_PROBE & 256))
         gvm_exp_xfetch(c, x, s_rows, s_raw, tm, kk(0), kdim, gvm_policy_evict_normal());
     int buf = 0;
@@ -454,11 +490,18 @@ __device__ __forceinline__ void gvm_exp_mma(const gvm_ctx& c, float (&acc)[GVM_E
         else
             gvm_cp_async_wait<1>();  // this step's weights and x are in; the next step's weights may still fly
         if (DBL && WCOPY) gvm_bar_wait(bar0 + 8 * buf, phase);
+#if GVM_EXPR_PROBE & 4096
+        if constexpr (XBULK) gvm_bar_wait(xbar0 + 8u * (ks & 1), (unsigned)(ks >> 1) & 1u);
+#endif
         gvm_group_sync(c);  // every thread's x and weights are in, and every warp is done with the previous tile
         const unsigned xt = XDIRECT ? xtile(ks) : s_tile;
         if (XDIRECT) {
+#if GVM_EXPR_PROBE & 4096
+            if (ks + NX - 1 < steps) xfill(ks + NX - 1);
+#else
             if (ks + NX - 1 < steps)
                 gvm_exp_xdirect(c, x, s_rows, xtile(ks + NX - 1), tm, kk(ks + NX - 1), kdim, gvm_policy_evict_normal());
+#endif
         } else {
             if (!(GVM_EXPR_PROBE & 256)) gvm_exp_stage(c, s_raw, s_tile, tm);
             gvm_group_sync(c);  // the tile is whole, the raw buffer free
@@ -484,6 +527,15 @@ __device__ __forceinline__ void gvm_exp_mma(const gvm_ctx& c, float (&acc)[GVM_E
         else
             gvm_exp_ks<1, 1, gvm_exp_one>(acc, slot, s_tile, g, t4);
     }
+#if GVM_EXPR_PROBE & 4096
+    if constexpr (XBULK) {
+        gvm_group_sync(c);  // every thread has waited on the x barriers' last phases
+        if (c.tid == 0) {
+            gvm_bar_inval(xbar0);
+            gvm_bar_inval(xbar0 + 8);
+        }
+    }
+#endif
     if (DBL && WCOPY) {
         __syncwarp();  // every lane has waited on every barrier's last phase
         if (lane == 0)
@@ -1025,6 +1077,9 @@ __device__ int gvm_expert_tile(const gvm_ctx& c, int e, int n0, int nn) {
     const unsigned s_rows = gvm_smem_addr(c.smem), s_flag = s_rows + 128, s_wbuf = s_rows + GVM_EXP_HEAD;
     const unsigned s_tile = s_wbuf + (dbl ? GVM_EXP_WST * GVM_EXP_WSTAGE : GVM_EXP_WBUF) + raw, s_raw = s_tile - raw;
     const int unit_rows = UP ? 8 : 16, units = (nn + unit_rows - 1) / unit_rows, upp = dbl ? 8 : 4;
+#if GVM_EXPR_PROBE & 16384  // the bulk probe's stand-in region: x holds two tiles
+    if (dbl && gvm_t(c, 1).shape[0] * gvm_t(c, 1).stride[0] * 2 < 2 * GVM_EXP_MAXMT * GVM_EXP_MTILE) return GVM_ERR_BAD_ARGS;
+#endif
 #if GVM_EXPR_PROBE & 4096  // the probe's tiles fit before the walk's state
     if (dbl && (int)((GVM_EXPR_PROBE & 8192 ? s_raw : s_tile) - s_rows) + (GVM_EXPR_PROBE & 8192 ? 3 : 2) * GVM_EXP_MAXMT * GVM_EXP_MTILE >
                    (int)c.smem_bytes - GVM_EXP_STATE)

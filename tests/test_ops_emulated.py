@@ -67,6 +67,19 @@ def test_switch_alternatives(tmp_path_factory: pytest.TempPathFactory, op: Op, d
     assert _failures(EmuRunner(lib), {op}, defines) == []
 
 
+@pytest.mark.parametrize("probe", ["12288", "20480"], ids=["x-three-tiles", "x-bulk"])
+def test_the_x_path_probes_run_clean(tmp_path_factory: pytest.TempPathFactory, probe: str) -> None:
+    """The shared tile's x-path probes (GVM_EXPR_PROBE 4096 + 8192: x into three
+    tiles two K steps ahead; 4096 + 16384: a tile by one bulk copy on an
+    mbarrier) time a device run and compute wrong values on purpose, but they
+    must not race, deadlock or misuse a barrier (the emulator fails a run on
+    each), so that a session's timing of them means what it says."""
+    defines = (("GVM_EXPR_PROBE", probe),)
+    runner = EmuRunner(build_emulator(tmp_path_factory.mktemp(f"emu_probe{probe}"), defines=defines))
+    for case in build_cases(SMALL, seed=1, only={Op.EXPERT_UP, Op.EXPERT_DOWN}):
+        run_case(runner, case, reference(case), groups=1, scratch=scratch_of(defines))  # raises EmuError on a race or a hang
+
+
 def test_the_4_group_kernels_gemm(tmp_path_factory: pytest.TempPathFactory) -> None:
     """The 4-group kernel's GEMM defaults (one token tile a pass, the 4 x 4
     router tile) give the same answers, but it refuses token ranges and K

@@ -436,11 +436,13 @@ PY
         AB_TAIL=24 ab_rounds qktok tiles "qk1:,qk2:qk_tokens=2,qk4:qk_tokens=4" ${T_QKTOK:-150} \
             --cases ${QKTOK_CASES:-full-c32-t8,sliding-c32-t8,full-c16-t8,sliding-c16-t8} --step "${QKTOK_STEPS:-32x8}" ;;
     xdirect) # the shared tile's x path bounded (session 68): GVM_EXPR_PROBE 4096 (x copied straight into a second tile: no staging
-             # pass, one barrier a K step; wrong values), 12288 (three tiles, two K steps ahead), 256 (no x): the lists alone and the
-             # many-token layers, two rounds
-           timeout 150 python3 tools/prebuild.py base GVM_EXPR_PROBE=4096 GVM_EXPR_PROBE=12288 GVM_EXPR_PROBE=256 > "$OUT/prebuild_xd.log" 2>&1; cat "$OUT/prebuild_xd.log"
-           for v in 0 4096 12288 256; do timeout 100 python3 tools/expert_bench.py --shapes 8x16,32x16,32x32,skew256 --reps 10 --define GVM_EXPR_PROBE=$v --out "$OUT/xb_$v.json" > "$OUT/xb_$v.log" 2>&1; echo "expert_bench $v rc=$?"; tail -9 "$OUT/xb_$v.log"; done
-           AB_TAIL=16 ab_rounds xdirect variants "base:,xd:GVM_EXPR_PROBE=4096,x3:GVM_EXPR_PROBE=12288,nox:GVM_EXPR_PROBE=256" ${T_XDIRECT:-150} \
+             # pass, one barrier a K step; wrong values), 12288 (three tiles, two K steps ahead), 20480 (a tile by one bulk copy of a
+             # stand-in region: a producer-laid-out x; prepared, not run), 256 (no x): the lists alone and the many-token layers,
+             # two rounds (XD_PROBES: the probe values)
+           xp=${XD_PROBES:-4096 20480 12288 256}
+           timeout 150 python3 tools/prebuild.py base $(for v in $xp; do echo GVM_EXPR_PROBE=$v; done) > "$OUT/prebuild_xd.log" 2>&1; cat "$OUT/prebuild_xd.log"
+           for v in 0 $xp; do timeout 100 python3 tools/expert_bench.py --shapes 8x16,32x16,32x32,skew256 --reps 10 --define GVM_EXPR_PROBE=$v --out "$OUT/xb_$v.json" > "$OUT/xb_$v.log" 2>&1; echo "expert_bench $v rc=$?"; tail -9 "$OUT/xb_$v.log"; done
+           AB_TAIL=20 ab_rounds xdirect variants "base:$(for v in $xp; do echo -n ",p$v:GVM_EXPR_PROBE=$v"; done)" ${T_XDIRECT:-150} \
                --cases full-c32-t8,sliding-c32-t8,full-c16-t8,sliding-c16-t8 --step '' ;;
     lpt) # the expert lists' walk order (session 68): GVM_EXP_LPT 1 (the default, most tokens first) against 2 (by chunks of 32) and 0
          # (expert order), two rounds with reschedule draws
