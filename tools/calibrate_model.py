@@ -184,7 +184,7 @@ def main() -> None:
     ap.add_argument("--fresh", action="store_true", help="start from the estimates, not from the stored fit")
     ap.add_argument("--commit", default="", help="the commit the traces ran (for the stored fit's source)")
     ap.add_argument("--expert-order", choices=("longest", "index"), default="longest",
-                    help="the expert lists' order the traced code walked: longest first (GVM_EXP_LPT 1, since session 68) or expert index")
+                    help="the expert lists' order the traced code walked: longest first (GVM_EXP_LPT 2, by chunks of 32 tokens, since session 68) or expert index")
     args = ap.parse_args()
     lpt = args.expert_order == "longest"
     with tempfile.TemporaryDirectory() as tmp:
