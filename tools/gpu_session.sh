@@ -437,7 +437,7 @@ PY
             --cases ${QKTOK_CASES:-full-c32-t8,sliding-c32-t8,full-c16-t8,sliding-c16-t8} --step "${QKTOK_STEPS:-32x8}" ;;
     xdirect) # the shared tile's x path bounded (session 68): GVM_EXPR_PROBE 4096 (x copied straight into a second tile: no staging
              # pass, one barrier a K step; wrong values), 12288 (three tiles, two K steps ahead), 20480 (a tile by one bulk copy of a
-             # stand-in region: a producer-laid-out x; prepared, not run), 256 (no x): the lists alone and the many-token layers,
+             # stand-in region: a producer-laid-out x), 256 (no x): the lists alone and the many-token layers,
              # two rounds (XD_PROBES: the probe values)
            xp=${XD_PROBES:-4096 20480 12288 256}
            timeout 150 python3 tools/prebuild.py base $(for v in $xp; do echo GVM_EXPR_PROBE=$v; done) > "$OUT/prebuild_xd.log" 2>&1; cat "$OUT/prebuild_xd.log"
