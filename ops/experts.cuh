@@ -1261,8 +1261,8 @@ __device__ __forceinline__ unsigned gvm_exp_weight(int count) {
 // 32 tokens, the most first, ties (every expert of up to 32 tokens among them) in
 // expert order; 1 by tokens; 0 expert order. Item i maps to other rows of the same
 // experts; every output element still comes from one item, in one order.
-// H100, two rounds of three reschedule draws each at c2fab76 (two of two at d627264),
-// 2 and 1 against 0: step 32x8 -1.1% (-1.2%) and -1.4% (-1.7%), 16x8 -0.0% (+0.1%)
+// H100, 2 and 1 against 0, two rounds of three reschedule draws each at c2fab76 (in
+// parentheses: two rounds of two at d627264): step 32x8 -1.1% (-1.2%) and -1.4% (-1.7%), 16x8 -0.0% (+0.1%)
 // and +0.5% (+0.6%); sliding-c32-t8 +1.0% (+0.8%) and -0.6% (-0.8%), sliding-c16-t8
 // -1.3% (-1.2%) and -2.1% (-2.1%), full-c16-t8 -0.6% (-0.2%) and +1.4% (+1.3%),
 // full-c32-t8 +0.2% and +0.3%, full-c32-t1 -0.2% and +0.5%. By chunks: no change to a
