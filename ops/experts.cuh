@@ -4,7 +4,7 @@
 // of an expert (row: the slot's token for UP, the slot itself for DOWN), with
 // W = e2m1 code * e4m3 block scale * f32 tensor scale.
 // Work list: which experts have tokens is known only on the GPU, so the items
-// of a step are the experts with tokens (in expert order) times their row
+// of a step are the experts with tokens (in GVM_EXP_LPT's order) times their row
 // tiles, and the W instructions of a list take items one at a time from a
 // counter that TOPK zeroed (an atomic increment), until the list runs out. An
 // expert with no tokens costs no item; a worker that starts late (queued
