@@ -29,8 +29,8 @@ sys.path.insert(0, str(ROOT))
 from gpuvm.device import VM  # noqa: E402
 from gpuvm.device.bench import StreamRead, timing_stream  # noqa: E402
 from gpuvm.env import machine  # noqa: E402
-from gpuvm.muse.config import SHARD, MuseConfig  # noqa: E402
-from gpuvm.muse.memory import OutOfDeviceMemory, step_memory  # noqa: E402
+from gpuvm.muse.config import SHARD  # noqa: E402
+from gpuvm.muse.memory import check_step_fits  # noqa: E402
 from gpuvm.gpu_sweep import compare  # noqa: E402
 from gpuvm.muse.reference import reference_layer, reference_step  # noqa: E402
 from gpuvm.muse.step import bind_step, layer_kind, layer_outputs, lower_step, make_step_state  # noqa: E402
@@ -57,10 +57,8 @@ def main() -> int:
     out: dict = {"machine": machine(), "context": a.context, "steps": a.steps, "layers": a.layers, "runs": []}
     vm = VM(groups=2)
     out["read_bw_TBps"] = StreamRead(vm).measure()["tb_s"]
-    need = max(shape_need(cfg, C, n, a.context, a.steps + 1, a.layers, check=k == 0) for k, (C, n) in enumerate(shapes))
-    free = torch.cuda.mem_get_info()[0]
-    if need > free:
-        raise OutOfDeviceMemory(need, free, f"step_check --shapes {a.shapes} (the first checked against the reference)")
+    for k, (C, n) in enumerate(shapes):  # every shape sized before the weights are made
+        check_step_fits(cfg, C, n, a.context, a.steps + 1, layers=a.layers, **shape_memory(check=k == 0))
     t0 = time.time()
     mw = make_model_weights(cfg, SEED, device="cuda", layers=a.layers)
     torch.cuda.synchronize()
@@ -75,13 +73,12 @@ def main() -> int:
     return 0
 
 
-def shape_need(cfg: MuseConfig, C: int, n: int, context: int, steps: int, layers: int, check: bool) -> int:
-    """Device bytes of one shape's run, the weights included: the checked shape keeps
-    every layer's scratch (its routing read back per layer), the captured layer
+def shape_memory(check: bool) -> dict[str, object]:
+    """step_memory's options for one shape's run: the checked shape keeps every
+    layer's scratch (its routing read back per layer), the captured layer
     outputs and a second copy of the state (the reference's input); the others
     share scratch across layers as the step sweep does."""
-    mem = step_memory(cfg, C, n, context, steps, layers=layers, share_scratch=not check, capture_layers=check)
-    return mem.total + (mem.kv if check else 0)
+    return {"share_scratch": not check, "capture_layers": check, "state_copies": 2 if check else 1}
 
 
 def run_shape(vm: VM, mw, C: int, n: int, a: argparse.Namespace, bw_tbps: float, check: bool) -> dict:  # type: ignore[no-untyped-def]

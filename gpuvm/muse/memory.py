@@ -71,11 +71,14 @@ def step_memory(
     tiles: Tiles | None = None,
     share_scratch: bool = True,
     capture_layers: bool = False,
+    state_copies: int = 1,
 ) -> StepMemory:
     """Bytes of a run of `steps` steps of conversations x tokens_each new tokens
     after `context` cached ones (make_step_state(..., steps=steps) and
-    lower_step(..., state.context_capacity))."""
-    for name, v, lo in (("conversations", conversations, 1), ("tokens_each", tokens_each, 1), ("context", context, 0), ("steps", steps, 1)):
+    lower_step(..., state.context_capacity)); state_copies: the KV caches held
+    that many times (a checked run keeps the reference's input beside them)."""
+    for name, v, lo in (("conversations", conversations, 1), ("tokens_each", tokens_each, 1), ("context", context, 0), ("steps", steps, 1),
+                        ("state_copies", state_copies, 1)):
         if not isinstance(v, int) or v < lo:
             raise ValueError(f"{name} must be an int >= {lo}, not {v!r}")
     n = _n_layers(cfg, layers)
@@ -105,7 +108,7 @@ def step_memory(
     ops += 2 * rows + -(-V // _pow2_rows(V, 2 * d, tl.gemm_bytes)) + -(-T // ARGMAX_ROWS) + (n * rows if capture_layers else 0)
     # s, convs, tokens, embed, w_final, lm_head, logits, margin; every layer's w_attn, layer 0's h; captures
     tensors += 8 + n + 1 + (n if capture_layers else 0)
-    return StepMemory(model_nbytes(cfg, n), kv, layer_scratch + top + capture, ops * INSTR_BYTES + tensors * TENSOR_BYTES)
+    return StepMemory(model_nbytes(cfg, n), state_copies * kv, layer_scratch + top + capture, ops * INSTR_BYTES + tensors * TENSOR_BYTES)
 
 
 def step_memory_bytes(cfg: MuseConfig, conversations: int, tokens_each: int, context: int, steps: int, **kw: object) -> int:
