@@ -470,8 +470,6 @@ __device__ __forceinline__ void gvm_exp_mma(const gvm_ctx& c, float (&acc)[GVM_E
     if (XDIRECT) {
 #if GVM_EXPR_PROBE & 4096
         for (int j = 0; j + 1 < NX && j < steps; ++j) xfill(j);
-#else
-        for (int j = 0; j + 1 < NX && j < steps; ++j) gvm_exp_xdirect(c, x, s_rows, xtile(j), tm, kk(j), kdim, gvm_policy_evict_normal());
 #endif
     } else if (!(GVM_EXPR_PROBE & 256))
         gvm_exp_xfetch(c, x, s_rows, s_raw, tm, kk(0), kdim, gvm_policy_evict_normal());
@@ -498,9 +496,6 @@ __device__ __forceinline__ void gvm_exp_mma(const gvm_ctx& c, float (&acc)[GVM_E
         if (XDIRECT) {
 #if GVM_EXPR_PROBE & 4096
             if (ks + NX - 1 < steps) xfill(ks + NX - 1);
-#else
-            if (ks + NX - 1 < steps)
-                gvm_exp_xdirect(c, x, s_rows, xtile(ks + NX - 1), tm, kk(ks + NX - 1), kdim, gvm_policy_evict_normal());
 #endif
         } else {
             if (!(GVM_EXPR_PROBE & 256)) gvm_exp_stage(c, s_raw, s_tile, tm);
