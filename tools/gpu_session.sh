@@ -444,13 +444,13 @@ PY
            for v in 0 $xp; do timeout 100 python3 tools/expert_bench.py --shapes 8x16,32x16,32x32,skew256 --reps 10 --define GVM_EXPR_PROBE=$v --out "$OUT/xb_$v.json" > "$OUT/xb_$v.log" 2>&1; echo "expert_bench $v rc=$?"; tail -9 "$OUT/xb_$v.log"; done
            AB_TAIL=20 ab_rounds xdirect variants "base:$(for v in $xp; do echo -n ",p$v:GVM_EXPR_PROBE=$v"; done)" ${T_XDIRECT:-150} \
                --cases full-c32-t8,sliding-c32-t8,full-c16-t8,sliding-c16-t8 --step '' ;;
-    lpt) # the expert lists' walk order (session 68): GVM_EXP_LPT 1 (the default, most tokens first) against 2 (by chunks of 32) and 0
-         # (expert order), two rounds with reschedule draws
-           timeout 200 python3 tools/prebuild.py base GVM_RESCHED_PROBE=8 GVM_RESCHED_PROBE=16 GVM_EXP_LPT=2 GVM_EXP_LPT=2+GVM_RESCHED_PROBE=8 \
-               GVM_EXP_LPT=2+GVM_RESCHED_PROBE=16 GVM_EXP_LPT=0 GVM_EXP_LPT=0+GVM_RESCHED_PROBE=8 GVM_EXP_LPT=0+GVM_RESCHED_PROBE=16 > "$OUT/prebuild_lpt.log" 2>&1
+    lpt) # the expert lists' walk order (session 68): GVM_EXP_LPT 2 (the default, most chunks of 32 tokens first) against 1
+         # (most tokens first) and 0 (expert order), two rounds with reschedule draws
+           timeout 200 python3 tools/prebuild.py base GVM_RESCHED_PROBE=8 GVM_RESCHED_PROBE=16 GVM_EXP_LPT=1 GVM_EXP_LPT=1+GVM_RESCHED_PROBE=8 \
+               GVM_EXP_LPT=1+GVM_RESCHED_PROBE=16 GVM_EXP_LPT=0 GVM_EXP_LPT=0+GVM_RESCHED_PROBE=8 GVM_EXP_LPT=0+GVM_RESCHED_PROBE=16 > "$OUT/prebuild_lpt.log" 2>&1
            cat "$OUT/prebuild_lpt.log"
-           AB_TAIL=40 ab_rounds lpt variants "lpt:,ch:GVM_EXP_LPT=2,ord:GVM_EXP_LPT=0" ${T_LPT:-200} --draws 8,16 \
-               --cases full-c16-t8,sliding-c16-t8,full-c32-t8,sliding-c32-t8,full-c32-t1 --step 32x8,16x8
+           AB_TAIL=40 ab_rounds lpt variants "ch:,tok:GVM_EXP_LPT=1,ord:GVM_EXP_LPT=0" ${T_LPT:-200} --draws 8,16 \
+               --cases ${LPT_CASES:-full-c16-t8,sliding-c16-t8,full-c32-t8,sliding-c32-t8,full-c32-t1} --step "${LPT_STEPS:-32x8,16x8}"
            python3 tools/draws.py lpt="$OUT/lpt_r1.json,$OUT/lpt_r2.json" | tail -24 ;;
     pack) # every file under $OUT into one archive (the device tool returns eight files a call): last in the list of steps
           t=$(mktemp /tmp/gvm_pack.XXXXXX); tar czf "$t" -C "$OUT" . && find "$OUT" -mindepth 1 -delete && mv "$t" "$OUT/all.tgz"; echo "packed: $OUT/all.tgz" ;;
