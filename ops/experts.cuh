@@ -369,18 +369,6 @@ __device__ __forceinline__ void gvm_exp_ks(float (&acc)[GVM_EXP_ACC][2][4], unsi
 // 414.5, down 246.1 / 249.6. In the layers, whose workers start the list at
 // different times, level (two rounds of the 16- to 256-token layers: within
 // 0.4%). The sums' order over K changes with koff, not from run to run.
-// A worker's next item, claimed early: at the top of its item's last K step on the
-// shared tile (1), its answer read after that step, so that the next call has its
-// item without a round trip; such a call counts the item it finished done with a
-// reduction that it does not wait for (a worker holding an item cannot be the one
-// that completes the list). 2: also the next item's first two K steps of weights
-// prefetched into L2 as the loop ends, where its first copies would wait on HBM.
-// The claims and counts are the same in number, so the work list's counter ends as
-// it did; the register path (few tokens) still claims at its next call.
-#ifndef GVM_EXP_EARLY
-#define GVM_EXP_EARLY 0
-#endif
-
 #ifndef GVM_EXP_STAGGER
 #define GVM_EXP_STAGGER 1  // 0: every item from K step 0 (for A/B runs)
 #endif
@@ -405,48 +393,10 @@ struct gvm_exp_src {
 // layout, the second unit into the acc tiles after the first's, so that the
 // staged x serves twice the rows. units: bit u, the warp's unit u has rows
 // (warp-uniform).
-__device__ __forceinline__ bool gvm_expr_fits(const gvm_ctx& c, int count, int kdim, int sets);
-
-// GVM_EXP_EARLY 2, warp 0 as an item's last K loop ends: item j's (the claim the loop
-// took) first two K steps of weights into L2, where it runs on the shared tile
-// (gvm_exp_bulk's blocks; lane 2b block b's codes, 2b + 1 its scales).
-template <bool UP>
-__device__ __forceinline__ void gvm_exp_prefetch_next(const gvm_ctx& c, int j) {
-    const unsigned st = gvm_exp_state(c), lane = c.tid & 31;
-    const unsigned run = gvm_lds_u(st + 272 + 4 * lane);  // lane r: run r's end | its expert << 24
-    const int end = (int)(run & 0xffffffu);
-    if (j < 0 || j >= __shfl_sync(0xffffffffu, end, 31)) return;
-    const int r = __popc(__ballot_sync(0xffffffffu, end <= j));
-    const int before = __shfl_sync(0xffffffffu, end, max(r - 1, 0)), start = r > 0 ? before : 0;
-    const int e = (int)((unsigned)__shfl_sync(0xffffffffu, run, r) >> 24);
-    const int count = (int)gvm_lds_u(st + 16 + 4 * e), rows = (int)gvm_lds_u(st + 400 + 4 * e), kdim = gvm_t(c, 1).shape[1];
-#if GVM_EXPERT_REG
-    if (gvm_expr_fits(c, count, kdim, UP ? 2 : 1)) return;  // the register path copies in its own order
-#endif
-    const int n0 = (j - start) * rows, nn = min(rows, gvm_t(c, 0).shape[1] - n0), nb = (nn + 15) / 16;
-    const int steps = (kdim + GVM_EXP_KSTEP - 1) / GVM_EXP_KSTEP, ks0 = GVM_EXP_STAGGER ? (n0 / nn) % steps : 0;
-    const int b = (int)(lane >> 1), set = UP && b >= nb ? 1 : 0, rd = UP ? 2 : 1;
-    if (b >= (UP ? 2 : 1) * nb) return;
-    const gvm_tensor& tcd = gvm_t(c, 2);
-    const gvm_tensor& tsc = gvm_t(c, 3);
-    const long long row = n0 + 16 * (b - set * nb);
-    const long long co = e * tcd.stride[0] + set * tcd.stride[1] + gvm_tile_row(row, tcd.stride[rd], 64);
-    const long long so = e * tsc.stride[0] + set * tsc.stride[1] + gvm_tile_row(row, tsc.stride[rd], 8);
-    for (int h = 0; h < 2 && h < steps; ++h) {
-        const int ks = ks0 + h < steps ? ks0 + h : ks0 + h - steps;
-        const unsigned tsteps = ks * GVM_EXP_KSTEP + GVM_NVFP4_TILE_K < kdim ? 2u : 1u;
-        if (lane & 1)
-            gvm_prefetch_l2(gvm_ptr<const unsigned char>(tsc, so + ks * 2 * GVM_TK_SCALES, 1), tsteps * GVM_TK_SCALES);
-        else
-            gvm_prefetch_l2(gvm_ptr<const unsigned char>(tcd, co + ks * 2 * GVM_TK_CODES, 1), tsteps * GVM_TK_CODES);
-    }
-}
-
-// claim: the item's last K loop, which takes the worker's next claim (GVM_EXP_EARLY).
 template <bool DBL, bool UP>
 __device__ __forceinline__ void gvm_exp_mma(const gvm_ctx& c, float (&acc)[GVM_EXP_ACC][2][4], const gvm_exp_src& w,
                                             unsigned units, const unsigned char* x, unsigned s_rows, unsigned s_raw,
-                                            unsigned s_tile, unsigned s_wbuf, int tm, int kdim, int koff, bool claim) {
+                                            unsigned s_tile, unsigned s_wbuf, int tm, int kdim, int koff) {
     const unsigned lane = c.tid & 31, warp = c.tid >> 5, g = lane >> 2, t4 = c.tid & 3;
     const int mts = (tm + 15) / 16, steps = (kdim + GVM_EXP_KSTEP - 1) / GVM_EXP_KSTEP;
     constexpr int NST = DBL ? GVM_EXP_WST : 2;
@@ -525,13 +475,8 @@ __device__ __forceinline__ void gvm_exp_mma(const gvm_ctx& c, float (&acc)[GVM_E
         gvm_exp_xfetch(c, x, s_rows, s_raw, tm, kk(0), kdim, gvm_policy_evict_normal());
     int buf = 0;
     unsigned phase = 0;  // the parity of buffer buf's current use (two-unit layout)
-    unsigned early = 0;  // thread 0: the next claim + 1 (GVM_EXP_EARLY)
 #pragma unroll 1
     for (int ks = 0; ks < steps; ++ks) {
-        if (GVM_EXP_EARLY && claim && ks == steps - 1 && c.tid == 0) {
-            const gvm_tensor& tw = gvm_t(c, 7);
-            early = atomicAdd(gvm_ptr<unsigned>(tw, c.ins->arg[0] * tw.stride[0], 4), 1u) + 1u;
-        }
         if (ks + NST - 1 < steps && WCOPY) {
             __syncwarp();  // the buffer refilled (the previous step's) was read by every lane of the warp
             wfetch(buf == 0 ? NST - 1 : buf - 1, kk(ks + NST - 1));
@@ -591,12 +536,6 @@ __device__ __forceinline__ void gvm_exp_mma(const gvm_ctx& c, float (&acc)[GVM_E
         if (lane == 0)
 #pragma unroll
             for (int b = 0; b < NST; ++b) gvm_bar_inval(bar0 + 8 * b);
-    }
-    if (GVM_EXP_EARLY && claim) {
-        if (c.tid == 0) gvm_sts(gvm_exp_state(c) + 8, early);  // for the next call (after its barrier)
-#if GVM_EXP_EARLY >= 2
-        if (warp == 0) gvm_exp_prefetch_next<UP>(c, (int)__shfl_sync(0xffffffffu, early, 0) - 1);
-#endif
     }
 }
 
@@ -1180,8 +1119,6 @@ __device__ int gvm_expert_tile(const gvm_ctx& c, int e, int n0, int nn) {
             // the warp's units: unit (and with dbl unit + 1: UP the other half of its
             // block, DOWN the next block)
             const int unit = pass * upp + (dbl ? 2 * (int)warp : (int)warp), r0 = unit * unit_rows;
-            // the item's last pass: its K loop claims the next item (GVM_EXP_EARLY; not in a fixed round robin)
-            const bool last = GVM_EXP_EARLY && c.ins->arg[4] <= 0 && tc0 + tm >= count && (pass + 1) * upp >= units;
             const unsigned wunits = (unsigned)(unit < units) | (unsigned)(dbl && unit + 1 < units) << 1;
             float acc[GVM_EXP_ACC][2][4];  // [unit * m-tiles + m-tile][set] (gvm_exp_ks)
 #pragma unroll
@@ -1204,7 +1141,7 @@ __device__ int gvm_expert_tile(const gvm_ctx& c, int e, int n0, int nn) {
                     w.cstep = (int)tcd.stride[1];  // UP: the up matrix; DOWN: the next block
                     w.sstep = (int)tsc.stride[1];
                     w.live = UP ? (wunits & 1u) * 3u : wunits;
-                    gvm_exp_mma<true, UP>(c, acc, w, wunits, x, s_rows, s_raw, s_tile, s_wbuf, tm, gvm_t(c, 1).shape[1], n0 / nn, last);
+                    gvm_exp_mma<true, UP>(c, acc, w, wunits, x, s_rows, s_raw, s_tile, s_wbuf, tm, gvm_t(c, 1).shape[1], n0 / nn);
                 } else {
                     // this lane's copy rows (gvm_exp_fetch): codes ga, ga + 4, scales gs of each set
                     const int lane = (int)(c.tid & 31), ga = lane >> 3, gs = (lane >> 2) & 7, s1 = UP ? 0 : 8;
@@ -1223,7 +1160,7 @@ __device__ int gvm_expert_tile(const gvm_ctx& c, int e, int n0, int nn) {
                                                 (unsigned)(r0 + ga + 4 < nn) << 2 | (unsigned)(r0 + ga + 4 + s1 < nn) << 3 |
                                                 (unsigned)(r0 + gs < nn) << 4 | (unsigned)(r0 + gs + s1 < nn) << 5
                                           : 0u;
-                    gvm_exp_mma<false, UP>(c, acc, w, wunits, x, s_rows, s_raw, s_tile, s_wbuf, tm, gvm_t(c, 1).shape[1], n0 / nn, last);
+                    gvm_exp_mma<false, UP>(c, acc, w, wunits, x, s_rows, s_raw, s_tile, s_wbuf, tm, gvm_t(c, 1).shape[1], n0 / nn);
                 }
             }
             if (unit >= units) continue;
@@ -1385,7 +1322,6 @@ __device__ int gvm_expert_matmul(const gvm_ctx& c) {
             gvm_sts(st + 272 + 4 * lane, (unsigned)end | (unsigned)er << 24);  // at most 32 x 8,192 items
             gvm_sts(st + 400 + 4 * lane, (unsigned)rows);
             if (lane == 0) gvm_sts(st, claim);
-            if (GVM_EXP_EARLY && lane == 0) gvm_sts(st + 8, 0u);  // no early claim yet
         }
     } else {
         gvm_group_sync(c);  // the last item's stores, before thread 0 counts it done
@@ -1393,18 +1329,9 @@ __device__ int gvm_expert_matmul(const gvm_ctx& c) {
             const gvm_tensor& tw = gvm_t(c, 7);
             unsigned long long* w = gvm_ptr<unsigned long long>(tw, c.ins->arg[0] * tw.stride[0], 4);
             const int fixed = c.ins->arg[4];
-            const unsigned held = GVM_EXP_EARLY ? gvm_lds_u(st + 8) : 0u;  // the claim the last item took early, + 1
-            if (held != 0 && (int)held - 1 < (int)(gvm_lds_u(st + 272 + 4 * 31) & 0xffffffu)) {
-                gvm_red_add_release_u64(w, 1ull << 32);  // an item to go: not the list's last, no answer needed
-                gvm_sts(st + 4 * (c.again & 1), held - 1);
-                gvm_sts(st + 12, ~0u);
-            } else {
-                const unsigned long long old = gvm_atom_add_acq_rel_u64(w, (fixed > 0 || held != 0 ? 0ull : 1ull) | 1ull << 32);
-                gvm_sts(st + 4 * (c.again & 1), fixed > 0 ? (unsigned)(fixed - 1) + c.again * (unsigned)c.ins->arg[1]
-                                                : held != 0 ? held - 1 : (unsigned)old);
-                gvm_sts(st + 12, (unsigned)(old >> 32));
-            }
-            if (GVM_EXP_EARLY) gvm_sts(st + 8, 0u);
+            const unsigned long long old = gvm_atom_add_acq_rel_u64(w, (fixed > 0 ? 0ull : 1ull) | 1ull << 32);
+            gvm_sts(st + 4 * (c.again & 1), fixed > 0 ? (unsigned)(fixed - 1) + c.again * (unsigned)c.ins->arg[1] : (unsigned)old);
+            gvm_sts(st + 12, (unsigned)(old >> 32));
         }
     }
     gvm_group_sync(c);

@@ -171,11 +171,6 @@ __device__ __forceinline__ unsigned long long gvm_atom_add_acq_rel_u64(unsigned 
     return old;
 }
 
-// The same add with no answer (release): the thread does not wait for the round trip.
-__device__ __forceinline__ void gvm_red_add_release_u64(unsigned long long* p, unsigned long long v) {
-    asm volatile("red.release.gpu.global.add.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
-}
-
 // v, as a value the compiler cannot see through: what derives from it (from
 // the thread index, say) is not hoisted out of the persistent loop into
 // registers held through every op.

@@ -155,7 +155,6 @@ template <int N> inline void gvm_cp_async_wait() { gvm_emu_cp_async_land(N); }
 inline unsigned gvm_opaque(unsigned v) { return v; }
 inline unsigned gvm_atom_add_acq_rel(unsigned* p, unsigned v) { return atomicAdd(p, v); }
 inline unsigned long long gvm_atom_add_acq_rel_u64(unsigned long long* p, unsigned long long v) { const unsigned long long o = *p; *p = o + v; return o; }
-inline void gvm_red_add_release_u64(unsigned long long* p, unsigned long long v) { *p += v; }
 // Bulk copies land at once here, but a thread may read their bytes only after
 // it has waited for the mbarrier phase they complete. Each mbarrier keeps its
 // state beside the scratch (pending arrivals, bytes announced less bytes landed,
