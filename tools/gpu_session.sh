@@ -374,7 +374,7 @@ PY
             # the shared tile) or attn_chunk (its 'full' case as ops_check runs it the second time: every chunk, two groups a block)
             if [ "${NCUSRC_OP:-expert_up}" = attn_chunk ]; then K=gvm_check_attn_chunk; SKIP=1; CMD=(tools/ops_check.py --only attn_chunk)
             else K=gvm_check_expert_up; SKIP=2; CMD=(tools/expert_bench.py --shapes 32x16 --reps 3 --out /tmp/xb.json); fi
-            timeout ${T_NCUSRC:-150} ncu --kernel-name $K --launch-skip $SKIP --launch-count 1 --section SourceCounters --section WarpStateStats -f -o /tmp/ncusrc python3 "${CMD[@]}" > "$OUT/ncusrc_$K.log" 2>&1; echo "ncu rc=$?"; tail -3 "$OUT/ncusrc_$K.log"
+            timeout ${T_NCUSRC:-150} ncu --clock-control none --kernel-name $K --launch-skip $SKIP --launch-count 1 --section SourceCounters --section WarpStateStats -f -o /tmp/ncusrc python3 "${CMD[@]}" > "$OUT/ncusrc_$K.log" 2>&1; echo "ncu rc=$?"; tail -3 "$OUT/ncusrc_$K.log"
             ncu --import /tmp/ncusrc.ncu-rep --page source --csv --print-source sass 2> "$OUT/ncusrc_import.err" | gzip > "$OUT/ncu_source_$K.csv.gz"; echo "source page rc=${PIPESTATUS[0]}"; zcat "$OUT/ncu_source_$K.csv.gz" | head -3 | cut -c1-300 ;;
     chunks) # one conversation's full layers: 162 chunks of 1,024 keys beside the 64 late g tiles leave 38 of the 264
             # groups idle, and at 8 tokens attention is the longest phase (cacac56's full-c1-t8 trace: 21.1 -> 57.7 us,
