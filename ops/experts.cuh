@@ -310,15 +310,11 @@ using gvm_exp_two = gvm_exp_layout<UP ? 512 : GVM_EXP_WPIECE, UP ? GVM_EXP_WPIEC
 // One K step of a warp's MMAs: units U0 .. U0 + U - 1's weights (laid out as L)
 // times the tile's MT m-tiles, into acc[u * MT + m]. Thread (g, t4) multiplies
 // codes 32 t4 .. + 31 of each tiled step h of row g of each set (gvm_exp_chunk).
-// SPLIT (GVM_EXP_SPLIT): each word's second MMA into acc[MT * U + u * MT + m], a chain of
-// its own in the entries this shape leaves free (gvm_exp_mma adds them up), so that an
-// accumulator waits on 16 dependent MMAs a K step instead of 32.
-template <int MT, int U, class L, int U0 = 0, bool SPLIT = false>
+template <int MT, int U, class L, int U0 = 0>
 __device__ __forceinline__ void gvm_exp_ks(float (&acc)[GVM_EXP_ACC][2][4], unsigned wbuf, unsigned s_tile, unsigned g,
                                            unsigned t4) {
-    constexpr int A0 = U0 * MT, A1 = SPLIT ? MT * U : 0;
+    constexpr int A0 = U0 * MT;
     static_assert(A0 + MT * U <= GVM_EXP_ACC, "acc holds two units of two m-tiles");
-    static_assert(!SPLIT || (U0 == 0 && 2 * MT * U <= GVM_EXP_ACC), "a split needs the free half of acc");
     unsigned sp[U][2][2];  // the thread's 2 scales of each set and tiled step, as an f16 pair
 #pragma unroll
     for (int u = 0; u < U; ++u)
@@ -355,7 +351,7 @@ __device__ __forceinline__ void gvm_exp_ks(float (&acc)[GVM_EXP_ACC][2][4], unsi
 #pragma unroll
                     for (int s = 0; s < 2; ++s) {
                         gvm_mma_f16(acc[A0 + u * MT + m][s], a0.x, a0.y, a0.z, a0.w, p[u][s][0], p[u][s][2]);
-                        gvm_mma_f16(acc[A0 + A1 + u * MT + m][s], a1.x, a1.y, a1.z, a1.w, p[u][s][1], p[u][s][3]);
+                        gvm_mma_f16(acc[A0 + u * MT + m][s], a1.x, a1.y, a1.z, a1.w, p[u][s][1], p[u][s][3]);
                     }
             }
         }
@@ -373,10 +369,6 @@ __device__ __forceinline__ void gvm_exp_ks(float (&acc)[GVM_EXP_ACC][2][4], unsi
 // 414.5, down 246.1 / 249.6. In the layers, whose workers start the list at
 // different times, level (two rounds of the 16- to 256-token layers: within
 // 0.4%). The sums' order over K changes with koff, not from run to run.
-#ifndef GVM_EXP_SPLIT
-#define GVM_EXP_SPLIT 0  // 1: a word's two MMAs into two accumulator chains where a shape leaves acc entries free (gvm_exp_ks)
-#endif
-
 #ifndef GVM_EXP_STAGGER
 #define GVM_EXP_STAGGER 1  // 0: every item from K step 0 (for A/B runs)
 #endif
@@ -424,7 +416,6 @@ __device__ __forceinline__ void gvm_exp_mma(const gvm_ctx& c, float (&acc)[GVM_E
         }
     };
     constexpr bool WCOPY = !(GVM_EXPR_PROBE & 1024);
-    constexpr bool SPLIT = GVM_EXP_SPLIT;
     if (DBL && WCOPY) {
         if (lane == 0)
 #pragma unroll
@@ -525,11 +516,11 @@ __device__ __forceinline__ void gvm_exp_mma(const gvm_ctx& c, float (&acc)[GVM_E
             gvm_exp_ks<2, 1, L, 0>(acc, slot, xt, g, t4);
             gvm_exp_ks<2, 1, L, 1>(acc, slot, xt, g, t4);
         } else if (DBL)
-            gvm_exp_ks<1, 2, L, 0, SPLIT>(acc, slot, xt, g, t4);
+            gvm_exp_ks<1, 2, L>(acc, slot, xt, g, t4);
         else if (mts == 2)
-            gvm_exp_ks<2, 1, gvm_exp_one, 0, SPLIT>(acc, slot, s_tile, g, t4);
+            gvm_exp_ks<2, 1, gvm_exp_one>(acc, slot, s_tile, g, t4);
         else
-            gvm_exp_ks<1, 1, gvm_exp_one, 0, SPLIT>(acc, slot, s_tile, g, t4);
+            gvm_exp_ks<1, 1, gvm_exp_one>(acc, slot, s_tile, g, t4);
     }
 #if GVM_EXPR_PROBE & 4096
     if constexpr (XBULK) {
@@ -545,23 +536,6 @@ __device__ __forceinline__ void gvm_exp_mma(const gvm_ctx& c, float (&acc)[GVM_E
         if (lane == 0)
 #pragma unroll
             for (int b = 0; b < NST; ++b) gvm_bar_inval(bar0 + 8 * b);
-    }
-    if (SPLIT) {  // the second chains into the first (compile-time entries: no local memory)
-        const auto fold = [&](int a, int b) {
-#pragma unroll
-            for (int s = 0; s < 2; ++s)
-#pragma unroll
-                for (int i = 0; i < 4; ++i) acc[a][s][i] += acc[b][s][i];
-        };
-        if (DBL && mts == 1) {
-            fold(0, 2);
-            fold(1, 3);
-        } else if (!DBL && mts == 2) {
-            fold(0, 2);
-            fold(1, 3);
-        } else if (!DBL) {
-            fold(0, 1);
-        }
     }
 }
 

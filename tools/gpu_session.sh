@@ -2,7 +2,7 @@
 # One call on the H200 (the device tool): the VM proofs and timings, the Muse
 # ops standalone, and the decode-case sweep, each under its own time limit,
 # logs and results under $OUT (at most 8 files come back: traces are tarred).
-#   GPUVM_COMMIT=<sha> bash tools/gpu_session.sh [check|fold|ops|opstime|sweep|step|stepsweep|probe|experts|router|park|ring|lists|steptrace|tiles|rowpf|fill|fill2|xstage|trace62|xprobe|smem|tiles2|xbench|against|slots|naps|icache|workers|slices|statsprobe|topkprobe|layertrace|oneop|fusedqk|ringbench|ringprobe|opsgemm|tail|attstop|gputests|vmtest|next|attntail|qksplit|lazygemm|lazyattn|lazyctl|ncuattn|clocks|codewarm|lazyexperts|lazyone|lazyall|toolcheck|gearly|kparts|kpartslayers|glate|glate16|fixed16|dispdepth|shares|cap33|weightcal|bare|refit|stagger|tileprobe|dbl2|heavy|capup|c16t1|ncu|ncusrc|treeab|trees|bounds|pfbound|resched|partsprobe|qktok|xdirect|lpt|split ...]
+#   GPUVM_COMMIT=<sha> bash tools/gpu_session.sh [check|fold|ops|opstime|sweep|step|stepsweep|probe|experts|router|park|ring|lists|steptrace|tiles|rowpf|fill|fill2|xstage|trace62|xprobe|smem|tiles2|xbench|against|slots|naps|icache|workers|slices|statsprobe|topkprobe|layertrace|oneop|fusedqk|ringbench|ringprobe|opsgemm|tail|attstop|gputests|vmtest|next|attntail|qksplit|lazygemm|lazyattn|lazyctl|ncuattn|clocks|codewarm|lazyexperts|lazyone|lazyall|toolcheck|gearly|kparts|kpartslayers|glate|glate16|fixed16|dispdepth|shares|cap33|weightcal|bare|refit|stagger|tileprobe|dbl2|heavy|capup|c16t1|ncu|ncusrc|treeab|trees|bounds|pfbound|resched|partsprobe|qktok|xdirect|lpt ...]
 # (set GPUVM_COMMIT when running a snapshot without .git: else the results name the enclosing checkout)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -452,15 +452,6 @@ PY
            AB_TAIL=40 ab_rounds lpt variants "ch:,tok:GVM_EXP_LPT=1,ord:GVM_EXP_LPT=0" ${T_LPT:-200} --draws 8,16 \
                --cases ${LPT_CASES:-full-c16-t8,sliding-c16-t8,full-c32-t8,sliding-c32-t8,full-c32-t1} --step "${LPT_STEPS:-32x8,16x8}"
            python3 tools/draws.py lpt="$OUT/lpt_r1.json,$OUT/lpt_r2.json" | tail -24 ;;
-    split) # a word's two MMAs into two accumulator chains where the shape leaves acc entries free (GVM_EXP_SPLIT 1:
-           # the 9-16-token experts' two-unit passes, the one-unit ones) against 0: the lists alone, then two rounds with draws
-           timeout 200 python3 tools/prebuild.py base GVM_RESCHED_PROBE=8 GVM_RESCHED_PROBE=16 GVM_EXP_SPLIT=1 GVM_EXP_SPLIT=1+GVM_RESCHED_PROBE=8 \
-               GVM_EXP_SPLIT=1+GVM_RESCHED_PROBE=16 > "$OUT/prebuild_split.log" 2>&1
-           cat "$OUT/prebuild_split.log"
-           for v in 0 1; do timeout 100 python3 tools/expert_bench.py --shapes 32x16,skew256,8x16,32x32 --reps 10 --define GVM_EXP_SPLIT=$v --out "$OUT/xb_split$v.json" > "$OUT/xb_split$v.log" 2>&1; echo "expert_bench split=$v rc=$?"; tail -9 "$OUT/xb_split$v.log"; done
-           AB_TAIL=30 ab_rounds split variants "s0:,s1:GVM_EXP_SPLIT=1" ${T_SPLIT:-150} --draws 8,16 \
-               --cases ${SPLIT_CASES:-full-c16-t8,sliding-c16-t8,full-c32-t8,sliding-c32-t8} --step "${SPLIT_STEPS:-16x8}"
-           python3 tools/draws.py split="$OUT/split_r1.json,$OUT/split_r2.json" | tail -12 ;;
     pack) # every file under $OUT into one archive (the device tool returns eight files a call): last in the list of steps
           t=$(mktemp /tmp/gvm_pack.XXXXXX); tar czf "$t" -C "$OUT" . && find "$OUT" -mindepth 1 -delete && mv "$t" "$OUT/all.tgz"; echo "packed: $OUT/all.tgz" ;;
     gputests) timeout ${T_GPUTESTS:-200} python3 -m pytest -q -p no:cacheprovider tests/gpu > "$OUT/tests_gpu.log" 2>&1; echo "tests/gpu rc=$?"; tail -4 "$OUT/tests_gpu.log" ;;
