@@ -74,7 +74,7 @@ def test_stall_counts_are_summed_from_the_control_words() -> None:
     assert all(lp.stalls is None for lp in loops(SASS))  # plain SASS has no control words
 
 
-@pytest.mark.skipif(nvdisasm() is None, reason="no nvdisasm (CUDA toolkit or triton)")
+@pytest.mark.skipif(nvdisasm() is None, reason="no nvdisasm (CUDA toolkit, NVIDIA's pip wheel or triton)")
 def test_the_expert_ring_loop_is_found() -> None:
     # the few-token ring's slot: 16 MMAs (two pieces x 4 words x 2) and 6 copies a lane
     slots = [lp for lp in loops(op_sass(Op.EXPERT_UP)) if lp.mix["HMMA"] == 16 and lp.mix["LDGSTS"] == 6]

@@ -66,10 +66,19 @@ def stall_count(ctrl_word: int) -> int:
 
 
 def nvdisasm() -> str | None:
-    """The nvdisasm binary: on PATH, in the CUDA toolkit, or triton's copy."""
+    """The nvdisasm binary: on PATH, in the CUDA toolkit, in NVIDIA's pip wheel
+    (`pip install nvidia-cuda-nvdisasm`: site-packages/nvidia/cu*/bin), or triton's copy."""
     found = shutil.which("nvdisasm") or next((p for p in ("/usr/local/cuda/bin/nvdisasm",) if Path(p).is_file()), None)
     if found:
         return found
+    try:
+        import nvidia  # the namespace package of NVIDIA's CUDA wheels
+    except ImportError:
+        nvidia = None
+    for root in getattr(nvidia, "__path__", []):
+        for p in sorted(Path(root).glob("cu*/bin/nvdisasm"), reverse=True):
+            if p.is_file():
+                return str(p)
     try:
         import triton
     except ImportError:
@@ -115,7 +124,7 @@ def op_sass(op: Op, defines: tuple[tuple[str, str], ...] = (), hex_words: bool =
     with each instruction's encoding (nvdisasm -hex), for the stall counts."""
     tool = nvdisasm()
     if tool is None:
-        raise SystemExit("nvdisasm not found (CUDA toolkit or triton)")
+        raise SystemExit("nvdisasm not found (CUDA toolkit, `pip install nvidia-cuda-nvdisasm`, or triton)")
     obj, _ = compile_ops([op], defines=defines)
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(obj.code)
