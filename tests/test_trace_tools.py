@@ -227,8 +227,9 @@ def test_list_tails_find_the_last_workers_sharing_an_sm():
               opcodes=np.array([down] * 4 + [gemm], np.uint16), deps=[()] * 5, weight_bytes=np.zeros(5, np.int64),
               act_bytes=np.zeros(5, np.int64), meta={"source": "model"})
     tl = build(t)
-    assert list_tails(tl, last=2) == [ListTail("L0.expert_down", 4, 80.0, 105.0, 1, 1)]
-    assert list_tails(tl, last=3) == [ListTail("L0.expert_down", 4, 80.0, 100.0, 2, 1)]
+    # ends 100, 110, 50, 60: the median 80, the last 30 after it
+    assert list_tails(tl, last=2) == [ListTail("L0.expert_down", 4, 80.0, 105.0, 1, 1, 30.0)]
+    assert list_tails(tl, last=3) == [ListTail("L0.expert_down", 4, 80.0, 100.0, 2, 1, 30.0)]
     assert "work list tails" in summarize(t) and "work list tails" not in summarize(hand_trace())
 
 

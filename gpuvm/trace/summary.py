@@ -128,6 +128,7 @@ class ListTail:
     tail_run_median: float  # ns, of the LIST_TAIL that finished last
     tail_sms: int  # SMs those ran on
     tail_doubled: int  # of those SMs, how many ran two or more of them
+    end_spread: float  # ns from the median worker's end to the last one's: the list's tail itself
 
 
 @dataclass(frozen=True)
@@ -333,7 +334,9 @@ def list_tails(tl: Timeline, last: int = LIST_TAIL) -> list[ListTail]:
         run = tl.t[idx, DONE] - tl.t[idx, READY]
         tail = np.argsort(-tl.t[idx, DONE], kind="stable")[:last]
         _, per_sm = np.unique(tl.sm[idx[tail]], return_counts=True)
-        out.append(ListTail(name, len(idx), float(np.median(run)), float(np.median(run[tail])), len(per_sm), int((per_sm >= 2).sum())))
+        done = tl.t[idx, DONE]
+        out.append(ListTail(name, len(idx), float(np.median(run)), float(np.median(run[tail])), len(per_sm), int((per_sm >= 2).sum()),
+                            float(done.max() - np.median(done))))
     return out
 
 
@@ -408,8 +411,9 @@ def summarize(trace: Trace, read_bw_tbps: float | None = None) -> str:
     held_table = _table(["op", "held", "median us", "p90 us", "longest us", f"over {_us(HELD_SLOW_NS)} us"],
                         [[w.op, str(w.count), _us(w.median), _us(w.p90), _us(w.longest), str(w.slow)] for w in held_claims(tl)])
     tails = list_tails(tl)
-    tail_table = _table(["op", "workers", "run med us", "tail run med us", "tail SMs", "SMs with two"],
-                        [[x.op, str(x.workers), _us(x.run_median), _us(x.tail_run_median), str(x.tail_sms), str(x.tail_doubled)] for x in tails])
+    tail_table = _table(["op", "workers", "run med us", "tail run med us", "tail SMs", "SMs with two", "last end after median us"],
+                        [[x.op, str(x.workers), _us(x.run_median), _us(x.tail_run_median), str(x.tail_sms), str(x.tail_doubled),
+                          _us(x.end_spread)] for x in tails])
 
     return "\n".join(
         head
