@@ -331,10 +331,10 @@ def list_tails(tl: Timeline, last: int = LIST_TAIL) -> list[ListTail]:
         idx = groups[name]
         if int(tl.trace.opcodes[idx[0]]) not in LIST_OPCODES:
             continue
-        run = tl.t[idx, DONE] - tl.t[idx, READY]
-        tail = np.argsort(-tl.t[idx, DONE], kind="stable")[:last]
-        _, per_sm = np.unique(tl.sm[idx[tail]], return_counts=True)
         done = tl.t[idx, DONE]
+        run = done - tl.t[idx, READY]
+        tail = np.argsort(-done, kind="stable")[:last]
+        _, per_sm = np.unique(tl.sm[idx[tail]], return_counts=True)
         out.append(ListTail(name, len(idx), float(np.median(run)), float(np.median(run[tail])), len(per_sm), int((per_sm >= 2).sum()),
                             float(done.max() - np.median(done))))
     return out
