@@ -160,6 +160,11 @@ __device__ __forceinline__ void gvm_exp_xfetch(const gvm_ctx& c, const unsigned 
     gvm_cp_async_commit();
 }
 
+// Probe 4096's x tiles (gvm_exp_mma): two of GVM_EXP_MAXMT m-tiles from the tile's place,
+// or with 8192 three from the raw buffer's; gvm_expert_tile checks that they fit.
+#define GVM_EXP_XD_NX (GVM_EXPR_PROBE & 8192 ? 3 : 2)
+__device__ __forceinline__ unsigned gvm_exp_xd_base(unsigned s_raw, unsigned s_tile) { return GVM_EXP_XD_NX == 3 ? s_raw : s_tile; }
+
 // Probe 4096 (timing only: the values are wrong): x's raw rows of K step ks
 // copied straight into the tile at s_tile, 16 bytes where the staging would
 // have put them, so that a K step has no staging pass and one group barrier:
@@ -436,8 +441,8 @@ __device__ __forceinline__ void gvm_exp_mma(const gvm_ctx& c, float (&acc)[GVM_E
     // an mbarrier a tile after the weights' (s_rows + 208). The probes' code is kept out
     // of the default build by the preprocessor: there it would reschedule the kernel.
     constexpr bool XDIRECT = DBL && (GVM_EXPR_PROBE & 4096) && !(GVM_EXPR_PROBE & 256);
-    constexpr int NX = GVM_EXPR_PROBE & 8192 ? 3 : 2;
-    const unsigned xt0 = NX == 3 ? s_raw : s_tile;
+    constexpr int NX = GVM_EXP_XD_NX;
+    const unsigned xt0 = gvm_exp_xd_base(s_raw, s_tile);
     const auto xtile = [&](int ks) { return xt0 + (unsigned)(ks % NX) * GVM_EXP_MAXMT * GVM_EXP_MTILE; };
 #if GVM_EXPR_PROBE & 4096
     constexpr bool XBULK = XDIRECT && (GVM_EXPR_PROBE & 16384);
@@ -512,7 +517,7 @@ __device__ __forceinline__ void gvm_exp_mma(const gvm_ctx& c, float (&acc)[GVM_E
         // one w8 loop per shape: no branch between a w8's MMAs and the next
         // w8's shared loads and decode, which ptxas can then start early
         using L = gvm_exp_two<UP>;
-        if (DBL && mts == 2) {  // a unit at a time (x's fragments loaded twice): both at once spilled
+        if (DBL && mts == 2) {  // a unit at a time (both at once spilled); ptxas loads x's fragments once for both (session 69)
             gvm_exp_ks<2, 1, L, 0>(acc, slot, xt, g, t4);
             gvm_exp_ks<2, 1, L, 1>(acc, slot, xt, g, t4);
         } else if (DBL)
@@ -1076,7 +1081,7 @@ __device__ int gvm_expert_tile(const gvm_ctx& c, int e, int n0, int nn) {
     if (dbl && gvm_t(c, 1).shape[0] * gvm_t(c, 1).stride[0] * 2 < 2 * GVM_EXP_MAXMT * GVM_EXP_MTILE) return GVM_ERR_BAD_ARGS;
 #endif
 #if GVM_EXPR_PROBE & 4096  // the probe's tiles fit before the walk's state
-    if (dbl && (int)((GVM_EXPR_PROBE & 8192 ? s_raw : s_tile) - s_rows) + (GVM_EXPR_PROBE & 8192 ? 3 : 2) * GVM_EXP_MAXMT * GVM_EXP_MTILE >
+    if (dbl && (int)(gvm_exp_xd_base(s_raw, s_tile) - s_rows) + GVM_EXP_XD_NX * GVM_EXP_MAXMT * GVM_EXP_MTILE >
                    (int)c.smem_bytes - GVM_EXP_STATE)
         return GVM_ERR_BAD_ARGS;
 #endif
