@@ -5,8 +5,9 @@ once instead of each waiting for NVRTC in turn.
     PYTHONPATH=. python3 tools/prebuild.py [--trace] [MACRO=value[+MACRO=value] ...]
 
 Each positional argument is one variant of the Muse kernel ('' or 'base' for
-the default build; groups=N: built for N compute groups); --trace adds the
-traced build of the default.
+the default build; groups=N: built for N compute groups; a 'trace:' prefix
+builds its traced version, e.g. trace:GVM_EXP_LPT=1 for tools/step_trace.py
+--define GVM_EXP_LPT=1); --trace adds the traced build of the default.
 """
 from __future__ import annotations
 
@@ -17,8 +18,10 @@ from concurrent.futures import ProcessPoolExecutor
 
 from gpuvm.device.build import BuildOptions, build
 
+Spec = tuple[bool, tuple[tuple[str, str], ...]]  # (traced, defines) of one kernel variant
 
-def _one(spec: tuple[bool, tuple[tuple[str, str], ...]]) -> str:
+
+def _one(spec: Spec) -> str:
     trace, defines = spec
     groups = int(dict(defines).get("groups", BuildOptions().max_groups))
     defines = tuple(d for d in defines if d[0] != "groups")
@@ -30,14 +33,27 @@ def _one(spec: tuple[bool, tuple[tuple[str, str], ...]]) -> str:
     return f"ok   {'trace ' if trace else ''}{defines or 'default'}: {b.kernel.registers} registers, {time.time() - t0:.0f} s{' (cached)' if b.cached else ''}"
 
 
+def specs_of(variants: list[str], trace: bool) -> list[Spec]:
+    """(traced, defines) of each variant argument, and the traced default with trace."""
+    out: list[Spec] = []
+    for v in variants or [""]:
+        traced = v.startswith("trace:")
+        v = v.removeprefix("trace:")
+        defines = tuple(tuple(d.split("=", 1)) for d in v.split("+") if d and v != "base")
+        if any(len(d) != 2 for d in defines):
+            raise SystemExit(f"prebuild: {v!r}: each define is MACRO=value")
+        out.append((traced, defines))
+    if trace and (True, ()) not in out:
+        out.append((True, ()))
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--trace", action="store_true", help="also the traced default build")
-    ap.add_argument("variants", nargs="*", help="MACRO=value[+MACRO=value] per variant")
+    ap.add_argument("variants", nargs="*", help="[trace:]MACRO=value[+MACRO=value] per variant (base: the default)")
     a = ap.parse_args()
-    specs = [(False, tuple(tuple(d.split("=", 1)) for d in v.split("+") if d and v != "base")) for v in a.variants or [""]]
-    if a.trace:
-        specs.append((True, ()))
+    specs = specs_of(a.variants, a.trace)
     with ProcessPoolExecutor(max_workers=len(specs)) as ex:
         lines = list(ex.map(_one, specs))
     print("\n".join(lines), flush=True)
