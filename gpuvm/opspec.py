@@ -375,11 +375,16 @@ def _cost_residual(ts: Slots, a: Args) -> Cost:
     return Cost(act_bytes=a[1] * (5 * cols * 4 + (stats.row_bytes if stats is not None else 0)), flops=10 * a[1] * cols)
 
 
+#: columns of a work list's row with its rows done by expert (isa/gvm_isa.h EXPERT_UP)
+WORK_COLUMNS_BY_EXPERT = 2 + MAX_WORKLIST_EXPERTS
+
+
 def _work(ts: Slots, i: int) -> TensorSpec:
-    """The experts' work lists: [K, 2] i32, list k's items taken and items done."""
+    """The experts' work lists: [K, 2] i32, list k's items taken and items done,
+    or [K, 2 + MAX_WORKLIST_EXPERTS] with each expert's rows done after them."""
     work = _t(ts, i, "work", I32, 2)
-    if not (work.shape[1] == 2):
-        raise ProgramError(f"work {work.shape} must be [K,2] (items taken, items done per list)")
+    if work.shape[1] not in (2, WORK_COLUMNS_BY_EXPERT):
+        raise ProgramError(f"work {work.shape} must be [K,2] (items taken, items done per list) or [K,{WORK_COLUMNS_BY_EXPERT}] (and rows done by expert)")
     return work
 
 
@@ -458,6 +463,12 @@ def _check_expert(ts: Slots, a: Args, up: bool) -> None:
         raise ProgramError(f"expert row grain and cap must be positive multiples of {NVFP4_TILE_ROWS} (items start on a tiled block), not {a[2]} and {a[3]}")
     if not (0 <= a[4] <= a[1]):
         raise ProgramError(f"a fixed worker's number a4 must be 1..{a[1]} (0: items claimed), not {a[4]}")
+    after = a[5]
+    if up and after:
+        raise ProgramError(f"EXPERT_UP's a5 must be 0, not {after}")
+    if after and not (1 <= after <= work.shape[0] and work.shape[1] == WORK_COLUMNS_BY_EXPERT):
+        raise ProgramError(f"EXPERT_DOWN's a5 = j + 1 names the list j whose rows it waits for: 1..{work.shape[0]}, "
+                           f"with work [K,{WORK_COLUMNS_BY_EXPERT}] (rows done by expert), not a5 = {after} with work {work.shape}")
 
 
 def expert_weight(tokens: int) -> int:
@@ -582,8 +593,8 @@ SPECS: dict[Op, OpSpec] = {
     Op.ATTN_MERGE: OpSpec(("o", "part_o", "part_ml", "qkvg"), ("tok0", "tokens", "head0", "heads", "chunks"), _check_attn_merge, _cost_merge),
     Op.RESIDUAL: OpSpec(("s", "a", "alpha", "beta", "w_next", "out_f32", "out_bf16", "stats"), ("row0", "rows", "col0", "cols"), _check_residual, _cost_residual),
     Op.TOPK: OpSpec(("scores", "route_meta", "route", "work"), ("first_local", "n_local", "mode", "t0", "tokens"), _check_topk, _cost_topk),
-    Op.EXPERT_UP: OpSpec(("hbuf", "x", "codes", "scales", "tscales", "route_meta", "route", "work"), ("list", "workers", "grain", "cap", "fixed"), lambda ts, a: _check_expert(ts, a, True), lambda ts, a: _cost_expert(ts, a, 2)),
-    Op.EXPERT_DOWN: OpSpec(("y", "hbuf", "codes", "scales", "tscales", "route_meta", "route", "work"), ("list", "workers", "grain", "cap", "fixed"), lambda ts, a: _check_expert(ts, a, False), lambda ts, a: _cost_expert(ts, a, 1)),
+    Op.EXPERT_UP: OpSpec(("hbuf", "x", "codes", "scales", "tscales", "route_meta", "route", "work"), ("list", "workers", "grain", "cap", "fixed", "after"), lambda ts, a: _check_expert(ts, a, True), lambda ts, a: _cost_expert(ts, a, 2)),
+    Op.EXPERT_DOWN: OpSpec(("y", "hbuf", "codes", "scales", "tscales", "route_meta", "route", "work"), ("list", "workers", "grain", "cap", "fixed", "after"), lambda ts, a: _check_expert(ts, a, False), lambda ts, a: _cost_expert(ts, a, 1)),
     Op.EXPERT_COMBINE: OpSpec(("fsq", "y", "route"), ("tok0", "tokens"), _check_combine, _cost_combine),
     Op.EMBED: OpSpec(("s", "table", "tokens"), ("row0", "rows"), _check_embed, _cost_embed),
     Op.ARGMAX: OpSpec(("logits", "tokens", "margin"), ("row0", "rows"), _check_argmax, _cost_argmax),

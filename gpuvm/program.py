@@ -43,7 +43,7 @@ LIST_OPS = (Op.EXPERT_UP, Op.EXPERT_DOWN)
 @dataclass(eq=False)
 class Counter:
     """A monotonic device counter; it grows by its signallers per step (each op
-    adds one, or a work list adds its workers at once: Program._check_lists)."""
+    adds one, or a work list adds its workers between two of them: Program._check_lists)."""
 
     id: int
     name: str
@@ -90,6 +90,10 @@ def work_lists(ops: Sequence[Instr]) -> dict[tuple[int, int], list[int]]:
             assert work is not None  # the op's spec requires it
             lists.setdefault((work.index, ins.args[0]), []).append(i)
     return lists
+
+
+def _same(a: TensorSpec | None, b: TensorSpec | None) -> bool:
+    return a is not None and b is not None and a.index == b.index
 
 
 class Program:
@@ -202,10 +206,13 @@ class Program:
         return ins
 
     # -- build ---------------------------------------------------------------
-    def _graph(self) -> "_Graph":
+    def _graph(self, list_counters: set[int]) -> "_Graph":
         """The dependency graph, by wait group: a group is (counter, count) and
         stands for the first `count` signallers of the counter. Many ops waiting
-        on one wide counter then cost one edge each, not one per signaller."""
+        on one wide counter then cost one edge each, not one per signaller. A
+        wait for part of a work list's counter (its items all taken) stands for
+        the whole list: the ops it runs beside are the list's, so the order,
+        the static lists and the model keep them after it."""
         key_of: dict[tuple[int, int], int] = {}
         members: list[list[int]] = []
         op_groups: list[list[int]] = []
@@ -228,25 +235,28 @@ class Program:
                 g = key_of.get((c.id, need))
                 if g is None:
                     g = key_of[(c.id, need)] = len(members)
-                    members.append([s.id for s in c.signallers[:need]])
+                    members.append([s.id for s in (c.signallers if c.id in list_counters else c.signallers[:need])])
                 if g not in gs:
                     gs.append(g)
             op_groups.append(gs)
         return _Graph(op_groups, members)
 
-    def _check_lists(self) -> None:
-        """The workers of an expert work list (isa/gvm_isa.h EXPERT_UP): the one
-        that finishes the list signals a1 for all of them, so they must agree on
+    def _check_lists(self) -> set[int]:
+        """The workers of an expert work list (isa/gvm_isa.h EXPERT_UP) signal a1
+        between them (1 as the items are all taken, a1 - 1 as they are done), so they must agree on
         tensors, arguments (but a4) and counter, number a1, and be its only
         signallers; fixed workers (a4 > 0) number 1..a1 once each, or none is
-        fixed; and a wait on that counter is for the whole list."""
+        fixed; and a wait on that counter is for the whole list, or for 1 (its
+        items all taken) by an EXPERT_DOWN that waits for the list's rows
+        expert by expert (a5 = k + 1) and reads its output."""
         counters: dict[int, str] = {}  # list counter id -> the list's name
+        lists: dict[int, list[Instr]] = {}  # list counter id -> its workers
         for (t, k), idx in work_lists(self.instrs).items():
             ws = [self.instrs[i] for i in idx]
             w0 = ws[0]
             name = f"work list '{self.tensors[t].name}'[{k}]"
             for w in ws[1:]:
-                if (w.opcode, w.tensors, w.args[:4], w.signal) != (w0.opcode, w0.tensors, w0.args[:4], w0.signal):
+                if (w.opcode, w.tensors, w.args[:4] + w.args[5:], w.signal) != (w0.opcode, w0.tensors, w0.args[:4] + w0.args[5:], w0.signal):
                     raise ProgramError(f"{name}: op #{w.id} '{w.label}' differs from op #{w0.id} '{w0.label}' in opcode, tensors, arguments or signal")
             if len(ws) != w0.args[1]:
                 raise ProgramError(f"{name} has {len(ws)} workers, but its ops say a1 = {w0.args[1]}: the list would signal a wrong count")
@@ -260,10 +270,20 @@ class Program:
                 other = next(s for s in c.signallers if s not in ws)
                 raise ProgramError(f"{name} signals counter '{c.name}', which op #{other.id} '{other.label}' also signals: a list's counter is its own")
             counters[c.id] = name
+            lists[c.id] = ws
         for ins in self.instrs:
             for c, n in ins.waits:
-                if n is not None and n != c.per_step and c.id in counters:
-                    raise ProgramError(f"op #{ins.id} '{ins.label}' waits for {n} of the {c.per_step} signals of '{c.name}', which its {counters[c.id]} gives all at once: wait for all")
+                if n is None or n == c.per_step or c.id not in counters:
+                    continue
+                w0 = lists[c.id][0]
+                if n == 1 and ins.opcode == Op.EXPERT_DOWN and w0.opcode == Op.EXPERT_UP and ins.args[5] == w0.args[0] + 1 and _same(ins.tensors[7], w0.tensors[7]) and _same(ins.tensors[1], w0.tensors[0]):
+                    if w0.args[4]:
+                        raise ProgramError(f"op #{ins.id} '{ins.label}' waits for {counters[c.id]}'s items all taken, but its workers are fixed (a4 > 0): "
+                                           "an item may be held by a worker that has not started, behind the waiter: wait for all")
+                    continue
+                raise ProgramError(f"op #{ins.id} '{ins.label}' waits for {n} of the {c.per_step} signals of '{c.name}', which its {counters[c.id]} gives as 1 (items all taken) "
+                                   f"and {c.per_step - 1} (done): wait for all, or for 1 from an EXPERT_DOWN that waits for the list's rows by expert (a5 = list + 1) and reads its output (t1 = its t0)")
+        return set(counters)
 
     def build(self, order: str = "priority", capacity: int | None = None) -> "Stream":
         """Validate and encode. order='priority' sorts topologically, longest path
@@ -278,8 +298,7 @@ class Program:
             raise ProgramError(f"program '{self.name}' has {len(self.counters)} counters; at most {MAX_COUNTERS}")
         if len(self.tensors) > MAX_TABLE:
             raise ProgramError(f"program '{self.name}' has {len(self.tensors)} tensors; at most {MAX_TABLE}")
-        self._check_lists()
-        graph = self._graph()
+        graph = self._graph(self._check_lists())
         n = len(self.instrs)
         if order == "given":
             last = [max(m) for m in graph.members]

@@ -8,9 +8,10 @@
  * Conventions
  *  - An instruction is one 128-byte record. It waits on up to GVM_MAX_WAITS
  *    counters, runs its op, then increments its signal counter by one
- *    (release); the W workers of an expert work list instead add W at once,
- *    when one of them finishes the list's last item (EXPERT_UP), so a
- *    counter still grows by its signallers per step. A wait on counter c is
+ *    (release); the W workers of an expert work list instead add 1 when
+ *    one of them finds every item taken and W - 1 when one finishes the
+ *    list's last item (EXPERT_UP), so a counter still grows by its
+ *    signallers per step. A wait on counter c is
  *    satisfied at step s when
  *      (int32)(value(c) - (wait_base + s * wait_step)) >= 0,
  *    wait_step being the number of instructions that signal c per step, so
@@ -186,7 +187,7 @@ enum gvm_opcode {
      * written; without it a2 = a3 = 0. */
     GVM_OP_TOPK = 22,
     /* t0 scores [T,NE] f32, t1 route_meta [2,E] i32, t2 route [5,8T] i32,
-     * t3 work [K,2] i32 or none (the experts' work lists: set to 0);
+     * t3 work [K,2] or [K,2+GVM_MAX_WORKLIST_EXPERTS] i32 or none (the experts' work lists: set to 0);
      * a0 first local expert, a1 E (local experts). Per token: top-8 scores
      * (ties: lower expert index first), w = softmax of the 8 scores.
      * Expert x is local when a0 <= x < a0 + a1, local index e = x - a0.
@@ -202,7 +203,7 @@ enum gvm_opcode {
     /* t0 hbuf [8T,I] bf16, t1 x [T,H] bf16, t2 gu codes [E,2,I/16,8H] e2m1x2,
      * t3 gu scales [E,2,I/16,H] e4m3 (both tiled NVFP4, above; H a multiple
      * of 128), t4 gu tensor scales [E,2] f32, t5 route_meta, t6 route, t7 work
-     * [K,2] i32; a0 list k, a1 workers W, a2 row grain G, a3 row cap C (G and
+     * [K,2] or [K,2+GVM_MAX_WORKLIST_EXPERTS] i32; a0 list k, a1 workers W, a2 row grain G, a3 row cap C (G and
      * C multiples of 16), a4 fixed F (0: items claimed, below; else this worker
      * is number F - 1 of the W, numbered 1..W: it takes items F - 1, F - 1 + W,
      * F - 1 + 2W, ... and leaves work[k][0] alone: a fixed round robin, the
@@ -217,11 +218,16 @@ enum gvm_opcode {
      * each expert's in row order (rows [R_e*j, +R_e) of I).
      * The W instructions of a list take items
      * i = work[k][0]++ (atomic) until i is past the last item (so work[k][0]
-     * ends at items + W) and count each one finished in work[k][1]; the worker
-     * that finishes the last item (with no items, the first to take one)
-     * signals W, the others 0, so waiters see the list done without waiting
-     * for its last worker. All W share tensors, arguments but a4 and signal
-     * counter, and are that counter's only signallers (checked at build).
+     * ends at items + W) and count each one finished in work[k][1] (and,
+     * where work has the expert columns, its rows in work[k][2+e], e its
+     * expert: release, after the item's stores). The worker that takes
+     * i = items (every item taken) signals 1, the one that finishes the last
+     * item W - 1 (one worker may do both; with no items, the first draw
+     * signals W), the others 0: waiters of all W see the list done without
+     * waiting for its last worker, and a wait for 1 sees every item held by
+     * a running worker. All W share tensors, arguments but a4 and signal
+     * counter, and are that counter's only signallers (checked at build);
+     * a5 is 0.
      * For an item's expert e and each slot of e (token t):
      * hbuf[slot, n] = bf16(silu(G x_t) * (U x_t)) with G = gu[e,0],
      * U = gu[e,1] dequantised: code * scale * tensor_scale. */
@@ -229,7 +235,14 @@ enum gvm_opcode {
     /* t0 y [8T,H] f32, t1 hbuf [8T,I] bf16, t2 d codes [E,H/16,8I], t3 d scales
      * [E,H/16,I] (tiled), t4 d tensor scales [E] f32, t5 route_meta, t6 route,
      * t7 work; a0 list k, a1 workers W, a2 row grain G, a3 cap C, a4 fixed F: the work list of
-     * EXPERT_UP over the H rows. y[slot, n] = sum_i D[n,i] hbuf[slot,i]. */
+     * EXPERT_UP over the H rows (its rows not counted by expert). y[slot, n] = sum_i D[n,i] hbuf[slot,i].
+     * a5 after: 0, or j + 1: an item of expert e first waits (in the op,
+     * bounded by GVM_LIST_WAIT_NS) until work[j][2+e] reaches I, i.e. list j
+     * (the EXPERT_UP that writes hbuf) has done all of e's rows; work then
+     * has the expert columns. Such a list may start once list j's items are
+     * all taken (a wait for 1 of its W signals, which needs list j's items
+     * claimed, a4 = 0): they are then held by running workers that wait for
+     * nothing, so the wait ends. */
     GVM_OP_EXPERT_COMBINE = 25,
     /* t0 fsq [T,H] bf16, t1 y [8T,H] f32, t2 route [5,8T] i32; a0 token0,
      * a1 tokens. fsq[t] = bf16(sum over local k of w_k * rms(y[slot_k])). */

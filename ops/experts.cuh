@@ -571,7 +571,10 @@ __device__ __noinline__ bool gvm_expert_args_ok(const gvm_ctx& c) {
               kdim % GVM_NVFP4_TILE_K == 0 & n_exp <= GVM_MAX_WORKLIST_EXPERTS & gvm_aligned(tmeta, 4, 4) & n_w >= 1 &
               c.ins->arg[4] >= 0 & c.ins->arg[4] <= n_w &
               grain >= 1 & cap >= 1 & grain % GVM_NVFP4_TILE_ROWS == 0 & cap % GVM_NVFP4_TILE_ROWS == 0 &
-              gvm_is(twork, GVM_DT_I32, 2) & twork.shape[1] == 2 & gvm_aligned(twork, 4, 8) & k >= 0 & k < twork.shape[0] &
+              gvm_is(twork, GVM_DT_I32, 2) & (twork.shape[1] == 2 | twork.shape[1] == 2 + GVM_MAX_WORKLIST_EXPERTS) &
+              gvm_aligned(twork, 4, 8) & k >= 0 & k < twork.shape[0] &
+              (UP ? c.ins->arg[5] == 0 : c.ins->arg[5] == 0 | (c.ins->arg[5] >= 1 & c.ins->arg[5] <= twork.shape[0] &
+                                                                 twork.shape[1] == 2 + GVM_MAX_WORKLIST_EXPERTS)) &
               c.smem_bytes >= GVM_EXP_STATE + GVM_EXP_HEAD + GVM_EXP_WBUF + GVM_EXP_RAW + GVM_EXP_MTILE;
     // set 0 -> set 1 (the up matrix) and two row blocks on (the shared tile's second unit) must fit an int of bytes
     ok &= 2 * tcd.stride[wd - 2] < (1ll << 31) & 2 * tsc.stride[wd - 2] < (1ll << 31);
@@ -1271,6 +1274,11 @@ __device__ __forceinline__ unsigned gvm_exp_weight(int count) {
 #define GVM_EXP_LPT 2
 #endif
 
+// DOWN's wait for an expert's rows (a5 > 0): they are held by running workers
+// that wait for nothing, so a wait this long means a failed list (its error is
+// then the launch's first) or a corrupt work table.
+#define GVM_LIST_WAIT_NS 1000000000ull
+
 template <bool UP>
 __device__ int gvm_expert_matmul(const gvm_ctx& c) {
     if (GVM_EXPR_PROBE & 64) return GVM_ERR_NONE;  // probe: the op does nothing (times the launch and the runtime)
@@ -1326,6 +1334,15 @@ __device__ int gvm_expert_matmul(const gvm_ctx& c) {
             gvm_sts(st + 144 + 4 * lane, (unsigned)first);
             gvm_sts(st + 272 + 4 * lane, (unsigned)end | (unsigned)er << 24);  // at most 32 x 8,192 items
             gvm_sts(st + 400 + 4 * lane, (unsigned)rows);
+            if (!UP) {  // the experts whose rows of list a5 - 1 are all done (a5 = 0: hbuf is whole already)
+                const int after = c.ins->arg[5];
+                unsigned ready = 0xffffffffu;
+                if (after > 0) {
+                    const unsigned v = gvm_ld_acquire(gvm_ptr<const unsigned>(tw, (after - 1) * tw.stride[0] + 2 + lane, 4));
+                    ready = __ballot_sync(0xffffffffu, gvm_reached(v, (unsigned)gvm_t(c, 1).shape[1]));
+                }
+                if (lane == 0) gvm_sts(st + 8, ready);
+            }
             if (lane == 0) gvm_sts(st, claim);
         }
     } else {
@@ -1334,6 +1351,10 @@ __device__ int gvm_expert_matmul(const gvm_ctx& c) {
             const gvm_tensor& tw = gvm_t(c, 7);
             unsigned long long* w = gvm_ptr<unsigned long long>(tw, c.ins->arg[0] * tw.stride[0], 4);
             const int fixed = c.ins->arg[4];
+            if (UP && tw.shape[1] != 2) {  // the last item's rows of its expert (st + 8: expert | rows << 8)
+                const unsigned last = gvm_lds_u(st + 8);
+                gvm_red_release_add(gvm_ptr<unsigned>(tw, c.ins->arg[0] * tw.stride[0] + 2 + (last & 255u), 4), last >> 8);
+            }
             const unsigned long long old = gvm_atom_add_acq_rel_u64(w, (fixed > 0 ? 0ull : 1ull) | 1ull << 32);
             gvm_sts(st + 4 * (c.again & 1), fixed > 0 ? (unsigned)(fixed - 1) + c.again * (unsigned)c.ins->arg[1] : (unsigned)old);
             gvm_sts(st + 12, (unsigned)(old >> 32));
@@ -1361,12 +1382,29 @@ __device__ int gvm_expert_matmul(const gvm_ctx& c) {
     }
 #endif
     if (!GVM_LIST_SIGNAL && i >= items) return GVM_ERR_NONE;
-    if (c.again != 0 && (int)gvm_lds_u(st + 12) + 1 == items) return GVM_SIGNAL_N(c.ins->arg[1]);
-    if (i >= items) return GVM_SIGNAL_N(items == 0 && i == 0 ? c.ins->arg[1] : 0);
-    if (GVM_EXPR_PROBE & 16) return GVM_AGAIN;  // probe: items taken, none computed (times the list's walk)
+    // 1 for the draw of i = items (every item taken), W - 1 for finishing the last item
+    if (c.again != 0 && (int)gvm_lds_u(st + 12) + 1 == items) return GVM_SIGNAL_N(c.ins->arg[1] - 1 + (i == items));
+    if (i >= items) return GVM_SIGNAL_N(i != items ? 0 : items == 0 ? c.ins->arg[1] : 1);
     const int e = (int)((unsigned)__shfl_sync(0xffffffffu, run, r) >> 24);  // the run's expert
     const int rows = (int)gvm_lds_u(st + 400 + 4 * e), row0 = (i - (r > 0 ? start : 0)) * rows;
-    const int rc = gvm_expert_tile<UP>(c, e, row0, min(rows, gvm_t(c, 0).shape[1] - row0));
+    const int nn = min(rows, gvm_t(c, 0).shape[1] - row0);
+    if (UP && c.tid == 0) gvm_sts(st + 8, (unsigned)e | (unsigned)nn << 8);  // counted in the next call
+    if (GVM_EXPR_PROBE & 16) return GVM_AGAIN;  // probe: items taken, none computed (times the list's walk)
+    if (!UP) {
+        const unsigned ready = gvm_lds_u(st + 8);  // read by every thread after the walk's barrier
+        if (!(ready >> e & 1u)) {  // e's rows of list a5 - 1 not yet seen done: wait for them (thread 0)
+            const unsigned ok = st + 4 * ((c.again + 1) & 1);  // the claim slot this call does not use
+            if (c.tid == 0) {
+                const gvm_tensor& tw = gvm_t(c, 7);
+                const unsigned* n = gvm_ptr<const unsigned>(tw, (c.ins->arg[5] - 1) * tw.stride[0] + 2 + e, 4);
+                gvm_sts(ok, gvm_poll_reached(n, (unsigned)gvm_t(c, 1).shape[1], GVM_LIST_WAIT_NS) ? 1u : 0u);
+            }
+            gvm_group_sync(c);
+            if (!gvm_lds_u(ok)) return GVM_ERR_WATCHDOG;
+            if (c.tid == 0) gvm_sts(st + 8, ready | 1u << e);  // past the barrier: every thread has read the mask
+        }
+    }
+    const int rc = gvm_expert_tile<UP>(c, e, row0, nn);
     return rc != GVM_ERR_NONE ? rc : GVM_AGAIN;
 }
 

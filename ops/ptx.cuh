@@ -171,6 +171,41 @@ __device__ __forceinline__ unsigned long long gvm_atom_add_acq_rel_u64(unsigned 
     return old;
 }
 
+// A global counter's loads and adds (the scheduler's counters, scheduler/counters.cuh,
+// and the expert lists' per-expert rows, ops/experts.cuh).
+__device__ __forceinline__ unsigned gvm_ld_acquire(const unsigned* p) {
+    unsigned v;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+
+__device__ __forceinline__ unsigned gvm_ld_relaxed(const unsigned* p) {
+    unsigned v;
+    asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+
+__device__ __forceinline__ void gvm_red_release_add(unsigned* p, unsigned v) {
+    asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+
+__device__ __forceinline__ bool gvm_reached(unsigned value, unsigned target) {
+    return (int)(value - target) >= 0;
+}
+
+// Polls a global counter (acquire) until it reaches target, napping 32 ns
+// doubling to 256 between tries; false once bound_ns have passed without.
+__device__ __forceinline__ bool gvm_poll_reached(const unsigned* p, unsigned target, unsigned long long bound_ns) {
+    unsigned long long t0 = 0;
+    for (unsigned nap = 32;; nap = nap < 256 ? 2 * nap : 256) {
+        if (gvm_reached(gvm_ld_acquire(p), target)) return true;
+        const unsigned long long now = gvm_globaltimer();
+        if (t0 == 0) t0 = now;
+        else if (now - t0 > bound_ns) return false;
+        gvm_nanosleep(nap);
+    }
+}
+
 // v, as a value the compiler cannot see through: what derives from it (from
 // the thread index, say) is not hoisted out of the persistent loop into
 // registers held through every op.

@@ -30,14 +30,16 @@ __device__ int gvm_op_topk(const gvm_ctx& c) {
                     gvm_is(tmeta, GVM_DT_I32, 2) & tmeta.shape[0] == 2 & tmeta.shape[1] == n_local &
                     gvm_is(troute, GVM_DT_I32, 2) & troute.shape[0] == 5 & troute.shape[1] == GVM_TOPK * nt &
                     first >= 0 & n_local >= 0 & first + n_local <= ne & c.smem_bytes >= need &
-                    (!gvm_has(c, 3) || (mode != 1 && gvm_is(gvm_t(c, 3), GVM_DT_I32, 2) && gvm_t(c, 3).shape[1] == 2)) &
+                    (!gvm_has(c, 3) || (mode != 1 && gvm_is(gvm_t(c, 3), GVM_DT_I32, 2) &&
+                                        (gvm_t(c, 3).shape[1] == 2 || gvm_t(c, 3).shape[1] == 2 + GVM_MAX_WORKLIST_EXPERTS))) &
                     mode >= 0 & mode <= 2 & (mode == 1 ? t_beg >= 0 & c.ins->arg[4] > 0 & t_end <= nt
                                                         : c.ins->arg[3] == 0 & c.ins->arg[4] == 0);
     if (!ok) return GVM_ERR_BAD_ARGS;
-    if (gvm_has(c, 3)) {  // the experts' work lists (items taken, items done) start this step at 0
+    if (gvm_has(c, 3)) {  // the experts' work lists (items taken, items done, rows by expert) start this step at 0
         const gvm_tensor& tw = gvm_t(c, 3);
-        for (int k = c.tid; k < 2 * tw.shape[0]; k += 128)
-            gvm_ptr<int>(tw, (k >> 1) * tw.stride[0] + (k & 1), 4)[0] = 0;
+        const int w = tw.shape[1];
+        for (int k = c.tid; k < w * tw.shape[0]; k += 128)
+            gvm_ptr<int>(tw, k / w * tw.stride[0] + k % w, 4)[0] = 0;
     }
     const unsigned warp = c.tid >> 5, lane = c.tid & 31;
     const unsigned s_count = gvm_smem_addr(c.smem), s_next = s_count + 4 * n_local, s_mask = s_next + 4 * n_local;

@@ -11,6 +11,7 @@
 #pragma once
 #include "../isa/gvm_isa.h"
 #include "../runtime/stamps.cuh"
+#include "../ops/ptx.cuh"  // the counters' loads and adds (gvm_ld_acquire, gvm_red_release_add)
 
 // Backoff of a counter poll: naps from GVM_WAIT_NAP_MIN ns doubling to
 // GVM_WAIT_NAP_MAX (a nap wakes late by the hardware's granularity, which the
@@ -21,26 +22,6 @@
 #ifndef GVM_WAIT_NAP_MAX
 #define GVM_WAIT_NAP_MAX 256
 #endif
-
-__device__ __forceinline__ unsigned gvm_ld_acquire(const unsigned* p) {
-    unsigned v;
-    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-    return v;
-}
-
-__device__ __forceinline__ unsigned gvm_ld_relaxed(const unsigned* p) {
-    unsigned v;
-    asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-    return v;
-}
-
-__device__ __forceinline__ void gvm_red_release_add(unsigned* p, unsigned v) {
-    asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
-}
-
-__device__ __forceinline__ bool gvm_reached(unsigned value, unsigned target) {
-    return (int)(value - target) >= 0;
-}
 
 // Records a failure; only the first one of a launch is kept. Raises abort.
 __device__ __noinline__ void gvm_fail(gvm_error* err, unsigned* abort_flag, unsigned code, unsigned instr,

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from gpuvm.cpu import CpuOpError, StuckError, run_stream
 from gpuvm.cpu import ops
-from gpuvm.opspec import expert_items, expert_weight
+from gpuvm.opspec import WORK_COLUMNS_BY_EXPERT, expert_items, expert_weight
 from gpuvm.isa import EXPERT_HEAVY_TOKENS, DType, Op, f2i
 from gpuvm.muse.formats import E2M1_VALUES, tile_nvfp4
 from gpuvm.program import Program, ProgramError
@@ -377,9 +377,10 @@ def test_expert_with_no_tokens_touches_nothing() -> None:
     ts = torch.ones(3, 2)
     x = randn(2, 128).bfloat16()
     assert ops.list_items(meta, 64, 4, 16, 64) == [(0, slice(r, r + 16)) for r in (0, 16, 32, 48)]
-    work = torch.tensor([[4, 4]], dtype=torch.int32)  # the list already taken and done
-    assert ops.expert_up([hbuf, x, codes, scales, ts, meta, route, work], [0, 4, 16, 64, 0]) == 0  # its finisher signalled
-    assert hbuf.isnan().all() and work.tolist() == [[5, 4]]
+    work = torch.tensor([[4, 4]], dtype=torch.int32)  # the list done, its items taken: this draw is the first past them
+    assert ops.expert_up([hbuf, x, codes, scales, ts, meta, route, work], [0, 4, 16, 64, 0]) == 1  # "all taken" (its finisher signalled 3)
+    assert ops.expert_up([hbuf, x, codes, scales, ts, meta, route, work], [0, 4, 16, 64, 0]) == 0
+    assert hbuf.isnan().all() and work.tolist() == [[6, 4]]
     work.zero_()
     for _ in range(3):
         ops.expert_up([hbuf, x, codes, scales, ts, meta, route, work], [0, 3, 16, 64, 0])
@@ -422,6 +423,29 @@ def test_heavy_experts_items_are_half_the_cap() -> None:
     assert expert_items([100], 64, 1, 16, 16, heavy=32) == [(0, r, 16) for r in range(0, 64, 16)]  # half of one grain: a grain
     assert expert_items([100], 96, 1, 16, 96, heavy=32) == [(0, 0, 48), (0, 48, 48)]
     assert expert_items([40, 40], 256, 16, 16, 128, heavy=32) == [(e, r, 32) for e in range(2) for r in range(0, 256, 32)]  # 8 tiles each
+
+
+def test_work_list_counts_rows_by_expert_for_the_down_list() -> None:
+    """With the expert columns (work [K, 2 + 32]) a list counts each item's
+    rows in work[k][2 + e]; a down list with a5 = k + 1 takes an expert's items
+    only once its up rows are all counted, and fails, as the device's bounded
+    wait would, when they are not."""
+    T, E, H, I = 4, 3, 128, 128
+    _, meta, route = _routing(T, E, [[0, 2], [2], [1, 0], [1]])
+    x = randn(T, H).bfloat16()
+    gu_c, gu_s, gu_ts = _nvfp4(E, 2, I, H)
+    d_c, d_s, d_ts = _nvfp4(E, H, I)
+    hbuf, y = nan(8 * T, I, dtype=torch.bfloat16), nan(8 * T, H)
+    work = torch.zeros(2, WORK_COLUMNS_BY_EXPERT, dtype=torch.int32)
+    down = [y, hbuf, *tile_nvfp4(d_c, d_s), d_ts, meta, route, work]
+    with pytest.raises(CpuOpError, match="expert 0: its rows of list 0 are not all done"):
+        ops.expert_down(down, [1, 2, 64, 64, 0, 1])
+    work.zero_()
+    assert [ops.expert_up([hbuf, x, *tile_nvfp4(gu_c, gu_s), gu_ts, meta, route, work], [0, 3, 16, 16, 0]) for _ in range(3)] == [3, 0, 0]
+    assert work[0, 2:2 + E].tolist() == [I, I, I] and not work[0, 2 + E:].any()
+    assert [ops.expert_down(down, [1, 2, 64, 64, 0, 1]) for _ in range(2)] == [2, 0]
+    used = int(meta[0].sum())
+    assert not y[:used].isnan().any() and work[1, 2:2 + E].tolist() == [H, H, H]
 
 
 def test_empty_work_list_is_signalled_by_its_first_worker() -> None:

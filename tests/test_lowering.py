@@ -567,6 +567,33 @@ def test_fixed_expert_workers_compute_what_claimed_ones_do(small_weights) -> Non
         Tiles(topk_late=2)
 
 
+def test_early_down_list_computes_what_the_waiting_one_does(small_weights) -> None:  # type: ignore[no-untyped-def]
+    """Tiles.down_early: the down list waits for 1 signal of the up list's
+    counter (its items all taken) and each item for its expert's up rows
+    (a5 = 1); its ops still depend on every up worker (order, static lists),
+    and with fixed up workers it waits for the whole list. At small dims the
+    layer computes what the waiting list does, bit for bit."""
+    lp = lower_layer(SHARD, "sliding", 32, 8, 4096, tiles=Tiles(down_early=1))
+    ups = [k for k, o in enumerate(lp.stream.ops) if o.opcode == Op.EXPERT_UP]
+    downs = [k for k, o in enumerate(lp.stream.ops) if o.opcode == Op.EXPERT_DOWN]
+    assert {(o.waits[0][1], o.args[5]) for o in (lp.stream.ops[k] for k in downs)} == {(1, 1)}
+    assert all(set(ups) <= set(lp.stream.deps[k]) for k in downs) and max(ups) < min(downs)
+    assert lp.stream.ops[downs[0]].waits[0][0].name == "L0.hbuf"
+    fixed = lower_layer(SHARD, "sliding", 32, 8, 4096, tiles=Tiles(down_early=1, expert_fixed=1))
+    assert {(o.waits[0][1], o.args[5]) for o in fixed.stream.ops if o.opcode == Op.EXPERT_DOWN} == {(None, 0)}
+    state = make_state(SMALL, "sliding", 3, 2, 70, seed=4)
+    outs = []
+    for tl in (Tiles(), Tiles(down_early=1)):
+        st = state.clone()
+        lp = lower_layer(SMALL, "sliding", 3, 2, st.slots, tiles=tl)
+        b = bind_layer(lp, small_weights[False], st, make_inputs(SMALL, st, seed=5, weights_seed=21))
+        run_stream(lp.stream, b, order="random", rng=random.Random(3))
+        outs.append(b["s"].clone())
+    assert torch.equal(outs[0], outs[1])
+    with pytest.raises(ProgramError, match="Tiles.down_early must be 0 or 1"):
+        Tiles(down_early=2)
+
+
 def test_merges_cut_over_tokens_compute_what_whole_ones_do(small_weights) -> None:  # type: ignore[no-untyped-def]
     """Tiles.merge_tokens: a conversation's merges cut into token ranges (2 of
     its 3 tokens, then 1); at small dims the layer computes what the uncut

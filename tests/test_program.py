@@ -9,7 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpuvm.isa import FLAG_LAZY, INSTR_DTYPE, MAX_WAITS, NONE, DType, Op, f2i
-from gpuvm.program import Program, ProgramError, TensorSpec
+from gpuvm.opspec import WORK_COLUMNS_BY_EXPERT
+from gpuvm.program import Program, ProgramError, Stream, TensorSpec
 from tests.randprog import random_program
 
 F32, BF16, I32, E4M3, FP4 = DType.F32, DType.BF16, DType.I32, DType.E4M3, DType.E2M1X2
@@ -129,23 +130,29 @@ def test_capacity() -> None:
 
 
 def test_work_lists_are_checked() -> None:
-    """A list's workers signal a1 at once (isa/gvm_isa.h EXPERT_UP): they must
-    agree, number a1, own their counter, and be waited for whole."""
+    """A list's workers signal a1 between them (isa/gvm_isa.h EXPERT_UP): they must
+    agree, number a1, own their counter, and be waited for whole (or, by a
+    down list that waits for their rows by expert, for their items taken)."""
 
-    def build(n_w: int = 3, a1: int = 3, odd_args: bool = False, intruder: bool = False, partial: bool = False, fixed: tuple[int, ...] = ()) -> None:
+    def build(n_w: int = 3, a1: int = 3, odd_args: bool = False, intruder: bool = False, partial: bool = False, fixed: tuple[int, ...] = (),
+              down: int | None = None, work: str = "work_x") -> Stream:
         p = Program("lists")
         t = _muse_tensors(p)
         done = p.counter("hbuf")
         for k in range(n_w):
             args = [0, a1, 16, 64 if not (odd_args and k == 1) else 32, fixed[k] if fixed else 0]
-            p.op(Op.EXPERT_UP, [t[n] for n in ("hbuf", "x", "gu", "gus", "guts", "meta", "route", "work")], args, signal=done, label=f"up{k}")
+            p.op(Op.EXPERT_UP, [t[n] for n in ("hbuf", "x", "gu", "gus", "guts", "meta", "route", work)], args, signal=done, label=f"up{k}")
         if intruder:
             p.op(Op.NOP, signal=done, label="intruder")
-        p.op(Op.NOP, waits=[(done, 1) if partial else done])
-        p.build()
+        if down is None:
+            p.op(Op.NOP, waits=[(done, 1) if partial else done])
+        else:  # a down list of 2 that waits for the up list's items all taken, and then (a5 = down) its rows by expert
+            for k in range(2):
+                p.op(Op.EXPERT_DOWN, [t[n] for n in ("y", "hbuf", "dc", "ds", "dts", "meta", "route", work)], [1, 2, 16, 64, 0, down], waits=[(done, 1)], label=f"down{k}")
+        return p.build()
 
     build()
-    with pytest.raises(ProgramError, match=r"work list 'work'\[0\] has 2 workers, but its ops say a1 = 3"):
+    with pytest.raises(ProgramError, match=r"work list 'work_x'\[0\] has 2 workers, but its ops say a1 = 3"):
         build(n_w=2)
     with pytest.raises(ProgramError, match="'up1' differs from op #0 'up0'"):
         build(odd_args=True)
@@ -153,6 +160,14 @@ def test_work_lists_are_checked() -> None:
         build(intruder=True)
     with pytest.raises(ProgramError, match="waits for 1 of the 3 signals of 'hbuf'.*wait for all"):
         build(partial=True)
+    s = build(down=1)  # its rows by expert: it may start once the items are taken, and depends on all 3 workers
+    assert [len(d) for d in s.deps[3:]] == [3, 3] and [tuple(r["wait_base"][:1]) for r in s.records[3:]] == [(1,), (1,)]
+    with pytest.raises(ProgramError, match="waits for 1 of the 3 signals of 'hbuf'.*or for 1 from an EXPERT_DOWN"):
+        build(down=0)  # no per-expert waits: it would read rows still being written
+    with pytest.raises(ProgramError, match="its workers are fixed"):
+        build(down=1, fixed=(3, 1, 2))
+    with pytest.raises(ProgramError, match=r"a5 = j \+ 1 names the list j.*not a5 = 1 with work \(2, 2\)"):
+        build(down=1, work="work")
     build(fixed=(3, 1, 2))  # a fixed round robin: each worker's number once
     with pytest.raises(ProgramError, match=r"fixed workers \(a4\) must number 1..3 once each, not \[1, 1, 2\]"):
         build(fixed=(1, 2, 1))
@@ -173,6 +188,7 @@ def _muse_tensors(p: Program) -> dict[str, TensorSpec]:
         "qkvg": ((T, QKVG), BF16), "q": ((T, HQ, 64), BF16), "w64": ((64,), F32), "kc": ((C, S, HKV, 64), E4M3),
         "vc": ((C, S, HKV, 64), E4M3), "convs": ((C, 4), I32), "po": ((T, HQ, NCH, 64), F32), "pml": ((T, HQ, NCH, 2), F32),
         "o": ((T, HQ * 64), BF16), "sc": ((T, NE), F32), "Wr": ((NE, D), F32), "meta": ((2, E), I32), "route": ((5, 8 * T), I32), "work": ((2, 2), I32),
+        "work_x": ((2, WORK_COLUMNS_BY_EXPERT), I32),
         "x": ((T, H), BF16), "gu": ((E, 2, I // 16, 8 * H), FP4), "gus": ((E, 2, I // 16, H), E4M3), "guts": ((E, 2), F32),
         "hbuf": ((8 * T, I), BF16), "dc": ((E, H // 16, 8 * I), FP4), "ds": ((E, H // 16, I), E4M3), "dts": ((E,), F32),
         "y": ((8 * T, H), F32), "fsq": ((T, H), BF16), "Wbad": ((QKVG, D + 8), BF16), "s_bf": ((T, D), BF16),

@@ -323,14 +323,17 @@ def list_items(meta: torch.Tensor, n_out: int, workers: int, grain: int, cap: in
     return [(e, slice(r0, r0 + n)) for e, r0, n in items]
 
 
-def take_items(work: torch.Tensor, k: int, items: list[tuple[int, slice]], workers: int, do: Callable[[int, slice], None], fixed: int = 0) -> int:
+def take_items(work: torch.Tensor, k: int, items: list[tuple[int, slice]], workers: int, do: Callable[[int, slice], None], fixed: int = 0,
+               count_rows: bool = False) -> int:
     """One worker of list k, as ops/experts.cuh runs it: items i = work[k, 0]++
     until one past the end (fixed > 0: items fixed - 1, fixed - 1 + workers,
-    ..., work[k, 0] untouched), each done counted in work[k, 1]. Returns what
-    it signals: `workers` if it finished the list's last item (with no items:
-    if it took the first draw), else 0. Claimed and run one at a time, the
-    first worker takes the whole list and the others none; work[k] ends at
-    (items + workers, items) either way ((0, items) when fixed)."""
+    ..., work[k, 0] untouched), each done counted in work[k, 1] and (an up
+    list, where work has the expert columns) its rows in work[k, 2 + e]. Returns what it
+    signals: 1 if it drew i = len(items) (every item taken; with no items,
+    `workers`), plus workers - 1 if it finished the list's last item. Claimed
+    and run one at a time, the first worker takes the whole list and the
+    others none; work[k] ends at (items + workers, items) either way
+    ((0, items) when fixed)."""
     amount, call = 0, 0
     while True:
         if fixed:
@@ -340,11 +343,14 @@ def take_items(work: torch.Tensor, k: int, items: list[tuple[int, slice]], worke
             i = int(work[k, 0])
             work[k, 0] = i + 1
         if i >= len(items):
-            return workers if not items and i == 0 else amount
-        do(*items[i])
+            return amount + (0 if i != len(items) else 1 if items else workers)
+        e, rows = items[i]
+        do(e, rows)
+        if count_rows and work.shape[1] > 2:
+            work[k, 2 + e] += rows.stop - rows.start
         work[k, 1] += 1
         if int(work[k, 1]) == len(items):
-            amount = workers
+            amount = workers - 1
 
 
 def _tiled_rows(codes: torch.Tensor, scales: torch.Tensor, rows: slice) -> tuple[torch.Tensor, torch.Tensor]:
@@ -368,7 +374,7 @@ def expert_up(ts: Slots, a: Args) -> int:
         gate, up = xs @ gu[0].T, xs @ gu[1].T
         hbuf[slots, cols] = (torch.nn.functional.silu(gate) * up).to(hbuf.dtype)
 
-    return take_items(work, a[0], list_items(meta, hbuf.shape[1], a[1], a[2], a[3]), a[1], item, a[4])
+    return take_items(work, a[0], list_items(meta, hbuf.shape[1], a[1], a[2], a[3]), a[1], item, a[4], count_rows=True)
 
 
 def expert_down(ts: Slots, a: Args) -> int:
@@ -376,7 +382,13 @@ def expert_down(ts: Slots, a: Args) -> int:
     assert y is not None and hbuf is not None and codes is not None and scales is not None
     assert tscales is not None and meta is not None and route is not None and work is not None
 
+    after = a[5] if len(a) > 5 else 0
+
     def item(e: int, cols: slice) -> None:
+        # a5 = j + 1: e's rows of list j must be done (the device waits for them;
+        # in one-at-a-time order they are, or never will be)
+        if after and int(work[after - 1, 2 + e]) < hbuf.shape[1]:
+            raise CpuOpError(f"expert {e}: its rows of list {after - 1} are not all done ({int(work[after - 1, 2 + e])} of {hbuf.shape[1]}): the device would wait past its bound")
         slots = _expert_slots(meta, route, e, route.shape[1] // TOPK)
         down = dequantize_nvfp4(*_tiled_rows(codes[e], scales[e], cols), float(tscales[e]))  # [n, I]
         y[slots, cols] = hbuf[slots].float() @ down.T

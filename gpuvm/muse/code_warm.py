@@ -105,6 +105,8 @@ def emit_lead_instances(p: Program, small: Program) -> None:
         args = list(ins.args)
         if ins.opcode in (Op.EXPERT_UP, Op.EXPERT_DOWN):  # a list of one worker (fixed: worker 1 of 1)
             args[1], args[4] = 1, 1 if args[4] else 0
+            if ins.opcode == Op.EXPERT_DOWN:  # it waits for no up rows (it waits for no up list)
+                args[5] = 0
         name = op_name(ins.label)
         if name not in counters:  # the K parts of a GEMM tile share their op's counter
             counters[name] = p.counter(name)

@@ -22,7 +22,7 @@ from typing import Callable
 import torch
 
 from ..isa import GEMM_MAX_PARTS, HEAD_DIM, NVFP4_TILE_ROWS, DType, Op, f2i
-from ..opspec import GEMM_BF16_PART_K, GEMM_STAGED_TOKENS, ProgramError, TensorSpec
+from ..opspec import GEMM_BF16_PART_K, GEMM_STAGED_TOKENS, WORK_COLUMNS_BY_EXPERT, ProgramError, TensorSpec
 from ..program import Counter, Instr, Program, Stream
 from ..tensors import check_binding, torch_dtype
 from . import code_warm
@@ -143,6 +143,11 @@ class Tiles:
     # ...) when 1, instead of claimed from the list's counter: the static
     # schedule that the run-time claims are measured against (issue 6).
     expert_fixed: int = 0
+    # The down list starts once the up list's items are all taken (a wait for 1
+    # of its signals), each item first waiting for its own expert's up rows
+    # (EXPERT_DOWN a5), so that the groups the up list's tail leaves idle take
+    # down items of the experts already done; 0: it waits for the whole up list.
+    down_early: int = 0
     expert_cap_tokens: int = 17
     expert_cap_up: int = EXPERT_CAP[Op.EXPERT_UP]
     expert_cap_down: int = EXPERT_CAP[Op.EXPERT_DOWN]
@@ -315,7 +320,7 @@ class Tiles:
             raise ProgramError(f"Tiles.gemm_fill must be an int >= 0, not {self.gemm_fill!r}")
         if self.gemm_min_bytes > self.gemm_max_bytes:
             raise ProgramError(f"Tiles.gemm_min_bytes {self.gemm_min_bytes} exceeds gemm_max_bytes {self.gemm_max_bytes}")
-        for name in ("lazy_experts", "lazy_attn_wave", "g_early", "topk_late"):
+        for name in ("lazy_experts", "lazy_attn_wave", "g_early", "topk_late", "down_early"):
             if getattr(self, name) not in (0, 1):
                 raise ProgramError(f"Tiles.{name} must be 0 or 1, not {getattr(self, name)!r}")
         if self.expert_fixed not in (0, 1):
@@ -740,7 +745,7 @@ def emit_layer(
     n_router = router([res1], scored)
     n_squeeze = gemm(x, h2b, w["Wsq"], 0, H, [res1], squeezed, "Wsq", beside=n_router)
     last_squeeze = p.instrs[-1]
-    work = act("work", (2, 2), DType.I32, "list")  # the expert lists' (taken, done) counters (TOPK zeroes them)
+    work = act("work", (2, WORK_COLUMNS_BY_EXPERT), DType.I32, "list")  # the expert lists' (taken, done, rows by expert) counters (TOPK zeroes them)
     # the picks wait for the whole router; claimed before the squeeze's tiles
     # (Program.build's order), they hold groups those tiles need. With
     # Tiles.topk_late (the default) topk_tokens each, all but the first free - 1
@@ -765,8 +770,10 @@ def emit_layer(
     for wk in range(up_workers):
         p.op(Op.EXPERT_UP, [hbuf, x, w["gu_codes"], w["gu_scales"], w["gu_ts"], meta, route, work], [0, up_workers, up_grain, up_cap, wk + 1 if tl.expert_fixed else 0], waits=[routed, squeezed], signal=up_done, label=f"{prefix}expert_up[{wk}/{up_workers}]", lazy=bool(tl.lazy_experts))
     down_workers = min(tl.expert_workers, E * -(-H // down_grain))
+    early = bool(tl.down_early and not tl.expert_fixed)  # fixed up workers may not have started: their items are not held
     for wk in range(down_workers):
-        p.op(Op.EXPERT_DOWN, [y, hbuf, w["d_codes"], w["d_scales"], w["d_ts"], meta, route, work], [1, down_workers, down_grain, down_cap, wk + 1 if tl.expert_fixed else 0], waits=[up_done], signal=down_done, label=f"{prefix}expert_down[{wk}/{down_workers}]", lazy=bool(tl.lazy_experts))
+        p.op(Op.EXPERT_DOWN, [y, hbuf, w["d_codes"], w["d_scales"], w["d_ts"], meta, route, work], [1, down_workers, down_grain, down_cap, wk + 1 if tl.expert_fixed else 0, 1 if early else 0],
+             waits=[(up_done, 1) if early else up_done], signal=down_done, label=f"{prefix}expert_down[{wk}/{down_workers}]", lazy=bool(tl.lazy_experts))
     combined = ctr("fsq")
     for r0, n in _tiles(0, T, tl.rows):
         p.op(Op.EXPERT_COMBINE, [fsq, y, route], [r0, n], waits=[down_done], signal=combined, label=f"{prefix}expert_combine[{r0}:{r0 + n}]")

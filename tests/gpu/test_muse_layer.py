@@ -137,3 +137,27 @@ def test_code_warmer_leaves_the_layer_bit_identical(vm_plain, name: str, mode: s
         outs.append((bufs["s"], state.k_cache.view(torch.uint8), state.v_cache.view(torch.uint8)))
     for a, b in zip(*outs):
         assert torch.equal(a, b)
+
+
+#: the down list started once the up list's items are all taken (Tiles.down_early)
+EARLY_CASES = [c for c in DECODE_CASES if c.name in ("full-c1-t1", "sliding-c16-t8", "full-c32-t8")]
+
+
+@pytest.mark.parametrize("mode", ["dynamic", "static"])
+@pytest.mark.parametrize("case", EARLY_CASES, ids=lambda c: c.name)
+def test_shard_layer_with_early_down_list_matches_reference(vm_plain, case: Case, mode: str) -> None:  # type: ignore[no-untyped-def]
+    """Tiles.down_early: the down list's workers start on the up list's first
+    signal (its items all taken) and each item waits for its expert's up rows:
+    three steps (the lists' counters carried) against the reference, and the
+    first step's residual stream and KV bit for bit what the waiting list gives."""
+    _check(_run_case(vm_plain, SHARD, case, mode, Tiles(down_early=1)))
+    w = _weights(SHARD, case.kind)
+    outs = []
+    for tiles in (Tiles(), Tiles(down_early=1)):
+        state = make_state(SHARD, case.kind, case.conversations, case.tokens_each, case.context, seed=8, device="cuda")
+        lp = lower_layer(SHARD, case.kind, case.conversations, case.tokens_each, state.slots, tiles=tiles)
+        bufs = bind_layer(lp, w, state, make_inputs(SHARD, state, seed=7), device="cuda")
+        vm_plain.load(lp.stream, bufs).run(0, mode=mode)
+        outs.append((bufs["s"], state.k_cache.view(torch.uint8), state.v_cache.view(torch.uint8)))
+    for a, b in zip(*outs):
+        assert torch.equal(a, b)

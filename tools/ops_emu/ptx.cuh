@@ -155,6 +155,11 @@ template <int N> inline void gvm_cp_async_wait() { gvm_emu_cp_async_land(N); }
 inline unsigned gvm_opaque(unsigned v) { return v; }
 inline unsigned gvm_atom_add_acq_rel(unsigned* p, unsigned v) { return atomicAdd(p, v); }
 inline unsigned long long gvm_atom_add_acq_rel_u64(unsigned long long* p, unsigned long long v) { const unsigned long long o = *p; *p = o + v; return o; }
+inline unsigned gvm_ld_acquire(const unsigned* p) { return *p; }
+inline void gvm_red_release_add(unsigned* p, unsigned v) { *p += v; }
+inline bool gvm_reached(unsigned value, unsigned target) { return (int)(value - target) >= 0; }
+// One fiber at a time: a counter not reached now never is (the op's wait would time out).
+inline bool gvm_poll_reached(const unsigned* p, unsigned target, unsigned long long) { return gvm_reached(*p, target); }
 // Bulk copies land at once here, but a thread may read their bytes only after
 // it has waited for the mbarrier phase they complete. Each mbarrier keeps its
 // state beside the scratch (pending arrivals, bytes announced less bytes landed,
