@@ -147,7 +147,7 @@ class Tiles:
     # of its signals), each item first waiting for its own expert's up rows
     # (EXPERT_DOWN a5), so that the groups the up list's tail leaves idle take
     # down items of the experts already done; 0: it waits for the whole up list.
-    down_early: int = 0
+    down_early: int = 1
     expert_cap_tokens: int = 17
     expert_cap_up: int = EXPERT_CAP[Op.EXPERT_UP]
     expert_cap_down: int = EXPERT_CAP[Op.EXPERT_DOWN]
