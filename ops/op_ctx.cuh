@@ -3,10 +3,12 @@
 // An op runs on one warp group (128 threads, 4 consecutive warps). It gets the
 // decoded instruction, the tensor table, a private shared-memory scratch area
 // and the group's named barrier. It must not touch other groups' scratch,
-// must not wait on counters (the runtime did that before calling) and must not
-// signal (the runtime does that after it returns: one, or the n of a
-// GVM_SIGNAL_N(n) the op returned). It reports unusable input by returning a
-// gvm_error_code (GVM_ERR_BAD_ARGS), never by trapping.
+// must not wait on counters (the runtime did that before calling; the one
+// exception, EXPERT_DOWN's bounded wait for an expert's up rows, waits only for
+// work that running groups hold, ops/experts.cuh) and must not signal (the
+// runtime does that after it returns: one, or the n of a GVM_SIGNAL_N(n) the op
+// returned). It reports unusable input by returning a gvm_error_code
+// (GVM_ERR_BAD_ARGS; GVM_ERR_WATCHDOG for that wait past its bound), never by trapping.
 //
 // An op may do its work over several calls by returning GVM_AGAIN: the
 // runtime calls it again at once, on the same group, with c.again one higher

@@ -426,7 +426,7 @@ def test_heavy_experts_items_are_half_the_cap() -> None:
 
 
 def test_work_list_counts_rows_by_expert_for_the_down_list() -> None:
-    """With the expert columns (work [K, 2 + 32]) a list counts each item's
+    """With the expert columns (work [K, 2 + 32]) an up list counts each item's
     rows in work[k][2 + e]; a down list with a5 = k + 1 takes an expert's items
     only once its up rows are all counted, and fails, as the device's bounded
     wait would, when they are not."""
@@ -445,7 +445,7 @@ def test_work_list_counts_rows_by_expert_for_the_down_list() -> None:
     assert work[0, 2:2 + E].tolist() == [I, I, I] and not work[0, 2 + E:].any()
     assert [ops.expert_down(down, [1, 2, 64, 64, 0, 1]) for _ in range(2)] == [2, 0]
     used = int(meta[0].sum())
-    assert not y[:used].isnan().any() and work[1, 2:2 + E].tolist() == [H, H, H]
+    assert not y[:used].isnan().any() and not work[1, 2:].any()  # a down list counts no rows
 
 
 def test_empty_work_list_is_signalled_by_its_first_worker() -> None:

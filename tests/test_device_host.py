@@ -94,6 +94,15 @@ def test_watchdog_record_becomes_a_named_exception() -> None:
     assert err.record["target"] == 5
 
 
+def test_an_ops_own_watchdog_says_so() -> None:
+    """EXPERT_DOWN's bounded wait for its expert's up rows returns WATCHDOG from
+    inside the op: the runtime records no counter, and the message says what waited."""
+    s, _ = _small()
+    rec = _error(code=ErrorCode.WATCHDOG, instr=1, counter=NONE, detail=int(Op.SCALE_ADD))
+    err = error_from_record(rec, s.labels, [int(o.opcode) for o in s.ops], [c.name for c in s.counters])
+    assert isinstance(err, WatchdogError) and "waited past its bound inside the op" in str(err) and "counter 65535" not in str(err)
+
+
 def test_op_error_and_no_error() -> None:
     s, _ = _small()
     names = [c.name for c in s.counters]

@@ -5,7 +5,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ..isa import ErrorCode, Op
+from ..isa import NONE, ErrorCode, Op
 
 
 class CompileError(RuntimeError):
@@ -57,6 +57,12 @@ def error_from_record(rec: np.void, labels: Sequence[str], opcodes: Sequence[int
     if code == ErrorCode.NONE:
         return None
     where = f"(step {r['step']}, SM {r['sm']}, block {r['block']})"
+    if code == ErrorCode.WATCHDOG and r["counter"] == NONE:  # an op's own wait (isa/gvm_isa.h EXPERT_DOWN a5)
+        return WatchdogError(
+            f"watchdog: {_where(r['instr'], labels, opcodes)} waited past its bound inside the op, for rows that never came "
+            f"(an expert down list's wait for its expert's up rows: a failed or corrupt up list) {where}; the kernel stopped",
+            r,
+        )
     if code == ErrorCode.WATCHDOG:
         c = r["counter"]
         cname = f"'{counter_names[c]}'" if c < len(counter_names) else "(unknown)"
