@@ -16,3 +16,12 @@ def test_variants_name_their_defines_and_traced_builds() -> None:
 def test_a_define_without_a_value_is_refused() -> None:
     with pytest.raises(SystemExit, match="MACRO=value"):
         specs_of(["GVM_EXP_LPT"], False)
+
+
+def test_variant_specs_parse_to_defines() -> None:
+    from tools.variants import parse_defines, parse_variant
+
+    assert parse_variant("early:GVM_A=1+GVM_B=x") == ("early", (("GVM_A", "1"), ("GVM_B", "x")))
+    assert parse_variant("base:") == ("base", ()) and parse_defines("") == ()
+    with pytest.raises(ValueError, match="'=2' is not MACRO=value"):
+        parse_defines("GVM_A=1+=2")

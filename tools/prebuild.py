@@ -17,6 +17,7 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 
 from gpuvm.device.build import BuildOptions, build
+from tools.variants import parse_defines
 
 Spec = tuple[bool, tuple[tuple[str, str], ...]]  # (traced, defines) of one kernel variant
 
@@ -39,10 +40,10 @@ def specs_of(variants: list[str], trace: bool) -> list[Spec]:
     for v in variants or [""]:
         traced = v.startswith("trace:")
         v = v.removeprefix("trace:")
-        defines = tuple(tuple(d.split("=", 1)) for d in v.split("+") if d and v != "base")
-        if any(len(d) != 2 for d in defines):
-            raise SystemExit(f"prebuild: {v!r}: each define is MACRO=value")
-        out.append((traced, defines))
+        try:
+            out.append((traced, () if v == "base" else parse_defines(v)))
+        except ValueError as e:
+            raise SystemExit(f"prebuild: {e}") from None
     if trace and (True, ()) not in out:
         out.append((True, ()))
     return out

@@ -30,6 +30,7 @@ from gpuvm.muse.state import make_inputs, make_state
 from gpuvm.muse.step import bind_step, lower_step, make_step_state
 from gpuvm.muse.weights import make_layer_weights, make_model_weights
 from tools.draws import draw_spread, verdicts, with_draws
+from tools.variants import parse_variant
 
 
 def main() -> int:
@@ -55,8 +56,8 @@ def main() -> int:
     vms = {}
     only: dict[str, set[str]] = {}  # variant -> the tilings it runs (absent: all)
     for v in a.variants.split(","):
-        name, _, defs = v.partition(":")
-        kv = dict(tuple(d.split("=", 1)) for d in defs.split("+") if d)  # type: ignore[misc]
+        name, defines = parse_variant(v)
+        kv = dict(defines)
         # the warmer off unless asked for: on, it holds group 0 of every block at launch and
         # the layers ran ~10 us slower than in `gpuvm sweep` (H200, session 28)
         warm, groups = kv.pop("warm", "0") != "0", int(kv.pop("groups", "2"))

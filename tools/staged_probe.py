@@ -36,6 +36,7 @@ from gpuvm.device.bench import L2Flush, step_time  # noqa: E402
 from gpuvm.device.programs import gemm_bindings  # noqa: E402
 from gpuvm.isa import DType, Op, Stamp  # noqa: E402
 from gpuvm.program import Program, Stream  # noqa: E402
+from tools.variants import parse_variant  # noqa: E402
 
 
 def wave_stream(tokens: int, rows: int, k: int, kpart: int, instructions: int) -> tuple[Stream, int, int]:
@@ -101,8 +102,7 @@ def main() -> int:
     ints = lambda s: [int(v) for v in s.split(",") if v]  # noqa: E731
     variants = {}
     for spec in a.variants.split(","):
-        name, _, defs = spec.partition(":")
-        defines = tuple(tuple(d.split("=", 1)) for d in defs.split("+") if d)
+        name, defines = parse_variant(spec)
         variants[name] = (VM(0, groups=2, trace=False, defines=defines), VM(0, groups=2, trace=True, defines=defines))
     first = next(iter(variants.values()))[0]
     flush = L2Flush(first.torch_device)
