@@ -520,7 +520,8 @@ def test_claimed_items_even_out_a_skew_that_a_fixed_round_robin_does_not() -> No
     toks = skewed_expert_tokens(SHARD, case.tokens)
     phase = {}
     for fixed in (0, 1):
-        s = lower_layer(SHARD, case.kind, case.conversations, case.tokens_each, cache_slots(SHARD, case.kind, case.tokens_each, case.context), tiles=Tiles(expert_fixed=fixed)).stream
+        s = lower_layer(SHARD, case.kind, case.conversations, case.tokens_each, cache_slots(SHARD, case.kind, case.tokens_each, case.context),
+                        tiles=Tiles(expert_fixed=fixed, down_early=0)).stream  # the up list alone, not beside early down items
         items = list_item_costs(s, toks)
         assert sum(c.weight_bytes for v in items.values() for c in v) == sum(c.weight_bytes for ins, c in zip(s.ops, layer_costs(s, toks)) if ins.opcode in (Op.EXPERT_UP, Op.EXPERT_DOWN) and not ins.lead)
         lists = static_lists(s, 132, 2)  # the device's: its workers start at different times
@@ -528,3 +529,27 @@ def test_claimed_items_even_out_a_skew_that_a_fixed_round_robin_does_not() -> No
         up = [i for i, o in enumerate(s.ops) if o.opcode == Op.EXPERT_UP and not o.lead]
         phase[fixed] = max(r.done[i] for i in up) - min(r.ready[i] for i in up)
     assert phase[1] > 1.1 * phase[0]
+
+
+def test_an_early_down_list_starts_in_the_up_lists_tail() -> None:
+    """Tiles.down_early in the model: the up list's first signal (its items all
+    taken) releases the down workers, each down item waiting for its expert's
+    up items (ItemCost.expert); without it they wait for the whole list. At
+    128 tokens the early list starts before the up list ends and the layer
+    ends sooner."""
+    from gpuvm.sim.predict import model_costs
+
+    case = get_case("sliding-c16-t8")
+    toks = skewed_expert_tokens(SHARD, case.tokens)
+    ends = {}
+    for early in (0, 1):
+        s = lower_layer(SHARD, case.kind, case.conversations, case.tokens_each, cache_slots(SHARD, case.kind, case.tokens_each, case.context),
+                        tiles=Tiles(down_early=early)).stream
+        costs, items = model_costs(s, toks)
+        assert all(c.expert >= 0 for v in items.values() for c in v)
+        r = simulate(s, fitted_hardware(), "dynamic", costs=costs, item_costs=items)
+        up = [i for i, o in enumerate(s.ops) if o.opcode == Op.EXPERT_UP and not o.lead]
+        down = [i for i, o in enumerate(s.ops) if o.opcode == Op.EXPERT_DOWN and not o.lead]
+        assert (min(r.ready[i] for i in down) < max(r.done[i] for i in up)) == bool(early)
+        ends[early] = r.makespan_ns
+    assert ends[1] < ends[0]

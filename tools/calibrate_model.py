@@ -77,10 +77,11 @@ def _targets(trace: Trace) -> tuple[float, dict[str, tuple[float, float]]]:
     return tl.span, {s.name: (s.phase, s.run_median) for s in op_stats(tl) if not s.name.startswith("W.")}
 
 
-def load_cases(paths: list[Path], modes: tuple[str, ...], longest_first: bool = True) -> list[Case]:
+def load_cases(paths: list[Path], modes: tuple[str, ...], longest_first: bool = True, tiles: Tiles = Tiles()) -> list[Case]:
     """The traces' cases, lowered again; a mode's suffix: '' dynamic, -static,
     -fixed (fully static: the expert items in a fixed round robin, Tiles.expert_fixed);
-    longest_first: the expert lists' order the traced code walked (opspec.expert_items)."""
+    longest_first: the expert lists' order the traced code walked (opspec.expert_items);
+    tiles: the traced code's lowering (where today's defaults differ)."""
     out = []
     for p in sorted(paths):
         stem = p.stem.removeprefix("trace-")
@@ -91,7 +92,7 @@ def load_cases(paths: list[Path], modes: tuple[str, ...], longest_first: bool = 
         tr = Trace.load(p)
         case = get_case(name)
         slots = cache_slots(SHARD, case.kind, case.tokens_each, case.context)
-        lp = lower_layer(SHARD, case.kind, case.conversations, case.tokens_each, slots, tiles=Tiles(expert_fixed=int(mode == "fixed")))
+        lp = lower_layer(SHARD, case.kind, case.conversations, case.tokens_each, slots, tiles=dataclasses.replace(tiles, expert_fixed=int(mode == "fixed")))
         if len(lp.stream) != len(tr) or lp.stream.ops[-1].label != tr.labels[-1]:
             raise SystemExit(f"{p}: the lowering gives {len(lp.stream)} instructions, the trace has {len(tr)}: not this code's trace")
         toks = [int(t) for t in tr.meta["expert_tokens"]]
@@ -183,10 +184,13 @@ def main() -> None:
     ap.add_argument("--max-evals", type=int, default=600)
     ap.add_argument("--fresh", action="store_true", help="start from the estimates, not from the stored fit")
     ap.add_argument("--commit", default="", help="the commit the traces ran (for the stored fit's source)")
+    ap.add_argument("--tiles", default="", help="field=value[+field=value] of lowering.Tiles where the traced code's lowering differs from "
+                    "today's defaults (7c15528's: down_early=0), stored in the fit's source")
     ap.add_argument("--expert-order", choices=("longest", "index"), default="longest",
                     help="the expert lists' order the traced code walked: longest first (GVM_EXP_LPT 2, by chunks of 32 tokens, since session 68) or expert index")
     args = ap.parse_args()
     lpt = args.expert_order == "longest"
+    tiles = Tiles.parse(args.tiles)
     with tempfile.TemporaryDirectory() as tmp:
         folder = args.traces
         if folder.is_file():
@@ -196,22 +200,22 @@ def main() -> None:
         paths = list(folder.glob("trace-*.npz"))
         if args.check:
             stored = fitted.load()
-            print_rows(report(load_cases(paths, ("dynamic", "static", "fixed"), lpt), stored["params"]))
+            print_rows(report(load_cases(paths, ("dynamic", "static", "fixed"), lpt, tiles), stored["params"]))
             return
-        cases = load_cases(paths, ("dynamic",), lpt)
+        cases = load_cases(paths, ("dynamic",), lpt, tiles)
         device = Trace.load(paths[0]).meta.get("device", "")
         start = start_params(args.fresh)
         print(f"{len(cases)} dynamic traces of {device}; fitting {len(start)} parameters", flush=True)
         params, err = fit(cases, start, args.max_evals)
         rows = report(cases, params)
         print_rows(rows)
-        check = report(load_cases(paths, ("static", "fixed"), lpt), params)
+        check = report(load_cases(paths, ("static", "fixed"), lpt, tiles), params)
         print("held out, the static and fully static traces (lists as the device ran them):")
         print_rows(check)
         for k in sorted(params):
             print(f"  {k:24s} {params[k]:.4g}")
         if args.write:
-            fitted.save(params, {"traces": str(args.traces), "commit": args.commit, "expert_lpt": lpt, "device": device,
+            fitted.save(params, {"traces": str(args.traces), "commit": args.commit, "expert_lpt": lpt, "tiles": {f.name: getattr(tiles, f.name) for f in dataclasses.fields(Tiles) if getattr(tiles, f.name) != getattr(Tiles(), f.name)}, "device": device,
                                  "read_bytes_per_s": float(np.median([c.read_bw for c in cases])),
                                  "date": time.strftime("%Y-%m-%d"), "error": err, "cases": rows, "held_out": check})
             print(f"wrote {fitted.FIT_PATH}")

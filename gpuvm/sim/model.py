@@ -19,8 +19,13 @@ tensor cores among the busy groups. The workers of an expert work list
 (gpuvm.program.work_lists) take its items (one per worker, each costing a
 worker's work) as the device's do: a ready worker takes the next item and,
 having finished it, the next, until none are left; a worker that finds the
-list taken ends at once; the one that finishes the last item adds the list's
-a1 to the counter, the others add nothing (ops/experts.cuh). A worker of a
+list taken ends at once; the first to find it so adds 1 to the counter and
+the one that finishes the last item a1 - 1, the others add nothing
+(ops/experts.cuh; a fixed round robin's finisher adds a1, which waiters for
+the whole list see the same). A down item of a list that waits for an up
+list's rows (EXPERT_DOWN a5) starts once that list's items of its expert are
+done (item experts from predict's ItemCost; unknown: the whole up list),
+seen signal_latency_ns later, holding its group meanwhile. A worker of a
 fixed round robin (a4 > 0) runs its own share, whenever it gets to run.
 
 No deadlock for a valid stream: the earliest unfinished instruction m has all
@@ -42,7 +47,7 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from ..isa import TRACE_DTYPE, Stamp
+from ..isa import TRACE_DTYPE, Op, Stamp
 from ..opspec import Cost, ProgramError
 from ..program import Stream, work_lists
 from ..trace.format import Trace
@@ -109,9 +114,14 @@ class _List:
     workers: int
     items: int
     work: list[OpWork] | None = None  # each item's, in the list's order
+    experts: list[int] | None = None  # each item's expert (-1 or None: unknown)
+    after: int = -1  # the up list whose rows its items wait for (EXPERT_DOWN a5), by index
     taken: int = 0
     done: int = 0
+    drawn: bool = False  # a worker found every item taken (its 1 is signalled)
     signalled: bool = False
+    left: dict[int, int] = field(default_factory=dict)  # items not yet done by expert (-1: all), for the lists that wait on it
+    parked: dict[int, list[tuple[int, int]]] = field(default_factory=dict)  # expert: (worker, item) waiting for it
 
 
 @dataclass
@@ -127,7 +137,8 @@ class _Block:
 
 class _Sim:
     def __init__(self, stream: Stream, hw: Hardware, mode: str, lists: list[list[int]] | None, work: list[OpWork],
-                 item_work: dict[tuple[int, int], list[OpWork]] | None = None) -> None:
+                 item_work: dict[tuple[int, int], list[OpWork]] | None = None,
+                 item_experts: dict[tuple[int, int], list[int]] | None = None) -> None:
         self.s, self.hw, self.mode, self.lists, self.work = stream, hw, mode, lists, work
         ops = stream.ops
         n = self.n = len(ops)
@@ -136,11 +147,23 @@ class _Sim:
         self.sig = [None if ins.signal is None else ins.signal.id for ins in ops]
         self.list_of = [-1] * n  # the work list of a worker, by index into self.lists_run
         self.lists_run: list[_List] = []
-        for key, members in work_lists(ops).items():
+        keys = work_lists(ops)
+        index = {key: k for k, key in enumerate(keys)}
+        for key, members in keys.items():
             for i in members:
                 self.list_of[i] = len(self.lists_run)
             iw = None if item_work is None else item_work.get(key)
-            self.lists_run.append(_List(len(members), len(members) if iw is None else len(iw), iw))
+            ie = None if item_experts is None else item_experts.get(key)
+            self.lists_run.append(_List(len(members), len(members) if iw is None else len(iw), iw, ie))
+        for key, members in keys.items():  # a down list's up list (a5 = its a0 + 1, on the same work tensor)
+            a5 = ops[members[0]].args[5] if ops[members[0]].opcode == Op.EXPERT_DOWN else 0
+            if a5 and (key[0], a5 - 1) in index:
+                lst, up = self.lists_run[index[key]], self.lists_run[index[(key[0], a5 - 1)]]
+                lst.after = index[(key[0], a5 - 1)]
+                if not up.left:
+                    up.left = {-1: up.items}
+                    for e in up.experts or []:
+                        up.left[e] = up.left.get(e, 0) + 1
         self.item = [-1] * n  # the item a worker runs (-1: it found its list taken)
         # a worker of a fixed round robin (a4 > 0, Tiles.expert_fixed) runs items a4 - 1,
         # a4 - 1 + workers, ... and claims nothing
@@ -290,7 +313,6 @@ class _Sim:
 
     def _run(self, now: float, i: int) -> None:
         """Start i's work: a list worker's next item, or its end if none is left."""
-        w = self.work[i]
         k = self.list_of[i]
         if k >= 0:
             lst = self.lists_run[k]
@@ -304,6 +326,21 @@ class _Sim:
                 self.at(now + self.hw.launch_ns, self._part_done, i)
                 return
             lst.taken += 1
+            if lst.after >= 0:  # a down item: its expert's up rows first (the whole up list if its expert is unknown)
+                up = self.lists_run[lst.after]
+                e = lst.experts[j] if lst.experts is not None and up.experts is not None else -1
+                if up.left.get(e, 0) > 0:
+                    up.parked.setdefault(e, []).append((i, j))
+                    return
+            self._item(now, i, j)
+            return
+        self._item(now, i, -1)
+
+    def _item(self, now: float, i: int, j: int) -> None:
+        """Start i's work: item j of its list (j < 0: the instruction's own)."""
+        w = self.work[i]
+        if j >= 0:
+            lst = self.lists_run[self.list_of[i]]
             if lst.work is not None:
                 w = lst.work[j]
         hbm = w.hbm_bytes + (0 if self.prefetched[i] else w.prefetch_bytes)
@@ -335,13 +372,21 @@ class _Sim:
             lst = self.lists_run[k]
             if self.item[i] >= 0:
                 lst.done += 1
+                if lst.left:
+                    self._up_item_done(now, lst, self.item[i])
                 more = self.item[i] + lst.workers < lst.items if self.fixed[i] else lst.taken < lst.items
                 if lst.done < lst.items and more:
                     self._run(now, i)  # the next item, on the same group
                     return
-            # the list's a1 once its items are all done (by the first to see it: an empty list's first worker)
-            amount = lst.workers if lst.done == lst.items and not lst.signalled else 0
-            lst.signalled |= bool(amount)
+            if self.fixed[i]:  # its a1 once its items are all done
+                amount = lst.workers if lst.done == lst.items and not lst.signalled else 0
+                lst.signalled |= bool(amount)
+            else:  # 1 from the first to find every item taken, a1 - 1 from the one that finished the last
+                amount = 0 if lst.drawn else 1 if lst.items else lst.workers
+                lst.drawn = True
+                if lst.items and lst.done == lst.items and not lst.signalled:
+                    lst.signalled = True
+                    amount += lst.workers - 1
         self.t["done"][i] = now
         self.order.append(i)
         c = self.sig[i]
@@ -350,6 +395,15 @@ class _Sim:
         self.at(end, self._group_free, int(self.block[i]), int(self.group[i]))
         if c is not None and amount:
             self.at(end + self.hw.signal_latency_ns, self._seen, c, amount)
+
+    def _up_item_done(self, now: float, lst: _List, j: int) -> None:
+        """Item j of an up list is done: the down items parked on its expert (or on
+        the whole list) start once the last of those is seen."""
+        for e in {-1, lst.experts[j] if lst.experts is not None else -1}:
+            lst.left[e] -= 1
+            if not lst.left[e]:
+                for i, jj in lst.parked.pop(e, []):
+                    self.at(now + self.hw.signal_latency_ns, self._item, i, jj)
 
     def _seen(self, now: float, c: int, amount: int) -> None:
         self.value[c] += amount
@@ -447,6 +501,7 @@ def simulate(
         # order is not checked: a list out of stream order is allowed to show its deadlock
         check_lists(lists, n, hw.n_blocks, ordered=False)
         lists = [list(map(int, lst)) for lst in lists]
-    sim = _Sim(stream, hw, mode, lists, work, None if item_costs is None else list_item_work(stream, hw, item_costs))
+    experts = None if item_costs is None else {k: [int(getattr(c, "expert", -1)) for c in v] for k, v in item_costs.items()}
+    sim = _Sim(stream, hw, mode, lists, work, None if item_costs is None else list_item_work(stream, hw, item_costs), experts)
     sim.run()
     return SimResult(stream, hw, mode, lists, sim.block, sim.group, finish_order=sim.order, **sim.t)

@@ -16,7 +16,7 @@ from ..opspec import Cost, ProgramError, expert_items
 from ..program import Stream, work_lists
 from .hardware import Hardware
 from .model import simulate
-from .work import op_work
+from .work import ItemCost, op_work
 
 if TYPE_CHECKING:  # the Muse modules import torch: loaded only when a layer is predicted
     from ..muse.cases import Case
@@ -73,9 +73,9 @@ def _attn_rows(ins) -> int:
     return 16 * -(-rows // 16) if rows <= 32 else 64 * -(-rows // 64)
 
 
-def _list_items(ins, expert_tokens: Sequence[int], made: dict, longest_first: bool = True) -> list[Cost]:  # type: ignore[no-untyped-def]
+def _list_items(ins, expert_tokens: Sequence[int], made: dict, longest_first: bool = True) -> list[ItemCost]:  # type: ignore[no-untyped-def]
     """The items of the work list of expert worker ins, in the list's order
-    (longest_first: opspec.expert_items), each its Cost: n rows of weights, t
+    (longest_first: opspec.expert_items), each its Cost and expert: n rows of weights, t
     rows of activations plus one input row per token, the math of t's whole
     token tiles (_chunk_tokens)."""
     dst, x, meta = ins.tensors[0], ins.tensors[1], ins.tensors[5]
@@ -86,8 +86,8 @@ def _list_items(ins, expert_tokens: Sequence[int], made: dict, longest_first: bo
     key = (ins.opcode, k, n_out, x.row_bytes, ins.args[1], ins.args[2], ins.args[3], longest_first)  # the items depend on these and the tokens only
     if key not in made:
         items = expert_items(expert_tokens, n_out, ins.args[1], ins.args[2], ins.args[3], longest_first=longest_first)
-        made[key] = [Cost(mats * n * (k // 2 + k // 16), t * (n * 8 + x.row_bytes), _chunk_tokens(t) * 2 * mats * k * n)
-                     for t, n in ((int(expert_tokens[e]), n) for e, _, n in items)]
+        made[key] = [ItemCost(mats * n * (k // 2 + k // 16), t * (n * 8 + x.row_bytes), _chunk_tokens(t) * 2 * mats * k * n, e)
+                     for e, t, n in ((e, int(expert_tokens[e]), n) for e, _, n in items)]
     return made[key]
 
 
@@ -119,7 +119,7 @@ def layer_costs(stream: Stream, expert_tokens: Sequence[int], made: dict | None 
 
 
 def list_item_costs(stream: Stream, expert_tokens: Sequence[int], made: dict | None = None,
-                    longest_first: bool = True) -> dict[tuple[int, int], list[Cost]]:
+                    longest_first: bool = True) -> dict[tuple[int, int], list[ItemCost]]:
     """The items of every expert work list but the code warmer's, by
     work_lists' key, each its own Cost (see _list_items), for simulate's
     item_costs: claimed one at a time by the list's workers, as on the device."""
@@ -128,7 +128,7 @@ def list_item_costs(stream: Stream, expert_tokens: Sequence[int], made: dict | N
             for key, members in work_lists(stream.ops).items() if not stream.ops[members[0]].lead}
 
 
-def model_costs(stream: Stream, expert_tokens: Sequence[int], longest_first: bool = True) -> tuple[list[Cost], dict[tuple[int, int], list[Cost]]]:
+def model_costs(stream: Stream, expert_tokens: Sequence[int], longest_first: bool = True) -> tuple[list[Cost], dict[tuple[int, int], list[ItemCost]]]:
     """layer_costs and list_item_costs of one routing, its lists' items built
     once, in the order longest_first gives (opspec.expert_items)."""
     made: dict = {}

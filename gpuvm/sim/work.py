@@ -6,7 +6,7 @@ that the lists are balanced with the same numbers the simulation uses.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Mapping, NamedTuple, Sequence
 
 from ..isa import Op
 from ..opspec import Cost, ProgramError
@@ -16,6 +16,18 @@ from .hardware import Hardware
 #: opcodes whose activation bytes come from HBM rather than L2: attention reads
 #: the KV cache, far larger than the L2 at 80K context
 HBM_ACT_OPS = frozenset({Op.ATTN_CHUNK})
+
+
+class ItemCost(NamedTuple):
+    """An expert work list item's Cost (the same fields) and the local expert
+    it is of, which the model needs for a down item's wait for its expert's up
+    rows (isa/gvm_isa.h EXPERT_DOWN a5); -1: unknown (it then waits for the
+    whole up list)."""
+
+    weight_bytes: int = 0
+    act_bytes: int = 0
+    flops: int = 0
+    expert: int = -1
 
 
 @dataclass(frozen=True)
@@ -67,7 +79,7 @@ def op_work(stream: Stream, hw: Hardware, durations: Sequence[float] | None = No
     return out
 
 
-def list_item_work(stream: Stream, hw: Hardware, item_costs: Mapping[tuple[int, int], Sequence[Cost]]) -> dict[tuple[int, int], list[OpWork]]:
+def list_item_work(stream: Stream, hw: Hardware, item_costs: Mapping[tuple[int, int], Sequence[Cost | ItemCost]]) -> dict[tuple[int, int], list[OpWork]]:
     """Each expert work list's items as OpWork (by work_lists' key): its
     weights and activations loaded once the item starts, its math at the
     opcode's rate, the opcode's fixed cost for every item."""
