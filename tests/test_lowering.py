@@ -408,7 +408,7 @@ def test_expert_items_are_capped_only_from_expert_cap_tokens() -> None:
     for one round of the workers whatever the experts hit; from it on they are
     at most EXPERT_CAP rows (two or more rounds once 5 of the 32 are hit, the
     up list's; the down list's items are twice as big)."""
-    tl = Tiles(expert_cap_tokens=9)
+    tl = Tiles(expert_cap_tokens=9, expert_cap_up_few_tokens=0)
     for (C, n), capped in (((1, 8), False), ((16, 1), True), ((1, 1), False), ((32, 1), True)):
         s = lower_layer(SHARD, "sliding", C, n, 4096, tiles=tl).stream
         for opcode, n_out in ((Op.EXPERT_UP, SHARD.expert_inter), (Op.EXPERT_DOWN, SHARD.squeeze)):
@@ -426,7 +426,11 @@ def test_expert_items_are_capped_only_from_expert_cap_tokens() -> None:
             assert max(rounds) == most and rounds[4] == five
     for opcode, n_out in ((Op.EXPERT_UP, SHARD.expert_inter), (Op.EXPERT_DOWN, SHARD.squeeze)):
         default = {(C, n): _ops(lower_layer(SHARD, "sliding", C, n, 4096).stream, opcode)[0].args[3] for C, n in ((16, 1), (32, 1))}
-        assert default == {(16, 1): n_out, (32, 1): EXPERT_CAP[opcode]}  # Tiles(): uncapped up to 16 tokens
+        assert default == {(16, 1): n_out, (32, 1): EXPERT_CAP[opcode] if opcode == Op.EXPERT_DOWN else 128}  # Tiles(): uncapped up to 16 tokens
+    up_cap = {(C, n): _ops(lower_layer(SHARD, "sliding", C, n, 4096).stream, Op.EXPERT_UP)[0].args[3] for C, n in ((16, 8), (32, 8))}
+    assert up_cap == {(16, 8): 128, (32, 8): EXPERT_CAP[Op.EXPERT_UP]}  # the up list's few-token cap up to 128 tokens
+    with pytest.raises(ProgramError, match="expert_cap_up_few must be a multiple of 16"):
+        Tiles(expert_cap_up_few=100)
     with pytest.raises(ProgramError, match="expert_cap_tokens"):
         Tiles(expert_cap_tokens=-1)
     with pytest.raises(ProgramError, match="expert_cap_up"):

@@ -38,7 +38,8 @@ POISON_INT = -7
 #: multiples of a tiled NVFP4 block of 16 rows (a warp's unit of the register
 #: path; the shared tile's is 8 gate|up rows or 16 down rows), and at most
 #: Tiles.expert_cap_up / expert_cap_down (EXPERT_CAP) rows from Tiles.expert_cap_tokens
-#: tokens a step on (half for an expert of more tokens than the ISA's GVM_EXPERT_HEAVY_T)
+#: tokens a step on (half for an expert of more tokens than the ISA's GVM_EXPERT_HEAVY_T;
+#: the up list's Tiles.expert_cap_up_few up to Tiles.expert_cap_up_few_tokens)
 EXPERT_GRAIN = {Op.EXPERT_UP: NVFP4_TILE_ROWS, Op.EXPERT_DOWN: NVFP4_TILE_ROWS}
 EXPERT_CAP = {Op.EXPERT_UP: 64, Op.EXPERT_DOWN: 128}
 KINDS = ("full", "sliding")
@@ -151,6 +152,16 @@ class Tiles:
     expert_cap_tokens: int = 17
     expert_cap_up: int = EXPERT_CAP[Op.EXPERT_UP]
     expert_cap_down: int = EXPERT_CAP[Op.EXPERT_DOWN]
+    # Up to expert_cap_up_few_tokens tokens a step (0: never) the up list's items
+    # are at most expert_cap_up_few rows instead: with the early down list taking
+    # the groups its tail leaves, fewer, longer up items pay there; above, the
+    # heaviest expert's long items set the list's end. H100, cd28f14, four rounds
+    # of one kernel, 128 rows against 64: full-c16-t8 -2.4 to -3.5%, sliding-c16-t8
+    # -3.1 to -4.1%, sliding-c32-t1 -0.9 to -2.0%, full-c32-t1 -0.8%, full-c16-t1
+    # level; steps 16x8 -3.1 to -3.3%, 32x1 -1.1 to -1.4%; but at 256 tokens
+    # full-c32-t8 +0.8 to +2.7%, sliding-c32-t8 +0.5 to +1.9% (step 32x8 -2.0 to -2.5%).
+    expert_cap_up_few: int = 128
+    expert_cap_up_few_tokens: int = 128
     rows: int = 1  # token rows per RMSNORM / RESIDUAL / EXPERT_COMBINE op (latency bound: one row each ran fastest)
     # A RESIDUAL row block is cut into residual_slices column ranges when all
     # the cuts of a layer point fit in residual_max_ops ops (else whole rows),
@@ -327,7 +338,7 @@ class Tiles:
             raise ProgramError(f"Tiles.expert_fixed must be 0 or 1, not {self.expert_fixed!r}")
         if self.lazy_gemm not in (0, 1, 2):
             raise ProgramError(f"Tiles.lazy_gemm must be 0, 1 or 2, not {self.lazy_gemm!r}")
-        for name in ("router_span", "topk_span", "expert_cap_tokens", "g_late", "g_late_groups", "attn_tail", "qk_tokens", "merge_tokens", "lazy_attn", "code_warm"):
+        for name in ("router_span", "topk_span", "expert_cap_tokens", "expert_cap_up_few_tokens", "g_late", "g_late_groups", "attn_tail", "qk_tokens", "merge_tokens", "lazy_attn", "code_warm"):
             v = getattr(self, name)
             if not isinstance(v, int) or v < 0:
                 raise ProgramError(f"Tiles.{name} must be an int >= 0, not {v!r}")
@@ -335,13 +346,13 @@ class Tiles:
             raise ProgramError(f"Tiles.fuse_qk must be an int >= 0, not {self.fuse_qk!r}")
         if self.gemm_parts < 1 or self.gemm_parts > GEMM_MAX_PARTS or self.gemm_parts & (self.gemm_parts - 1):
             raise ProgramError(f"Tiles.gemm_parts must be a power of two from 1 to {GEMM_MAX_PARTS}, not {self.gemm_parts!r}")
-        for name in ("gemm_bytes", "gemm_min_bytes", "gemm_max_bytes", "gemm_tail", "gemm_span", "router_ops", "router_bytes", "topk_tokens", "router_splits", "expert_workers", "expert_cap_up", "expert_cap_down", "rows", "residual_slices", "residual_max_ops", "chunk", "sliding_chunk", "sliding_ops", "full_ops"):
+        for name in ("gemm_bytes", "gemm_min_bytes", "gemm_max_bytes", "gemm_tail", "gemm_span", "router_ops", "router_bytes", "topk_tokens", "router_splits", "expert_workers", "expert_cap_up", "expert_cap_down", "expert_cap_up_few", "rows", "residual_slices", "residual_max_ops", "chunk", "sliding_chunk", "sliding_ops", "full_ops"):
             v = getattr(self, name)
             if not isinstance(v, int) or v <= 0:
                 raise ProgramError(f"Tiles.{name} must be a positive int, not {v!r}")
         if self.code_warm >= self.gemm_span:
             raise ProgramError(f"Tiles.code_warm ({self.code_warm}) must be under gemm_span ({self.gemm_span}): the small layer takes the real one's GEMM paths only below it")
-        for name in ("expert_cap_up", "expert_cap_down"):
+        for name in ("expert_cap_up", "expert_cap_down", "expert_cap_up_few"):
             if getattr(self, name) % NVFP4_TILE_ROWS:
                 raise ProgramError(f"Tiles.{name} must be a multiple of {NVFP4_TILE_ROWS} (items start on a tiled block), not {getattr(self, name)}")
 
@@ -373,6 +384,7 @@ class Tiles:
 
         cap = 0 if not self.expert_cap_tokens or tokens >= self.expert_cap_tokens else warm_tokens + 1
         return replace(self, router_span=from_(self.router_span), topk_span=from_(self.topk_span), expert_cap_tokens=cap,
+                       expert_cap_up_few_tokens=upto(self.expert_cap_up_few_tokens),
                        fuse_qk=upto(self.fuse_qk), g_late=upto(self.g_late), expert_workers=8, residual_slices=1,
                        lazy_attn=0, attn_tail=0, code_warm=0)
 
@@ -764,7 +776,8 @@ def emit_layer(
     # take items from a counter (ops/experts.cuh)
     up_grain, down_grain = EXPERT_GRAIN[Op.EXPERT_UP], EXPERT_GRAIN[Op.EXPERT_DOWN]
     capped = not tl.expert_cap_tokens or T >= tl.expert_cap_tokens
-    up_cap, down_cap = (tl.expert_cap_up, tl.expert_cap_down) if capped else (I, H)
+    few = tl.expert_cap_up_few_tokens and T <= tl.expert_cap_up_few_tokens
+    up_cap, down_cap = (tl.expert_cap_up_few if few else tl.expert_cap_up, tl.expert_cap_down) if capped else (I, H)
     up_done, down_done = ctr("hbuf"), ctr("y")
     up_workers = min(tl.expert_workers, E * -(-I // up_grain))
     for wk in range(up_workers):
