@@ -158,8 +158,8 @@ class Tiles:
     # heaviest expert's long items set the list's end. H100, cd28f14, four rounds
     # of one kernel, 128 rows against 64: full-c16-t8 -2.4 to -3.5%, sliding-c16-t8
     # -3.1 to -4.1%, sliding-c32-t1 -0.9 to -2.0%, full-c32-t1 -0.8%, full-c16-t1
-    # level; steps 16x8 -3.1 to -3.3%, 32x1 -1.1 to -1.4%; but at 256 tokens
-    # full-c32-t8 +0.8 to +2.7%, sliding-c32-t8 +0.5 to +1.9% (step 32x8 -2.0 to -2.5%).
+    # level; steps 16x8 -2.9 to -3.3%, 32x1 -1.1 to -1.4%; but at 256 tokens
+    # full-c32-t8 +0.8 to +2.7%, sliding-c32-t8 +0.5 to +2.2% (step 32x8 -1.8 to -2.5%).
     expert_cap_up_few: int = 128
     expert_cap_up_few_tokens: int = 128
     rows: int = 1  # token rows per RMSNORM / RESIDUAL / EXPERT_COMBINE op (latency bound: one row each ran fastest)
