@@ -549,6 +549,16 @@ def test_two_chained_layers_equal_two_single_layers(small_weights) -> None:  # t
     assert all(r["wait_counter"][0] != NONE for r in stream.records[[k for k, o in enumerate(stream.ops) if o.label.startswith("L1.Wqkvg")]])
 
 
+def _layer_out(weights, kind: str, state, tl: Tiles, input_seed: int, rng_seed: int) -> torch.Tensor:  # type: ignore[no-untyped-def]
+    """The residual stream after one small layer of `state` lowered with tl, run
+    on the CPU backend in a random order of ready ops."""
+    st = state.clone()
+    lp = lower_layer(SMALL, kind, st.conversations, st.tokens_each, st.slots, tiles=tl)
+    b = bind_layer(lp, weights, st, make_inputs(SMALL, st, seed=input_seed, weights_seed=21))
+    run_stream(lp.stream, b, order="random", rng=random.Random(rng_seed))
+    return b["s"].clone()
+
+
 def test_fixed_expert_workers_compute_what_claimed_ones_do(small_weights) -> None:  # type: ignore[no-untyped-def]
     """Tiles.expert_fixed: the expert lists' workers numbered 1..W in a4 (a
     fixed round robin, the static schedule the claims are measured against);
@@ -557,13 +567,7 @@ def test_fixed_expert_workers_compute_what_claimed_ones_do(small_weights) -> Non
     for op in (Op.EXPERT_UP, Op.EXPERT_DOWN):
         assert sorted(o.args[4] for o in lp.stream.ops if o.opcode == op) == list(range(1, 265))
     state = make_state(SMALL, "sliding", 3, 2, 70, seed=4)
-    outs = []
-    for tl in (Tiles(), Tiles(expert_fixed=1)):
-        st = state.clone()
-        lp = lower_layer(SMALL, "sliding", 3, 2, st.slots, tiles=tl)
-        b = bind_layer(lp, small_weights[False], st, make_inputs(SMALL, st, seed=5, weights_seed=21))
-        run_stream(lp.stream, b, order="random", rng=random.Random(3))
-        outs.append(b["s"].clone())
+    outs = [_layer_out(small_weights[False], "sliding", state, tl, 5, 3) for tl in (Tiles(), Tiles(expert_fixed=1))]
     assert torch.equal(outs[0], outs[1])
     with pytest.raises(ProgramError, match="Tiles.expert_fixed must be 0 or 1"):
         Tiles(expert_fixed=2)
@@ -586,13 +590,7 @@ def test_early_down_list_computes_what_the_waiting_one_does(small_weights) -> No
     fixed = lower_layer(SHARD, "sliding", 32, 8, 4096, tiles=Tiles(down_early=1, expert_fixed=1))
     assert {(o.waits[0][1], o.args[5]) for o in fixed.stream.ops if o.opcode == Op.EXPERT_DOWN} == {(None, 0)}
     state = make_state(SMALL, "sliding", 3, 2, 70, seed=4)
-    outs = []
-    for tl in (Tiles(), Tiles(down_early=1)):
-        st = state.clone()
-        lp = lower_layer(SMALL, "sliding", 3, 2, st.slots, tiles=tl)
-        b = bind_layer(lp, small_weights[False], st, make_inputs(SMALL, st, seed=5, weights_seed=21))
-        run_stream(lp.stream, b, order="random", rng=random.Random(3))
-        outs.append(b["s"].clone())
+    outs = [_layer_out(small_weights[False], "sliding", state, Tiles(down_early=e), 5, 3) for e in (0, 1)]
     assert torch.equal(outs[0], outs[1])
     with pytest.raises(ProgramError, match="Tiles.down_early must be 0 or 1"):
         Tiles(down_early=2)
