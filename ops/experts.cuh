@@ -1238,7 +1238,9 @@ __device__ __forceinline__ unsigned gvm_exp_weight(int count) {
 // the same time. Thread 0 takes item i from the list's counter work[a0][0]
 // and passes it through the scratch's last GVM_EXP_STATE bytes: two slots used
 // in turn (call k writes and reads slot k & 1, whose last readers, of call
-// k - 2, are behind the barriers of call k - 1), the items done before this
+// k - 2, are behind the barriers of call k - 1; DOWN's wait below passes its
+// verdict through the other), a word (st + 8: UP the last item's expert and
+// rows, DOWN the experts seen done), the items done before this
 // worker's last one, then each expert's token count and first slot
 // (route_meta, read once by the first call while its claim is in flight, so
 // that an item starts without a round trip for them), the end of its run of
@@ -1248,12 +1250,20 @@ __device__ __forceinline__ unsigned gvm_exp_weight(int count) {
 // and counts them the same way.
 // Completion: a worker counts each finished item in work[a0][1] (acq_rel,
 // after a group barrier) with the same 64-bit atomic that claims its next
-// item in work[a0][0] (one round trip between items, not two); the one that
-// finishes the last item returns
-// GVM_SIGNAL_N(a1): the list's consumers wait for its items, not for its
-// slowest worker, which may still be queued behind another op of its block
-// (H200 trace at 18420e1: 31 us of a one-token layer). The others signal
-// nothing; an empty list is completed by its first worker.
+// item in work[a0][0] (one round trip between items, not two); UP also adds
+// the item's rows to its expert's count work[a0][2 + e] (release, fire and
+// forget) where work has those columns. The one that draws i = items (every
+// item taken) returns GVM_SIGNAL_N(1), the one that finishes the last item
+// GVM_SIGNAL_N(a1 - 1) (or a1 if it did both): the list's consumers wait for
+// its items, not for its slowest worker, which may still be queued behind
+// another op of its block (H200 trace at 18420e1: 31 us of a one-token
+// layer). The others signal nothing; an empty list is completed by its first
+// worker. A down list that waits for just the 1 (a5 = j + 1, Tiles.down_early)
+// starts while the up list's last items run: each of its items first waits,
+// thread 0 polling, for its expert's count of list j to reach hbuf's width
+// (the first call reads all 32 counts, so an expert done by then costs
+// nothing). Those rows belong to items already taken by running workers that
+// wait for nothing, so the wait ends; GVM_LIST_WAIT_NS bounds it anyway.
 #ifndef GVM_LIST_SIGNAL
 #define GVM_LIST_SIGNAL 1  // 0: every worker signals one when it finds the list taken (for A/B runs)
 #endif
@@ -1274,9 +1284,8 @@ __device__ __forceinline__ unsigned gvm_exp_weight(int count) {
 #define GVM_EXP_LPT 2
 #endif
 
-// DOWN's wait for an expert's rows (a5 > 0): they are held by running workers
-// that wait for nothing, so a wait this long means a failed list (its error is
-// then the launch's first) or a corrupt work table.
+// DOWN's wait for an expert's rows (a5 > 0): a wait this long means a failed
+// up list (its error is then the launch's first) or a corrupt work table.
 #define GVM_LIST_WAIT_NS 1000000000ull
 
 template <bool UP>
