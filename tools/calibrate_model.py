@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import math
 import sys
 import tarfile
@@ -38,7 +37,6 @@ from typing import Callable
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from gpuvm.isa import Op  # noqa: E402
 from gpuvm.muse.cases import get_case  # noqa: E402
 from gpuvm.muse.config import SHARD  # noqa: E402
 from gpuvm.muse.lowering import Tiles, lower_layer  # noqa: E402
