@@ -193,11 +193,21 @@ __device__ __forceinline__ bool gvm_reached(unsigned value, unsigned target) {
     return (int)(value - target) >= 0;
 }
 
-// Polls a global counter (acquire) until it reaches target, napping 32 ns
-// doubling to 256 between tries; false once bound_ns have passed without.
+// Backoff of a counter poll (here and the scheduler's, scheduler/counters.cuh):
+// naps from GVM_WAIT_NAP_MIN ns doubling to GVM_WAIT_NAP_MAX (a nap wakes late by
+// the hardware's granularity, which the dependency hop then pays; 0 makes the poll spin).
+#ifndef GVM_WAIT_NAP_MIN
+#define GVM_WAIT_NAP_MIN 32
+#endif
+#ifndef GVM_WAIT_NAP_MAX
+#define GVM_WAIT_NAP_MAX 256
+#endif
+
+// Polls a global counter (acquire) until it reaches target, with the backoff
+// above; false once bound_ns have passed without.
 __device__ __forceinline__ bool gvm_poll_reached(const unsigned* p, unsigned target, unsigned long long bound_ns) {
     unsigned long long t0 = 0;
-    for (unsigned nap = 32;; nap = nap < 256 ? 2 * nap : 256) {
+    for (unsigned nap = GVM_WAIT_NAP_MIN;; nap = nap < GVM_WAIT_NAP_MAX ? 2 * nap : GVM_WAIT_NAP_MAX) {
         if (gvm_reached(gvm_ld_acquire(p), target)) return true;
         const unsigned long long now = gvm_globaltimer();
         if (t0 == 0) t0 = now;

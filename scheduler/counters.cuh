@@ -11,17 +11,7 @@
 #pragma once
 #include "../isa/gvm_isa.h"
 #include "../runtime/stamps.cuh"
-#include "../ops/ptx.cuh"  // the counters' loads and adds (gvm_ld_acquire, gvm_red_release_add)
-
-// Backoff of a counter poll: naps from GVM_WAIT_NAP_MIN ns doubling to
-// GVM_WAIT_NAP_MAX (a nap wakes late by the hardware's granularity, which the
-// dependency hop then pays; 0 makes the poll spin).
-#ifndef GVM_WAIT_NAP_MIN
-#define GVM_WAIT_NAP_MIN 32
-#endif
-#ifndef GVM_WAIT_NAP_MAX
-#define GVM_WAIT_NAP_MAX 256
-#endif
+#include "../ops/ptx.cuh"  // the counters' loads and adds, and the polls' naps (GVM_WAIT_NAP_MIN / _MAX)
 
 // Records a failure; only the first one of a launch is kept. Raises abort.
 __device__ __noinline__ void gvm_fail(gvm_error* err, unsigned* abort_flag, unsigned code, unsigned instr,
