@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, NamedTuple, Sequence
 
-from .isa import DTYPE_BYTES, EXPERT_HEAVY_TOKENS, EXPERT_SHARE_ABOVE, EXPERT_SHARES, GEMM_MAX_PARTS, HEAD_DIM, MAX_WORKLIST_EXPERTS, NVFP4_TILE_K, NVFP4_TILE_ROWS, TOPK, DType, Op, i2f
+from .isa import DTYPE_BYTES, EXPERT_SHARE_ABOVE, EXPERT_SHARES, GEMM_MAX_PARTS, HEAD_DIM, MAX_WORKLIST_EXPERTS, NVFP4_TILE_K, NVFP4_TILE_ROWS, TOPK, DType, Op, i2f
 
 
 class ProgramError(ValueError):
@@ -463,6 +463,8 @@ def _check_expert(ts: Slots, a: Args, up: bool) -> None:
         raise ProgramError(f"expert row grain and cap must be positive multiples of {NVFP4_TILE_ROWS} (items start on a tiled block), not {a[2]} and {a[3]}")
     if not (0 <= a[4] <= a[1]):
         raise ProgramError(f"a fixed worker's number a4 must be 1..{a[1]} (0: items claimed), not {a[4]}")
+    if not (a[6] >= 0):
+        raise ProgramError(f"an expert list's heavy tokens a6 must be >= 0 (0: none), not {a[6]}")
     after = a[5]
     if up and after:
         raise ProgramError(f"EXPERT_UP's a5 must be 0, not {after}")
@@ -483,7 +485,7 @@ def expert_weight(tokens: int) -> int:
 
 
 def expert_items(tokens: Sequence[int], n_out: int, workers: int, grain: int, cap: int,
-                 heavy: int = EXPERT_HEAVY_TOKENS, longest_first: bool = True) -> list[tuple[int, int, int]]:
+                 heavy: int = 0, longest_first: bool = True) -> list[tuple[int, int, int]]:
     """The items (expert, first row, rows) of an expert work list, in the order
     ops/experts.cuh numbers them (GVM_EXP_LPT 2): expert by expert, those with
     the most chunks of 32 tokens first (ties, e.g. every expert of up to 32, in
@@ -493,7 +495,7 @@ def expert_items(tokens: Sequence[int], n_out: int, workers: int, grain: int, ca
     cut into at most q tiles, q its weighted share of the workers
     (expert_weight), rows rounded up to a multiple of grain and at most cap
     (half of it, in whole grains, for an expert of more than heavy tokens, the
-    ISA's GVM_EXPERT_HEAVY_T: its items take a pass of the shared tile per 32).
+    instruction's a6, 0: none; its items take a pass of the shared tile per 32).
     With few experts hit every worker then takes at most one item (a second
     round doubled the list's time), and the items of an expert with many
     tokens are shorter, so that they end with the others; with many hit, the
@@ -593,8 +595,8 @@ SPECS: dict[Op, OpSpec] = {
     Op.ATTN_MERGE: OpSpec(("o", "part_o", "part_ml", "qkvg"), ("tok0", "tokens", "head0", "heads", "chunks"), _check_attn_merge, _cost_merge),
     Op.RESIDUAL: OpSpec(("s", "a", "alpha", "beta", "w_next", "out_f32", "out_bf16", "stats"), ("row0", "rows", "col0", "cols"), _check_residual, _cost_residual),
     Op.TOPK: OpSpec(("scores", "route_meta", "route", "work"), ("first_local", "n_local", "mode", "t0", "tokens"), _check_topk, _cost_topk),
-    Op.EXPERT_UP: OpSpec(("hbuf", "x", "codes", "scales", "tscales", "route_meta", "route", "work"), ("list", "workers", "grain", "cap", "fixed", "after"), lambda ts, a: _check_expert(ts, a, True), lambda ts, a: _cost_expert(ts, a, 2)),
-    Op.EXPERT_DOWN: OpSpec(("y", "hbuf", "codes", "scales", "tscales", "route_meta", "route", "work"), ("list", "workers", "grain", "cap", "fixed", "after"), lambda ts, a: _check_expert(ts, a, False), lambda ts, a: _cost_expert(ts, a, 1)),
+    Op.EXPERT_UP: OpSpec(("hbuf", "x", "codes", "scales", "tscales", "route_meta", "route", "work"), ("list", "workers", "grain", "cap", "fixed", "after", "heavy"), lambda ts, a: _check_expert(ts, a, True), lambda ts, a: _cost_expert(ts, a, 2)),
+    Op.EXPERT_DOWN: OpSpec(("y", "hbuf", "codes", "scales", "tscales", "route_meta", "route", "work"), ("list", "workers", "grain", "cap", "fixed", "after", "heavy"), lambda ts, a: _check_expert(ts, a, False), lambda ts, a: _cost_expert(ts, a, 1)),
     Op.EXPERT_COMBINE: OpSpec(("fsq", "y", "route"), ("tok0", "tokens"), _check_combine, _cost_combine),
     Op.EMBED: OpSpec(("s", "table", "tokens"), ("row0", "rows"), _check_embed, _cost_embed),
     Op.ARGMAX: OpSpec(("logits", "tokens", "margin"), ("row0", "rows"), _check_argmax, _cost_argmax),

@@ -73,17 +73,6 @@ typedef long long int64_t;
 #ifndef GVM_EXPERT_SHARE_W3
 #define GVM_EXPERT_SHARE_W3 8
 #endif
-/* An expert of more than GVM_EXPERT_HEAVY_T tokens (two token chunks or more
- * of the shared tile, ops/experts.cuh) has tiles of half the cap C (EXPERT_UP
- * below), so that its items, each a pass per chunk, end with the others'; 0:
- * none (gpuvm/opspec.py expert_items reads this line too). Off: at 32 the lists
- * alone gained (H200, 3403ea3, the skew of 256 tokens: up 368 against 501 us,
- * down 219 against 265) but the layers did not (two dynamic rounds of the six
- * 32- to 256-token layers and step 32 x 1: level, full-c16-t8 956, 961 against
- * 945, 942 us). */
-#ifndef GVM_EXPERT_HEAVY_T
-#define GVM_EXPERT_HEAVY_T 0
-#endif
 #define GVM_GEMM_MAX_PARTS 16    /* K parts of an f32 GEMM tile (a5) */
 /* Tiled NVFP4 (the expert weights): a matrix [N,K] is ceil(N/16) blocks of
  * 16 rows, each K step of 128 values by K step: codes [16 rows][64 B], and
@@ -211,7 +200,8 @@ enum gvm_opcode {
      * expert e with n_e > 0 tokens has weight w_e (GVM_EXPERT_SHARE_*: 4 up
      * to 4 tokens, 7 up to 8, 8 above; S their sum) and tiles of
      * R_e = min(C_e, G * ceil(ceil(I / max(1, W * w_e / S)) / G)) rows (C_e = C,
-     * or max(G, G * floor(C / 2G)) for n_e > GVM_EXPERT_HEAVY_T > 0), P_e =
+     * or max(G, G * floor(C / 2G)) for n_e > H > 0: the items of an expert
+     * of several token chunks, each a pass of the shared tile, end with the others'), P_e =
      * ceil(I / R_e) of them; the items are the experts' tiles, expert by expert
      * in the order of ceil(n_e / 32), the most first (ties in expert order;
      * ops/experts.cuh GVM_EXP_LPT),
@@ -227,14 +217,14 @@ enum gvm_opcode {
      * waiting for its last worker, and a wait for 1 sees every item held by
      * a running worker. All W share tensors, arguments but a4 and signal
      * counter, and are that counter's only signallers (checked at build);
-     * a5 is 0.
+     * a5 is 0; a6 heavy H >= 0 (tokens; 0: no expert is heavy, below).
      * For an item's expert e and each slot of e (token t):
      * hbuf[slot, n] = bf16(silu(G x_t) * (U x_t)) with G = gu[e,0],
      * U = gu[e,1] dequantised: code * scale * tensor_scale. */
     GVM_OP_EXPERT_DOWN = 24,
     /* t0 y [8T,H] f32, t1 hbuf [8T,I] bf16, t2 d codes [E,H/16,8I], t3 d scales
      * [E,H/16,I] (tiled), t4 d tensor scales [E] f32, t5 route_meta, t6 route,
-     * t7 work; a0 list k, a1 workers W, a2 row grain G, a3 cap C, a4 fixed F: the work list of
+     * t7 work; a0 list k, a1 workers W, a2 row grain G, a3 cap C, a4 fixed F, a6 heavy: the work list of
      * EXPERT_UP over the H rows (its rows not counted by expert). y[slot, n] = sum_i D[n,i] hbuf[slot,i].
      * a5 after: 0, or j + 1: an item of expert e first waits (in the op,
      * bounded by GVM_LIST_WAIT_NS) until work[j][2+e] reaches I, i.e. list j

@@ -1313,7 +1313,8 @@ __device__ int gvm_expert_matmul(const gvm_ctx& c) {
             for (int o = 16; o > 0; o >>= 1) wsum += __shfl_xor_sync(0xffffffffu, wsum, o);
             const int nout = gvm_t(c, 0).shape[1], grain = c.ins->arg[2];
             const int q = max(1, c.ins->arg[1] * (int)wt / max(1, (int)wsum));
-            const bool heavy = GVM_EXPERT_HEAVY_T && count > GVM_EXPERT_HEAVY_T;  // half the cap (isa/gvm_isa.h)
+            const int heavy_t = c.ins->arg[6];
+            const bool heavy = heavy_t > 0 && count > heavy_t;  // half the cap (isa/gvm_isa.h, a6)
             const int cap = heavy ? max(grain, c.ins->arg[3] / (2 * grain) * grain) : c.ins->arg[3];
             const int rows = wt ? min(cap, ((nout + q - 1) / q + grain - 1) / grain * grain) : 0;
             const int n_items = wt ? (nout + rows - 1) / rows : 0;

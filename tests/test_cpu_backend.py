@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from gpuvm.cpu import CpuOpError, StuckError, run_stream
 from gpuvm.cpu import ops
 from gpuvm.opspec import WORK_COLUMNS_BY_EXPERT, expert_items, expert_weight
-from gpuvm.isa import EXPERT_HEAVY_TOKENS, DType, Op, f2i
+from gpuvm.isa import DType, Op, f2i
 from gpuvm.muse.formats import E2M1_VALUES, tile_nvfp4
 from gpuvm.program import Program, ProgramError
 from tests.randprog import random_program
@@ -413,11 +413,11 @@ def test_expert_items_come_most_chunks_of_32_tokens_first() -> None:
 
 
 def test_heavy_experts_items_are_half_the_cap() -> None:
-    """With the ISA's GVM_EXPERT_HEAVY_T at 32 an expert of more than 32 tokens
-    (a pass of the shared tile for each 32) has items of half the cap, in whole
-    grains and at least one; the others keep the cap; the one-round sizing is
+    """With heavy (a list's a6) at 32 an expert of more than 32 tokens (a pass
+    of the shared tile for each 32) has items of half the cap, in whole grains
+    and at least one; the others keep the cap; the one-round sizing is
     unchanged below it. The default is 0: no halving."""
-    assert EXPERT_HEAVY_TOKENS == 0 and expert_items([33], 512, 2, 16, 128) == [(0, r, 128) for r in range(0, 512, 128)]
+    assert expert_items([33], 512, 2, 16, 128) == [(0, r, 128) for r in range(0, 512, 128)]
     items = expert_items([33, 32], 512, 2, 16, 128, heavy=32)
     assert items == [(0, r, 64) for r in range(0, 512, 64)] + [(1, r, 128) for r in range(0, 512, 128)]
     assert expert_items([100], 64, 1, 16, 16, heavy=32) == [(0, r, 16) for r in range(0, 64, 16)]  # half of one grain: a grain

@@ -365,6 +365,32 @@ def test_gemm_tail_cuts_the_last_partial_wave() -> None:
             Tiles(**{name: -1})
 
 
+def test_heavy_experts_halve_their_items_and_leave_the_numbers_alone() -> None:
+    """Tiles.expert_heavy_up / _down reach each list's a6; on the CPU backend
+    the items of experts of more tokens are half the cap (more of them), and
+    the layer's residual stream is the same as without."""
+    kw = dict(gemm_fill=0, gemm_bytes=8192, rows=4, chunk=23, sliding_chunk=23, expert_cap_tokens=0, expert_cap_up_few_tokens=0,
+              expert_cap_up=64, expert_cap_down=64)
+    w = make_layer_weights(SMALL, 0, 5)
+    out, items = [], []
+    for heavy in (0, 2):
+        state = make_state(SMALL, "sliding", 3, 5, 40, seed=1)
+        lp = lower_layer(SMALL, "sliding", 3, 5, state.slots, tiles=Tiles(expert_heavy_up=heavy, expert_heavy_down=heavy and heavy + 1, **kw))
+        assert {o.args[6] for o in _ops(lp.stream, Op.EXPERT_UP)} == {heavy}
+        assert {o.args[6] for o in _ops(lp.stream, Op.EXPERT_DOWN)} == {heavy and heavy + 1}
+        bufs = bind_layer(lp, w, state, make_inputs(SMALL, state, seed=2, weights_seed=5))
+        run_stream(lp.stream, bufs)
+        meta = bufs["L0.route_meta"]
+        assert int(meta[0].max()) > 3  # some expert is heavy at either threshold
+        items.append([len(list_items(meta, n_out, 1, 16, 64, o.args[6])) for o, n_out in
+                      ((_ops(lp.stream, Op.EXPERT_UP)[0], SMALL.expert_inter), (_ops(lp.stream, Op.EXPERT_DOWN)[0], SMALL.squeeze))])
+        out.append(bufs["s"].clone())
+    assert items[1][0] > items[0][0] and items[1][1] > items[0][1]
+    assert torch.equal(out[0], out[1])
+    with pytest.raises(ProgramError, match="expert_heavy_up"):
+        Tiles(expert_heavy_up=-1)
+
+
 def test_gemm_tail_leaves_the_layer_s_numbers_alone() -> None:
     """The same squeeze and residual stream on the CPU backend with the tail cut as without."""
     kw = dict(gemm_fill=12, gemm_min_bytes=1024, gemm_max_bytes=4096, rows=4, chunk=23, sliding_chunk=23)

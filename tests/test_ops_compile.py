@@ -53,12 +53,12 @@ def test_report_parser_reads_spills() -> None:
     assert (k.registers, k.stack, k.spill_stores, k.spill_loads) == (96, 16, 24, 20)
 
 
-@pytest.mark.parametrize("define", ["GVM_EXPERT_REG=0", "GVM_EXP_STAGGER=0", "GVM_EXPERT_HEAVY_T=32", "GVM_GEMM_TT=1", "GVM_GEMM_TT=2",
+@pytest.mark.parametrize("define", ["GVM_EXPERT_REG=0", "GVM_EXP_STAGGER=0", "GVM_GEMM_TT=1", "GVM_GEMM_TT=2",
                                     "GVM_RESCHED_PROBE=16", "GVM_GEMM_PARTS_PROBE=1", "GVM_GEMM_PARTS_PROBE=2"])
 def test_switch_alternatives_do_not_spill(define: str) -> None:
     """The build switches' other settings, kept for A/B runs on the H200 (the
-    experts' shared tile alone, its items not staggered over K, heavy experts'
-    items at half the cap, one or two GEMM token tiles per pass), the
+    experts' shared tile alone, its items not staggered over K, one or two
+    GEMM token tiles per pass), the
     reschedule probe's never-run block (tools/sched_probe.py --draws) and the
     K parts' timing probes, compile spill-free too."""
     from gpuvm.isa import Op

@@ -69,9 +69,10 @@ def list_tables(counts: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor, in
 
 
 def build_list(up: bool, grain: int, counts: tuple[int, ...], w: tuple[torch.Tensor, torch.Tensor], gen: torch.Generator,
-               cap: int) -> tuple[object, int]:
+               cap: int, heavy: int = 0) -> tuple[object, int]:
     """A work list over experts with `counts` tokens each, items of at most cap
-    rows; the weight bytes it reads."""
+    rows (half for an expert of more than heavy tokens, 0: none); the weight
+    bytes it reads."""
     op = Op.EXPERT_UP if up else Op.EXPERT_DOWN
     b = _Build(op.name.lower(), op, gen)
     meta, route, t = list_tables(counts)
@@ -87,7 +88,7 @@ def build_list(up: bool, grain: int, counts: tuple[int, ...], w: tuple[torch.Ten
     rt = b.add("route", DType.I32, route)
     wk = b.add("work", DType.I32, torch.zeros(2, 2, dtype=torch.int32))
     for _ in range(WORKERS):
-        b.op_([dst, x, cd, sc, ts, mt, rt, wk], [0, WORKERS, grain, cap])
+        b.op_([dst, x, cd, sc, ts, mt, rt, wk], [0, WORKERS, grain, cap, 0, 0, heavy])
     per_expert = (2 if up else 1) * n_out * (k // 2 + k // 16)
     return b.case(), hit * per_expert
 
@@ -174,6 +175,7 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="1 and 3 experts hit only")
     ap.add_argument("--shapes", default="", help="experts hit x tokens each, or skew256, e.g. 32x16,skew256 (default: 1x1,3x1,8x1,32x8)")
     ap.add_argument("--bw", type=float, default=4.3, help="streaming-read TB/s for the floor column")
+    ap.add_argument("--heavy", type=int, default=0, help="tokens above which an expert's items are half the cap (the lists' a6; 0: none)")
     ap.add_argument("--cap", type=int, default=None, help="rows an item at most (default: the lowering's EXPERT_CAP of each list; 1048576: "
                     "none, as below Tiles.expert_cap_tokens)")
     ap.add_argument("--timeline", action="store_true", help="the probe build that stamps each item's steps (GVM_EXPR_PROBE=2048): "
@@ -204,11 +206,11 @@ def main() -> int:
             hit, tokens = len(counts), max(counts)  # (tok: the largest count)
             if a.timeline and hit >= E:
                 raise SystemExit(f"--timeline writes over the last expert's weights: at most {E - 1} experts hit, not {hit}")
-            case, nbytes = build_list(up, GRAIN[up], counts, w, gen, cap)
+            case, nbytes = build_list(up, GRAIN[up], counts, w, gen, cap, a.heavy)
             for pad in pads:
                 marks: dict[str, float] | None = {} if a.timeline else None
                 us = time_list(case, runner, flush, ts, a.reps, pad, marks)
-                r = dict(op="up" if up else "down", grain=GRAIN[up], cap=cap, hit=hit, tokens=tokens, counts=list(counts), us=us,
+                r = dict(op="up" if up else "down", grain=GRAIN[up], cap=cap, heavy=a.heavy, hit=hit, tokens=tokens, counts=list(counts), us=us,
                          bytes=nbytes, block_pad=pad)
                 if marks is not None:
                     r["timeline_ns"] = marks

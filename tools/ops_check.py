@@ -657,10 +657,10 @@ def cases_experts(sz: Sizes, gen: torch.Generator) -> list[Case]:
             mt = b.add("route_meta", DType.I32, meta)
             rt = b.add("route", DType.I32, route)
             # ends at (items + workers, items); the up lists count their rows by expert after them, and
-            # the down lists wait for list 6's (a5 = 7), which are all done (the wait itself: the GPU's tests)
-            work = torch.zeros(7, WORK_COLUMNS_BY_EXPERT, dtype=torch.int32)
+            # the down lists wait for list 7's (a5 = 8), which are all done (the wait itself: the GPU's tests)
+            work = torch.zeros(8, WORK_COLUMNS_BY_EXPERT, dtype=torch.int32)
             if not up:
-                work[6, 2:] = k
+                work[7, 2:] = k
             wk = b.add("work", DType.I32, work, EXACT)
             # work lists (workers, row grain, row cap: multiples of 16, items
             # start on a tiled block; fixed round robin or claimed), each into
@@ -668,16 +668,18 @@ def cases_experts(sz: Sizes, gen: torch.Generator) -> list[Case]:
             # grains of 32 and 16 rows with more workers than items (items of
             # one and two units: the K split four and two ways); then 7 workers
             # capped at 32 rows; then 7 over items of 48 rows, three units; then
-            # 5 fixed workers, several items each
+            # 5 fixed workers, several items each; then 7 capped at 32 rows with
+            # the experts of more than one token heavy (a6: items of 16 rows)
             many = sz.local * -(-h // 16) + 5
-            lists = [(7, sz.cols, 1 << 20, False), (many, 32, 1 << 20, False), (many, 16, 1 << 20, False), (7, 16, 32, False), (7, 48, 1 << 20, False), (5, 16, 32, True)]
-            for kk, (n_w, grain, cap, fixed) in enumerate(lists):
+            lists = [(7, sz.cols, 1 << 20, False, 0), (many, 32, 1 << 20, False, 0), (many, 16, 1 << 20, False, 0), (7, 16, 32, False, 0),
+                     (7, 48, 1 << 20, False, 0), (5, 16, 32, True, 0), (7, 16, 32, False, 1)]
+            for kk, (n_w, grain, cap, fixed, heavy) in enumerate(lists):
                 if up:
                     dst = b.out(f"hbuf{kk}", DType.BF16, (8 * t, h), Check("float", rtol=2.0**-7, atol_max=1e-3, norm=5e-3))
                 else:
                     dst = b.out(f"y{kk}", DType.F32, (8 * t, h), Check("float", rtol=1e-4, atol_max=1e-5, norm=1e-5))
                 for wi in range(n_w):
-                    b.op_([dst, x, cd, sc, ts, mt, rt, wk], [kk, n_w, grain, cap, wi + 1 if fixed else 0, 0 if up else 7])
+                    b.op_([dst, x, cd, sc, ts, mt, rt, wk], [kk, n_w, grain, cap, wi + 1 if fixed else 0, 0 if up else 8, heavy])
             out.append(b.case())
     # a down list whose expert 0's up rows never all come (one short): its first item times out
     b = _Build("expert_down waiting for up rows that never come -> WATCHDOG", Op.EXPERT_DOWN, gen)

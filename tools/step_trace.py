@@ -59,6 +59,7 @@ def main() -> int:
     ap.add_argument("--out", default="out/step-trace.npz")
     ap.add_argument("--define", action="append", default=[], help="MACRO=value of a build variant (repeatable)")
     ap.add_argument("--tiles", default="", help="field=value[+field=value] of lowering.Tiles (default: Tiles())")
+    ap.add_argument("--mode", default="dynamic", choices=("dynamic", "static"), help="scheduling mode of both runs (static: per-SM lists made on the host)")
     ap.add_argument("--timeline", action="store_true", help="the experts' item timeline probe build (GVM_EXPR_PROBE=2048, see above)")
     a = ap.parse_args()
     if a.timeline:
@@ -71,14 +72,14 @@ def main() -> int:
     sp = lower_step(SHARD, conv, each, state.context_capacity, layers=a.layers, tiles=tiles)
     tokens = torch.randint(0, SHARD.vocab_shard, (sp.tokens,), generator=torch.Generator().manual_seed(1), dtype=torch.int32).cuda()
     ld = vm.load(sp.stream, bind_step(sp, weights, state, tokens, device="cuda"))
-    ld.run(0, "dynamic")
+    ld.run(0, a.mode)
     L2Flush(vm.torch_device)()
-    ld.run(1, "dynamic")  # the second step, weights from HBM, is the one kept
+    ld.run(1, a.mode)  # the second step, weights from HBM, is the one kept
     torch.cuda.synchronize()
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     ld.trace().save(out)
-    print(f"{a.layers} layers {a.shape}: trace {out}")
+    print(f"{a.layers} layers {a.shape} {a.mode}: trace {out}")
     print(f"{'op':18} {'L0 us':>8} {'L1 us':>8} {'rest us':>8}")
     for kind, d in per_layer_runs(out).items():
         print(f"{kind:18} " + " ".join(f"{d.get(w, float('nan')):8.2f}" for w in ("L0", "L1", "rest")))

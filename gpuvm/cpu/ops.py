@@ -316,10 +316,10 @@ def _expert_slots(meta: torch.Tensor, route: torch.Tensor, e: int, tokens: int) 
     return slots
 
 
-def list_items(meta: torch.Tensor, n_out: int, workers: int, grain: int, cap: int) -> list[tuple[int, slice]]:
+def list_items(meta: torch.Tensor, n_out: int, workers: int, grain: int, cap: int, heavy: int = 0) -> list[tuple[int, slice]]:
     """A step's work list: (expert, rows) of item i = the experts with tokens,
     the most chunks of 32 tokens first, times their row tiles (opspec.expert_items)."""
-    items = expert_items([int(c) for c in meta[0].tolist()], n_out, workers, grain, cap)
+    items = expert_items([int(c) for c in meta[0].tolist()], n_out, workers, grain, cap, heavy=heavy)
     return [(e, slice(r0, r0 + n)) for e, r0, n in items]
 
 
@@ -374,7 +374,7 @@ def expert_up(ts: Slots, a: Args) -> int:
         gate, up = xs @ gu[0].T, xs @ gu[1].T
         hbuf[slots, cols] = (torch.nn.functional.silu(gate) * up).to(hbuf.dtype)
 
-    return take_items(work, a[0], list_items(meta, hbuf.shape[1], a[1], a[2], a[3]), a[1], item, a[4], count_rows=True)
+    return take_items(work, a[0], list_items(meta, hbuf.shape[1], a[1], a[2], a[3], a[6] if len(a) > 6 else 0), a[1], item, a[4], count_rows=True)
 
 
 def expert_down(ts: Slots, a: Args) -> int:
@@ -393,7 +393,7 @@ def expert_down(ts: Slots, a: Args) -> int:
         down = dequantize_nvfp4(*_tiled_rows(codes[e], scales[e], cols), float(tscales[e]))  # [n, I]
         y[slots, cols] = hbuf[slots].float() @ down.T
 
-    return take_items(work, a[0], list_items(meta, y.shape[1], a[1], a[2], a[3]), a[1], item, a[4])
+    return take_items(work, a[0], list_items(meta, y.shape[1], a[1], a[2], a[3], a[6] if len(a) > 6 else 0), a[1], item, a[4])
 
 
 def expert_combine(ts: Slots, a: Args) -> None:

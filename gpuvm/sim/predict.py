@@ -83,9 +83,9 @@ def _list_items(ins, expert_tokens: Sequence[int], made: dict, longest_first: bo
     if len(expert_tokens) != meta.shape[1]:
         raise ProgramError(f"'{ins.label}' covers {meta.shape[1]} experts; expert_tokens has {len(expert_tokens)} entries")
     k, n_out, mats = x.shape[1], dst.shape[1], 2 if ins.opcode == Op.EXPERT_UP else 1
-    key = (ins.opcode, k, n_out, x.row_bytes, ins.args[1], ins.args[2], ins.args[3], longest_first)  # the items depend on these and the tokens only
+    key = (ins.opcode, k, n_out, x.row_bytes, ins.args[1], ins.args[2], ins.args[3], ins.args[6], longest_first)  # the items depend on these and the tokens only
     if key not in made:
-        items = expert_items(expert_tokens, n_out, ins.args[1], ins.args[2], ins.args[3], longest_first=longest_first)
+        items = expert_items(expert_tokens, n_out, ins.args[1], ins.args[2], ins.args[3], heavy=ins.args[6], longest_first=longest_first)
         made[key] = [ItemCost(mats * n * (k // 2 + k // 16), t * (n * 8 + x.row_bytes), _chunk_tokens(t) * 2 * mats * k * n, e)
                      for e, t, n in ((e, int(expert_tokens[e]), n) for e, _, n in items)]
     return made[key]

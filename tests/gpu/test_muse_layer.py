@@ -153,11 +153,35 @@ def test_shard_layer_with_early_down_list_matches_reference(vm_plain, case: Case
     _check(_run_case(vm_plain, SHARD, case, mode, Tiles(down_early=1)))
     w = _weights(SHARD, case.kind)
     outs = []
-    for tiles in (Tiles(), Tiles(down_early=1)):
+    for tiles in (Tiles(down_early=0), Tiles(down_early=1)):
         state = make_state(SHARD, case.kind, case.conversations, case.tokens_each, case.context, seed=8, device="cuda")
         lp = lower_layer(SHARD, case.kind, case.conversations, case.tokens_each, state.slots, tiles=tiles)
         bufs = bind_layer(lp, w, state, make_inputs(SHARD, state, seed=7), device="cuda")
         vm_plain.load(lp.stream, bufs).run(0, mode=mode)
+        outs.append((bufs["s"], state.k_cache.view(torch.uint8), state.v_cache.view(torch.uint8)))
+    for a, b in zip(*outs):
+        assert torch.equal(a, b)
+
+
+#: the skewed layers of 128 and 256 tokens, whose heaviest experts have more than 32 tokens (MUSE.md)
+HEAVY_CASES = [c for c in DECODE_CASES if c.name in ("sliding-c16-t8", "full-c32-t8")]
+
+
+@pytest.mark.parametrize("case", HEAVY_CASES, ids=lambda c: c.name)
+def test_shard_layer_with_heavy_experts_halved_matches_reference(vm_plain, case: Case) -> None:  # type: ignore[no-untyped-def]
+    """Tiles.expert_heavy_up / _down (EXPERT_UP / DOWN a6): the items of the
+    experts of more than 32 tokens at half the cap, against the reference over
+    three steps, and the residual stream and KV bit for bit what whole-cap
+    items give (an output row's sum runs over K the same way in any item)."""
+    heavy = Tiles(expert_heavy_up=32, expert_heavy_down=32)
+    _check(_run_case(vm_plain, SHARD, case, "dynamic", heavy))
+    w = _weights(SHARD, case.kind)
+    outs = []
+    for tiles in (Tiles(), heavy):
+        state = make_state(SHARD, case.kind, case.conversations, case.tokens_each, case.context, seed=8, device="cuda")
+        lp = lower_layer(SHARD, case.kind, case.conversations, case.tokens_each, state.slots, tiles=tiles)
+        bufs = bind_layer(lp, w, state, make_inputs(SHARD, state, seed=7), device="cuda")
+        vm_plain.load(lp.stream, bufs).run(0, mode="dynamic")
         outs.append((bufs["s"], state.k_cache.view(torch.uint8), state.v_cache.view(torch.uint8)))
     for a, b in zip(*outs):
         assert torch.equal(a, b)
