@@ -109,8 +109,10 @@ def test_full_size_op_counts_and_tiles(kind: str) -> None:
     assert sorted(m for name, m in tickets if name.endswith("Wqkvg")) == list(range(80))
     assert all(sorted(js) == list(range(len(js))) and len(js) in (2, 4) for js in tickets.values())
     assert all(o.prefetch is None for o in s.ops if o.opcode in (Op.EXPERT_UP, Op.EXPERT_DOWN))
-    # item rows in multiples of a tiled block of 16 rows (sized on the GPU), at most 64 (up) and 128 (down)
-    assert {o.args[2:4] for o in _ops(s, Op.EXPERT_UP)} == {(16, 64)} and {o.args[2:4] for o in _ops(s, Op.EXPERT_DOWN)} == {(16, 128)}
+    # item rows in multiples of a tiled block of 16 rows (sized on the GPU), at most 128 (half for the up
+    # list's experts of more than 64 tokens)
+    assert {o.args[2:4] + o.args[6:7] for o in _ops(s, Op.EXPERT_UP)} == {(16, 128, 64)}
+    assert {o.args[2:4] + o.args[6:7] for o in _ops(s, Op.EXPERT_DOWN)} == {(16, 128, 0)}
     assert len(s.counters) < 200 and len(s.tensors) < 50
 
 
@@ -369,7 +371,7 @@ def test_heavy_experts_halve_their_items_and_leave_the_numbers_alone() -> None:
     """Tiles.expert_heavy_up / _down reach each list's a6; on the CPU backend
     the items of experts of more tokens are half the cap (more of them), and
     the layer's residual stream is the same as without."""
-    kw = dict(gemm_fill=0, gemm_bytes=8192, rows=4, chunk=23, sliding_chunk=23, expert_cap_tokens=0, expert_cap_up_few_tokens=0,
+    kw = dict(gemm_fill=0, gemm_bytes=8192, rows=4, chunk=23, sliding_chunk=23, expert_cap_tokens=0,
               expert_cap_up=64, expert_cap_down=64)
     w = make_layer_weights(SMALL, 0, 5)
     out, items = [], []
@@ -432,9 +434,9 @@ def test_gemm_fill_sizes_tiles_to_one_wave() -> None:
 def test_expert_items_are_capped_only_from_expert_cap_tokens() -> None:
     """Below Tiles.expert_cap_tokens tokens a step the lists' items are sized
     for one round of the workers whatever the experts hit; from it on they are
-    at most EXPERT_CAP rows (two or more rounds once 5 of the 32 are hit, the
-    up list's; the down list's items are twice as big)."""
-    tl = Tiles(expert_cap_tokens=9, expert_cap_up_few_tokens=0)
+    at most EXPERT_CAP rows (four rounds with all 32 hit; with 64-row up items,
+    two or more once 5 are hit)."""
+    tl = Tiles(expert_cap_tokens=9)
     for (C, n), capped in (((1, 8), False), ((16, 1), True), ((1, 1), False), ((32, 1), True)):
         s = lower_layer(SHARD, "sliding", C, n, 4096, tiles=tl).stream
         for opcode, n_out in ((Op.EXPERT_UP, SHARD.expert_inter), (Op.EXPERT_DOWN, SHARD.squeeze)):
@@ -448,15 +450,14 @@ def test_expert_items_are_capped_only_from_expert_cap_tokens() -> None:
                 rounds.append(-(-len(items) // n_w))
                 for e in range(hit):
                     _cover([(c.start, c.stop - c.start) for x, c in items if x == e], n_out)
-            most, five = {Op.EXPERT_UP: (8, 2), Op.EXPERT_DOWN: (4, 1)}[opcode] if capped else (1, 1)
+            most, five = (4, 1) if capped else (1, 1)
             assert max(rounds) == most and rounds[4] == five
+            if capped and opcode == Op.EXPERT_UP:
+                items = list_items(torch.tensor([[1] * 5 + [0] * 27, [0] * 32], dtype=torch.int32), n_out, n_w, grain, 64)
+                assert -(-len(items) // n_w) == 2
     for opcode, n_out in ((Op.EXPERT_UP, SHARD.expert_inter), (Op.EXPERT_DOWN, SHARD.squeeze)):
         default = {(C, n): _ops(lower_layer(SHARD, "sliding", C, n, 4096).stream, opcode)[0].args[3] for C, n in ((16, 1), (32, 1))}
-        assert default == {(16, 1): n_out, (32, 1): EXPERT_CAP[opcode] if opcode == Op.EXPERT_DOWN else 128}  # Tiles(): uncapped up to 16 tokens
-    up_cap = {(C, n): _ops(lower_layer(SHARD, "sliding", C, n, 4096).stream, Op.EXPERT_UP)[0].args[3] for C, n in ((16, 8), (32, 8))}
-    assert up_cap == {(16, 8): 128, (32, 8): EXPERT_CAP[Op.EXPERT_UP]}  # the up list's few-token cap up to 128 tokens
-    with pytest.raises(ProgramError, match="expert_cap_up_few must be a multiple of 16"):
-        Tiles(expert_cap_up_few=100)
+        assert default == {(16, 1): n_out, (32, 1): EXPERT_CAP[opcode]}  # Tiles(): uncapped up to 16 tokens
     with pytest.raises(ProgramError, match="expert_cap_tokens"):
         Tiles(expert_cap_tokens=-1)
     with pytest.raises(ProgramError, match="expert_cap_up"):

@@ -544,7 +544,7 @@ def test_an_early_down_list_starts_in_the_up_lists_tail() -> None:
     ends = {}
     for early in (0, 1):
         s = lower_layer(SHARD, case.kind, case.conversations, case.tokens_each, cache_slots(SHARD, case.kind, case.tokens_each, case.context),
-                        tiles=Tiles(down_early=early, expert_cap_up_few_tokens=0)).stream
+                        tiles=Tiles(down_early=early, expert_cap_up=64, expert_heavy_up=0)).stream
         costs, items = model_costs(s, toks)
         assert all(c.expert >= 0 for v in items.values() for c in v)
         r = simulate(s, fitted_hardware(), "dynamic", costs=costs, item_costs=items)

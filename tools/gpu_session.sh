@@ -322,12 +322,12 @@ for rep in range(3):
            for cap in 64 128; do
              timeout 120 python3 tools/expert_bench.py --reps 10 --cap $cap --shapes 32x16,32x24,32x32,skew256,32x2 --out "$OUT/caps_$cap.json" > "$OUT/caps_$cap.log" 2>&1; echo "cap $cap rc=$?"; tail -11 "$OUT/caps_$cap.log"; done
            AB_TAIL=40 ab_rounds caps tiles "base:,d64:expert_cap_down=64" ${T_CAPS:-420} --cases full-c32-t1,sliding-c32-t1,full-c32-t8,sliding-c32-t8,full-c16-t8,sliding-c16-t8 --step 32x1 ;;
-    heavy) # half the cap for an expert of more than HEAVY_T tokens (default 64; Tiles.expert_heavy_up / _down, the lists' a6; off by
-           # default): the skewed lists alone, then two dynamic rounds of the 128- and 256-token layers and steps, one kernel: heavy
-           # up lists with 128-row up items at every token count (hvup), heavy down lists too (hv), against the defaults
+    heavy) # half the cap for an expert of more than HEAVY_T tokens (Tiles.expert_heavy_up / _down, the lists' a6; the up list's at 64
+           # by default since session 72, the down list's off): the skewed lists alone, then two dynamic rounds of the 128- and
+           # 256-token layers and steps, one kernel: heavy down lists too (hv), no heavy experts (none), against the defaults
            for h in 0 ${HEAVY_T:-64}; do
              timeout 120 python3 tools/expert_bench.py --reps 10 --heavy $h --shapes skew256,32x8,32x16 --out "$OUT/heavy_bench_$h.json" > "$OUT/heavy_bench_$h.log" 2>&1; echo "bench heavy $h rc=$?"; tail -7 "$OUT/heavy_bench_$h.log"; done
-           AB_TAIL=40 ab_rounds heavy tiles "base:,hvup:expert_heavy_up=${HEAVY_T:-64}+expert_cap_up_few_tokens=256,hv:expert_heavy_up=${HEAVY_T:-64}+expert_heavy_down=${HEAVY_T:-64}+expert_cap_up_few_tokens=256" ${T_HEAVY:-240} \
+           AB_TAIL=40 ab_rounds heavy tiles "base:,hv:expert_heavy_up=${HEAVY_T:-64}+expert_heavy_down=${HEAVY_T:-64},none:expert_heavy_up=0" ${T_HEAVY:-240} \
              --cases full-c32-t8,sliding-c32-t8,full-c16-t8,sliding-c16-t8 --step 32x8,16x8 ;;
     capup) # the up list's items at 64 rows (Tiles.expert_cap_up, the default; 128 at de3ce21, where this ran as base against u64) against 128:
            # two dynamic rounds of the capped layers

@@ -38,10 +38,9 @@ POISON_INT = -7
 #: multiples of a tiled NVFP4 block of 16 rows (a warp's unit of the register
 #: path; the shared tile's is 8 gate|up rows or 16 down rows), and at most
 #: Tiles.expert_cap_up / expert_cap_down (EXPERT_CAP) rows from Tiles.expert_cap_tokens
-#: tokens a step on (half for an expert of more tokens than Tiles.expert_heavy_up / _down;
-#: the up list's Tiles.expert_cap_up_few up to Tiles.expert_cap_up_few_tokens)
+#: tokens a step on (half for an expert of more tokens than Tiles.expert_heavy_up / _down)
 EXPERT_GRAIN = {Op.EXPERT_UP: NVFP4_TILE_ROWS, Op.EXPERT_DOWN: NVFP4_TILE_ROWS}
-EXPERT_CAP = {Op.EXPERT_UP: 64, Op.EXPERT_DOWN: 128}
+EXPERT_CAP = {Op.EXPERT_UP: 128, Op.EXPERT_DOWN: 128}
 KINDS = ("full", "sliding")
 
 
@@ -136,7 +135,7 @@ class Tiles:
     # us; sliding-c32-t8 1020, 1023 / 1056, 1056; full-c16-t8 947, 957 / 970,
     # 959; sliding-c16-t8 751, 751 / 771, 771 (128 rows taken as two passes of
     # 64: full-c32-t8 1466, 1462, the others level with 64). The up list's at
-    # 128 (de3ce21, two rounds, against 64): full-c32-t8 1481, 1476 / 1426,
+    # 128 (de3ce21, before the early down list, two rounds, against 64): full-c32-t8 1481, 1476 / 1426,
     # 1425; sliding-c32-t8 1067, 1061 / 1030, 1038; sliding-c16-t8 767, 766 /
     # 756, 754; but full-c16-t8 949, 947 / 956, 962 and full-c32-t1 621, 621 /
     # 631, 631 (sliding-c32-t1 level).
@@ -152,22 +151,23 @@ class Tiles:
     expert_cap_tokens: int = 17
     expert_cap_up: int = EXPERT_CAP[Op.EXPERT_UP]
     expert_cap_down: int = EXPERT_CAP[Op.EXPERT_DOWN]
-    # Up to expert_cap_up_few_tokens tokens a step (0: never) the up list's items
-    # are at most expert_cap_up_few rows instead: with the early down list taking
-    # the groups its tail leaves, fewer, longer up items pay there; above, the
-    # heaviest expert's long items set the list's end. H100, cd28f14, four rounds
-    # of one kernel, 128 rows against 64: full-c16-t8 -2.4 to -3.5%, sliding-c16-t8
-    # -3.1 to -4.1%, sliding-c32-t1 -0.9 to -2.0%, full-c32-t1 -0.8%, full-c16-t1
-    # level; steps 16x8 -2.9 to -3.3%, 32x1 -1.1 to -1.4%; but at 256 tokens
-    # full-c32-t8 +0.8 to +2.7%, sliding-c32-t8 +0.5 to +2.2% (step 32x8 -1.8 to -2.5%).
-    expert_cap_up_few: int = 128
-    expert_cap_up_few_tokens: int = 128
     # An expert of more than expert_heavy_up / _down tokens (0: none) gets items
     # of half its list's cap (EXPERT_UP / DOWN a6): an item takes a pass of the
-    # shared tile per 32 tokens, so a heavy expert's items end last. Both at 32
-    # (H200, 3403ea3, then a build switch): the skewed 256-token lists alone
-    # 17-27% faster (up 368 / 501 us, down 219 / 265), the layers level.
-    expert_heavy_up: int = 0
+    # shared tile per 32 tokens, so a heavy expert's items would end last.
+    # With the early down list taking the groups the up list's tail leaves,
+    # fewer, longer up items pay (x staged once for 128 rows): H100, cd28f14,
+    # four rounds of one kernel, up items of 128 rows against 64: full-c16-t8
+    # -2.4 to -3.5%, sliding-c16-t8 -3.1 to -4.1%, sliding-c32-t1 -0.9 to -2.0%,
+    # full-c32-t1 -0.8%; steps 16x8 -2.9 to -3.3%, 32x1 -1.1 to -1.4%; but
+    # full-c32-t8 +0.8 to +2.7%, sliding-c32-t8 +0.5 to +2.2%, where the
+    # heaviest expert (126 tokens) had the longest items. Halving the items of
+    # experts of more than 64 tokens took that back (H100, d618c49, two rounds
+    # of one kernel against 128 rows up to 128 tokens and 64 above): full-c32-t8
+    # -0.5%, sliding-c32-t8 -2.3%, step 32x8 -2.1%, the 128-token layers and
+    # step 16x8 level (at 32 alike); heavy down lists too: full-c32-t8 +1.6%,
+    # sliding-c32-t8 +0.9% (at 32 on both lists, H200, 3403ea3, then a build
+    # switch: the skewed 256-token lists alone 17-27% faster, the layers level).
+    expert_heavy_up: int = 64
     expert_heavy_down: int = 0
     rows: int = 1  # token rows per RMSNORM / RESIDUAL / EXPERT_COMBINE op (latency bound: one row each ran fastest)
     # A RESIDUAL row block is cut into residual_slices column ranges when all
@@ -345,7 +345,7 @@ class Tiles:
             raise ProgramError(f"Tiles.expert_fixed must be 0 or 1, not {self.expert_fixed!r}")
         if self.lazy_gemm not in (0, 1, 2):
             raise ProgramError(f"Tiles.lazy_gemm must be 0, 1 or 2, not {self.lazy_gemm!r}")
-        for name in ("router_span", "topk_span", "expert_cap_tokens", "expert_cap_up_few_tokens", "expert_heavy_up", "expert_heavy_down", "g_late", "g_late_groups", "attn_tail", "qk_tokens", "merge_tokens", "lazy_attn", "code_warm"):
+        for name in ("router_span", "topk_span", "expert_cap_tokens", "expert_heavy_up", "expert_heavy_down", "g_late", "g_late_groups", "attn_tail", "qk_tokens", "merge_tokens", "lazy_attn", "code_warm"):
             v = getattr(self, name)
             if not isinstance(v, int) or v < 0:
                 raise ProgramError(f"Tiles.{name} must be an int >= 0, not {v!r}")
@@ -353,13 +353,13 @@ class Tiles:
             raise ProgramError(f"Tiles.fuse_qk must be an int >= 0, not {self.fuse_qk!r}")
         if self.gemm_parts < 1 or self.gemm_parts > GEMM_MAX_PARTS or self.gemm_parts & (self.gemm_parts - 1):
             raise ProgramError(f"Tiles.gemm_parts must be a power of two from 1 to {GEMM_MAX_PARTS}, not {self.gemm_parts!r}")
-        for name in ("gemm_bytes", "gemm_min_bytes", "gemm_max_bytes", "gemm_tail", "gemm_span", "router_ops", "router_bytes", "topk_tokens", "router_splits", "expert_workers", "expert_cap_up", "expert_cap_down", "expert_cap_up_few", "rows", "residual_slices", "residual_max_ops", "chunk", "sliding_chunk", "sliding_ops", "full_ops"):
+        for name in ("gemm_bytes", "gemm_min_bytes", "gemm_max_bytes", "gemm_tail", "gemm_span", "router_ops", "router_bytes", "topk_tokens", "router_splits", "expert_workers", "expert_cap_up", "expert_cap_down", "rows", "residual_slices", "residual_max_ops", "chunk", "sliding_chunk", "sliding_ops", "full_ops"):
             v = getattr(self, name)
             if not isinstance(v, int) or v <= 0:
                 raise ProgramError(f"Tiles.{name} must be a positive int, not {v!r}")
         if self.code_warm >= self.gemm_span:
             raise ProgramError(f"Tiles.code_warm ({self.code_warm}) must be under gemm_span ({self.gemm_span}): the small layer takes the real one's GEMM paths only below it")
-        for name in ("expert_cap_up", "expert_cap_down", "expert_cap_up_few"):
+        for name in ("expert_cap_up", "expert_cap_down"):
             if getattr(self, name) % NVFP4_TILE_ROWS:
                 raise ProgramError(f"Tiles.{name} must be a multiple of {NVFP4_TILE_ROWS} (items start on a tiled block), not {getattr(self, name)}")
 
@@ -391,7 +391,6 @@ class Tiles:
 
         cap = 0 if not self.expert_cap_tokens or tokens >= self.expert_cap_tokens else warm_tokens + 1
         return replace(self, router_span=from_(self.router_span), topk_span=from_(self.topk_span), expert_cap_tokens=cap,
-                       expert_cap_up_few_tokens=upto(self.expert_cap_up_few_tokens),
                        fuse_qk=upto(self.fuse_qk), g_late=upto(self.g_late), expert_workers=8, residual_slices=1,
                        lazy_attn=0, attn_tail=0, code_warm=0)
 
@@ -783,8 +782,7 @@ def emit_layer(
     # take items from a counter (ops/experts.cuh)
     up_grain, down_grain = EXPERT_GRAIN[Op.EXPERT_UP], EXPERT_GRAIN[Op.EXPERT_DOWN]
     capped = not tl.expert_cap_tokens or T >= tl.expert_cap_tokens
-    few = tl.expert_cap_up_few_tokens and T <= tl.expert_cap_up_few_tokens
-    up_cap, down_cap = (tl.expert_cap_up_few if few else tl.expert_cap_up, tl.expert_cap_down) if capped else (I, H)
+    up_cap, down_cap = (tl.expert_cap_up, tl.expert_cap_down) if capped else (I, H)
     up_done, down_done = ctr("hbuf"), ctr("y")
     up_workers = min(tl.expert_workers, E * -(-I // up_grain))
     for wk in range(up_workers):

@@ -167,21 +167,12 @@ def test_shard_layer_with_early_down_list_matches_reference(vm_plain, case: Case
 HEAVY_CASES = [c for c in DECODE_CASES if c.name in ("sliding-c16-t8", "full-c32-t8")]
 
 
+@pytest.mark.parametrize("mode", ["dynamic", "static"])
 @pytest.mark.parametrize("case", HEAVY_CASES, ids=lambda c: c.name)
-def test_shard_layer_with_heavy_experts_halved_matches_reference(vm_plain, case: Case) -> None:  # type: ignore[no-untyped-def]
+def test_shard_layer_with_heavy_experts_halved_matches_reference(vm_plain, case: Case, mode: str) -> None:  # type: ignore[no-untyped-def]
     """Tiles.expert_heavy_up / _down (EXPERT_UP / DOWN a6): the items of the
-    experts of more than 32 tokens at half the cap, against the reference over
-    three steps, and the residual stream and KV bit for bit what whole-cap
-    items give (an output row's sum runs over K the same way in any item)."""
-    heavy = Tiles(expert_heavy_up=32, expert_heavy_down=32)
-    _check(_run_case(vm_plain, SHARD, case, "dynamic", heavy))
-    w = _weights(SHARD, case.kind)
-    outs = []
-    for tiles in (Tiles(), heavy):
-        state = make_state(SHARD, case.kind, case.conversations, case.tokens_each, case.context, seed=8, device="cuda")
-        lp = lower_layer(SHARD, case.kind, case.conversations, case.tokens_each, state.slots, tiles=tiles)
-        bufs = bind_layer(lp, w, state, make_inputs(SHARD, state, seed=7), device="cuda")
-        vm_plain.load(lp.stream, bufs).run(0, mode="dynamic")
-        outs.append((bufs["s"], state.k_cache.view(torch.uint8), state.v_cache.view(torch.uint8)))
-    for a, b in zip(*outs):
-        assert torch.equal(a, b)
+    experts of more than 32 tokens at half the cap in both lists, against the
+    reference over three steps (not bit for bit against whole-cap items: an
+    item's K loop starts at an offset by its number, GVM_EXP_STAGGER, so the
+    sums' order follows the items)."""
+    _check(_run_case(vm_plain, SHARD, case, mode, Tiles(expert_heavy_up=32, expert_heavy_down=32)))
