@@ -699,8 +699,8 @@ def test_late_g_tiles_fill_at_most_g_late_groups() -> None:
 
 def test_lazy_gemm_flags_the_dense_gemm_tiles_only() -> None:
     """Tiles.lazy_gemm sets GVM_FLAG_LAZY on every dense GEMM tile's record and
-    on nothing else (1), on the router's and the squeeze's (2, the default), or
-    on none (0)."""
+    on nothing else (1), on the router's and the squeeze's (2, the default; on
+    every one up to Tiles.lazy_gemm_tokens tokens a step), or on none (0)."""
     base = lower_layer(SHARD, "sliding", 16, 8, 4096, tiles=Tiles(lazy_gemm=0, lazy_experts=0))
     lazy = lower_layer(SHARD, "sliding", 16, 8, 4096, tiles=Tiles(lazy_gemm=1, lazy_experts=0))
     rb, rl = base.stream.records, lazy.stream.records
@@ -713,8 +713,14 @@ def test_lazy_gemm_flags_the_dense_gemm_tiles_only() -> None:
     sq = lower_layer(SHARD, "sliding", 16, 8, 4096, tiles=Tiles(lazy_experts=0))
     flagged = {o.label.split("[")[0] for o, r in zip(sq.stream.ops, sq.stream.records) if r["flags"] == FLAG_LAZY}
     assert flagged == {"L0.Wr", "L0.Wsq"}
+    for (C, n), tiles in (((2, 8), Tiles(lazy_experts=0)), ((16, 1), Tiles(lazy_experts=0)), ((16, 1), Tiles(lazy_experts=0, lazy_gemm_tokens=15))):
+        lp = lower_layer(SHARD, "sliding", C, n, 4096, tiles=tiles)
+        every = all(r["flags"] == FLAG_LAZY for o, r in zip(lp.stream.ops, lp.stream.records) if o.opcode == Op.GEMM)
+        assert every == (C * n <= tiles.lazy_gemm_tokens)
     with pytest.raises(ProgramError, match="lazy_gemm"):
         Tiles(lazy_gemm=3)
+    with pytest.raises(ProgramError, match="lazy_gemm_tokens"):
+        Tiles(lazy_gemm_tokens=-1)
 
 
 def test_lazy_attn_flags_the_last_attention_chunks() -> None:

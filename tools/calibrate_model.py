@@ -183,7 +183,7 @@ def main() -> None:
     ap.add_argument("--fresh", action="store_true", help="start from the estimates, not from the stored fit")
     ap.add_argument("--commit", default="", help="the commit the traces ran (for the stored fit's source)")
     ap.add_argument("--tiles", default="", help="field=value[+field=value] of lowering.Tiles where the traced code's lowering differs from "
-                    "today's defaults (7c15528's: down_early=0+expert_cap_up=64+expert_heavy_up=0), stored in the fit's source")
+                    "today's defaults (7c15528's: down_early=0+expert_cap_up=64+expert_heavy_up=0+lazy_gemm_tokens=0), stored in the fit's source")
     ap.add_argument("--expert-order", choices=("longest", "index"), default="longest",
                     help="the expert lists' order the traced code walked: longest first (GVM_EXP_LPT 2, by chunks of 32 tokens, since session 68) or expert index")
     args = ap.parse_args()

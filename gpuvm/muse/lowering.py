@@ -294,6 +294,16 @@ class Tiles:
     # (static: 699, 909 us in the README's table), 0.6-1% at 256, where dynamic
     # still leads static by 3%.
     lazy_gemm: int = 2
+    # With lazy_gemm 2, up to lazy_gemm_tokens tokens a step (0: never) every
+    # dense GEMM tile is lazy: traced 8-layer steps (H100, d618c49) showed one
+    # block holding a claim on a one-wave phase's last tile behind its two busy
+    # groups while other blocks ran one (1 x 8: Wo in two layers of eight, ~7 us
+    # late each; 16 x 1: Wqkvg once, 26 us). H100, 76a0d06's tables' code, one
+    # kernel, two rounds, 2 / every GEMM lazy: step 1x8 14898, 14869 / 14818,
+    # 14706 us; 16x1 23920, 23992 / 23615, 23698; 1x1 9492, 9351 / 9319, 9421;
+    # 32x1 31450, 31783 / 31753, 31390; full-c1-t1, sliding-c1-t8, full-c16-t1
+    # within 0.4% (session 45, H200, at one conversation: 1x8 -1.3%, 1x1 +0.7%).
+    lazy_gemm_tokens: int = 16
     # The last lazy_attn ATTN_CHUNK ops of a layer carry GVM_FLAG_LAZY (0: none):
     # attention's last wave, whose claims otherwise wait behind two busy groups
     # while other blocks' groups idle (the held claims of `gpuvm trace`). H200,
@@ -345,7 +355,7 @@ class Tiles:
             raise ProgramError(f"Tiles.expert_fixed must be 0 or 1, not {self.expert_fixed!r}")
         if self.lazy_gemm not in (0, 1, 2):
             raise ProgramError(f"Tiles.lazy_gemm must be 0, 1 or 2, not {self.lazy_gemm!r}")
-        for name in ("router_span", "topk_span", "expert_cap_tokens", "expert_heavy_up", "expert_heavy_down", "g_late", "g_late_groups", "attn_tail", "qk_tokens", "merge_tokens", "lazy_attn", "code_warm"):
+        for name in ("router_span", "topk_span", "expert_cap_tokens", "expert_heavy_up", "expert_heavy_down", "lazy_gemm_tokens", "g_late", "g_late_groups", "attn_tail", "qk_tokens", "merge_tokens", "lazy_attn", "code_warm"):
             v = getattr(self, name)
             if not isinstance(v, int) or v < 0:
                 raise ProgramError(f"Tiles.{name} must be an int >= 0, not {v!r}")
@@ -391,7 +401,7 @@ class Tiles:
 
         cap = 0 if not self.expert_cap_tokens or tokens >= self.expert_cap_tokens else warm_tokens + 1
         return replace(self, router_span=from_(self.router_span), topk_span=from_(self.topk_span), expert_cap_tokens=cap,
-                       fuse_qk=upto(self.fuse_qk), g_late=upto(self.g_late), expert_workers=8, residual_slices=1,
+                       fuse_qk=upto(self.fuse_qk), g_late=upto(self.g_late), lazy_gemm_tokens=upto(self.lazy_gemm_tokens), expert_workers=8, residual_slices=1,
                        lazy_attn=0, attn_tail=0, code_warm=0)
 
     def residual_cols(self, d: int, row_blocks: int) -> list[tuple[int, int]]:
@@ -634,6 +644,8 @@ def emit_layer(
             rows = _pow2_rows(n1 - n0, wt.row_bytes, tl.gemm_bytes)
         return rows, spans
 
+    all_lazy = tl.lazy_gemm == 1 or (tl.lazy_gemm == 2 and 0 < T <= tl.lazy_gemm_tokens)
+
     def gemm(out: TensorSpec, xin: TensorSpec, wt: TensorSpec, n0: int, n1: int, waits: list[Counter], sig: Counter, tag: str,
              tile_bytes: int = 0, token_splits: int = 1, beside: int = 0, stats: list[TensorSpec] | None = None,
              parts: tuple[TensorSpec, TensorSpec, int] | None = None, order_with: Instr | None = None, parts_beside: int = 0) -> int:
@@ -667,7 +679,7 @@ def emit_layer(
                 else:
                     tensors, args, fetch = [out, xin, wt, *(stats or [])], [c0, n, t0, tn] + ([m // len(spans)] if stats else []), (wt, c0 * wt.row_bytes, n * wt.row_bytes)
                 p.op(Op.GEMM, tensors, args, waits=waits, signal=sig, prefetch=fetch, label=f"{prefix}{tag}[{where}]",
-                     lazy=tl.lazy_gemm == 1 or (tl.lazy_gemm == 2 and tag in ("Wr", "Wsq")), order_with=order_with)
+                     lazy=all_lazy or (tl.lazy_gemm == 2 and tag in ("Wr", "Wsq")), order_with=order_with)
         return len(tiles) * len(spans) * n_parts
 
     row_blocks = _tiles(0, T, tl.rows)
