@@ -298,7 +298,7 @@ class Tiles:
     # dense GEMM tile is lazy: traced 8-layer steps (H100, d618c49) showed one
     # block holding a claim on a one-wave phase's last tile behind its two busy
     # groups while other blocks ran one (1 x 8: Wo in two layers of eight, ~7 us
-    # late each; 16 x 1: Wqkvg once, 26 us). H100, 76a0d06's tables' code, one
+    # late each; 16 x 1: Wqkvg once, 26 us). H100, 182e8dc, one
     # kernel, two rounds, 2 / every GEMM lazy: step 1x8 14898, 14869 / 14818,
     # 14706 us; 16x1 23920, 23992 / 23615, 23698; 1x1 9492, 9351 / 9319, 9421;
     # 32x1 31450, 31783 / 31753, 31390; full-c1-t1, sliding-c1-t8, full-c16-t1
