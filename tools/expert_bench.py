@@ -26,6 +26,7 @@ from gpuvm.muse.config import SHARD
 from gpuvm.muse.lowering import EXPERT_CAP, EXPERT_GRAIN, Tiles
 from gpuvm.opspec import tiled_nvfp4_shapes
 from tools.ops_check import GpuRunner, _Build, encode, place, split_rc
+from tools.variants import parse_defines
 
 H, I, E, WORKERS = SHARD.squeeze, SHARD.expert_inter, SHARD.local_experts, Tiles().expert_workers
 GRAIN = {up: EXPERT_GRAIN[Op.EXPERT_UP if up else Op.EXPERT_DOWN] for up in (True, False)}
@@ -175,7 +176,8 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="1 and 3 experts hit only")
     ap.add_argument("--shapes", default="", help="experts hit x tokens each, or skew256, e.g. 32x16,skew256 (default: 1x1,3x1,8x1,32x8)")
     ap.add_argument("--bw", type=float, default=4.3, help="streaming-read TB/s for the floor column")
-    ap.add_argument("--heavy", type=int, default=0, help="tokens above which an expert's items are half the cap (the lists' a6; 0: none)")
+    ap.add_argument("--heavy", type=int, default=None, help="tokens above which an expert's items are half the cap (the lists' a6; 0: none; "
+                    "default: the lowering's Tiles.expert_heavy_up / _down of each list)")
     ap.add_argument("--cap", type=int, default=None, help="rows an item at most (default: the lowering's EXPERT_CAP of each list; 1048576: "
                     "none, as below Tiles.expert_cap_tokens)")
     ap.add_argument("--timeline", action="store_true", help="the probe build that stamps each item's steps (GVM_EXPR_PROBE=2048): "
@@ -187,7 +189,10 @@ def main() -> int:
     if any(v < 0 or v % 128 for v in pads):
         raise SystemExit(f"--block-pads: multiples of 128 bytes, not {a.block_pads}")
     gen = torch.Generator().manual_seed(0)
-    defines = [tuple(d.split("=", 1)) for d in a.define]
+    try:
+        defines = [kv for d in a.define for kv in parse_defines(d)]
+    except ValueError as e:
+        ap.error(f"--define {e}")
     if a.timeline:
         if any(k == "GVM_EXPR_PROBE" for k, _ in defines):
             raise SystemExit("--timeline is the GVM_EXPR_PROBE=2048 build: no other probe with it")
@@ -202,15 +207,16 @@ def main() -> int:
     for up in (True, False):
         w = weights(up, gen)
         cap = EXPERT_CAP[Op.EXPERT_UP if up else Op.EXPERT_DOWN] if a.cap is None else a.cap
+        heavy = (Tiles().expert_heavy_up if up else Tiles().expert_heavy_down) if a.heavy is None else a.heavy
         for counts in shapes:
             hit, tokens = len(counts), max(counts)  # (tok: the largest count)
             if a.timeline and hit >= E:
                 raise SystemExit(f"--timeline writes over the last expert's weights: at most {E - 1} experts hit, not {hit}")
-            case, nbytes = build_list(up, GRAIN[up], counts, w, gen, cap, a.heavy)
+            case, nbytes = build_list(up, GRAIN[up], counts, w, gen, cap, heavy)
             for pad in pads:
                 marks: dict[str, float] | None = {} if a.timeline else None
                 us = time_list(case, runner, flush, ts, a.reps, pad, marks)
-                r = dict(op="up" if up else "down", grain=GRAIN[up], cap=cap, heavy=a.heavy, hit=hit, tokens=tokens, counts=list(counts), us=us,
+                r = dict(op="up" if up else "down", grain=GRAIN[up], cap=cap, heavy=heavy, hit=hit, tokens=tokens, counts=list(counts), us=us,
                          bytes=nbytes, block_pad=pad)
                 if marks is not None:
                     r["timeline_ns"] = marks

@@ -36,6 +36,7 @@ from gpuvm.muse.weights import LayerWeights, make_model_weights  # noqa: E402
 from gpuvm.trace.format import Trace  # noqa: E402
 from gpuvm.trace.timeline import DONE, READY, build, op_name  # noqa: E402
 from tools.expert_bench import MARKS, timeline  # noqa: E402
+from tools.variants import parse_defines  # noqa: E402
 
 
 def per_layer_runs(npz: Path) -> dict[str, dict[str, float]]:
@@ -57,7 +58,7 @@ def main() -> int:
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--shape", default="1x1", help="conversations x tokens each")
     ap.add_argument("--out", default="out/step-trace.npz")
-    ap.add_argument("--define", action="append", default=[], help="MACRO=value of a build variant (repeatable)")
+    ap.add_argument("--define", action="append", default=[], help="MACRO=value[+MACRO=value] of a build variant (repeatable)")
     ap.add_argument("--tiles", default="", help="field=value[+field=value] of lowering.Tiles (default: Tiles())")
     ap.add_argument("--mode", default="dynamic", choices=("dynamic", "static"), help="scheduling mode of both runs (static: per-SM lists made on the host)")
     ap.add_argument("--timeline", action="store_true", help="the experts' item timeline probe build (GVM_EXPR_PROBE=2048, see above)")
@@ -66,7 +67,11 @@ def main() -> int:
         a.define.append("GVM_EXPR_PROBE=2048")
     tiles = Tiles.parse(a.tiles)
     conv, each = (int(v) for v in a.shape.split("x"))
-    vm = VM(groups=2, trace=True, defines=tuple(tuple(d.split("=", 1)) for d in a.define))  # type: ignore[misc]
+    try:
+        defines = sum((parse_defines(d) for d in a.define), ())
+    except ValueError as e:
+        ap.error(f"--define {e}")
+    vm = VM(groups=2, trace=True, defines=defines)
     weights = make_model_weights(SHARD, 2026, device="cuda", layers=a.layers)
     state = make_step_state(SHARD, conv, each, DECODE_CONTEXT, 2027, device="cuda", layers=a.layers)
     sp = lower_step(SHARD, conv, each, state.context_capacity, layers=a.layers, tiles=tiles)

@@ -34,6 +34,11 @@ class CpuOpError(RuntimeError):
     """An op met run-time data it cannot honour (the device's GVM_ERR_BAD_ARGS)."""
 
 
+def _arg(a: Args, i: int) -> int:
+    """Argument a<i>, 0 where the instruction has fewer (the device reads its zeroed slots)."""
+    return a[i] if len(a) > i else 0
+
+
 def _need(cond: bool, msg: str) -> None:
     if not cond:
         raise CpuOpError(msg)
@@ -109,7 +114,7 @@ def gemm(ts: Slots, a: Args) -> None:
     assert out is not None and x is not None and w is not None
     cols = slice(a[0], a[0] + a[1])
     rows = slice(a[2], a[2] + a[3]) if a[3] else slice(None)
-    if len(a) > 5 and a[5] > 1:  # K part a6 of a5; the tile's last part (by its ticket) sums the parts in part order
+    if _arg(a, 5) > 1:  # K part a6 of a5; the tile's last part (by its ticket) sums the parts in part order
         parts, tickets = ts[3], ts[4]
         assert parts is not None and tickets is not None
         n_parts, n, kp = a[5], out.shape[1], x.shape[1] // a[5]
@@ -165,8 +170,8 @@ def qk_rope_kv(ts: Slots, a: Args) -> None:
     tok0, n, pos0 = _conv(convs, c, qkvg.shape[0])
     hq, hkv, slots = q_out.shape[1], kc.shape[2], kc.shape[1]
     _need(n <= slots, f"conversation {c}: {n} new tokens overflow a cache of {slots} slots")
-    j0 = a[4] if len(a) > 4 else 0
-    j1 = min(n, j0 + a[5]) if len(a) > 5 and a[5] else n  # clamped, as the device does
+    j0 = _arg(a, 4)
+    j1 = min(n, j0 + a[5]) if _arg(a, 5) else n  # clamped, as the device does
     if j0 >= j1:
         return
     pos = pos0 + torch.arange(j0, j1)
@@ -225,9 +230,9 @@ def attn_merge(ts: Slots, a: Args) -> None:
     assert o is not None and part_o is not None and part_ml is not None and qkvg is not None
     toks = slice(a[0], a[0] + a[1])
     n, hq = a[1], part_o.shape[1]
-    h0 = a[2] if len(a) > 2 else 0
-    nh = (a[3] if len(a) > 3 else 0) or hq - h0  # 0: every head from h0 on
-    nch = (a[4] if len(a) > 4 else 0) or part_o.shape[2]  # 0: every chunk slot
+    h0 = _arg(a, 2)
+    nh = _arg(a, 3) or hq - h0  # 0: every head from h0 on
+    nch = _arg(a, 4) or part_o.shape[2]  # 0: every chunk slot
     heads, cols = slice(h0, h0 + nh), slice(h0 * HEAD_DIM, (h0 + nh) * HEAD_DIM)
     hkv = (qkvg.shape[1] // HEAD_DIM - 2 * hq) // 2
     m, l = part_ml[toks, heads, :nch, 0], part_ml[toks, heads, :nch, 1]  # [n, nh, nch]
@@ -272,7 +277,7 @@ def topk(ts: Slots, a: Args) -> None:
     scores, meta, route = ts[:3]
     assert scores is not None and meta is not None and route is not None
     first, n_local = a[0], a[1]
-    mode = a[2] if len(a) > 2 else 0
+    mode = _arg(a, 2)
     t = scores.shape[0]
     if mode != 2:  # the picks (mode 1: of tokens [a3, a3 + a4))
         rows = slice(a[3], a[3] + a[4]) if mode == 1 else slice(None)
@@ -374,7 +379,7 @@ def expert_up(ts: Slots, a: Args) -> int:
         gate, up = xs @ gu[0].T, xs @ gu[1].T
         hbuf[slots, cols] = (torch.nn.functional.silu(gate) * up).to(hbuf.dtype)
 
-    return take_items(work, a[0], list_items(meta, hbuf.shape[1], a[1], a[2], a[3], a[6] if len(a) > 6 else 0), a[1], item, a[4], count_rows=True)
+    return take_items(work, a[0], list_items(meta, hbuf.shape[1], a[1], a[2], a[3], _arg(a, 6)), a[1], item, a[4], count_rows=True)
 
 
 def expert_down(ts: Slots, a: Args) -> int:
@@ -382,7 +387,7 @@ def expert_down(ts: Slots, a: Args) -> int:
     assert y is not None and hbuf is not None and codes is not None and scales is not None
     assert tscales is not None and meta is not None and route is not None and work is not None
 
-    after = a[5] if len(a) > 5 else 0
+    after = _arg(a, 5)
 
     def item(e: int, cols: slice) -> None:
         # a5 = j + 1: e's rows of list j must be done (the device waits for them;
@@ -393,7 +398,7 @@ def expert_down(ts: Slots, a: Args) -> int:
         down = dequantize_nvfp4(*_tiled_rows(codes[e], scales[e], cols), float(tscales[e]))  # [n, I]
         y[slots, cols] = hbuf[slots].float() @ down.T
 
-    return take_items(work, a[0], list_items(meta, y.shape[1], a[1], a[2], a[3], a[6] if len(a) > 6 else 0), a[1], item, a[4])
+    return take_items(work, a[0], list_items(meta, y.shape[1], a[1], a[2], a[3], _arg(a, 6)), a[1], item, a[4])
 
 
 def expert_combine(ts: Slots, a: Args) -> None:
