@@ -19,9 +19,12 @@ def test_a_define_without_a_value_is_refused() -> None:
 
 
 def test_variant_specs_parse_to_defines() -> None:
-    from tools.variants import parse_defines, parse_variant
+    from tools.variants import parse_define_flags, parse_defines, parse_variant
 
     assert parse_variant("early:GVM_A=1+GVM_B=x") == ("early", (("GVM_A", "1"), ("GVM_B", "x")))
     assert parse_variant("base:") == ("base", ()) and parse_defines("") == ()
     with pytest.raises(ValueError, match="'=2' is not MACRO=value"):
         parse_defines("GVM_A=1+=2")
+    assert parse_define_flags(["GVM_A=1+GVM_B=2", "GVM_C=3"]) == (("GVM_A", "1"), ("GVM_B", "2"), ("GVM_C", "3"))
+    with pytest.raises(ValueError, match="'GVM_C' is not MACRO=value"):
+        parse_define_flags(["GVM_A=1", "GVM_C"])

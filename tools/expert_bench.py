@@ -26,7 +26,7 @@ from gpuvm.muse.config import SHARD
 from gpuvm.muse.lowering import EXPERT_CAP, EXPERT_GRAIN, Tiles
 from gpuvm.opspec import tiled_nvfp4_shapes
 from tools.ops_check import GpuRunner, _Build, encode, place, split_rc
-from tools.variants import parse_defines
+from tools.variants import parse_define_flags
 
 H, I, E, WORKERS = SHARD.squeeze, SHARD.expert_inter, SHARD.local_experts, Tiles().expert_workers
 GRAIN = {up: EXPERT_GRAIN[Op.EXPERT_UP if up else Op.EXPERT_DOWN] for up in (True, False)}
@@ -190,7 +190,7 @@ def main() -> int:
         raise SystemExit(f"--block-pads: multiples of 128 bytes, not {a.block_pads}")
     gen = torch.Generator().manual_seed(0)
     try:
-        defines = [kv for d in a.define for kv in parse_defines(d)]
+        defines = list(parse_define_flags(a.define))
     except ValueError as e:
         ap.error(f"--define {e}")
     if a.timeline:

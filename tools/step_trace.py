@@ -36,7 +36,7 @@ from gpuvm.muse.weights import LayerWeights, make_model_weights  # noqa: E402
 from gpuvm.trace.format import Trace  # noqa: E402
 from gpuvm.trace.timeline import DONE, READY, build, op_name  # noqa: E402
 from tools.expert_bench import MARKS, timeline  # noqa: E402
-from tools.variants import parse_defines  # noqa: E402
+from tools.variants import parse_define_flags  # noqa: E402
 
 
 def per_layer_runs(npz: Path) -> dict[str, dict[str, float]]:
@@ -68,7 +68,7 @@ def main() -> int:
     tiles = Tiles.parse(a.tiles)
     conv, each = (int(v) for v in a.shape.split("x"))
     try:
-        defines = sum((parse_defines(d) for d in a.define), ())
+        defines = parse_define_flags(a.define)
     except ValueError as e:
         ap.error(f"--define {e}")
     vm = VM(groups=2, trace=True, defines=defines)

@@ -3,6 +3,8 @@ defines "MACRO=v[+MACRO=v]", and a named variant "name:MACRO=v[+MACRO=v]"
 (an empty define list: the default build)."""
 from __future__ import annotations
 
+from typing import Sequence
+
 Defines = tuple[tuple[str, str], ...]
 
 
@@ -15,6 +17,11 @@ def parse_defines(spec: str) -> Defines:
             raise ValueError(f"{spec!r}: {part!r} is not MACRO=value")
         out.append((name, value))
     return tuple(out)
+
+
+def parse_define_flags(specs: Sequence[str]) -> Defines:
+    """The defines of a tool's repeated --define flags, each "MACRO=v[+MACRO=v]", in order."""
+    return tuple(kv for spec in specs for kv in parse_defines(spec))
 
 
 def parse_variant(spec: str) -> tuple[str, Defines]:
