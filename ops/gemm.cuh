@@ -227,17 +227,15 @@ __device__ __forceinline__ void gvm_gemm_bf16_unit(float (&acc)[TT][4], const ch
 // sums do not depend on the schedule. Reading back cost a round trip a tile
 // (Wo and Wex tiles ~2 us longer at one token, H200, cf027d9).
 
-// True without statistics. Branch-free (an absent slot reads slot 0's
-// descriptor, masked out), so that its reads go out with the op's other checks.
+// True without statistics. Branch-free (an absent slot's descriptor is zeros,
+// masked out), so that its reads go out with the op's other checks.
 __device__ __forceinline__ bool gvm_gemm_stats_ok(const gvm_ctx& c) {
     const bool has = gvm_has(c, 3), all = gvm_has(c, 4) & gvm_has(c, 5) & gvm_has(c, 6);
-    const unsigned short* ti = c.ins->tensor;
-    const unsigned k = has & all;
-    const gvm_tensor& out = c.tab[ti[0]];
-    const gvm_tensor& st = c.tab[ti[k ? 3 : 0]];
-    const gvm_tensor& s = c.tab[ti[k ? 4 : 0]];
-    const gvm_tensor& al = c.tab[ti[k ? 5 : 0]];
-    const gvm_tensor& be = c.tab[ti[k ? 6 : 0]];
+    const gvm_tensor& out = gvm_t(c, 0);
+    const gvm_tensor& st = gvm_t(c, 3);
+    const gvm_tensor& s = gvm_t(c, 4);
+    const gvm_tensor& al = gvm_t(c, 5);
+    const gvm_tensor& be = gvm_t(c, 6);
     const int t = out.shape[0], n = out.shape[1], slot = c.ins->arg[4];
     const bool ok = all & (out.dtype == GVM_DT_F32) & gvm_is(st, GVM_DT_F32, 3) & (st.shape[0] == t) & (st.shape[2] == 4) &
                     (st.stride[1] == 4) & gvm_aligned(st, 4, 16) & (slot >= 0) & (slot < st.shape[1]) & gvm_is(s, GVM_DT_F32, 2) &

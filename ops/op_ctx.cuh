@@ -1,7 +1,7 @@
 // The contract between the persistent kernel and every op (ops/*.cuh).
 //
 // An op runs on one warp group (128 threads, 4 consecutive warps). It gets the
-// decoded instruction, the tensor table, a private shared-memory scratch area
+// decoded instruction, its operands' descriptors, a private shared-memory scratch area
 // and the group's named barrier. It must not touch other groups' scratch,
 // must not wait on counters (the runtime did that before calling; the one
 // exception, EXPERT_DOWN's bounded wait for an expert's up rows, waits only for
@@ -26,7 +26,7 @@
 
 struct gvm_ctx {
     const gvm_instr* ins;      // the instruction (in shared memory)
-    const gvm_tensor* tab;     // tensor table (global memory)
+    const gvm_tensor* desc;    // the instruction's operands' descriptors by slot (shared memory)
     unsigned tid;              // 0..127 inside the group
     unsigned bar_id;           // named barrier of this group (1..15)
     unsigned step;             // step index of this launch
@@ -41,7 +41,20 @@ __device__ __forceinline__ void gvm_group_sync(const gvm_ctx& c) {
 }
 
 __device__ __forceinline__ const gvm_tensor& gvm_t(const gvm_ctx& c, int slot) {
-    return c.tab[c.ins->tensor[slot]];
+    return c.desc[slot];
+}
+
+// The runtime's copy of an instruction's operand descriptors into shared
+// memory, one 16-byte quarter a lane of one warp (8 x 64 bytes), before the op
+// (zeros for an absent slot): the ops' argument checks then read shared memory.
+// From the table their ~50 reads went out together but came back at L2's
+// latency whenever the lines had left L1 (an expert item's check took 0.8 us at
+// one token: session 73's timeline, H100).
+static_assert(sizeof(gvm_tensor) == 64 && GVM_MAX_TENSORS == 8, "a descriptor quarter per lane of a warp");
+__device__ __forceinline__ void gvm_copy_desc(const gvm_instr& ins, const gvm_tensor* tab, gvm_tensor* desc, unsigned lane) {
+    const unsigned slot = lane >> 2, t = ins.tensor[slot];
+    const uint4 v = t != GVM_NONE ? __ldg(reinterpret_cast<const uint4*>(tab + t) + (lane & 3)) : make_uint4(0u, 0u, 0u, 0u);
+    reinterpret_cast<uint4*>(desc + slot)[lane & 3] = v;
 }
 
 __device__ __forceinline__ float gvm_argf(const gvm_ctx& c, int i) {

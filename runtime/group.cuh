@@ -19,13 +19,10 @@ __device__ __forceinline__ bool gvm_group_any(unsigned bar_id, bool pred) {
     return r != 0;
 }
 
-#ifndef GVM_DESC_PREFETCH
-#define GVM_DESC_PREFETCH 1
-#endif
-
 __device__ __forceinline__ void gvm_group(const gvm_params& p, gvm_shared& sh, unsigned g, unsigned char* scratch) {
     gvm_ctx c;
     c.ins = &sh.slot[g].ins;
+    c.desc = sh.slot[g].desc;
     c.tid = threadIdx.x - GVM_CONTROL_THREADS - g * GVM_GROUP_THREADS;
     c.bar_id = 1 + g;
     c.step = p.step;
@@ -52,12 +49,8 @@ __device__ __forceinline__ void gvm_group(const gvm_params& p, gvm_shared& sh, u
             const unsigned idx = sh.slot[g].idx;
             if (idx == GVM_SLOT_EXIT) break;
             const bool warm = (idx & GVM_SLOT_WARM) != 0;
-            c.tab = warm ? p.warm_table : p.table;
-            // The ops' argument checks read the descriptors field by field, each
-            // read a branch's condition: fetch their lines into L1 now, while
-            // the waits below run (descriptors never depend on them).
-            if (GVM_DESC_PREFETCH && c.tid < GVM_MAX_TENSORS && ins.tensor[c.tid] != GVM_NONE)
-                asm volatile("prefetch.global.L1 [%0];" ::"l"(c.tab + ins.tensor[c.tid]));
+            // warp 1 copies the operands' descriptors while warp 0 runs the waits
+            if (c.tid >= 32 && c.tid < 64) gvm_copy_desc(ins, warm ? p.warm_table : p.table, sh.slot[g].desc, c.tid - 32);
             unsigned failed = 0;
             if (!warm && c.tid < ins.n_waits && c.tid < GVM_MAX_WAITS) {
                 const unsigned ctr = ins.wait_counter[c.tid];
@@ -65,9 +58,8 @@ __device__ __forceinline__ void gvm_group(const gvm_params& p, gvm_shared& sh, u
                 failed = gvm_wait_counter(p.counters + ctr, ctr, target, idx, p.step, p.watchdog_ns, p.error,
                                           p.state + GVM_STATE_ABORT);
             }
-            // With no waits there is nothing to share (n_waits is the same in
-            // every thread): skip the barrier.
-            if (!warm && ins.n_waits != 0 && gvm_group_any(c.bar_id, failed != 0)) {
+            // the barrier also publishes the descriptors
+            if (gvm_group_any(c.bar_id, failed != 0)) {
                 if (c.tid == 0) gvm_mbar_arrive(&sh.empty[g]);
                 continue;  // the error is recorded; the controller stops claiming
             }

@@ -26,6 +26,9 @@ struct __align__(16) gvm_slot {
     gvm_instr ins;   // the record being run
     unsigned idx;    // its stream index, or GVM_SLOT_WARM | w, or GVM_SLOT_EXIT
     unsigned pad[3];
+    // its operands' descriptors by slot (zeros for an absent one): copied in by
+    // the group while its waits run (runtime/group.cuh), read by the ops (gvm_t)
+    gvm_tensor desc[GVM_MAX_TENSORS];
 };
 
 __device__ __forceinline__ unsigned gvm_smem_u32(const void* p) {

@@ -87,11 +87,12 @@ extern "C" __global__ void __launch_bounds__(GVM_BLOCK_THREADS, 1)
 gvm_check_{name}(const gvm_instr* ins, const gvm_tensor* tab, int n, int* err, unsigned scratch) {{
     extern __shared__ __align__(1024) unsigned char gvm_check_smem[];  // the groups' scratch (1024-aligned, as the VM's), then their instructions
     __shared__ int gvm_check_i[GVM_MAX_GROUPS];  // the group's instruction index, not held in a register across the op
+    __shared__ gvm_tensor gvm_check_desc[GVM_MAX_GROUPS][GVM_MAX_TENSORS];  // its operands' descriptors, as the VM's slot
     const unsigned group = threadIdx.x >> 7, groups = blockDim.x >> 7;
     gvm_instr* mine = reinterpret_cast<gvm_instr*>(gvm_check_smem + groups * scratch) + group;
     gvm_ctx c;
     c.ins = mine;
-    c.tab = tab;
+    c.desc = gvm_check_desc[group];
     c.tid = threadIdx.x & 127;
     c.bar_id = 1 + group;
     c.step = 0;
@@ -103,6 +104,8 @@ gvm_check_{name}(const gvm_instr* ins, const gvm_tensor* tab, int n, int* err, u
         const int i = *reinterpret_cast<volatile int*>(&gvm_check_i[group]);
         if (i >= n) break;
         if (c.tid < 32) reinterpret_cast<unsigned*>(mine)[c.tid] = reinterpret_cast<const unsigned*>(ins + i)[c.tid];
+        gvm_group_sync(c);
+        if (c.tid >= 32 && c.tid < 64) gvm_copy_desc(*mine, tab, gvm_check_desc[group], c.tid - 32);  // as runtime/group.cuh
         gvm_group_sync(c);
         int e;
         for (c.again = 0;; ++c.again) {{  // GVM_AGAIN: call again, scratch kept

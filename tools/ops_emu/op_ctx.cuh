@@ -6,7 +6,7 @@
 
 struct gvm_ctx {
     const gvm_instr* ins;
-    const gvm_tensor* tab;
+    const gvm_tensor* desc;
     unsigned tid;
     unsigned bar_id;
     unsigned step;
@@ -23,6 +23,6 @@ inline void gvm_group_sync(const gvm_ctx& c) {
     emu::wait(emu::machine()->group);
 }
 
-inline const gvm_tensor& gvm_t(const gvm_ctx& c, int slot) { return c.tab[c.ins->tensor[slot]]; }
+inline const gvm_tensor& gvm_t(const gvm_ctx& c, int slot) { return c.desc[slot]; }
 
 inline float gvm_argf(const gvm_ctx& c, int i) { return __int_as_float(c.ins->arg[i]); }

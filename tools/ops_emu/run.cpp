@@ -60,7 +60,7 @@ OpFn op_of(int opcode) {
 struct Job {
     OpFn fn;
     const gvm_instr* ins;
-    const gvm_tensor* tab;
+    const gvm_tensor* desc;  // the operands' descriptors by slot, as the VM's slot holds them
     int rc[emu::kThreads];
 };
 Job* job = nullptr;
@@ -68,7 +68,7 @@ Job* job = nullptr;
 void fiber_main() {
     emu::Machine* m = emu::machine();
     const int t = m->cur;
-    gvm_ctx c{job->ins, job->tab, (unsigned)t, 1u, 0u, m->smem, m->smem_bytes, 0u};
+    gvm_ctx c{job->ins, job->desc, (unsigned)t, 1u, 0u, m->smem, m->smem_bytes, 0u};
     int rc;
     for (;; ++c.again) {  // an op that returns GVM_AGAIN is called again, scratch kept
         rc = job->fn(c);
@@ -127,7 +127,10 @@ std::string run_one(const gvm_instr* ins, const gvm_tensor* tab, unsigned smem_b
         for (int d = 0; d < t.ndim; ++d) last += (long long)(t.shape[d] - 1) * t.stride[d];
         m.tensors.emplace_back(reinterpret_cast<const unsigned char*>(t.ptr), (size_t)(last + 1) * esize);
     }
-    Job j{fn, ins, tab, {}};
+    gvm_tensor desc[GVM_MAX_TENSORS] = {};  // zeros for an absent slot (runtime/group.cuh's copy)
+    for (int i = 0; i < GVM_MAX_TENSORS; ++i)
+        if (ins->tensor[i] != GVM_NONE) desc[i] = tab[ins->tensor[i]];
+    Job j{fn, ins, desc, {}};
     job = &j;
     emu::machine() = &m;
     for (int t = 0; t < emu::kThreads; ++t) {
