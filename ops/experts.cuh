@@ -1361,11 +1361,14 @@ __device__ int gvm_expert_matmul(const gvm_ctx& c) {
             const gvm_tensor& tw = gvm_t(c, 7);
             unsigned long long* w = gvm_ptr<unsigned long long>(tw, c.ins->arg[0] * tw.stride[0], 4);
             const int fixed = c.ins->arg[4];
-            if (UP && tw.shape[1] != 2) {  // the last item's rows of its expert (st + 8: expert | rows << 8)
+            const unsigned long long add = (fixed > 0 ? 0ull : 1ull) | 1ull << 32;
+            unsigned long long old;
+            if (UP && tw.shape[1] != 2) {  // and the last item's rows of its expert (st + 8: expert | rows << 8)
                 const unsigned last = gvm_lds_u(st + 8);
-                gvm_red_release_add(gvm_ptr<unsigned>(tw, c.ins->arg[0] * tw.stride[0] + 2 + (last & 255u), 4), last >> 8);
+                old = gvm_release_add2(gvm_ptr<unsigned>(tw, c.ins->arg[0] * tw.stride[0] + 2 + (last & 255u), 4), last >> 8, w, add);
+            } else {
+                old = gvm_atom_add_acq_rel_u64(w, add);
             }
-            const unsigned long long old = gvm_atom_add_acq_rel_u64(w, (fixed > 0 ? 0ull : 1ull) | 1ull << 32);
             gvm_sts(st + 4 * (c.again & 1), fixed > 0 ? (unsigned)(fixed - 1) + c.again * (unsigned)c.ins->arg[1] : (unsigned)old);
             gvm_sts(st + 12, (unsigned)(old >> 32));
         }

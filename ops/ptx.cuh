@@ -171,6 +171,18 @@ __device__ __forceinline__ unsigned long long gvm_atom_add_acq_rel_u64(unsigned 
     return old;
 }
 
+// Two counts published behind one fence: the fence then a relaxed add of v to a
+// and an acquire add of w to b (each a release pattern of the PTX memory model:
+// a fence, then a strong write of the location, in program order). red.release
+// then atom.acq_rel compiled to two MEMBAR.ALL.GPU, the second waiting for the
+// red's round trip.
+__device__ __forceinline__ unsigned long long gvm_release_add2(unsigned* a, unsigned v, unsigned long long* b, unsigned long long w) {
+    unsigned long long old;
+    asm volatile("fence.acq_rel.gpu;\n\tred.relaxed.gpu.global.add.u32 [%1], %2;\n\tatom.acquire.gpu.global.add.u64 %0, [%3], %4;"
+                 : "=l"(old) : "l"(a), "r"(v), "l"(b), "l"(w) : "memory");
+    return old;
+}
+
 // A global counter's loads and adds (the scheduler's counters, scheduler/counters.cuh,
 // and the expert lists' per-expert rows, ops/experts.cuh).
 __device__ __forceinline__ unsigned gvm_ld_acquire(const unsigned* p) {

@@ -157,6 +157,10 @@ inline unsigned gvm_atom_add_acq_rel(unsigned* p, unsigned v) { return atomicAdd
 inline unsigned long long gvm_atom_add_acq_rel_u64(unsigned long long* p, unsigned long long v) { const unsigned long long o = *p; *p = o + v; return o; }
 inline unsigned gvm_ld_acquire(const unsigned* p) { return *p; }
 inline void gvm_red_release_add(unsigned* p, unsigned v) { *p += v; }
+inline unsigned long long gvm_release_add2(unsigned* a, unsigned v, unsigned long long* b, unsigned long long w) {
+    *a += v;
+    return gvm_atom_add_acq_rel_u64(b, w);
+}
 inline bool gvm_reached(unsigned value, unsigned target) { return (int)(value - target) >= 0; }
 // One fiber at a time: a counter not reached now never is (the op's wait would time out).
 inline bool gvm_poll_reached(const unsigned* p, unsigned target, unsigned long long) { return gvm_reached(*p, target); }
