@@ -44,9 +44,12 @@ __device__ __forceinline__ unsigned gvm_wait_counter(const unsigned* counter_ptr
     for (;;) {
         if (backoff != 0) gvm_nanosleep(backoff);
         backoff = backoff * 2 < GVM_WAIT_NAP_MAX ? backoff * 2 : GVM_WAIT_NAP_MAX;
+        // the abort flag's load goes out first, beside the counter's: one round trip a poll, not two
+        // in series (the gap between a counter's signal and the poll that sees it is half a poll)
+        const unsigned aborted = gvm_ld_relaxed(abort_flag);
         v = gvm_ld_acquire(counter_ptr);
         if (gvm_reached(v, target)) return GVM_ERR_NONE;
-        if (gvm_ld_relaxed(abort_flag) != 0u) return GVM_ERR_ABORTED;
+        if (aborted != 0u) return GVM_ERR_ABORTED;
         const unsigned long long waited = gvm_globaltimer() - t0;
         if (waited > bound_ns) {
             gvm_fail(err, abort_flag, GVM_ERR_WATCHDOG, instr, counter, v, target, step, waited, 0ull);
