@@ -1323,11 +1323,17 @@ __device__ int gvm_expert_matmul(const gvm_ctx& c) {
             int er = (int)lane;
             if (GVM_EXP_LPT) {
                 const int key = GVM_EXP_LPT == 2 ? (count + 31) >> 5 : count;
-                int rank = 0;
+                // keys of 0 and 1 alone (no expert of more than 32 tokens, by chunks): the ones, then the
+                // zeros, each in lane order, from two ballots instead of 32 shuffles
+                const unsigned ones = __ballot_sync(0xffffffffu, key == 1), below = (1u << lane) - 1u;
+                int rank = key == 1 ? __popc(ones & below) : __popc(ones) + __popc(~ones & below);
+                if (__ballot_sync(0xffffffffu, key > 1) != 0u) {
+                    rank = 0;
 #pragma unroll 4
-                for (int j = 0; j < 32; ++j) {
-                    const int kj = __shfl_sync(0xffffffffu, key, j);
-                    rank += (kj > key) | ((kj == key) & (j < (int)lane));
+                    for (int j = 0; j < 32; ++j) {
+                        const int kj = __shfl_sync(0xffffffffu, key, j);
+                        rank += (kj > key) | ((kj == key) & (j < (int)lane));
+                    }
                 }
                 gvm_sts(st + 272 + 4 * rank, lane);
                 __syncwarp();
