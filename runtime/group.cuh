@@ -19,6 +19,14 @@ __device__ __forceinline__ bool gvm_group_any(unsigned bar_id, bool pred) {
     return r != 0;
 }
 
+// Lane 0 writes the warp's loop word once every lane has read it; the other
+// lanes see the new value after the second __syncwarp().
+__device__ __forceinline__ void gvm_loop_set(unsigned loop, unsigned v, unsigned tid) {
+    __syncwarp();
+    if ((tid & 31u) == 0) gvm_sts(loop, v);
+    __syncwarp();
+}
+
 __device__ __forceinline__ void gvm_group(const gvm_params& p, gvm_shared& sh, unsigned g, unsigned char* scratch) {
     gvm_ctx c;
     c.ins = &sh.slot[g].ins;
@@ -29,10 +37,16 @@ __device__ __forceinline__ void gvm_group(const gvm_params& p, gvm_shared& sh, u
     c.smem = scratch;
     c.smem_bytes = GVM_GROUP_SMEM;
     // The loop's state (parity, calls) lives in shared memory, one word per
-    // thread, not in registers across the op: the ops' peak register use is the
+    // warp, not in registers across the op: the ops' peak register use is the
     // kernel's, and state held through it spilled to local memory. Its address
     // too is derived again after the op from c.tid (live anyway), not held.
-    gvm_sts(gvm_smem_u32(&sh.loop[g][c.tid]), 0u);
+    // Every lane reads the word and lane 0 writes it between two __syncwarp()s
+    // (the state is the same in every thread: so is each op's return code).
+    // A word a thread (until session 74) made the block's static shared memory
+    // 1 KB larger, which the descriptors' copies (gvm_slot.desc) now take: past
+    // 196 KB in all the SM's L1 shrinks from 60 KB to 28 (runtime/params.cuh).
+    if ((c.tid & 31u) == 0) gvm_sts(gvm_smem_u32(&sh.loop[g][c.tid >> 5]), 0u);
+    __syncwarp();
     for (;;) {  // one pass per call of an op: a GVM_AGAIN comes straight back here
         // Opaque each pass: what the ops derive from the thread index is then
         // computed in the op, not hoisted out of this loop into registers held
@@ -40,12 +54,12 @@ __device__ __forceinline__ void gvm_group(const gvm_params& p, gvm_shared& sh, u
         // at 96 registers, spills with it).
         if (GVM_MAX_GROUPS <= 2) c.tid = gvm_opaque(c.tid);
         const gvm_instr& ins = sh.slot[g].ins;
-        unsigned loop = gvm_smem_u32(&sh.loop[g][c.tid]);
+        unsigned loop = gvm_smem_u32(&sh.loop[g][c.tid >> 5]);
         const unsigned state = gvm_lds_u(loop);
         c.again = state & 0x7fffffffu;
         if (c.again == 0) {
             if (!gvm_mbar_wait(&sh.full[g], state >> 31, gvm_handoff_bound(p.watchdog_ns))) gvm_handoff_trap();
-            gvm_sts(loop, state ^ 0x80000000u);
+            gvm_loop_set(loop, state ^ 0x80000000u, c.tid);
             const unsigned idx = sh.slot[g].idx;
             if (idx == GVM_SLOT_EXIT) break;
             const bool warm = (idx & GVM_SLOT_WARM) != 0;
@@ -69,13 +83,13 @@ __device__ __forceinline__ void gvm_group(const gvm_params& p, gvm_shared& sh, u
             }
         }
         const int rc = gvm_dispatch(c);
-        loop = gvm_smem_u32(&sh.loop[g][gvm_opaque(c.tid)]);  // opaque: not the address above, held
+        loop = gvm_smem_u32(&sh.loop[g][gvm_opaque(c.tid) >> 5]);  // opaque: not the address above, held
+        const unsigned after = gvm_lds_u(loop);
         if (rc == GVM_AGAIN) {  // the same in every thread
-            gvm_sts(loop, gvm_lds_u(loop) + 1u);
+            gvm_loop_set(loop, after + 1u, c.tid);
             continue;
         }
-        gvm_sts(loop, gvm_lds_u(loop) & 0x80000000u);
-        __syncwarp();
+        gvm_loop_set(loop, after & 0x80000000u, c.tid);  // ends with a __syncwarp(), before the barrier
         gvm_group_sync(c);
         if (c.tid == 0) {
             // read again, not held in registers across the op: the slot is

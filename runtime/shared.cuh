@@ -26,8 +26,8 @@ struct gvm_shared {
     unsigned long long full[GVM_MAX_GROUPS];
     unsigned long long empty[GVM_MAX_GROUPS];
     gvm_pf_entry ring[GVM_PF_RING];
-    // each compute thread's loop state (runtime/group.cuh): mbarrier parity << 31 | calls of the op so far
-    unsigned loop[GVM_MAX_GROUPS][GVM_GROUP_THREADS];
+    // each compute warp's loop state (runtime/group.cuh): mbarrier parity << 31 | calls of the op so far
+    unsigned loop[GVM_MAX_GROUPS][GVM_GROUP_THREADS / 32];
     volatile unsigned ring_head;    // entries pushed (controller)
     volatile unsigned ring_tail;    // entries done (loader)
     volatile unsigned ring_closed;  // the controller claims no more
