@@ -19,6 +19,8 @@ __device__ __forceinline__ bool gvm_group_any(unsigned bar_id, bool pred) {
     return r != 0;
 }
 
+static_assert(__builtin_offsetof(gvm_instr, tensor) % 16 == 0 && GVM_MAX_TENSORS == 8, "an instruction's tensor slots: one 16-byte read");
+
 // Lane 0 writes the warp's loop word once every lane has read it; the other
 // lanes see the new value after the second __syncwarp().
 __device__ __forceinline__ void gvm_loop_set(unsigned loop, unsigned v, unsigned tid) {
@@ -63,8 +65,11 @@ __device__ __forceinline__ void gvm_group(const gvm_params& p, gvm_shared& sh, u
             const unsigned idx = sh.slot[g].idx;
             if (idx == GVM_SLOT_EXIT) break;
             const bool warm = (idx & GVM_SLOT_WARM) != 0;
-            // warp 1 copies the operands' descriptors while warp 0 runs the waits
-            if (c.tid >= 32 && c.tid < 64) gvm_copy_desc(ins, warm ? p.warm_table : p.table, sh.slot[g].desc, c.tid - 32);
+            // warp 1 copies the operands' descriptors while warp 0 runs the waits; an op without
+            // tensors (an empty instruction) has none to copy and, without waits, no barrier
+            const uint4 tw = *reinterpret_cast<const uint4*>(ins.tensor);  // 8 x u16, all GVM_NONE: all ones
+            const bool tensors = (tw.x & tw.y & tw.z & tw.w) != 0xffffffffu;
+            if (tensors && c.tid >= 32 && c.tid < 64) gvm_copy_desc(ins, warm ? p.warm_table : p.table, sh.slot[g].desc, c.tid - 32);
             unsigned failed = 0;
             if (!warm && c.tid < ins.n_waits && c.tid < GVM_MAX_WAITS) {
                 const unsigned ctr = ins.wait_counter[c.tid];
@@ -72,8 +77,8 @@ __device__ __forceinline__ void gvm_group(const gvm_params& p, gvm_shared& sh, u
                 failed = gvm_wait_counter(p.counters + ctr, ctr, target, idx, p.step, p.watchdog_ns, p.error,
                                           p.state + GVM_STATE_ABORT);
             }
-            // the barrier also publishes the descriptors
-            if (gvm_group_any(c.bar_id, failed != 0)) {
+            // the barrier also publishes the descriptors (n_waits and the tensors: the same in every thread)
+            if ((tensors || (!warm && ins.n_waits != 0)) && gvm_group_any(c.bar_id, failed != 0)) {
                 if (c.tid == 0) gvm_mbar_arrive(&sh.empty[g]);
                 continue;  // the error is recorded; the controller stops claiming
             }
