@@ -65,8 +65,9 @@ __device__ __forceinline__ void gvm_group(const gvm_params& p, gvm_shared& sh, u
             const unsigned idx = sh.slot[g].idx;
             if (idx == GVM_SLOT_EXIT) break;
             const bool warm = (idx & GVM_SLOT_WARM) != 0;
-            // warp 1 copies the operands' descriptors while warp 0 runs the waits; an op without
-            // tensors (an empty instruction) has none to copy and, without waits, no barrier
+            // warp 1 copies the operands' descriptors while warp 0 runs the waits; an instruction
+            // without tensors has none to copy and, without waits, no barrier (only NOP and SLEEP
+            // take no tensors: the host's checks require every other op's, gpuvm/opspec.py)
             const uint4 tw = *reinterpret_cast<const uint4*>(ins.tensor);  // 8 x u16, all GVM_NONE: all ones
             const bool tensors = (tw.x & tw.y & tw.z & tw.w) != 0xffffffffu;
             if (tensors && c.tid >= 32 && c.tid < 64) gvm_copy_desc(ins, warm ? p.warm_table : p.table, sh.slot[g].desc, c.tid - 32);
