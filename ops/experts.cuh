@@ -1325,10 +1325,11 @@ __device__ int gvm_expert_matmul(const gvm_ctx& c) {
                 const int key = GVM_EXP_LPT == 2 ? (count + 31) >> 5 : count;
                 // keys of 0 and 1 alone (no expert of more than 32 tokens, by chunks): the ones, then the
                 // zeros, each in lane order, from two ballots instead of 32 shuffles
-                const unsigned ones = __ballot_sync(0xffffffffu, key == 1), below = (1u << lane) - 1u;
-                int rank = key == 1 ? __popc(ones & below) : __popc(ones) + __popc(~ones & below);
-                if (__ballot_sync(0xffffffffu, key > 1) != 0u) {
-                    rank = 0;
+                int rank = 0;
+                if (__ballot_sync(0xffffffffu, key > 1) == 0u) {
+                    const unsigned ones = __ballot_sync(0xffffffffu, key == 1), below = (1u << lane) - 1u;
+                    rank = key == 1 ? __popc(ones & below) : __popc(ones) + __popc(~ones & below);
+                } else {
 #pragma unroll 4
                     for (int j = 0; j < 32; ++j) {
                         const int kj = __shfl_sync(0xffffffffu, key, j);
