@@ -147,6 +147,23 @@ def test_compile_errors_carry_the_nvrtc_log() -> None:
     assert "undeclared_thing" in str(e.value)
 
 
+def test_offsetof_is_used_only_where_the_compiler_has_it() -> None:
+    """The GPU machine's NVRTC (13.0) has no __builtin_offsetof, CI's (13.5) has: a use
+    outside `#if __has_builtin(__builtin_offsetof)` compiles here and fails there."""
+    bare = []
+    for path in build_mod.device_sources():
+        guards: list[bool] = []  # one per open #if: whether it is the builtin's guard
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            s = line.strip()
+            if s.startswith("#if"):
+                guards.append("__has_builtin(__builtin_offsetof)" in s)
+            elif s.startswith("#endif"):
+                guards.pop()
+            elif "__builtin_offsetof(" in s and not s.startswith("//") and not any(guards):
+                bare.append(f"{path.name}:{n}")
+    assert not bare, f"__builtin_offsetof outside its __has_builtin guard: {bare}"
+
+
 def test_spills_are_detected() -> None:
     """A kernel that must keep a dynamically indexed array in local memory."""
     src = 'extern "C" __global__ void k(float* o, int i) { float a[256]; for (int j = 0; j < 256; ++j) a[j] = o[j * i]; o[0] = a[i & 255]; }'
