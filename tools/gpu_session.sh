@@ -2,7 +2,7 @@
 # One call on the H200 (the device tool): the VM proofs and timings, the Muse
 # ops standalone, and the decode-case sweep, each under its own time limit,
 # logs and results under $OUT (at most 8 files come back: traces are tarred).
-#   GPUVM_COMMIT=<sha> bash tools/gpu_session.sh [check|fold|ops|opstime|sweep|step|stepsweep|probe|experts|router|park|ring|lists|steptrace|tiles|rowpf|fill|fill2|xstage|trace62|xprobe|smem|tiles2|xbench|against|slots|naps|icache|workers|slices|statsprobe|topkprobe|layertrace|oneop|fusedqk|ringbench|ringprobe|opsgemm|tail|attstop|gputests|vmtest|next|attntail|qksplit|lazygemm|lazyattn|lazyctl|ncuattn|clocks|codewarm|lazyexperts|lazyone|lazyall|toolcheck|gearly|kparts|kpartslayers|glate|glate16|fixed16|dispdepth|shares|cap33|weightcal|bare|refit|stagger|tileprobe|dbl2|heavy|capup|c16t1|ncu|ncusrc|treeab|trees|bounds|pfbound|resched|partsprobe|qktok|xdirect|lpt ...]
+#   GPUVM_COMMIT=<sha> bash tools/gpu_session.sh [check|fold|ops|opstime|sweep|step|stepsweep|probe|experts|router|park|ring|lists|steptrace|tiles|rowpf|fill|fill2|xstage|trace62|xprobe|smem|tiles2|xbench|against|slots|naps|icache|workers|slices|statsprobe|topkprobe|layertrace|oneop|fusedqk|ringbench|ringprobe|opsgemm|tail|attstop|gputests|vmtest|next|attntail|qksplit|lazygemm|lazyattn|lazyctl|ncuattn|clocks|codewarm|lazyexperts|lazyone|lazyall|toolcheck|gearly|kparts|kpartslayers|glate|glate16|fixed16|dispdepth|shares|cap33|weightcal|bare|refit|stagger|tileprobe|dbl2|heavy|capup|c16t1|ncu|ncusrc|treeab|trees|treetrace|bounds|pfbound|resched|partsprobe|qktok|xdirect|lpt ...]
 # (set GPUVM_COMMIT when running a snapshot without .git: else the results name the enclosing checkout)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -48,6 +48,15 @@ tree_probe() {
   (cd "$2" && PYTHONPATH=$2 timeout ${T_AB_PROBE:-170} python3 tools/sched_probe.py --out "$OUT/probe_$1.json" --modes dynamic --depths 1 --variants base: --cases ${AB_CASES:-full-c32-t8,sliding-c32-t8,full-c16-t8,sliding-c16-t8,full-c16-t1} --step ${AB_STEPS:-32x8} ${AB_DRAWS:+--draws $AB_DRAWS} > "$OUT/probe_$1.log" 2>&1)
   echo "probe $1 rc=$?"; grep "dynamic" "$OUT/probe_$1.log" | tail -8
 }
+
+# The trees of `trees` and `treetrace`: sets names (new, then each ab/<name>/) and treedir, and makes
+# each ab tree's copy under /tmp (tree_copy).
+tree_names() {
+  names=(new); for d in ab/*/; do [ -d "$d" ] && names+=("$(basename "$d")"); done
+  [ ${#names[@]} -gt 1 ] || { echo "$1: no ab/<name>/ (run tools/ab_trees.sh first)"; return 2; }
+  for t in "${names[@]:1}"; do tree_copy "$(treedir "$t")" ab/"$t"/*%*; done
+}
+treedir() { [ "$1" = new ] && echo "$PWD" || echo "/tmp/gvm_tree_$1"; }
 
 for s in $steps; do
   case $s in
@@ -414,15 +423,25 @@ PY
            # <dir>/<file> put back from ab/<name>/<dir>%<file>): their kernels built in parallel, the expert lists
            # alone (AB_SHAPES), then dynamic layers and steps (AB_CASES, AB_STEPS) in two rounds, the second in
            # reverse order, so that a drift over the call shows as a swap; end the steps with pack
-           names=(new); for d in ab/*/; do [ -d "$d" ] && names+=("$(basename "$d")"); done
-           [ ${#names[@]} -gt 1 ] || { echo "trees: no ab/<name>/ (run tools/ab_trees.sh first)"; exit 2; }
-           treedir() { [ "$1" = new ] && echo "$PWD" || echo "/tmp/gvm_tree_$1"; }
-           for t in "${names[@]:1}"; do tree_copy "$(treedir "$t")" ab/"$t"/*%*; done
+           tree_names trees || exit 2
            for t in "${names[@]}"; do d=$(treedir "$t"); (cd "$d" && PYTHONPATH=$d python3 tools/prebuild.py base > "$OUT/prebuild_$t.log" 2>&1) & done; wait
            for t in "${names[@]}"; do echo "prebuild $t: $(tail -1 "$OUT/prebuild_$t.log")"; done
            for t in "${names[@]}"; do tree_bench "$t" "$(treedir "$t")"; done
            order=("${names[@]}"); for ((i = ${#names[@]} - 1; i >= 0; i--)); do order+=("${names[$i]}"); done
            r=0; for t in "${order[@]}"; do r=$((r + 1)); tree_probe "${r}_$t" "$(treedir "$t")"; done ;;
+    treetrace) # each tree of `trees` traced in one step of TT_LAYERS layers (default 4) at TT_SHAPE (default 32x8), then
+               # each ab tree's trace against new's, op by op (gpuvm trace --against): which phase a change moved (one run
+               # a tree: read a phase's change against the layers' spread)
+           tree_names treetrace || exit 2
+           for t in "${names[@]}"; do d=$(treedir "$t")
+             (cd "$d" && PYTHONPATH=$d timeout ${T_TT:-150} python3 tools/step_trace.py --layers ${TT_LAYERS:-4} --shape ${TT_SHAPE:-32x8} --out "$OUT/tt_$t.npz" > "$OUT/tt_$t.log" 2>&1)
+             echo "step trace $t rc=$?"; tail -4 "$OUT/tt_$t.log"
+           done
+           for t in "${names[@]:1}"; do
+             python3 -m gpuvm trace "$OUT/tt_$t.npz" --against "$OUT/tt_new.npz" > "$OUT/tt_${t}_against_new.txt" 2>&1
+             echo "trace $t against new rc=$?"; cut -c1-220 "$OUT/tt_${t}_against_new.txt" | head -${TT_ROWS:-40}
+           done
+           (cd "$OUT" && tar czf treetrace.tgz tt_*.npz && rm -f tt_*.npz) ;;
     m2) # the staged GEMM's passes of two 64-row halves on one x stage (GVM_GEMM_XS_M2 1, the default) against 64 rows a
         # pass (0): GEMM ops_check at the shard's sizes, both builds in parallel, two rounds of the many-token layers
         # (session 58 on an H100, within prepared/many-tokens' tree: 256-token layers 1.1-2.0% faster, 128 level; session 59 on the H200: -1.7 / -2.2%, 128 level)
