@@ -147,6 +147,51 @@ def test_compile_errors_carry_the_nvrtc_log() -> None:
     assert "undeclared_thing" in str(e.value)
 
 
+# The GPU machine compiles with the NVRTC of its torch's CUDA 13.0 stack; CI's pip
+# resolves a newer one. A construct the newer accepts and 13.0 refuses (session 75:
+# __builtin_offsetof) broke every build there, found only after device time was spent.
+GPU_MACHINE_NVRTC = "13.0.88"
+_NVRTC_13_0 = """
+import ctypes, sys
+lib = sys.argv[1]
+ctypes.CDLL(lib + "/libnvrtc-builtins.so.13.0", mode=ctypes.RTLD_GLOBAL)
+ctypes.CDLL(lib + "/libnvrtc.so.13", mode=ctypes.RTLD_GLOBAL)  # cuda.bindings takes the loaded one
+from cuda.bindings import nvrtc
+assert nvrtc.nvrtcVersion()[1:] == (13, 0), nvrtc.nvrtcVersion()
+from pathlib import Path
+from gpuvm.device.build import BuildOptions, build
+b = build(BuildOptions(), cache=Path(sys.argv[2]), force=True)
+print("built with NVRTC 13.0:", b.kernel)
+"""
+
+
+def _nvrtc_13_0(into: Path) -> Path:
+    """libnvrtc 13.0 and its builtins from the pinned wheel (pip download), in into."""
+    import sys
+    import zipfile
+
+    got = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "-d", str(into),
+                          f"nvidia-cuda-nvrtc=={GPU_MACHINE_NVRTC}"], capture_output=True, text=True, timeout=300)
+    wheels = list(into.glob("nvidia_cuda_nvrtc-*.whl"))
+    if got.returncode or not wheels:
+        pytest.skip(f"could not download nvidia-cuda-nvrtc=={GPU_MACHINE_NVRTC}: {got.stderr.strip()[-300:]}")
+    with zipfile.ZipFile(wheels[0]) as z:
+        for name in z.namelist():
+            if name.endswith(("/libnvrtc.so.13", "/libnvrtc-builtins.so.13.0")):
+                (into / Path(name).name).write_bytes(z.read(name))
+    return into
+
+
+def test_the_gpu_machines_nvrtc_builds_the_kernel(tmp_path: Path) -> None:
+    import sys
+
+    lib = _nvrtc_13_0(tmp_path)
+    run = subprocess.run([sys.executable, "-c", _NVRTC_13_0, str(lib), str(tmp_path / "cache")],
+                         capture_output=True, text=True, timeout=900, cwd=build_mod.device_root())
+    assert run.returncode == 0, run.stderr[-4000:]
+    assert "built with NVRTC 13.0" in run.stdout
+
+
 def test_offsetof_is_used_only_where_the_compiler_has_it() -> None:
     """The GPU machine's NVRTC (13.0) has no __builtin_offsetof, CI's (13.5) has: a use
     outside `#if __has_builtin(__builtin_offsetof)` compiles here and fails there."""
