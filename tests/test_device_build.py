@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import sys
+import zipfile
 from pathlib import Path
 from typing import Callable
 
@@ -167,9 +169,6 @@ print("built with NVRTC 13.0:", b.kernel)
 
 def _nvrtc_13_0(into: Path) -> Path:
     """libnvrtc 13.0 and its builtins from the pinned wheel (pip download), in into."""
-    import sys
-    import zipfile
-
     got = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "-d", str(into),
                           f"nvidia-cuda-nvrtc=={GPU_MACHINE_NVRTC}"], capture_output=True, text=True, timeout=300)
     wheels = list(into.glob("nvidia_cuda_nvrtc-*.whl"))
@@ -183,8 +182,6 @@ def _nvrtc_13_0(into: Path) -> Path:
 
 
 def test_the_gpu_machines_nvrtc_builds_the_kernel(tmp_path: Path) -> None:
-    import sys
-
     lib = _nvrtc_13_0(tmp_path)
     run = subprocess.run([sys.executable, "-c", _NVRTC_13_0, str(lib), str(tmp_path / "cache")],
                          capture_output=True, text=True, timeout=900, cwd=build_mod.device_root())
