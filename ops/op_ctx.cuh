@@ -50,7 +50,7 @@ __device__ __forceinline__ const gvm_tensor& gvm_t(const gvm_ctx& c, int slot) {
 // From the table their ~50 reads went out together but came back at L2's
 // latency whenever the lines had left L1 (an expert item's check took 0.8 us at
 // one token: session 73's timeline, H100).
-static_assert(sizeof(gvm_tensor) == 64 && GVM_MAX_TENSORS == 8, "a descriptor quarter per lane of a warp");
+static_assert(sizeof(gvm_tensor) == 64 && GVM_MAX_TENSORS == 8, "a descriptor quarter per lane of a warp (and the runtime reads the slots as one 16-byte word)");
 __device__ __forceinline__ void gvm_copy_desc(const gvm_instr& ins, const gvm_tensor* tab, gvm_tensor* desc, unsigned lane) {
     const unsigned slot = lane >> 2, t = ins.tensor[slot];
     const uint4 v = t != GVM_NONE ? __ldg(reinterpret_cast<const uint4*>(tab + t) + (lane & 3)) : make_uint4(0u, 0u, 0u, 0u);
