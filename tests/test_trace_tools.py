@@ -16,7 +16,8 @@ from gpuvm.trace.cli import trace_main
 from gpuvm.trace.format import Trace, TraceError
 from gpuvm.trace.html import rows, timeline_html
 from gpuvm.trace.perfetto import perfetto_json, write_perfetto
-from gpuvm.trace.summary import NO_DEP, ListTail, PathHops, WakeUps, block_idle, compare, counter_waits, critical_path, held_claims, list_tails, op_diff, op_kind, op_stats, path_hops, summarize, wake_ups
+from gpuvm.trace.summary import (NO_DEP, ListTail, ListWindow, PathHops, WakeUps, block_idle, compare, counter_waits, critical_path, held_claims,
+                                 list_tails, list_windows, op_diff, op_kind, op_stats, path_hops, summarize, wake_ups)
 from gpuvm.trace.timeline import CLAIM, DONE, LOAD, READY, SIGNAL, build, op_name, op_order
 
 from trace_synth import make_trace
@@ -231,6 +232,33 @@ def test_list_tails_find_the_last_workers_sharing_an_sm():
     assert list_tails(tl, last=2) == [ListTail("L0.expert_down", 4, 80.0, 105.0, 1, 1, 30.0)]
     assert list_tails(tl, last=3) == [ListTail("L0.expert_down", 4, 80.0, 100.0, 2, 1, 30.0)]
     assert "work list tails" in summarize(t) and "work list tails" not in summarize(hand_trace())
+
+
+def test_list_windows_count_every_groups_runs_in_a_layers_expert_window():
+    """A layer's expert window runs from its first list worker's ready to its
+    last one's done; busy counts any op's run in it, lists only the lists'; the
+    code warmer's lead lists ("W.") belong to no layer."""
+    up, down, gemm = int(Op.EXPERT_UP), int(Op.EXPERT_DOWN), int(Op.GEMM)
+    rows = [  # label, opcode, ready, done, group (one block)
+        ("W.expert_up[0/1]", up, 0, 50, 1),
+        ("L0.expert_up[0/2]", up, 100, 300, 0), ("L0.expert_up[1/2]", up, 100, 200, 1),
+        ("L0.Wo[0]", gemm, 250, 350, 1), ("L0.expert_down[0/1]", down, 300, 500, 0),
+        ("L1.expert_down[0/1]", down, 600, 700, 1),
+    ]
+    rec = np.zeros(len(rows), dtype=TRACE_DTYPE)
+    for i, (_, _, r, d, g) in enumerate(rows):
+        rec[i]["globaltimer"] = (0, 0, r, d, d + 5)
+        rec[i]["sm"], rec[i]["block"], rec[i]["group"], rec[i]["instr"] = 3, 0, g, i
+    n = len(rows)
+    t = Trace(records=rec, labels=[r[0] for r in rows], opcodes=np.array([r[1] for r in rows], np.uint16), deps=[()] * n,
+              weight_bytes=np.zeros(n, np.int64), act_bytes=np.zeros(n, np.int64), meta={"source": "model"})
+    # L0: 400 ns x 2 groups; group 0 runs 400 (lists), group 1 100 of list and 100 of Wo
+    assert list_windows(build(t)) == [ListWindow("L0", 100.0, 500.0, 2, 0.75, 0.625), ListWindow("L1", 600.0, 700.0, 2, 0.5, 0.5)]
+    text = summarize(t).splitlines()
+    rows_out = text[text.index(next(l for l in text if l.startswith("expert windows"))) + 3 :]
+    assert [r.split() for r in rows_out] == [["L0", "0.100", "0.500", "0.400", "2", "75.0", "62.5", "0.100"],
+                                             ["L1", "0.600", "0.700", "0.100", "2", "50.0", "50.0", "0.050"]]
+    assert list_windows(build(hand_trace())) == [] and "expert windows" not in summarize(hand_trace())
 
 
 def test_waits_fall_back_to_the_producing_op():

@@ -40,6 +40,13 @@ Definitions (times from the Timeline, ns):
   and on how many SMs they ran, how many of those SMs ran two of them (an SM's
   two groups that took the list's two slowest items side by side: NOTES.md
   session 50, sliding-c16-t1).
+- a layer's expert window = its first expert-list instruction's ready to its
+  last one's done (lists of ops with a layer prefix "L<n>." only: the code
+  warmer's lead instances, "W.", are not a layer's); how busy every warp group of the trace was in it (the union
+  of its runs, any op's, clipped to the window) and how much of that the lists
+  took. Busy near 100% says the window is the lists' throughput, not their
+  tails or dependencies (a down item's wait for its expert's up rows counts as
+  busy: it waits inside the op).
 - an op's floor = its bytes over the streaming-read bandwidth (the trace's
   meta "read_bw_TBps", measured in the run that wrote it, else MUSE.md's
   nominal 4.42 TB/s, or what the caller gives); "span / floor" is how far the
@@ -129,6 +136,16 @@ class ListTail:
     tail_sms: int  # SMs those ran on
     tail_doubled: int  # of those SMs, how many ran two or more of them
     end_spread: float  # ns from the median worker's end to the last one's: the list's tail itself
+
+
+@dataclass(frozen=True)
+class ListWindow:
+    layer: str  # "L3": the lists' layer prefix
+    start: float  # ns: first ready of the layer's list instructions
+    end: float  # ns: their last done
+    groups: int  # warp groups that ran anything in the trace
+    busy: float  # share of groups x window in any op's run
+    lists: float  # share of groups x window in the lists' runs
 
 
 @dataclass(frozen=True)
@@ -340,6 +357,27 @@ def list_tails(tl: Timeline, last: int = LIST_TAIL) -> list[ListTail]:
     return out
 
 
+def list_windows(tl: Timeline) -> list[ListWindow]:
+    """Each layer's expert window (see the module notes), in order of start."""
+    ran = np.flatnonzero(tl.ran)
+    layer = {int(i): tl.ops[i].partition(".")[0] for i in ran[np.isin(tl.trace.opcodes[ran], LIST_OPCODES)] if op_kind(tl.ops[i]) != tl.ops[i]}
+    if not layer:
+        return []
+    lists = np.array(sorted(layer))
+    key = tl.block * (int(tl.group[ran].max()) + 1) + tl.group  # one number a warp group
+    groups = np.unique(key[ran])
+    out = []
+    for name in sorted(set(layer.values())):
+        mine = np.array([i for i in lists if layer[int(i)] == name])
+        a, b = float(tl.t[mine, READY].min()), float(tl.t[mine, DONE].max())
+        def share(idx: np.ndarray) -> float:
+            idx = idx[(tl.t[idx, DONE] > a) & (tl.t[idx, READY] < b)]
+            iv, k = np.clip(tl.t[idx][:, [READY, DONE]], a, b), key[idx]
+            return sum(_union_length(iv[k == g]) for g in np.unique(k)) / (len(groups) * (b - a)) if b > a else 0.0
+        out.append(ListWindow(name, a, b, len(groups), share(ran), share(mine)))
+    return sorted(out, key=lambda w: (w.start, w.layer))
+
+
 def _table(headers: list[str], rows: list[list[str]]) -> str:
     w = [max(len(h), *(len(r[k]) for r in rows)) if rows else len(h) for k, h in enumerate(headers)]
     line = lambda cells: "  ".join(c.ljust(w[0]) if k == 0 else c.rjust(w[k]) for k, c in enumerate(cells)).rstrip()
@@ -414,6 +452,10 @@ def summarize(trace: Trace, read_bw_tbps: float | None = None) -> str:
     tail_table = _table(["op", "workers", "run med us", "tail run med us", "tail SMs", "SMs with two", "last end after median us"],
                         [[x.op, str(x.workers), _us(x.run_median), _us(x.tail_run_median), str(x.tail_sms), str(x.tail_doubled),
                           _us(x.end_spread)] for x in tails])
+    windows = list_windows(tl)
+    window_table = _table(["layer", "start us", "end us", "window us", "groups", "busy %", "lists %", "idle us a group"],
+                          [[w.layer, _us(w.start), _us(w.end), _us(w.end - w.start), str(w.groups), f"{100 * w.busy:.1f}",
+                            f"{100 * w.lists:.1f}", _us((1 - w.busy) * (w.end - w.start))] for w in windows])
 
     return "\n".join(
         head
@@ -437,4 +479,6 @@ def summarize(trace: Trace, read_bw_tbps: float | None = None) -> str:
         ]
         + (["", f"work list tails (the {LIST_TAIL} workers of each expert list to finish last, and the SMs they ran on):", tail_table]
            if tails else [])
+        + (["", "expert windows (a layer's first list instruction ready to its last done; its warp groups' runs in it):", window_table]
+           if windows else [])
     ) + "\n"
