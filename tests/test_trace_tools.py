@@ -259,6 +259,13 @@ def test_list_windows_count_every_groups_runs_in_a_layers_expert_window():
     assert [r.split() for r in rows_out] == [["L0", "0.100", "0.500", "0.400", "2", "75.0", "62.5", "0.100"],
                                              ["L1", "0.600", "0.700", "0.100", "2", "50.0", "50.0", "0.050"]]
     assert list_windows(build(hand_trace())) == [] and "expert windows" not in summarize(hand_trace())
+    # compared with the same program whose L0 down worker ends 100 ns later: L0's window 500 ns, busy 700 of 1000
+    rec_b = rec.copy()
+    rec_b[4]["globaltimer"] = (0, 0, 300, 600, 605)
+    text = compare(t, _with(t, records=rec_b), ("a", "b")).splitlines()
+    rows_out = text[text.index("expert windows (see the summary):") + 3 :]
+    assert [r.split() for r in rows_out] == [["L0", "0.400", "0.500", "0.100", "75.0", "70.0"], ["L1", "0.100", "0.100", "0.000", "50.0", "50.0"]]
+    assert "expert windows" not in compare(hand_trace(), hand_trace())
 
 
 def test_waits_fall_back_to_the_producing_op():

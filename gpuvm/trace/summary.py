@@ -214,7 +214,8 @@ def op_diff(a: Timeline, b: Timeline) -> list[OpDiff]:
 def compare(a: Trace, b: Trace, names: tuple[str, str] = ("a", "b")) -> str:
     """Two traces of one program (e.g. dynamic and static) op by op: when each op
     first got ready and last finished, its phase and median run, and on how many
-    blocks it ran; `done b-a` shows where the gap between the two opens."""
+    blocks it ran; `done b-a` shows where the gap between the two opens. Then
+    each layer's expert window in both (list_windows)."""
     if len(a) != len(b) or a.labels != b.labels:
         raise ValueError(f"the traces are of different programs ({len(a)} and {len(b)} instructions)")
     ta, tb = build(a), build(b)
@@ -228,7 +229,12 @@ def compare(a: Trace, b: Trace, names: tuple[str, str] = ("a", "b")) -> str:
                     f"done {nb}-{na} us", f"phase {na} us", f"phase {nb} us", f"run med {na} us", f"run med {nb} us"], rows)
     head = [f"{na}: {a.meta.get('mode', '?')} mode, span {_us(ta.span)} us; {nb}: {b.meta.get('mode', '?')} mode, span {_us(tb.span)} us "
             f"({tb.span / ta.span:.3f} of {na}); times from each trace's first claim; count, blocks and most on a block as {na}/{nb}"]
-    return "\n".join(head + [table]) + "\n"
+    wb = {w.layer: w for w in list_windows(tb)}
+    pairs = [(w, wb[w.layer]) for w in list_windows(ta) if w.layer in wb]
+    windows = _table(["layer", f"window {na} us", f"window {nb} us", f"{nb}-{na} us", f"busy {na} %", f"busy {nb} %"],
+                     [[x.layer, _us(x.end - x.start), _us(y.end - y.start), _us((y.end - y.start) - (x.end - x.start)),
+                       f"{100 * x.busy:.1f}", f"{100 * y.busy:.1f}"] for x, y in pairs])
+    return "\n".join(head + [table] + (["", "expert windows (see the summary):", windows] if pairs else [])) + "\n"
 
 
 def _union_length(intervals: np.ndarray) -> float:
