@@ -42,11 +42,11 @@ Definitions (times from the Timeline, ns):
   session 50, sliding-c16-t1).
 - a layer's expert window = its first expert-list instruction's ready to its
   last one's done (lists of ops with a layer prefix "L<n>." only: the code
-  warmer's lead instances, "W.", are not a layer's); how busy every warp group of the trace was in it (the union
-  of its runs, any op's, clipped to the window) and how much of that the lists
-  took. Busy near 100% says the window is the lists' throughput, not their
-  tails or dependencies (a down item's wait for its expert's up rows counts as
-  busy: it waits inside the op).
+  warmer's lead instances, "W.", are not a layer's); how busy every warp group
+  of the trace was in it (the union of its runs, any op's, clipped to the
+  window) and how much of that the lists took. Busy near 100% says the window
+  is the lists' throughput, not their tails or dependencies (a down item's
+  wait for its expert's up rows counts as busy: it waits inside the op).
 - an op's floor = its bytes over the streaming-read bandwidth (the trace's
   meta "read_bw_TBps", measured in the run that wrote it, else MUSE.md's
   nominal 4.42 TB/s, or what the caller gives); "span / floor" is how far the
