@@ -366,21 +366,26 @@ def list_tails(tl: Timeline, last: int = LIST_TAIL) -> list[ListTail]:
 def list_windows(tl: Timeline) -> list[ListWindow]:
     """Each layer's expert window (see the module notes), in order of start."""
     ran = np.flatnonzero(tl.ran)
-    layer = {int(i): tl.ops[i].partition(".")[0] for i in ran[np.isin(tl.trace.opcodes[ran], LIST_OPCODES)] if op_kind(tl.ops[i]) != tl.ops[i]}
-    if not layer:
+    by_layer: dict[str, list[int]] = {}
+    for i in ran[np.isin(tl.trace.opcodes[ran], LIST_OPCODES)]:
+        if op_kind(tl.ops[i]) != tl.ops[i]:  # a layer's list ("L<n>."), not the code warmer's ("W.")
+            by_layer.setdefault(tl.ops[i].partition(".")[0], []).append(int(i))
+    if not by_layer:
         return []
-    lists = np.array(sorted(layer))
     key = tl.block * (int(tl.group[ran].max()) + 1) + tl.group  # one number a warp group
-    groups = np.unique(key[ran])
+    n_groups = len(np.unique(key[ran]))
+
+    def share(idx: np.ndarray, a: float, b: float) -> float:
+        """Of n_groups x [a, b], the share in the runs of instructions idx."""
+        idx = idx[(tl.t[idx, DONE] > a) & (tl.t[idx, READY] < b)]
+        iv, k = np.clip(tl.t[idx][:, [READY, DONE]], a, b), key[idx]
+        return float(sum(_union_length(iv[k == g]) for g in np.unique(k)) / (n_groups * (b - a))) if b > a else 0.0
+
     out = []
-    for name in sorted(set(layer.values())):
-        mine = np.array([i for i in lists if layer[int(i)] == name])
+    for name, idx in by_layer.items():
+        mine = np.array(idx)
         a, b = float(tl.t[mine, READY].min()), float(tl.t[mine, DONE].max())
-        def share(idx: np.ndarray) -> float:
-            idx = idx[(tl.t[idx, DONE] > a) & (tl.t[idx, READY] < b)]
-            iv, k = np.clip(tl.t[idx][:, [READY, DONE]], a, b), key[idx]
-            return sum(_union_length(iv[k == g]) for g in np.unique(k)) / (len(groups) * (b - a)) if b > a else 0.0
-        out.append(ListWindow(name, a, b, len(groups), share(ran), share(mine)))
+        out.append(ListWindow(name, a, b, n_groups, share(ran, a, b), share(mine, a, b)))
     return sorted(out, key=lambda w: (w.start, w.layer))
 
 
