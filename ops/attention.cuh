@@ -10,6 +10,10 @@
 // RoPE angles p * 500000^(-2i/64) reduced in f64 (positions reach 82K: an f32 angle
 // there is off by up to 4e-3 rad), sin and cos of the reduced angle in f32.
 #define GVM_QK_BATCH 8  // head vectors per warp loaded before any is used (20 at the shard: 5 per warp)
+#ifndef GVM_QK_PROBE
+#define GVM_QK_PROBE 0  // timing probes (tools/step_trace.py --define): 1 the tokens' loop run twice;
+                        // 2 no loads of the token's row (zeros normed and stored: wrong results)
+#endif
 
 // pi-scaled angle step of RoPE pair i, 500000^(-i/32) / pi in f64 (Python: 2.0 **
 // (-i * 18.931568569324174 / 32) / pi): a table, not an f64 exp2 at every use
@@ -75,6 +79,10 @@ __device__ int gvm_op_qk_rope_kv(const gvm_ctx& c) {
     unsigned char* kc = gvm_ptr<unsigned char>(vk, conv * vk.s0, 1);
     unsigned char* vc = gvm_ptr<unsigned char>(vv, conv * vv.s0, 1);
     const int jend = jn == 0 ? ntok : min(ntok, j0 + jn);  // the conversation's tokens are run-time data: clamped
+#if GVM_QK_PROBE & 1
+#pragma unroll 1
+    for (int pass = 0; pass < 2; ++pass)
+#endif
     for (int j = j0; j < jend; ++j) {
         const int t = tok0 + j, p = pos0 + j, slot = p % cache_s;
         float2 sc = make_float2(0.0f, 1.0f);
@@ -84,7 +92,7 @@ __device__ int gvm_op_qk_rope_kv(const gvm_ctx& c) {
 #pragma unroll
             for (int u = 0; u < GVM_QK_BATCH; ++u) {
                 const int hh = h0 + 4 * u;
-                xw[u] = hh < heads ? row[hh * 32 + lane] : 0u;
+                xw[u] = hh < heads && !(GVM_QK_PROBE & 2) ? row[hh * 32 + lane] : 0u;
             }
             if (rope && h0 == (int)warp) sc = gvm_rope_sincos(p, turns);  // the angle, while the first loads fly
 #pragma unroll
