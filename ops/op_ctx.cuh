@@ -50,11 +50,17 @@ __device__ __forceinline__ const gvm_tensor& gvm_t(const gvm_ctx& c, int slot) {
 // From the table their ~50 reads went out together but came back at L2's
 // latency whenever the lines had left L1 (an expert item's check took 0.8 us at
 // one token: session 73's timeline, H100).
+// The copy's type is 16-byte aligned, as its stores are: tools/ops_check.py's kernel
+// kept a plain gvm_tensor array (8-byte aligned) and faulted with a misaligned
+// address on the GPU (session 77), which the host emulator cannot see.
 static_assert(sizeof(gvm_tensor) == 64 && GVM_MAX_TENSORS == 8, "a descriptor quarter per lane of a warp (and the runtime reads the slots as one 16-byte word)");
-__device__ __forceinline__ void gvm_copy_desc(const gvm_instr& ins, const gvm_tensor* tab, gvm_tensor* desc, unsigned lane) {
+struct __align__(16) gvm_descs {
+    gvm_tensor t[GVM_MAX_TENSORS];
+};
+__device__ __forceinline__ void gvm_copy_desc(const gvm_instr& ins, const gvm_tensor* tab, gvm_descs& desc, unsigned lane) {
     const unsigned slot = lane >> 2, t = ins.tensor[slot];
     const uint4 v = t != GVM_NONE ? __ldg(reinterpret_cast<const uint4*>(tab + t) + (lane & 3)) : make_uint4(0u, 0u, 0u, 0u);
-    reinterpret_cast<uint4*>(desc + slot)[lane & 3] = v;
+    reinterpret_cast<uint4*>(desc.t + slot)[lane & 3] = v;
 }
 
 __device__ __forceinline__ float gvm_argf(const gvm_ctx& c, int i) {

@@ -39,7 +39,7 @@ __device__ __forceinline__ void gvm_loop_set(unsigned loop, unsigned v, unsigned
 __device__ __forceinline__ void gvm_group(const gvm_params& p, gvm_shared& sh, unsigned g, unsigned char* scratch) {
     gvm_ctx c;
     c.ins = &sh.slot[g].ins;
-    c.desc = sh.slot[g].desc;
+    c.desc = sh.slot[g].desc.t;
     c.tid = threadIdx.x - GVM_CONTROL_THREADS - g * GVM_GROUP_THREADS;
     c.bar_id = 1 + g;
     c.step = p.step;

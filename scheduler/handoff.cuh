@@ -13,6 +13,7 @@
 #include "../isa/gvm_isa.h"
 #include "../runtime/stamps.cuh"
 #include "../ops/ptx.cuh"
+#include "../ops/op_ctx.cuh"  // gvm_descs
 
 // How long the controller naps between polls of busy groups (0: it spins).
 #ifndef GVM_HANDOFF_NAP_NS
@@ -28,7 +29,7 @@ struct __align__(16) gvm_slot {
     unsigned pad[3];
     // its operands' descriptors by slot (zeros for an absent one): copied in by
     // the group while its waits run (runtime/group.cuh), read by the ops (gvm_t)
-    gvm_tensor desc[GVM_MAX_TENSORS];
+    gvm_descs desc;
 };
 
 __device__ __forceinline__ unsigned gvm_smem_u32(const void* p) {

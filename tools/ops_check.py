@@ -87,12 +87,12 @@ extern "C" __global__ void __launch_bounds__(GVM_BLOCK_THREADS, 1)
 gvm_check_{name}(const gvm_instr* ins, const gvm_tensor* tab, int n, int* err, unsigned scratch) {{
     extern __shared__ __align__(1024) unsigned char gvm_check_smem[];  // the groups' scratch (1024-aligned, as the VM's), then their instructions
     __shared__ int gvm_check_i[GVM_MAX_GROUPS];  // the group's instruction index, not held in a register across the op
-    __shared__ gvm_tensor gvm_check_desc[GVM_MAX_GROUPS][GVM_MAX_TENSORS];  // its operands' descriptors, as the VM's slot
+    __shared__ gvm_descs gvm_check_desc[GVM_MAX_GROUPS];  // its operands' descriptors, as the VM's slot
     const unsigned group = threadIdx.x >> 7, groups = blockDim.x >> 7;
     gvm_instr* mine = reinterpret_cast<gvm_instr*>(gvm_check_smem + groups * scratch) + group;
     gvm_ctx c;
     c.ins = mine;
-    c.desc = gvm_check_desc[group];
+    c.desc = gvm_check_desc[group].t;
     c.tid = threadIdx.x & 127;
     c.bar_id = 1 + group;
     c.step = 0;
