@@ -737,26 +737,6 @@ def test_lazy_attn_flags_the_last_attention_chunks() -> None:
         Tiles(lazy_attn=-1)
 
 
-def test_lazy_qk_flags_the_qk_rope_kv_ops_only() -> None:
-    """Tiles.lazy_qk sets GVM_FLAG_LAZY on every QK_ROPE_KV op and on nothing
-    else; 0 (the default) on none. Where the chunks do QK-norm themselves
-    (fuse_qk) there is no op to flag."""
-    kw = dict(lazy_gemm=0, lazy_experts=0)
-    base = lower_layer(SHARD, "full", 32, 8, 81_984, tiles=Tiles(**kw))
-    lazy = lower_layer(SHARD, "full", 32, 8, 81_984, tiles=Tiles(lazy_qk=1, **kw))
-    rb, rl = base.stream.records, lazy.stream.records
-    assert len(rb) == len(rl) and not rb["flags"].any()
-    qk = rl["opcode"] == int(Op.QK_ROPE_KV)
-    assert qk.sum() == 256 and (rl["flags"][qk] == FLAG_LAZY).all() and not rl["flags"][~qk].any()
-    for f in ("opcode", "signal", "arg", "tensor", "wait_counter"):  # otherwise the same program
-        assert np.array_equal(rb[f], rl[f])
-    fused = lower_layer(SHARD, "full", 1, 8, 81_984, tiles=Tiles(lazy_qk=1, **kw)).stream.records
-    assert not (fused["opcode"] == int(Op.QK_ROPE_KV)).any()
-    assert np.array_equal(fused, lower_layer(SHARD, "full", 1, 8, 81_984, tiles=Tiles(**kw)).stream.records)
-    with pytest.raises(ProgramError, match="lazy_qk"):
-        Tiles(lazy_qk=2)
-
-
 def test_lazy_attn_wave_flags_every_chunk_of_a_one_wave_layer() -> None:
     """Tiles.lazy_attn_wave (1, the default) flags every ATTN_CHUNK op of a
     layer whose chunks fit one wave of the groups (expert_workers), and none of

@@ -2,7 +2,7 @@
 # One call on the H200 (the device tool): the VM proofs and timings, the Muse
 # ops standalone, and the decode-case sweep, each under its own time limit,
 # logs and results under $OUT (at most 8 files come back: traces are tarred).
-#   GPUVM_COMMIT=<sha> bash tools/gpu_session.sh [check|fold|ops|opstime|sweep|step|stepsweep|probe|experts|router|park|ring|lists|steptrace|tiles|rowpf|fill|fill2|xstage|trace62|xprobe|smem|tiles2|xbench|against|slots|naps|icache|workers|slices|statsprobe|topkprobe|layertrace|oneop|fusedqk|ringbench|ringprobe|opsgemm|tail|attstop|gputests|vmtest|next|attntail|qksplit|lazygemm|lazyattn|lazyctl|ncuattn|clocks|codewarm|lazyexperts|lazyqk|lazyone|lazyall|toolcheck|gearly|kparts|kpartslayers|glate|glate16|fixed16|dispdepth|shares|cap33|weightcal|bare|refit|stagger|tileprobe|dbl2|heavy|capup|c16t1|ncu|ncusrc|treeab|trees|treetrace|bounds|pfbound|resched|partsprobe|qktok|xdirect|lpt ...]
+#   GPUVM_COMMIT=<sha> bash tools/gpu_session.sh [check|fold|ops|opstime|sweep|step|stepsweep|probe|experts|router|park|ring|lists|steptrace|tiles|rowpf|fill|fill2|xstage|trace62|xprobe|smem|tiles2|xbench|against|slots|naps|icache|workers|slices|statsprobe|topkprobe|layertrace|oneop|fusedqk|ringbench|ringprobe|opsgemm|tail|attstop|gputests|vmtest|next|attntail|qksplit|lazygemm|lazyattn|lazyctl|ncuattn|clocks|codewarm|lazyexperts|lazyone|lazyall|toolcheck|gearly|kparts|kpartslayers|glate|glate16|fixed16|dispdepth|shares|cap33|weightcal|bare|refit|stagger|tileprobe|dbl2|heavy|capup|c16t1|ncu|ncusrc|treeab|trees|treetrace|bounds|pfbound|resched|partsprobe|qktok|xdirect|lpt ...]
 # (set GPUVM_COMMIT when running a snapshot without .git: else the results name the enclosing checkout)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -357,10 +357,6 @@ for rep in range(3):
            AB_TAIL=12 ab_rounds kparts tiles "base:,p1:gemm_parts=1,p1g0:gemm_parts=1+g_early=0" 200 --cases sliding-c16-t8,full-c16-t8,sliding-c32-t8,full-c32-t8 --step '' ;;
     lazyexperts) # the expert lists' workers with GVM_FLAG_LAZY (Tiles.lazy_experts 1) against eager (0), two dynamic rounds in swapped order
            AB_TAIL=24 ab_rounds lazyexp tiles "base:,lazy:lazy_experts=1" 250 --cases sliding-c16-t8,full-c16-t8,full-c32-t8,sliding-c32-t8,full-c1-t8,full-c32-t1 --step 16x8,32x8 ;;
-    lazyqk) # QK_ROPE_KV at 128 and 256 tokens: its ops with GVM_FLAG_LAZY (Tiles.lazy_qk 1), or none, the chunks norming q and
-            # writing the new keys themselves (fuse_qk 256, measured only up to 16 tokens), against the default; two dynamic rounds
-           AB_TAIL=12 ab_rounds lazyqk tiles "base:,lq:lazy_qk=1,f256:fuse_qk=256" ${T_LAZYQK:-170} \
-               --cases ${LAZYQK_CASES:-sliding-c32-t8,full-c32-t8,sliding-c16-t8,full-c16-t8} --step "${LAZYQK_STEPS:-}" ;;
     lazyattn) # the last Tiles.lazy_attn attention chunks with GVM_FLAG_LAZY (0: none, the default) against 132 / 264 / all, and 264 without attn_tail's half chunks;
               # two dynamic rounds in swapped order, then static once for the third target's comparison
            timeout 200 python3 tools/prebuild.py --trace base; echo "prebuild rc=$?"

@@ -218,12 +218,6 @@ class Tiles:
     # series, one global round trip each: at full-c16-t8 the 16 ops of 8 tokens
     # were a 22 us phase between Wqkvg and attention (H200 trace, session 39).
     qk_tokens: int = 1
-    # 1: the QK_ROPE_KV ops carry GVM_FLAG_LAZY, so that no group holds a second
-    # one claimed behind the one it waits to run while another group has none:
-    # at 256 tokens (256 ops, one a token, on 264 groups) 24 ran in series
-    # behind another (H100 traces of aded124, full-c32-t8: the phase 13.8 us
-    # against 8.4 an op, and the last conversation's on the critical path).
-    lazy_qk: int = 0
     # Tokens of a conversation an ATTN_MERGE op takes (0: all of them). A merge
     # runs one warp a (token, head) pair, a warp's pairs in series, and the
     # merges of the conversation whose chunks end last are the layer's tail
@@ -354,7 +348,7 @@ class Tiles:
             raise ProgramError(f"Tiles.gemm_fill must be an int >= 0, not {self.gemm_fill!r}")
         if self.gemm_min_bytes > self.gemm_max_bytes:
             raise ProgramError(f"Tiles.gemm_min_bytes {self.gemm_min_bytes} exceeds gemm_max_bytes {self.gemm_max_bytes}")
-        for name in ("lazy_experts", "lazy_attn_wave", "g_early", "topk_late", "down_early", "lazy_qk"):
+        for name in ("lazy_experts", "lazy_attn_wave", "g_early", "topk_late", "down_early"):
             if getattr(self, name) not in (0, 1):
                 raise ProgramError(f"Tiles.{name} must be 0 or 1, not {getattr(self, name)!r}")
         if self.expert_fixed not in (0, 1):
@@ -743,7 +737,7 @@ def emit_layer(
             kv_c = ctr(f"kv{c}")
             for j0, jn in _tiles(0, tokens_each, tl.qk_tokens or tokens_each):
                 p.op(Op.QK_ROPE_KV, [qkvg, q, w["w_qn"], w["w_kn"], kc, vc, convs], [c, int(sliding), fk, fv, j0, jn], waits=[qkv_done],
-                     signal=kv_c, label=f"{prefix}qk_rope_kv[{c},{j0}]", lazy=bool(tl.lazy_qk))
+                     signal=kv_c, label=f"{prefix}qk_rope_kv[{c},{j0}]")
             chunk_in, chunk_args, chunk_waits = [q, kc, vc, convs, part_o, part_ml], [], [kv_c]
         for hh in range(hkv):
             for j in range(cn):
