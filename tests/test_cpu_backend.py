@@ -15,7 +15,7 @@ from gpuvm.cpu import CpuOpError, StuckError, run_stream
 from gpuvm.cpu import ops
 from gpuvm.opspec import WORK_COLUMNS_BY_EXPERT, expert_items, expert_weight
 from gpuvm.isa import DType, Op, f2i
-from gpuvm.muse.formats import E2M1_VALUES, tile_nvfp4
+from gpuvm.muse.formats import E2M1_VALUES, tile_nvfp4, untile_nvfp4
 from gpuvm.program import Program, ProgramError
 from tests.randprog import random_program
 
@@ -346,6 +346,30 @@ def test_expert_up_down_combine() -> None:
                 acc += route[3, t * 8 + k].view(torch.float32) * rms(y[s])
         torch.testing.assert_close(fsq[t], acc.bfloat16())
     assert (fsq[3] == 0).all()  # a token with no local expert
+
+
+def test_expert_lists_see_weights_written_between_calls() -> None:
+    # the ops dequantize an expert once and keep it for its next items: a write to the
+    # codes or scales in place (a new step's weights) must not be served from that copy
+    T, E, H, I = 2, 2, 64, 128
+    _, meta, route = _routing(T, E, [[0], [0]])
+    hbuf = randn(8 * T, I).bfloat16()
+    d_c, d_s, d_ts = _nvfp4(E, H, I)
+    codes, scales = tile_nvfp4(d_c, d_s)
+
+    def down() -> torch.Tensor:
+        y, work = nan(8 * T, H), torch.zeros(1, 2, dtype=torch.int32)
+        ops.expert_down([y, hbuf, codes, scales, d_ts, meta, route, work], [0, 4, 16, 16, 0])  # 4 items of expert 0's rows
+        return y[:2].clone()
+
+    first = down()
+    for write in (lambda: codes.bitwise_xor_(0x11), lambda: scales.copy_((scales.float() * 2).to(scales.dtype))):
+        write()
+        want = _deq(*(t[0] for t in untile_nvfp4(codes, scales)), float(d_ts[0])) @ hbuf[:2].float().T
+        got = down()
+        assert not torch.equal(got, first)
+        torch.testing.assert_close(got, want.T, rtol=1e-4, atol=1e-4)
+        first = got
 
 
 def test_fixed_workers_do_the_claimed_lists_items() -> None:

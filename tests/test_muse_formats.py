@@ -52,6 +52,20 @@ def test_packing_even_k_low_nibble() -> None:
         pack_e2m1(torch.zeros(3, dtype=torch.uint8))
 
 
+def test_dequantize_is_each_code_times_its_block_scale_times_its_tensor_scale() -> None:
+    # bit for bit as the per-code lookup (dequantize_nvfp4 looks up a byte's two codes at once)
+    g = _gen(3)
+    codes = torch.randint(0, 256, (3, 2, 5, 64), dtype=torch.uint8, generator=g)
+    scales = (torch.rand(3, 2, 5, 8, generator=g) * 4).to(torch.float8_e4m3fn)
+    ts = torch.rand(3, 2, generator=g) + 0.1
+    want = E2M1_VALUES[unpack_e2m1(codes).long()] * from_e4m3(scales).repeat_interleave(16, dim=-1) * ts[..., None, None]
+    assert torch.equal(dequantize_nvfp4(codes, scales, ts).view(torch.int32), want.view(torch.int32))
+    assert torch.equal(dequantize_nvfp4(codes[1, 0], scales[1, 0], 0.5).view(torch.int32),
+                       (E2M1_VALUES[unpack_e2m1(codes[1, 0]).long()] * from_e4m3(scales[1, 0]).repeat_interleave(16, dim=-1) * 0.5).view(torch.int32))
+    with pytest.raises(TypeError):
+        dequantize_nvfp4(codes.int(), scales, ts)
+
+
 def test_quantize_layout_and_dtypes() -> None:
     w = torch.randn(8, 64, generator=_gen())
     codes, scales, ts = quantize_nvfp4(w)

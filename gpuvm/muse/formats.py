@@ -26,9 +26,9 @@ from ..opspec import tiled_nvfp4_shapes
 E2M1_MAGNITUDES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 #: value of each e2m1 code 0..15 (code 8 is -0.0)
 E2M1_VALUES = torch.tensor(list(E2M1_MAGNITUDES) + [-m for m in E2M1_MAGNITUDES], dtype=torch.float32)
-E2M1_MAX = 6.0
-# byte -> its two values (low nibble first, as pack_e2m1 packs them): f32 [256, 2]
+#: the two values of each code byte (low nibble first, as pack_e2m1 packs them): f32 [256, 2]
 _E2M1_PAIRS = torch.stack((E2M1_VALUES[torch.arange(256) & 15], E2M1_VALUES[torch.arange(256) >> 4]), dim=-1).contiguous()
+E2M1_MAX = 6.0
 E4M3_MAX = 448.0
 NVFP4_BLOCK = 16
 #: the bit of a tiled code byte that holds each bit of the plain byte (even
