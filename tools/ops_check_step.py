@@ -75,8 +75,8 @@ def cases_step(oc: ModuleType, sz: object, gen: torch.Generator) -> list[object]
 
 
 def build_cases(oc: ModuleType, sz: object, seed: int) -> list[object]:
-    """The step cases alone, seeded as ops_check.build_cases seeds its own."""
-    return cases_step(oc, sz, torch.Generator().manual_seed(seed))
+    """The step cases alone, seeded as ops_check.build_cases seeds them."""
+    return cases_step(oc, sz, oc.builder_gen(seed, cases_step))
 
 
 def kernel_source(oc: ModuleType) -> str:
@@ -129,3 +129,4 @@ def extend(oc: ModuleType) -> None:
     oc.HEADERS = (*oc.HEADERS, HEADER)
     oc._EMU_FILES.update(emu_files(oc))
     oc.BUILDERS = (*oc.BUILDERS, functools.partial(cases_step, oc))
+    oc.MAKES[cases_step] = frozenset(STEP_OPS)
