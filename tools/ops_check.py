@@ -913,19 +913,19 @@ MAKES: dict[Callable[..., list[Case]], frozenset[Op]] = {
 }
 
 
-def builder_gen(seed: int, build: Callable[..., list[Case]]) -> torch.Generator:
-    """A builder's own generator, from the run's seed and the builder's name: its cases are
+def builder_gen(seed: int, fn: Callable[..., list[Case]]) -> torch.Generator:
+    """The generator of builder function fn, from the run's seed and fn's name: its cases are
     the same whichever builders run beside it."""
-    name = getattr(build, "func", build).__name__
-    return torch.Generator().manual_seed(seed * 1_000_003 + int(hashlib.sha256(name.encode()).hexdigest()[:6], 16))
+    return torch.Generator().manual_seed(seed * 1_000_003 + int(hashlib.sha256(fn.__name__.encode()).hexdigest()[:6], 16))
 
 
 def build_cases(sz: Sizes, seed: int, only: set[Op] | None = None) -> list[Case]:
     cases = []
     for build in BUILDERS:
-        made = MAKES.get(getattr(build, "func", build))
+        fn = getattr(build, "func", build)  # ops_check_step's builder is a partial
+        made = MAKES.get(fn)
         if only is None or made is None or made & only:
-            cases += build(sz, builder_gen(seed, build))
+            cases += build(sz, builder_gen(seed, fn))
     return [c for c in cases if only is None or c.op in only]
 
 
